@@ -1,0 +1,162 @@
+"""The attention-core contract every scheme implements.
+
+A core receives already-projected queries, keys and values of shape ``(B, H, T, D)``
+plus masks, and returns the mixed values (and, when asked, the attention weights).
+Projections, head splitting and the output projection live in
+:class:`nas_cli.model.MultiHeadAttention`; a scheme only decides how scores become
+weights.
+
+Registration is by config: ``conf/attention/<name>.yaml`` names the class with
+``_target_``. There is no central list; adding a scheme is one file here plus one
+YAML file there, and the contract tests in ``tests/test_attention_contract.py`` pick it
+up automatically.
+
+Mask conventions (used by every scheme):
+
+* ``q_mask`` ``(B, Sq)`` and ``k_mask`` ``(B, Sk)`` are boolean, ``True`` for real
+  tokens. ``None`` means no padding.
+* ``causal=True`` means query ``i`` may only use keys ``j <= i`` (self-attention in a
+  decoder or language model, where queries and keys are the same positions).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+NEG_INF = float("-inf")
+
+
+class SchemeError(ValueError):
+    """A scheme was asked for something it cannot do (raised before training)."""
+
+
+@dataclass
+class AttentionOutput:
+    out: torch.Tensor  # (B, H, Sq, D)
+    weights: torch.Tensor | None = None  # (B, H, Sq, Sk), rows of real queries sum to 1
+    aux: dict[str, Any] = field(default_factory=dict)  # e.g. HNAS ``u`` (H,)
+
+
+def scaled_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """s_ij = q_i . k_j / sqrt(d_head); (B, H, Sq, D) x (B, H, Sk, D) -> (B, H, Sq, Sk)."""
+    return torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))
+
+
+def allowed_mask(
+    q_mask: torch.Tensor | None,
+    k_mask: torch.Tensor | None,
+    causal: bool,
+    sq: int,
+    sk: int,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """Boolean (B|1, 1, Sq, Sk) mask of the (query, key) pairs that take part in
+    *both* normalizations: real query, real key and, if causal, j <= i.
+
+    Returns ``None`` when every pair is allowed.
+    """
+    allowed = None
+    if causal:
+        allowed = torch.ones(sq, sk, dtype=torch.bool, device=device).tril()[None, None]
+    if k_mask is not None:
+        km = k_mask[:, None, None, :]
+        allowed = km if allowed is None else allowed & km
+    if q_mask is not None:
+        qm = q_mask[:, None, :, None]
+        allowed = qm if allowed is None else allowed & qm
+    return allowed
+
+
+def masked_row_softmax(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over keys (last dim); disallowed pairs get weight 0 and a row with no
+    allowed key (a padded query) is all zeros instead of NaN."""
+    if allowed is None:
+        return torch.softmax(logits, dim=-1)
+    logits = logits.masked_fill(~allowed, NEG_INF)
+    # a fully masked row would be NaN; give it finite logits and zero it afterwards
+    any_allowed = allowed.any(dim=-1, keepdim=True)
+    logits = torch.where(any_allowed, logits, torch.zeros_like(logits))
+    return torch.softmax(logits, dim=-1) * any_allowed
+
+
+def column_logsumexp(logits: torch.Tensor, allowed: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """Log of the column normalizer of Ding et al.'s first (key-column) step.
+
+    Non-causal: c_j = logsumexp_i s_ij over real queries, shape (B, H, 1, Sk).
+    Causal (prefix form): c_ij = logsumexp_{i' <= i} s_i'j, shape (B, H, Sq, Sk), so the
+    weight of query i never depends on a later query i' > i.
+    Disallowed entries contribute nothing; a column with no allowed entry gives -inf
+    (harmless: such entries are masked out of the row step too).
+    """
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, NEG_INF)
+    if causal:
+        return torch.logcumsumexp(logits, dim=-2)
+    return torch.logsumexp(logits, dim=-2, keepdim=True)
+
+
+def doubly_normalized_logits(
+    logits: torch.Tensor, allowed: torch.Tensor | None, causal: bool
+) -> torch.Tensor:
+    """One column step in log space: s_ij - c_j (Ding et al. Eq. for xi, in logs).
+
+    Entries whose column normalizer is -inf (an empty column) are left at -inf."""
+    c = column_logsumexp(logits, allowed, causal)
+    out = logits - c
+    return torch.nan_to_num(out, nan=NEG_INF, posinf=NEG_INF)
+
+
+class AttentionCore(nn.Module):
+    """Base class of attention schemes.
+
+    Capability flags let the model refuse impossible combinations before training.
+    """
+
+    #: the scheme can run with a causal mask without leaking the future
+    supports_causal: bool = True
+    #: the scheme has no cheaper path than materializing the weights
+    needs_weights: bool = True
+
+    def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, **_: Any):
+        super().__init__()
+        self.heads = heads
+        self.causal = causal
+        self.dropout = dropout
+        if causal and not self.supports_causal:
+            raise SchemeError(
+                f"attention scheme '{self.scheme_name()}' cannot be made causal; choose another "
+                "scheme for attention.decoder (decoder self-attention)"
+            )
+
+    @classmethod
+    def scheme_name(cls) -> str:
+        return getattr(cls, "name", cls.__name__.lower())
+
+    def weights_from_logits(self, logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+        """(B, H, Sq, Sk) scores -> (B, H, Sq, Sk) weights; rows of real queries sum to 1."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_mask: torch.Tensor | None = None,
+        k_mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        allowed = allowed_mask(q_mask, k_mask, self.causal, q.size(-2), k.size(-2), q.device)
+        weights = self.weights_from_logits(scaled_scores(q, k), allowed)
+        dropped = nn.functional.dropout(weights, self.dropout, self.training)
+        out = torch.matmul(dropped, v)  # (B, H, Sq, D)
+        return AttentionOutput(out, weights if need_weights else None, self.aux())
+
+    def aux(self) -> dict[str, Any]:
+        return {}
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, causal={self.causal}, dropout={self.dropout}"

@@ -1,0 +1,58 @@
+"""DNAS and Sinkhorn-k: doubly normalized attention, Ding et al. 2020.
+
+DNAS normalizes each key column over the queries, then each query row over the keys:
+    xi_ij = exp(s_ij) / sum_i' exp(s_i'j);   pi_ij = xi_ij / sum_j' xi_ij'
+which, in logs, is ordinary softmax attention with an additive per-key bias -c_j,
+c_j = logsumexp_i s_ij (PAPERS.md section 1). Sinkhorn-k repeats the (column, row)
+pair k times; k = 1 is DNAS.
+
+Causal form (not in the paper): a column normalizer that sums over all queries would
+let query i see later queries. Here the column step for query i sums only over the
+queries i' <= i (a prefix log-sum-exp), so position i depends on positions <= i only.
+For Sinkhorn-k each later iteration uses the same prefix rule on the previous iterate.
+
+Padding is excluded from both steps: padded queries never enter a column sum and
+padded keys never enter a row sum.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import AttentionCore, NEG_INF, doubly_normalized_logits, masked_row_softmax
+
+
+def log_row_normalize(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """log softmax over keys, -inf where disallowed and for rows with no allowed key."""
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, NEG_INF)
+    out = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    return torch.nan_to_num(out, nan=NEG_INF, posinf=NEG_INF)
+
+
+class DNAS(AttentionCore):
+    name = "dnas"
+
+    def weights_from_logits(self, logits, allowed):
+        # Ding et al. 2020: column step (over queries), then row step (over keys)
+        return masked_row_softmax(doubly_normalized_logits(logits, allowed, self.causal), allowed)
+
+
+class Sinkhorn(AttentionCore):
+    """k alternating (column, row) normalizations started from exp(s); k=1 is DNAS."""
+
+    name = "sinkhorn"
+
+    def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, iterations: int = 3, **kw):
+        super().__init__(heads, causal, dropout, **kw)
+        if int(iterations) < 1:
+            raise ValueError(f"attention.iterations must be >= 1 (got {iterations})")
+        self.iterations = int(iterations)
+
+    def weights_from_logits(self, logits, allowed):
+        log_pi = logits
+        for _ in range(self.iterations - 1):
+            log_pi = log_row_normalize(doubly_normalized_logits(log_pi, allowed, self.causal), allowed)
+        return masked_row_softmax(doubly_normalized_logits(log_pi, allowed, self.causal), allowed)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", iterations={self.iterations}"

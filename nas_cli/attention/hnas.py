@@ -1,0 +1,45 @@
+"""HNAS: hybrid normalized attention, Ding et al. 2020.
+
+pi = u * pi_DNAS + (1 - u) * pi_UNAS with one trainable u in [0, 1] per head of this
+layer, u = sigmoid(theta). The output mixes the two value averages with the same u,
+which equals attending with the mixed weights.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import AttentionCore, doubly_normalized_logits, masked_row_softmax
+
+
+class HNAS(AttentionCore):
+    name = "hnas"
+
+    def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, u_init: float = 0.5, **kw):
+        super().__init__(heads, causal, dropout, **kw)
+        u_init = float(u_init)
+        if not 0.0 <= u_init <= 1.0:
+            raise ValueError(f"attention.u_init must be in [0, 1] (got {u_init})")
+        # logit of u; u_init 0 or 1 gives -inf / +inf, i.e. a fixed pure scheme
+        theta = math.log(u_init) - math.log1p(-u_init) if 0.0 < u_init < 1.0 else (math.inf if u_init == 1.0 else -math.inf)
+        self.u_logit = nn.Parameter(torch.full((heads,), theta))
+        self.u_init = u_init
+
+    @property
+    def u(self) -> torch.Tensor:
+        """(H,) mixing weight of DNAS per head."""
+        return torch.sigmoid(self.u_logit)
+
+    def weights_from_logits(self, logits, allowed):
+        unas = masked_row_softmax(logits, allowed)
+        dnas = masked_row_softmax(doubly_normalized_logits(logits, allowed, self.causal), allowed)
+        u = self.u.to(logits.dtype)[None, :, None, None]
+        return u * dnas + (1 - u) * unas
+
+    def aux(self):
+        return {"u": self.u.detach()}
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", u_init={self.u_init}"

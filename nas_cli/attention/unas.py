@@ -1,0 +1,41 @@
+"""UNAS: standard (row-normalized) softmax attention, Vaswani et al. 2017.
+
+pi_ij = exp(s_ij) / sum_j' exp(s_ij')   (Ding et al. 2020 call this UNAS).
+
+When weights are not requested the fused ``scaled_dot_product_attention`` kernel runs;
+the eager formula stays available as the reference and for diagnostics.
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from .base import AttentionCore, AttentionOutput, masked_row_softmax
+
+
+class UNAS(AttentionCore):
+    name = "unas"
+    needs_weights = False
+
+    def weights_from_logits(self, logits, allowed):
+        return masked_row_softmax(logits, allowed)
+
+    def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
+        if need_weights:
+            return super().forward(q, k, v, q_mask, k_mask, need_weights=True)
+        sq, sk = q.size(-2), k.size(-2)
+        mask = None
+        is_causal = False
+        if k_mask is not None:
+            mask = k_mask[:, None, None, :]  # (B, 1, 1, Sk), True = attend
+            if self.causal:
+                tril = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+                mask = mask & tril
+        elif self.causal:
+            is_causal = True
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
+        )
+        if q_mask is not None:  # padded queries give zeros, as in the eager path
+            out = out * q_mask[:, None, :, None].to(out.dtype)
+        return AttentionOutput(out)

@@ -1,0 +1,252 @@
+"""Transformer encoder-decoder and decoder-only language model with pluggable attention.
+
+The multi-head attention module owns the projections; the scheme-specific part is an
+:class:`~nas_cli.attention.AttentionCore` built per location and layer by a
+``core_factory(location, layer, causal) -> AttentionCore`` that the caller injects.
+Locations: ``encoder`` (encoder self), ``decoder`` (decoder self, causal), ``cross``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .attention import AttentionCore
+
+CoreFactory = Callable[[str, int, bool], AttentionCore]
+LOCATIONS = ("encoder", "decoder", "cross")
+
+
+class SinusoidalPositions(nn.Module):
+    """Vaswani et al. 2017 fixed sinusoids, added to the scaled token embeddings."""
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        pos = torch.arange(max_len, dtype=torch.float32)[:, None]
+        inv = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+        table = torch.zeros(max_len, d_model)
+        table[:, 0::2] = torch.sin(pos * inv)
+        table[:, 1::2] = torch.cos(pos * inv[: d_model // 2])
+        self.register_buffer("table", table, persistent=False)
+
+    def forward(self, length: int) -> torch.Tensor:  # (T, d_model)
+        if length > self.table.size(0):
+            raise ValueError(f"sequence of length {length} exceeds model.max_len={self.table.size(0)}")
+        return self.table[:length]
+
+
+class LearnedPositions(nn.Module):
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        self.table = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.table.weight, std=d_model**-0.5)
+
+    def forward(self, length: int) -> torch.Tensor:
+        if length > self.table.num_embeddings:
+            raise ValueError(f"sequence of length {length} exceeds model.max_len={self.table.num_embeddings}")
+        return self.table.weight[:length]
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model: int, heads: int, core: AttentionCore, dropout: float = 0.0):
+        super().__init__()
+        self.heads, self.d_head = heads, d_model // heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.core = core
+        self.dropout = nn.Dropout(dropout)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, H, T, D)
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, self.d_head).transpose(1, 2)
+
+    def forward(self, x_q, x_kv, q_mask=None, k_mask=None, need_weights=False):
+        q, k, v = self._split(self.q_proj(x_q)), self._split(self.k_proj(x_kv)), self._split(self.v_proj(x_kv))
+        res = self.core(q, k, v, q_mask=q_mask, k_mask=k_mask, need_weights=need_weights)
+        b, _, t, _ = res.out.shape
+        out = res.out.transpose(1, 2).reshape(b, t, self.heads * self.d_head)  # (B, T, C)
+        return self.dropout(self.out_proj(out)), res
+
+
+class FeedForward(nn.Sequential):
+    def __init__(self, d_model: int, ffn: int, dropout: float):
+        super().__init__(nn.Linear(d_model, ffn), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn, d_model), nn.Dropout(dropout))
+
+
+class Block(nn.Module):
+    """One encoder or decoder layer: self-attention, optional cross-attention, FFN.
+
+    ``norm_first=True`` is pre-norm (LayerNorm before each sublayer), else post-norm
+    as in Vaswani et al."""
+
+    def __init__(self, d_model, heads, ffn, dropout, norm_first, self_core, cross_core=None):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, heads, self_core, dropout)
+        self.cross_attn = MultiHeadAttention(d_model, heads, cross_core, dropout) if cross_core is not None else None
+        self.ffn = FeedForward(d_model, ffn, dropout)
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(3 if cross_core is not None else 2))
+
+    def _sub(self, x, i, fn):
+        if self.norm_first:
+            out, res = fn(self.norms[i](x))
+            return x + out, res
+        out, res = fn(x)
+        return self.norms[i](x + out), res
+
+    def forward(self, x, mask, memory=None, memory_mask=None, need_weights=False):
+        found = {}
+        x, found["self"] = self._sub(x, 0, lambda h: self.self_attn(h, h, mask, mask, need_weights))
+        if self.cross_attn is not None:
+            x, found["cross"] = self._sub(x, 1, lambda h: self.cross_attn(h, memory, mask, memory_mask, need_weights))
+        x, _ = self._sub(x, len(self.norms) - 1, lambda h: (self.ffn(h), None))
+        return x, found
+
+
+class _Embedder(nn.Module):
+    def __init__(self, vocab, d_model, positions, max_len, dropout, pad_id, embedding=None):
+        super().__init__()
+        self.tokens = embedding if embedding is not None else nn.Embedding(vocab, d_model, padding_idx=pad_id)
+        if embedding is None:
+            nn.init.normal_(self.tokens.weight, std=d_model**-0.5)
+            with torch.no_grad():
+                self.tokens.weight[pad_id].zero_()
+        if positions == "sinusoidal":
+            self.positions = SinusoidalPositions(d_model, max_len)
+        elif positions == "learned":
+            self.positions = LearnedPositions(d_model, max_len)
+        else:
+            raise ValueError(f"model.positions must be 'sinusoidal' or 'learned' (got '{positions}')")
+        self.scale = math.sqrt(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids):  # (B, T) -> (B, T, C)
+        return self.dropout(self.tokens(ids) * self.scale + self.positions(ids.size(1)))
+
+
+def _collect(per_layer: list[dict], location_of: dict[str, str]) -> dict:
+    """[{'self': AttentionOutput, ...} per layer] -> {location: [AttentionOutput per layer]}"""
+    found: dict[str, list] = {}
+    for layer in per_layer:
+        for key, res in layer.items():
+            found.setdefault(location_of[key], []).append(res)
+    return found
+
+
+def check_heads(d_model: int, heads: int) -> None:
+    if heads < 1 or d_model % heads:
+        raise ValueError(f"model.heads={heads} must divide model.d_model={d_model}; pick heads from "
+                         f"{[h for h in range(1, d_model + 1) if d_model % h == 0 and h <= 64]}")
+
+
+class Seq2SeqTransformer(nn.Module):
+    def __init__(self, src_vocab, tgt_vocab, core_factory: CoreFactory, d_model=512, heads=8, encoder_layers=6,
+                 decoder_layers=6, ffn=2048, dropout=0.1, norm_first=False, positions="sinusoidal", max_len=1024,
+                 share_embeddings=False, pad_id=0):
+        super().__init__()
+        check_heads(d_model, heads)
+        self.pad_id = pad_id
+        self.src_embed = _Embedder(src_vocab, d_model, positions, max_len, dropout, pad_id)
+        shared = None
+        if share_embeddings:
+            if src_vocab != tgt_vocab:
+                raise ValueError("model.share_embeddings=true needs a joint source/target vocabulary")
+            shared = self.src_embed.tokens
+        self.tgt_embed = _Embedder(tgt_vocab, d_model, positions, max_len, dropout, pad_id, shared)
+        self.encoder = nn.ModuleList(
+            Block(d_model, heads, ffn, dropout, norm_first, core_factory("encoder", i, False)) for i in range(encoder_layers)
+        )
+        self.decoder = nn.ModuleList(
+            Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True), core_factory("cross", i, False))
+            for i in range(decoder_layers)
+        )
+        self.enc_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.dec_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.generator = nn.Linear(d_model, tgt_vocab, bias=False)
+        self.generator.weight = self.tgt_embed.tokens.weight  # tied output projection (Press & Wolf)
+
+    def encode(self, src, need_weights=False):
+        mask = src != self.pad_id  # (B, S)
+        x = self.src_embed(src)
+        per_layer = []
+        for layer in self.encoder:
+            x, found = layer(x, mask, need_weights=need_weights)
+            per_layer.append(found)
+        return self.enc_norm(x), mask, _collect(per_layer, {"self": "encoder"})
+
+    def decode(self, tgt_in, memory, memory_mask, need_weights=False):
+        mask = tgt_in != self.pad_id
+        x = self.tgt_embed(tgt_in)
+        per_layer = []
+        for layer in self.decoder:
+            x, found = layer(x, mask, memory, memory_mask, need_weights=need_weights)
+            per_layer.append(found)
+        return self.generator(self.dec_norm(x)), _collect(per_layer, {"self": "decoder", "cross": "cross"})
+
+    def forward(self, src, tgt_in, need_weights=False):
+        """(B, S), (B, T) -> logits (B, T, V) and {location: [AttentionOutput per layer]}."""
+        memory, memory_mask, enc = self.encode(src, need_weights)
+        logits, dec = self.decode(tgt_in, memory, memory_mask, need_weights)
+        return logits, {**enc, **dec}
+
+    @torch.no_grad()
+    def greedy_decode(self, src, bos_id: int, eos_id: int, max_len: int) -> torch.Tensor:
+        """Greedy decoding; re-runs the decoder on the whole prefix at every step, which
+        keeps prefix-normalized causal schemes exactly equal to teacher forcing.
+        Returns (B, <= max_len) token ids without BOS, padded with pad_id after EOS."""
+        memory, memory_mask, _ = self.encode(src)
+        ys = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)
+        done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
+        for _ in range(max_len):
+            logits, _ = self.decode(ys, memory, memory_mask)
+            nxt = logits[:, -1].argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
+            ys = torch.cat([ys, nxt[:, None]], dim=1)
+            done |= nxt == eos_id
+            if done.all():
+                break
+        return ys[:, 1:]
+
+
+class DecoderOnlyLM(nn.Module):
+    """GPT-style causal language model; its self-attention location is ``decoder``."""
+
+    def __init__(self, vocab, core_factory: CoreFactory, d_model=512, heads=8, decoder_layers=6, ffn=2048,
+                 dropout=0.1, norm_first=True, positions="sinusoidal", max_len=1024, pad_id=0, **_):
+        super().__init__()
+        check_heads(d_model, heads)
+        self.pad_id = pad_id
+        self.embed = _Embedder(vocab, d_model, positions, max_len, dropout, pad_id)
+        self.layers = nn.ModuleList(
+            Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True)) for i in range(decoder_layers)
+        )
+        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.generator = nn.Linear(d_model, vocab, bias=False)
+        self.generator.weight = self.embed.tokens.weight
+
+    def forward(self, ids, need_weights=False):
+        mask = ids != self.pad_id
+        x = self.embed(ids)
+        per_layer = []
+        for layer in self.layers:
+            x, found = layer(x, mask, need_weights=need_weights)
+            per_layer.append(found)
+        return self.generator(self.norm(x)), _collect(per_layer, {"self": "decoder"})
+
+
+def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float = 0.0):
+    """Mean label-smoothed cross entropy over non-pad targets; also returns the plain NLL sum
+    and the token count (for perplexity)."""
+    lprobs = F.log_softmax(logits.float(), dim=-1).flatten(0, -2)
+    target = target.reshape(-1)
+    keep = target != pad_id
+    nll = -lprobs.gather(1, target[:, None]).squeeze(1)
+    smooth = -lprobs.mean(dim=-1)
+    loss = ((1 - smoothing) * nll + smoothing * smooth)[keep]
+    n = keep.sum().clamp(min=1)
+    return loss.sum() / n, nll[keep].sum().detach(), n
