@@ -49,12 +49,16 @@ def placement(attn_cfg: DictConfig) -> dict[str, str]:
 
 
 def make_core_factory(attn_cfg: DictConfig, heads: int, dropout: float = 0.0):
-    """Returns core_factory(location, layer, causal) -> AttentionCore for the model."""
+    """Returns core_factory(location, layer, causal) -> AttentionCore for the model.
+
+    ``causal`` is the key mask of self-attention; cross-attention in a decoder is built
+    with ``prefix_queries=True`` so no scheme can aggregate over future target queries."""
     where = placement(attn_cfg)
     options = {name: scheme_options(attn_cfg, name) for name in set(where.values())}
 
     def factory(location: str, layer: int, causal: bool) -> AttentionCore:
-        core = instantiate(options[where[location]], heads=heads, causal=causal, dropout=dropout)
+        core = instantiate(options[where[location]], heads=heads, causal=causal, dropout=dropout,
+                           prefix_queries=causal or location in ("decoder", "cross"))
         core.location, core.layer = location, layer
         return core
 

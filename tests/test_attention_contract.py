@@ -78,3 +78,15 @@ def test_causal_no_leak(scheme, t):
         torch.testing.assert_close(a.out[:, :, : t + 1], b.out[:, :, : t + 1], rtol=0, atol=1e-12)
         if need:
             assert (a.weights[..., : t + 1, t + 1:] == 0).all()
+
+
+def test_cross_attention_no_leak_over_queries(scheme):
+    """In a decoder, cross-attention queries are target positions: changing later
+    queries must not change earlier outputs (DNAS's column step sums over queries)."""
+    core = build_core(scheme, location="cross").double()
+    q, k, v = qkv(sq=6, sk=9)
+    q2 = q.clone()
+    q2[:, :, 3:] = q2[:, :, 3:] * -5 + 1
+    for need in (True, False):
+        a, b = core(q, k, v, need_weights=need).out, core(q2, k, v, need_weights=need).out
+        torch.testing.assert_close(a[:, :, :3], b[:, :, :3], rtol=0, atol=1e-12)

@@ -60,13 +60,22 @@ def test_dnas_equals_two_step_formula():
 
 
 def test_dnas_padding_equals_truncated_formula():
-    core = build_core("dnas", location="cross").double()
+    core = build_core("dnas", location="encoder").double()  # not autoregressive: full column sums
     q, k, v = qkv(b=1, sq=6, sk=8)
     qm = torch.tensor([[True] * 4 + [False] * 2])
     km = torch.tensor([[True] * 5 + [False] * 3])
     res = core(q, k, v, q_mask=qm, k_mask=km, need_weights=True)
     ref = two_step_dnas(plain_scores(q[:, :, :4], k[:, :, :5]))
     torch.testing.assert_close(res.weights[:, :, :4, :5], ref)
+
+
+def test_cross_dnas_is_prefix_normalized_over_queries():
+    """Decoder cross-attention: the column step for target query i sums over i' <= i only."""
+    core = build_core("dnas", location="cross").double()
+    q, k, v = qkv(sq=5, sk=7)
+    s = plain_scores(q, k)
+    ref = torch.stack([two_step_dnas(s[..., : i + 1, :])[..., i, :] for i in range(5)], dim=-2)
+    torch.testing.assert_close(core(q, k, v, need_weights=True).weights, ref)
 
 
 def test_causal_dnas_is_prefix_normalized():

@@ -16,7 +16,12 @@ Mask conventions (used by every scheme):
 * ``q_mask`` ``(B, Sq)`` and ``k_mask`` ``(B, Sk)`` are boolean, ``True`` for real
   tokens. ``None`` means no padding.
 * ``causal=True`` means query ``i`` may only use keys ``j <= i`` (self-attention in a
-  decoder or language model, where queries and keys are the same positions).
+  decoder or language model, where queries and keys are the same positions). It
+  implies ``prefix_queries``.
+* ``prefix_queries=True`` means the queries are generated left to right (decoder
+  self- *and* cross-attention): anything a scheme aggregates over queries (DNAS's
+  column step) may only use queries ``i' <= i`` for query ``i``. Without it, DNAS in
+  cross-attention would leak future target tokens through the column normalizer.
 """
 from __future__ import annotations
 
@@ -121,15 +126,17 @@ class AttentionCore(nn.Module):
     #: the scheme has no cheaper path than materializing the weights
     needs_weights: bool = True
 
-    def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, **_: Any):
+    def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
+                 **_: Any):
         super().__init__()
         self.heads = heads
         self.causal = causal
+        self.prefix_queries = bool(causal or prefix_queries)
         self.dropout = dropout
-        if causal and not self.supports_causal:
+        if self.prefix_queries and not self.supports_causal:
             raise SchemeError(
                 f"attention scheme '{self.scheme_name()}' cannot be made causal; choose another "
-                "scheme for attention.decoder (decoder self-attention)"
+                "scheme for attention.decoder and attention.cross (decoder self- and cross-attention)"
             )
 
     @classmethod
@@ -159,4 +166,4 @@ class AttentionCore(nn.Module):
         return {}
 
     def extra_repr(self) -> str:
-        return f"heads={self.heads}, causal={self.causal}, dropout={self.dropout}"
+        return f"heads={self.heads}, causal={self.causal}, prefix_queries={self.prefix_queries}, dropout={self.dropout}"

@@ -34,7 +34,7 @@ class DNAS(AttentionCore):
 
     def weights_from_logits(self, logits, allowed):
         # Ding et al. 2020: column step (over queries), then row step (over keys)
-        return masked_row_softmax(doubly_normalized_logits(logits, allowed, self.causal), allowed)
+        return masked_row_softmax(doubly_normalized_logits(logits, allowed, self.prefix_queries), allowed)
 
 
 class Sinkhorn(AttentionCore):
@@ -51,8 +51,8 @@ class Sinkhorn(AttentionCore):
     def weights_from_logits(self, logits, allowed):
         log_pi = logits
         for _ in range(self.iterations - 1):
-            log_pi = log_row_normalize(doubly_normalized_logits(log_pi, allowed, self.causal), allowed)
-        return masked_row_softmax(doubly_normalized_logits(log_pi, allowed, self.causal), allowed)
+            log_pi = log_row_normalize(doubly_normalized_logits(log_pi, allowed, self.prefix_queries), allowed)
+        return masked_row_softmax(doubly_normalized_logits(log_pi, allowed, self.prefix_queries), allowed)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", iterations={self.iterations}"

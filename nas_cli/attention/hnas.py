@@ -34,7 +34,7 @@ class HNAS(AttentionCore):
 
     def weights_from_logits(self, logits, allowed):
         unas = masked_row_softmax(logits, allowed)
-        dnas = masked_row_softmax(doubly_normalized_logits(logits, allowed, self.causal), allowed)
+        dnas = masked_row_softmax(doubly_normalized_logits(logits, allowed, self.prefix_queries), allowed)
         u = self.u.to(logits.dtype)[None, :, None, None]
         return u * dnas + (1 - u) * unas
 

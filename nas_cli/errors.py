@@ -1,0 +1,9 @@
+"""Errors that are the user's to fix: the CLI prints them as one line and exits non-zero."""
+
+
+class UserError(Exception):
+    """A configuration or input problem; the message names the option or file and the fix."""
+
+
+class NonFiniteLoss(UserError):
+    """Training produced a NaN or infinite loss."""

@@ -1,0 +1,160 @@
+"""LightningModule: loss, optimizer and schedule, metrics, logging hooks.
+
+The one place that builds the model from config (:func:`build_model`).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import pytorch_lightning as pl
+import torch
+from omegaconf import DictConfig
+
+from .errors import NonFiniteLoss
+from .model import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
+from .registry import make_core_factory, placement
+
+
+def build_model(model_cfg: DictConfig, attn_cfg: DictConfig, task) -> torch.nn.Module:
+    factory = make_core_factory(attn_cfg, int(model_cfg.heads), float(model_cfg.get("attention_dropout", 0.0)))
+    common = dict(d_model=model_cfg.d_model, heads=model_cfg.heads, ffn=model_cfg.ffn, dropout=model_cfg.dropout,
+                  norm_first=model_cfg.norm_first, positions=model_cfg.positions, max_len=model_cfg.max_len,
+                  pad_id=task.pad_id)
+    if task.kind == "lm":
+        return DecoderOnlyLM(task.src_vocab_size, factory, decoder_layers=model_cfg.decoder_layers, **common)
+    return Seq2SeqTransformer(task.src_vocab_size, task.tgt_vocab_size, factory,
+                              encoder_layers=model_cfg.encoder_layers, decoder_layers=model_cfg.decoder_layers,
+                              share_embeddings=model_cfg.share_embeddings, **common)
+
+
+def inverse_sqrt(warmup: int):
+    """Vaswani et al.: linear warm-up to the peak LR, then decay with 1/sqrt(step)."""
+    warmup = max(1, int(warmup))
+
+    def factor(step: int) -> float:
+        step = step + 1
+        return min(step / warmup, math.sqrt(warmup / step))
+
+    return factor
+
+
+class NasLitModule(pl.LightningModule):
+    def __init__(self, model_cfg: DictConfig, attn_cfg: DictConfig, optim_cfg: DictConfig, task,
+                 log_u_every: int = 50):
+        super().__init__()
+        self.task = task
+        self.model = build_model(model_cfg, attn_cfg, task)
+        self.optim_cfg = optim_cfg
+        self.placement = placement(attn_cfg)
+        self.log_u_every = log_u_every
+        self._eval_text: dict[str, tuple[list, list]] = {}
+        self._sums: dict[str, torch.Tensor] = {}
+        self.train_tokens = 0
+        self.train_seconds = 0.0
+        self._t0 = None
+
+    # ---- forward / loss ------------------------------------------------------------
+    def _logits_and_target(self, batch):
+        if self.task.kind == "lm":
+            logits, _ = self.model(batch["ids"])
+            return logits, batch["target"]
+        logits, _ = self.model(batch["src"], batch["tgt_in"])
+        return logits, batch["tgt_out"]
+
+    def _step(self, batch, smoothing: float):
+        logits, target = self._logits_and_target(batch)
+        loss, nll_sum, n = label_smoothed_nll(logits, target, self.task.pad_id, smoothing)
+        keep = target != self.task.pad_id
+        correct = ((logits.argmax(-1) == target) & keep).sum()
+        return loss, nll_sum, n, correct
+
+    @staticmethod
+    def _batch_tokens(batch) -> int:
+        return int(sum((t != 0).sum() for k, t in batch.items() if k in ("src", "tgt_in", "ids")))
+
+    # ---- training ------------------------------------------------------------------
+    def on_train_batch_start(self, batch, batch_idx):
+        self._t0 = time.perf_counter()
+
+    def training_step(self, batch, batch_idx):
+        loss, nll_sum, n, correct = self._step(batch, float(self.optim_cfg.label_smoothing))
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(
+                f"training loss became {loss.item()} at step {self.global_step}; lower optim.lr, raise "
+                "optim.warmup or set trainer.gradient_clip_val (no checkpoint of this state was written)"
+            )
+        bs = next(iter(batch.values())).size(0)
+        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        self.log("train/nll", nll_sum / n, batch_size=bs)
+        self.log("train/token_acc", correct.float() / n, batch_size=bs)
+        self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=bs)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self._t0 is not None:
+            self.train_seconds += time.perf_counter() - self._t0
+            self.train_tokens += self._batch_tokens(batch)
+            if self.train_seconds > 0:
+                self.log("train/tokens_per_s", self.train_tokens / self.train_seconds, batch_size=1)
+        if self.global_step % self.log_u_every == 0:
+            for key, value in self.hnas_u().items():
+                self.log(key, value, batch_size=1)
+
+    def hnas_u(self) -> dict[str, float]:
+        """HNAS mixing weights as {'u/<location>/L<layer>/h<head>': u, 'u/<location>/L<layer>/mean': ...}."""
+        out = {}
+        for module in self.model.modules():
+            if hasattr(module, "u_logit"):
+                u = module.u.detach().float().cpu()
+                prefix = f"u/{module.location}/L{module.layer}"
+                for h, val in enumerate(u.tolist()):
+                    out[f"{prefix}/h{h}"] = val
+                out[f"{prefix}/mean"] = float(u.mean())
+        return out
+
+    # ---- evaluation ----------------------------------------------------------------
+    def _eval_step(self, batch, split: str):
+        loss, nll_sum, n, correct = self._step(batch, 0.0)
+        for key, val in (("nll", nll_sum), ("n", n), ("correct", correct)):
+            self._sums[f"{split}/{key}"] = self._sums.get(f"{split}/{key}", 0) + val.detach().double()
+        if self.task.kind == "seq2seq":
+            src = batch["src"]
+            out = self.model.greedy_decode(src, self.task.bos_id, self.task.eos_id,
+                                           self.task.max_decode_len(src.size(1)))
+            hyps, refs = self._eval_text.setdefault(split, ([], []))
+            hyps.extend(self.task.ids_to_text(row) for row in out)
+            refs.extend(self.task.ids_to_text(row) for row in batch["tgt_out"])
+
+    def _eval_end(self, split: str):
+        n = self._sums.pop(f"{split}/n", None)
+        if n is None:
+            return
+        nll = self._sums.pop(f"{split}/nll") / n
+        correct = self._sums.pop(f"{split}/correct") / n
+        metrics = {f"{split}/loss": float(nll), f"{split}/ppl": float(torch.exp(nll.clamp(max=50))),
+                   f"{split}/token_acc": float(correct)}
+        hyps, refs = self._eval_text.pop(split, ([], []))
+        for key, val in self.task.score(hyps, refs).items():
+            metrics[f"{split}/{key}"] = float(val)
+        self.log_dict(metrics, batch_size=1)
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, "val")
+
+    def on_validation_epoch_end(self):
+        self._eval_end("val")
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, "test")
+
+    def on_test_epoch_end(self):
+        self._eval_end("test")
+
+    # ---- optimization --------------------------------------------------------------
+    def configure_optimizers(self):
+        o = self.optim_cfg
+        opt = torch.optim.Adam(self.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                               weight_decay=o.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt(o.warmup))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -1,0 +1,50 @@
+"""What every task provides to the trainer.
+
+A task is a LightningDataModule plus the little the model and metrics need to know:
+its kind (``seq2seq`` or ``lm``), vocabulary sizes and special ids, how to turn ids
+back into text, and how to score hypotheses. Adding a task = ``tasks/<name>.py`` with a
+subclass + ``conf/task/<name>.yaml`` whose ``_target_`` names it.
+
+Batches are dicts of LongTensors:
+  seq2seq: ``src`` (B, S), ``tgt_in`` (B, T) = BOS + y, ``tgt_out`` (B, T) = y + EOS
+  lm:      ``ids`` (B, T), ``target`` (B, T) (next tokens; pad_id where not scored)
+"""
+from __future__ import annotations
+
+import pytorch_lightning as pl
+import sacrebleu
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+class Task(pl.LightningDataModule):
+    kind: str = "seq2seq"
+    name: str = "task"
+    pad_id, bos_id, eos_id = PAD, BOS, EOS
+    #: validation metric that chooses the best checkpoint, and whether higher is better
+    monitor: str = "val/loss"
+    monitor_mode: str = "min"
+
+    @property
+    def src_vocab_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.src_vocab_size
+
+    def ids_to_text(self, ids) -> str:
+        """Token ids (up to EOS) -> detokenized text for BLEU."""
+        raise NotImplementedError
+
+    def max_decode_len(self, src_len: int) -> int:
+        return src_len + 10
+
+    def score(self, hyps: list[str], refs: list[str]) -> dict[str, float]:
+        """Corpus-level quality of decoded outputs. sacreBLEU on the text as given, and
+        exact-match accuracy (the fraction of outputs identical to the reference)."""
+        if not hyps:
+            return {}
+        bleu = sacrebleu.corpus_bleu(hyps, [refs])
+        exact = sum(h == r for h, r in zip(hyps, refs)) / len(hyps)
+        return {"bleu": bleu.score, "exact_match": exact}

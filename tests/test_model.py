@@ -1,0 +1,88 @@
+"""Whole-model properties for every scheme: causality, padding, decoding consistency."""
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from nas_cli.model import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
+from nas_cli.registry import CONF_DIR, make_core_factory
+
+SIZES = dict(d_model=32, heads=4, ffn=64, dropout=0.0, max_len=64)
+
+
+def factory(scheme, heads=4):
+    return make_core_factory(OmegaConf.load(CONF_DIR / "attention" / f"{scheme}.yaml"), heads)
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_lm_causal_no_leak(scheme, norm_first):
+    torch.manual_seed(0)
+    lm = DecoderOnlyLM(20, factory(scheme), decoder_layers=2, norm_first=norm_first, **SIZES).eval()
+    ids = torch.randint(3, 20, (2, 10))
+    t = 4
+    changed = ids.clone()
+    changed[:, t + 1:] = torch.randint(3, 20, (2, 10 - t - 1))
+    a, _ = lm(ids)
+    b, _ = lm(changed)
+    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], rtol=0, atol=1e-5)
+    assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])  # the change did reach later positions
+
+
+def test_seq2seq_decoder_no_leak_and_padding(scheme):
+    torch.manual_seed(0)
+    m = Seq2SeqTransformer(20, 20, factory(scheme), encoder_layers=2, decoder_layers=2, positions="learned",
+                           share_embeddings=True, **SIZES).eval()
+    src = torch.randint(3, 20, (1, 7))
+    tgt = torch.randint(3, 20, (1, 6))
+    changed = tgt.clone()
+    changed[:, 3:] = torch.randint(3, 20, (1, 3))
+    a, _ = m(src, tgt)
+    b, _ = m(src, changed)
+    torch.testing.assert_close(a[:, :3], b[:, :3], rtol=0, atol=1e-5)
+    # padding the source and the target leaves real positions unchanged
+    src_p = torch.cat([src, torch.zeros(1, 4, dtype=torch.long)], 1)
+    tgt_p = torch.cat([tgt, torch.zeros(1, 3, dtype=torch.long)], 1)
+    c, _ = m(src_p, tgt_p)
+    torch.testing.assert_close(c[:, :6], a, rtol=0, atol=1e-5)
+
+
+def test_greedy_decode_matches_teacher_forcing(scheme):
+    """Greedy decoding re-runs the prefix, so each emitted token is the argmax of the
+    teacher-forced logits on the decoded prefix (true for prefix-normalized schemes)."""
+    torch.manual_seed(1)
+    m = Seq2SeqTransformer(12, 12, factory(scheme), encoder_layers=1, decoder_layers=2, **SIZES).eval()
+    src = torch.randint(3, 12, (3, 5))
+    out = m.greedy_decode(src, 1, 2, max_len=6)
+    tgt_in = torch.cat([torch.ones(3, 1, dtype=torch.long), out[:, :-1]], 1)
+    logits, _ = m(src, tgt_in)
+    live = torch.ones(3, dtype=torch.bool)
+    for t in range(out.size(1)):
+        assert torch.equal(logits[live, t].argmax(-1), out[live, t])
+        live &= out[:, t] != 2
+
+
+def test_need_weights_returns_every_location():
+    m = Seq2SeqTransformer(12, 12, factory("hnas"), encoder_layers=2, decoder_layers=3, **SIZES).eval()
+    _, found = m(torch.randint(3, 12, (2, 5)), torch.randint(3, 12, (2, 4)), need_weights=True)
+    assert {k: len(v) for k, v in found.items()} == {"encoder": 2, "decoder": 3, "cross": 3}
+    assert found["cross"][0].weights.shape == (2, 4, 4, 5)
+    assert found["decoder"][0].aux["u"].shape == (4,)
+
+
+def test_heads_must_divide_d_model():
+    with pytest.raises(ValueError, match="model.heads=5 must divide model.d_model=32"):
+        DecoderOnlyLM(10, factory("unas", 5), decoder_layers=1, **{**SIZES, "heads": 5})
+
+
+def test_label_smoothed_loss_against_formula():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 7)
+    target = torch.tensor([[4, 5, 0], [6, 0, 0]])
+    loss, nll_sum, n = label_smoothed_nll(logits, target, pad_id=0, smoothing=0.1)
+    lp = torch.log_softmax(logits, -1)
+    keep = [(0, 0), (0, 1), (1, 0)]
+    nll = [-lp[b, t, target[b, t]] for b, t in keep]
+    smooth = [-lp[b, t].mean() for b, t in keep]
+    ref = sum(0.9 * a + 0.1 * s for a, s in zip(nll, smooth)) / 3
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(nll_sum, sum(nll))
+    assert n == 3
