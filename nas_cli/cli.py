@@ -58,6 +58,11 @@ def summary_table(summaries: list[dict], title: str) -> Table:
     return table
 
 
+def _console() -> Console:
+    # logs and CI are not terminals: give tables room instead of rich's 80 columns
+    return Console() if sys.stdout.isatty() else Console(width=120)
+
+
 class SweepSummary(Callback):
     """Hydra callback: after a multirun, print one table comparing every job."""
 
@@ -66,7 +71,7 @@ class SweepSummary(Callback):
         rows = [json.loads(p.read_text()) for p in sorted(root.glob("*/summary.json"))]
         if rows:
             rows.sort(key=lambda s: (s["task"], s["scheme"], s["heads"]))
-            Console().print(summary_table(rows, f"nas-run sweep {root}"))
+            _console().print(summary_table(rows, f"nas-run sweep {root}"))
 
 
 def _job(cfg: DictConfig):
@@ -81,7 +86,7 @@ def _job(cfg: DictConfig):
     except UserError as err:
         Console(stderr=True).print(f"[bold red]nas-run: error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    Console().print(summary_table([summary], "nas-run result"))
+    _console().print(summary_table([summary], "nas-run result"))
     return summary["best_val"]["value"]
 
 
