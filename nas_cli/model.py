@@ -65,9 +65,12 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.heads, self.d_head).transpose(1, 2)
 
-    def forward(self, x_q, x_kv, q_mask=None, k_mask=None, need_weights=False):
+    def forward(self, x_q, x_kv, q_mask=None, k_mask=None, need_weights=False, prev=None):
+        """``prev``: the previous layer's AttentionOutput at the same location, handed to
+        cores that declare ``uses_prev = True`` (cascades such as CODA / RealFormer)."""
         q, k, v = self._split(self.q_proj(x_q)), self._split(self.k_proj(x_kv)), self._split(self.v_proj(x_kv))
-        res = self.core(q, k, v, q_mask=q_mask, k_mask=k_mask, need_weights=need_weights)
+        extra = {"prev": prev} if getattr(self.core, "uses_prev", False) else {}
+        res = self.core(q, k, v, q_mask=q_mask, k_mask=k_mask, need_weights=need_weights, **extra)
         b, _, t, _ = res.out.shape
         out = res.out.transpose(1, 2).reshape(b, t, self.heads * self.d_head)  # (B, T, C)
         return self.dropout(self.out_proj(out)), res
@@ -99,11 +102,15 @@ class Block(nn.Module):
         out, res = fn(x)
         return self.norms[i](x + out), res
 
-    def forward(self, x, mask, memory=None, memory_mask=None, need_weights=False):
+    def forward(self, x, mask, memory=None, memory_mask=None, need_weights=False, prev=None):
+        """``prev``: {'self': AttentionOutput, 'cross': ...} of the layer below (or None);
+        the returned dict is the state for the layer above."""
+        prev = prev or {}
         found = {}
-        x, found["self"] = self._sub(x, 0, lambda h: self.self_attn(h, h, mask, mask, need_weights))
+        x, found["self"] = self._sub(x, 0, lambda h: self.self_attn(h, h, mask, mask, need_weights, prev.get("self")))
         if self.cross_attn is not None:
-            x, found["cross"] = self._sub(x, 1, lambda h: self.cross_attn(h, memory, mask, memory_mask, need_weights))
+            x, found["cross"] = self._sub(
+                x, 1, lambda h: self.cross_attn(h, memory, mask, memory_mask, need_weights, prev.get("cross")))
         x, _ = self._sub(x, len(self.norms) - 1, lambda h: (self.ffn(h), None))
         return x, found
 
@@ -120,13 +127,18 @@ class _Embedder(nn.Module):
             self.positions = SinusoidalPositions(d_model, max_len)
         elif positions == "learned":
             self.positions = LearnedPositions(d_model, max_len)
+        elif positions == "none":  # schemes that put position into the kernel (Tsai et al.)
+            self.positions = None
         else:
-            raise ValueError(f"model.positions must be 'sinusoidal' or 'learned' (got '{positions}')")
+            raise ValueError(f"model.positions must be 'sinusoidal', 'learned' or 'none' (got '{positions}')")
         self.scale = math.sqrt(d_model)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, ids):  # (B, T) -> (B, T, C)
-        return self.dropout(self.tokens(ids) * self.scale + self.positions(ids.size(1)))
+        x = self.tokens(ids) * self.scale
+        if self.positions is not None:
+            x = x + self.positions(ids.size(1))
+        return self.dropout(x)
 
 
 def _collect(per_layer: list[dict], location_of: dict[str, str]) -> dict:
@@ -173,18 +185,18 @@ class Seq2SeqTransformer(nn.Module):
     def encode(self, src, need_weights=False):
         mask = src != self.pad_id  # (B, S)
         x = self.src_embed(src)
-        per_layer = []
+        per_layer, found = [], None
         for layer in self.encoder:
-            x, found = layer(x, mask, need_weights=need_weights)
+            x, found = layer(x, mask, need_weights=need_weights, prev=found)
             per_layer.append(found)
         return self.enc_norm(x), mask, _collect(per_layer, {"self": "encoder"})
 
     def decode(self, tgt_in, memory, memory_mask, need_weights=False):
         mask = tgt_in != self.pad_id
         x = self.tgt_embed(tgt_in)
-        per_layer = []
+        per_layer, found = [], None
         for layer in self.decoder:
-            x, found = layer(x, mask, memory, memory_mask, need_weights=need_weights)
+            x, found = layer(x, mask, memory, memory_mask, need_weights=need_weights, prev=found)
             per_layer.append(found)
         return self.generator(self.dec_norm(x)), _collect(per_layer, {"self": "decoder", "cross": "cross"})
 
@@ -232,9 +244,9 @@ class DecoderOnlyLM(nn.Module):
     def forward(self, ids, need_weights=False):
         mask = ids != self.pad_id
         x = self.embed(ids)
-        per_layer = []
+        per_layer, found = [], None
         for layer in self.layers:
-            x, found = layer(x, mask, need_weights=need_weights)
+            x, found = layer(x, mask, need_weights=need_weights, prev=found)
             per_layer.append(found)
         return self.generator(self.norm(x)), _collect(per_layer, {"self": "decoder"})
 

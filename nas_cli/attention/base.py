@@ -125,6 +125,9 @@ class AttentionCore(nn.Module):
     supports_causal: bool = True
     #: the scheme has no cheaper path than materializing the weights
     needs_weights: bool = True
+    #: forward() takes ``prev=`` (the previous layer's AttentionOutput at the same
+    #: location, or None in the first layer): cross-layer state such as CODA's logits
+    uses_prev: bool = False
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
                  **_: Any):
