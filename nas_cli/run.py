@@ -133,6 +133,11 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
     ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=task.monitor,
                            mode=task.monitor_mode, save_last=True, save_top_k=1)
     callbacks = [ckpt]
+    if cfg.diagnostics.enabled:
+        from .diagnostics.callback import DiagnosticsCallback
+
+        opts = {k: v for k, v in OmegaConf.to_container(cfg.diagnostics, resolve=True).items() if k != "enabled"}
+        callbacks.append(DiagnosticsCallback(run_dir=run_dir, **opts))
     if cfg.progress_bar:
         callbacks.append(RichProgressBar(leave=True))
     trainer = pl.Trainer(**tcfg, callbacks=callbacks, logger=logger, plugins=[AtomicCheckpointIO()],
