@@ -11,6 +11,7 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig
 
+from .decoding import beam_search
 from .errors import NonFiniteLoss
 from .model import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
 from .registry import make_core_factory, placement
@@ -48,7 +49,8 @@ class NasLitModule(pl.LightningModule):
         self.optim_cfg = optim_cfg
         self.placement = placement(attn_cfg)
         self.log_u_every = log_u_every
-        self._eval_text: dict[str, tuple[list, list]] = {}
+        self._eval_text: dict[str, tuple[list, list, list]] = {}
+        self.decoded: dict[str, list[str]] = {}  # hypotheses of the last evaluation per split
         self._sums: dict[str, torch.Tensor] = {}
         self.train_tokens = 0
         self.train_seconds = 0.0
@@ -119,12 +121,26 @@ class NasLitModule(pl.LightningModule):
         for key, val in (("nll", nll_sum), ("n", n), ("correct", correct)):
             self._sums[f"{split}/{key}"] = self._sums.get(f"{split}/{key}", 0) + val.detach().double()
         if self.task.kind == "seq2seq":
-            src = batch["src"]
-            out = self.model.greedy_decode(src, self.task.bos_id, self.task.eos_id,
-                                           self.task.max_decode_len(src.size(1)))
-            hyps, refs = self._eval_text.setdefault(split, ([], []))
-            hyps.extend(self.task.ids_to_text(row) for row in out)
-            refs.extend(self.task.ids_to_text(row) for row in batch["tgt_out"])
+            hyps, refs, index = self._eval_text.setdefault(split, ([], [], []))
+            hyps.extend(self.task.ids_to_text(row) for row in self.decode(batch["src"], split))
+            if "index" in batch and hasattr(self.task, "reference"):  # raw reference text, not a BPE round trip
+                data_split = "valid" if split == "val" else split
+                refs.extend(self.task.reference(data_split, int(i)) for i in batch["index"])
+                index.extend(int(i) for i in batch["index"])
+            else:
+                refs.extend(self.task.ids_to_text(row) for row in batch["tgt_out"])
+                index.extend(range(len(index), len(index) + batch["src"].size(0)))
+
+    def decode(self, src: torch.Tensor, split: str = "test") -> torch.Tensor:
+        """Greedy or beam decoding as the task's decoding settings say (beam 1 = greedy)."""
+        max_len = self.task.max_decode_len(src.size(1))
+        dec = getattr(self.task, "decoding", None)
+        beam = (self.task.valid_beam if split == "val" else dec["beam"]) if dec else 1
+        if beam <= 1:
+            return self.model.greedy_decode(src, self.task.bos_id, self.task.eos_id, max_len)
+        out, _ = beam_search(self.model, src, self.task.bos_id, self.task.eos_id, self.task.pad_id, beam, max_len,
+                             dec["lenpen"])
+        return out
 
     def _eval_end(self, split: str):
         n = self._sums.pop(f"{split}/n", None)
@@ -134,7 +150,9 @@ class NasLitModule(pl.LightningModule):
         correct = self._sums.pop(f"{split}/correct") / n
         metrics = {f"{split}/loss": float(nll), f"{split}/ppl": float(torch.exp(nll.clamp(max=50))),
                    f"{split}/token_acc": float(correct)}
-        hyps, refs = self._eval_text.pop(split, ([], []))
+        hyps, refs, index = self._eval_text.pop(split, ([], [], []))
+        # decoded text in the split's original order (batches are sorted by length)
+        self.decoded[split] = [h for _, h in sorted(zip(index, hyps))]
         for key, val in self.task.score(hyps, refs).items():
             metrics[f"{split}/{key}"] = float(val)
         self.log_dict(metrics, batch_size=1)

@@ -44,6 +44,26 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             tmp.unlink(missing_ok=True)
 
 
+class PeriodicCheckpoint(pl.Callback):
+    """``step<N>.ckpt`` every ``every`` optimizer steps, keeping the newest ``keep``
+    (for checkpoint averaging). Saved through the trainer, so writes are atomic."""
+
+    def __init__(self, dirpath: Path, every: int, keep: int):
+        self.dirpath, self.every, self.keep = Path(dirpath), every, max(1, keep)
+        self._last_saved = -1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step == 0 or step % self.every or step == self._last_saved:
+            return
+        self._last_saved = step
+        trainer.save_checkpoint(self.dirpath / f"step{step}.ckpt")
+        if trainer.is_global_zero:
+            found = sorted(self.dirpath.glob("step*.ckpt"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else -1)
+            for old in found[: -self.keep]:
+                old.unlink(missing_ok=True)
+
+
 def _unwrap(err: Exception) -> str:
     while isinstance(err, InstantiationException) and err.__cause__ is not None:
         err = err.__cause__
@@ -133,6 +153,9 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
     ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=task.monitor,
                            mode=task.monitor_mode, save_last=True, save_top_k=1)
     callbacks = [ckpt]
+    if cfg.checkpoint.every_n_steps and cfg.checkpoint.every_n_steps > 0:
+        callbacks.append(PeriodicCheckpoint(run_dir / "checkpoints", int(cfg.checkpoint.every_n_steps),
+                                            int(cfg.checkpoint.keep_last)))
     if cfg.diagnostics.enabled:
         from .diagnostics.callback import DiagnosticsCallback
 
@@ -166,6 +189,8 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
         "best_val": {"metric": task.monitor, "value": _float(ckpt.best_model_score)},
         "test": {k: float(v) for k, v in test.items()},
         "hnas_u": module.hnas_u(),
+        "bleu_signature": getattr(task, "bleu_signature", None),
+        "data_timings": getattr(task, "timings", None),
         "run_dir": str(run_dir),
         "group": group,
     }

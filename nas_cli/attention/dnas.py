@@ -13,12 +13,18 @@ For Sinkhorn-k each later iteration uses the same prefix rule on the previous it
 
 Padding is excluded from both steps: padded queries never enter a column sum and
 padded keys never enter a row sum.
+
+Two implementations (option ``attention.impl``): ``efficient`` (default) runs
+:mod:`nas_cli.attention.efficient` when weights are not requested, which never holds an
+(Sq x Sk) tensor per head and gives the same values and gradients; ``naive`` always uses
+the formula below, which stays the reference and serves ``need_weights=True``.
 """
 from __future__ import annotations
 
 import torch
 
-from .base import AttentionCore, NEG_INF, doubly_normalized_logits, masked_row_softmax
+from .base import AttentionCore, AttentionOutput, NEG_INF, doubly_normalized_logits, masked_row_softmax
+from .efficient import check_impl, dnas_attention
 
 
 def log_row_normalize(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
@@ -31,13 +37,34 @@ def log_row_normalize(logits: torch.Tensor, allowed: torch.Tensor | None) -> tor
 
 class DNAS(AttentionCore):
     name = "dnas"
+    #: number of (column, row) normalization pairs; Sinkhorn overrides it
+    iterations = 1
+
+    def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, impl: str = "efficient",
+                 block_size: int | None = None, **kw):
+        super().__init__(heads, causal, dropout, **kw)
+        self.impl = check_impl(impl)
+        # query-block height of the efficient path (None: sized from the tile budget)
+        self.block_size = None if block_size is None else int(block_size)
+        self.needs_weights = self.impl == "naive"
 
     def weights_from_logits(self, logits, allowed):
         # Ding et al. 2020: column step (over queries), then row step (over keys)
         return masked_row_softmax(doubly_normalized_logits(logits, allowed, self.prefix_queries), allowed)
 
+    def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
+        if need_weights or self.impl == "naive":
+            return super().forward(q, k, v, q_mask, k_mask, need_weights)
+        out = dnas_attention(q, k, v, q_mask, k_mask, prefix=self.prefix_queries, causal=self.causal,
+                             iterations=self.iterations, dropout_p=self.dropout if self.training else 0.0,
+                             block_size=self.block_size)
+        return AttentionOutput(out, None, self.aux())
 
-class Sinkhorn(AttentionCore):
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", impl={self.impl}"
+
+
+class Sinkhorn(DNAS):
     """k alternating (column, row) normalizations started from exp(s); k=1 is DNAS."""
 
     name = "sinkhorn"

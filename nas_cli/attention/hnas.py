@@ -3,6 +3,10 @@
 pi = u * pi_DNAS + (1 - u) * pi_UNAS with one trainable u in [0, 1] per head of this
 layer, u = sigmoid(theta). The output mixes the two value averages with the same u,
 which equals attending with the mixed weights.
+
+``attention.impl``: ``efficient`` (default) mixes the memory-efficient DNAS output of
+:mod:`nas_cli.attention.efficient` with the fused SDPA (UNAS) output when weights are not
+requested; ``naive`` always mixes the materialized weights (the reference).
 """
 from __future__ import annotations
 
@@ -11,14 +15,20 @@ import math
 import torch
 from torch import nn
 
-from .base import AttentionCore, doubly_normalized_logits, masked_row_softmax
+from .base import AttentionCore, AttentionOutput, doubly_normalized_logits, masked_row_softmax
+from .efficient import check_impl, hnas_attention
 
 
 class HNAS(AttentionCore):
     name = "hnas"
 
-    def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, u_init: float = 0.5, **kw):
+    def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, u_init: float = 0.5,
+                 impl: str = "efficient", block_size: int | None = None, **kw):
         super().__init__(heads, causal, dropout, **kw)
+        self.impl = check_impl(impl)
+        # query-block height of the efficient DNAS part (None: sized from the tile budget)
+        self.block_size = None if block_size is None else int(block_size)
+        self.needs_weights = self.impl == "naive"
         u_init = float(u_init)
         if not 0.0 <= u_init <= 1.0:
             raise ValueError(f"attention.u_init must be in [0, 1] (got {u_init})")
@@ -38,8 +48,15 @@ class HNAS(AttentionCore):
         u = self.u.to(logits.dtype)[None, :, None, None]
         return u * dnas + (1 - u) * unas
 
+    def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
+        if need_weights or self.impl == "naive":
+            return super().forward(q, k, v, q_mask, k_mask, need_weights)
+        out = hnas_attention(q, k, v, self.u, q_mask, k_mask, prefix=self.prefix_queries, causal=self.causal,
+                             dropout_p=self.dropout if self.training else 0.0, block_size=self.block_size)
+        return AttentionOutput(out, None, self.aux())
+
     def aux(self):
         return {"u": self.u.detach()}
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", u_init={self.u_init}"
+        return super().extra_repr() + f", u_init={self.u_init}, impl={self.impl}"

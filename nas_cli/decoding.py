@@ -1,0 +1,68 @@
+"""Batched beam search for the encoder-decoder.
+
+Scores are sums of token log-probabilities (EOS included when a hypothesis ends with it)
+divided by ``length ** lenpen`` (fairseq's convention; ``length`` counts EOS). As in
+fairseq, an EOS candidate finishes a hypothesis only if it ranks among the top ``beam``
+candidates of its step, so beam 1 is exactly greedy decoding. The decoder is re-run on
+the whole prefix at each step instead of caching keys and values: the prefix-normalized
+causal DNAS/HNAS/Sinkhorn need every earlier query, and re-running keeps decoding equal
+to teacher forcing for every scheme (cost: O(T^2) decoder positions per sentence).
+"""
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+@torch.no_grad()
+def beam_search(model, src: torch.Tensor, bos_id: int, eos_id: int, pad_id: int, beam: int, max_len: int,
+                lenpen: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """src (B, S) -> (tokens (B, <= max_len) without BOS, EOS kept, pad after; scores (B,))."""
+    b, k = src.size(0), beam
+    memory, memory_mask, _ = model.encode(src)
+    memory = memory.repeat_interleave(k, 0)  # (B*K, S, C)
+    memory_mask = memory_mask.repeat_interleave(k, 0)
+    tokens = torch.full((b * k, 1), bos_id, dtype=torch.long, device=src.device)
+    scores = torch.full((b, k), NEG_INF, device=src.device)
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+    done = torch.zeros(b, dtype=torch.bool)
+    offsets = (torch.arange(b, device=src.device) * k)[:, None]  # (B, 1)
+    for step in range(max_len):
+        logits, _ = model.decode(tokens, memory, memory_mask, last_only=True)
+        lprobs = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B*K, V)
+        lprobs[:, [pad_id, bos_id]] = NEG_INF
+        vocab = lprobs.size(-1)
+        cand = (scores.unsqueeze(-1) + lprobs.view(b, k, vocab)).view(b, k * vocab)
+        top_s, top_i = cand.topk(2 * k, dim=-1)  # (B, 2K)
+        top_beam, top_tok = top_i // vocab, top_i % vocab
+        is_eos = (top_tok == eos_id) & (top_s > NEG_INF)
+        # EOS among the top K candidates finishes a hypothesis (length = step + 1 incl. EOS)
+        for i, j in (is_eos[:, :k] & ~done[:, None].to(is_eos.device)).nonzero().tolist():
+            if len(finished[i]) < k:
+                hyp = tokens[i * k + int(top_beam[i, j]), 1:].tolist() + [eos_id]
+                finished[i].append((float(top_s[i, j]) / len(hyp) ** lenpen, hyp))
+        done |= torch.tensor([len(f) >= k for f in finished])
+        if bool(done.all()):
+            break
+        # the K best non-EOS candidates continue (at most K of the 2K are EOS: one per beam)
+        live = ~is_eos
+        keep = live & (live.cumsum(-1) <= k)
+        order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices[:, :k]  # (B, K)
+        sel_beam, sel_tok, sel_s = top_beam.gather(1, order), top_tok.gather(1, order), top_s.gather(1, order)
+        tokens = torch.cat([tokens[(offsets + sel_beam).view(-1)], sel_tok.view(-1, 1)], dim=1)
+        scores = sel_s.masked_fill(done[:, None].to(sel_s.device), NEG_INF)
+    for i in range(b):  # hypotheses still alive at max_len end without EOS
+        if len(finished[i]) < k:
+            for j in range(k):
+                sc = float(scores[i, j])
+                if sc > NEG_INF:
+                    hyp = tokens[i * k + j, 1:].tolist()
+                    finished[i].append((sc / max(1, len(hyp)) ** lenpen, hyp))
+    best = [max(f, key=lambda x: x[0]) if f else (NEG_INF, []) for f in finished]
+    width = max(1, max(len(h) for _, h in best))
+    out = torch.full((b, width), pad_id, dtype=torch.long, device=src.device)
+    for i, (_, hyp) in enumerate(best):
+        out[i, : len(hyp)] = torch.tensor(hyp, dtype=torch.long)
+    return out, torch.tensor([s for s, _ in best])

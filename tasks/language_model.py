@@ -1,0 +1,169 @@
+"""Word-level language modelling (WikiText-2, WikiText-103) with context-window evaluation.
+
+Each line becomes its words plus ``</s>`` (the end-of-line token counts, as in fairseq and
+the published WikiText perplexities). Training cuts the token stream into blocks of
+``tokens_per_sample``. Evaluation scores every token of the split exactly once: block k
+predicts the next ``tokens_per_sample - context_window`` tokens with up to
+``context_window`` earlier tokens as context (fairseq's ``--context-window``), so test
+perplexity is over the full split with long context, not over isolated blocks.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from .base import EOS, PAD, Task
+from .sources import DataError, check_dir, disk_split, fingerprint, hub_split, read_lines
+from .vocab import default_cache_dir, word_level
+
+SPLITS = ("train", "valid", "test")
+
+
+class _Blocks(Dataset):
+    """Windows over a token stream: inputs stream[s:e-1], targets stream[s+1:e] with the
+    targets before ``score_from`` replaced by PAD (context only, not scored)."""
+
+    def __init__(self, stream: np.ndarray, windows: list[tuple[int, int, int]]):
+        self.stream, self.windows = stream, windows
+
+    def __len__(self):
+        return len(self.windows)
+
+    def __getitem__(self, i):
+        start, end, score_from = self.windows[i]
+        ids = self.stream[start: end - 1]
+        target = self.stream[start + 1: end].copy()
+        target[: max(0, score_from - start - 1)] = PAD
+        return ids, target
+
+
+def _collate(batch):
+    n = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), n), PAD, dtype=torch.long)
+    target = torch.full((len(batch), n), PAD, dtype=torch.long)
+    for i, (a, t) in enumerate(batch):
+        ids[i, : len(a)] = torch.from_numpy(a.astype(np.int64))
+        target[i, : len(t)] = torch.from_numpy(t.astype(np.int64))
+    return {"ids": ids, "target": target}
+
+
+def train_windows(n: int, block: int) -> list[tuple[int, int, int]]:
+    """Consecutive blocks of ``block`` predictions: (start, start + block + 1, start + 1)."""
+    return [(s, min(n, s + block + 1), s + 1) for s in range(0, n - 1, block)]
+
+
+def eval_windows(n: int, block: int, context: int) -> list[tuple[int, int, int]]:
+    """Every token 1..n-1 predicted exactly once; each window holds at most ``block``
+    inputs, of which up to ``context`` are unscored left context."""
+    if not 0 <= context < block:
+        raise ValueError(f"task.context_window must be in [0, tokens_per_sample) (got {context}, {block})")
+    stride = block - context
+    out, first = [], 1  # first target index this window scores
+    while first < n:
+        last = min(n, first + (stride if first > 1 else block))  # first window: a full block, no context
+        start = max(0, last - 1 - block)  # inputs start..last-2 (at most `block` of them)
+        out.append((start, last, first))
+        first = last
+    return out
+
+
+class LanguageModelTask(Task):
+    kind = "lm"
+
+    def __init__(self, name: str, source: str = "auto", path: str | None = None, hf_name: str | None = None,
+                 hf_config: str | None = None, columns: list[str] | None = None, splits: dict | None = None, hub_splits: dict | None = None,
+                 tokens_per_sample: int = 256, context_window: int = 192, batch_size: int = 16,
+                 eval_batch_size: int | None = None, max_vocab: int | None = None, cache_dir: str | None = None,
+                 num_workers: int = 0, seed: int = 1, monitor: str = "val/loss", monitor_mode: str = "min"):
+        super().__init__()
+        self.name, self.source, self.path, self.hf_name, self.hf_config = name, source, path, hf_name, hf_config
+        self.columns = list(columns) if columns else ["text"]
+        # split names: files of the local layout, and splits of a hub / save_to_disk dataset
+        self.split_names = {**{s: s for s in SPLITS}, **(dict(splits) if splits else {})}
+        self.hub_split_names = {"train": "train", "valid": "validation", "test": "test",
+                                **(dict(hub_splits) if hub_splits else {})}
+        self.block, self.context = int(tokens_per_sample), int(context_window)
+        if not 0 <= self.context < self.block:
+            raise ValueError(f"task.context_window must be in [0, task.tokens_per_sample={self.block}) "
+                             f"(got {self.context})")
+        self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size or batch_size)
+        self.max_vocab = max_vocab
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        self.num_workers, self.seed = int(num_workers), int(seed)
+        self.monitor, self.monitor_mode = monitor, monitor_mode
+        self.streams: dict[str, np.ndarray] = {}
+        self.tokenizer = None
+        self.timings: dict[str, float] = {}
+
+    def _lines(self, split: str) -> list[str]:
+        name = self.split_names[split]
+        kind = self.source
+        if kind == "auto":
+            kind = ("disk" if (Path(str(self.path)).expanduser() / "dataset_dict.json").is_file() else "local") \
+                if self.path else ("hub" if self.hf_name else None)
+        if kind == "local":
+            return read_lines(check_dir(self.path) / f"{name}.txt", f"{split} split")
+        if kind == "disk":
+            return disk_split(check_dir(self.path), self.hub_split_names[split], self.columns)[0]
+        if kind == "hub":
+            return hub_split(self.hf_name, self.hf_config, self.hub_split_names[split], self.columns,
+                             str(self.cache_dir / "hf"))[0]
+        raise DataError(f"task '{self.name}' has no data: set task.path=<dir with train.txt/valid.txt/test.txt> "
+                        "or task.hf_name=<dataset> (task.source must be auto, local, disk or hub)")
+
+    def setup(self, stage=None):
+        if self.streams:
+            return
+        t0 = time.perf_counter()
+        lines = {split: self._lines(split) for split in SPLITS}
+        self.timings["read_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if self.path and (Path(str(self.path)).expanduser() / f"{self.split_names['train']}.txt").is_file():
+            origin = fingerprint(Path(str(self.path)).expanduser() / f"{self.split_names['train']}.txt")
+        else:
+            origin = fingerprint(self.path, self.hf_name, self.hf_config, len(lines["train"]), lines["train"][:50])
+        key = fingerprint(origin, "word", self.max_vocab)
+        self.tokenizer, self.tokenizer_cached = word_level(lines["train"], self.cache_dir / "tokenizers" /
+                                                           f"word-{key}.json", self.max_vocab)
+        self.timings["tokenizer_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for split, text in lines.items():
+            encoded = self.tokenizer.encode_batch(text)
+            parts = [np.asarray(e.ids + [EOS], dtype=np.int32) for e in encoded]
+            self.streams[split] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+            if len(self.streams[split]) < 2:
+                raise DataError(f"task '{self.name}': split '{self.split_names[split]}' has no text")
+        self.timings["encode_s"] = time.perf_counter() - t0
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def n_eval_tokens(self, split: str) -> int:
+        """Tokens scored in an evaluation of ``split`` (every token after the first)."""
+        return len(self.streams[split]) - 1
+
+    def train_dataloader(self):
+        ds = _Blocks(self.streams["train"], train_windows(len(self.streams["train"]), self.block))
+        gen = torch.Generator().manual_seed(self.seed)
+        return DataLoader(ds, batch_size=self.batch_size, shuffle=True, collate_fn=_collate, generator=gen,
+                          num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
+                          persistent_workers=self.num_workers > 0)
+
+    def _eval_loader(self, split):
+        ds = _Blocks(self.streams[split], eval_windows(len(self.streams[split]), self.block, self.context))
+        return DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False, collate_fn=_collate,
+                          num_workers=self.num_workers)
+
+    def val_dataloader(self):
+        return self._eval_loader("valid")
+
+    def test_dataloader(self):
+        return self._eval_loader("test")
+
+    def ids_to_text(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids if int(i) != PAD])

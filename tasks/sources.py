@@ -1,0 +1,112 @@
+"""Where a task's raw text comes from, checked so that bad data fails with one clear line.
+
+Three kinds of source, chosen by ``task.source``:
+
+* ``local`` (a directory in the fairseq-style raw layout): translation
+  ``<split>.<lang>`` line-aligned pairs, language modelling ``<split>.txt``, headline
+  generation ``<split>.<src>`` / ``<split>.<tgt>`` (article / title) line files;
+* ``disk`` (a ``datasets.save_to_disk`` directory, a DatasetDict with one Dataset per split);
+* ``hub`` (a Hugging Face dataset name, downloaded once and cached by ``datasets``).
+
+Every source returns plain lists of strings per split, so tokenization and batching do
+not care where text came from.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Sequence
+
+from nas_cli.errors import UserError
+
+
+class DataError(UserError):
+    """Missing or malformed data; the message names the path and the fix."""
+
+
+def read_lines(path: Path, what: str) -> list[str]:
+    """Read a UTF-8 text file as a list of lines (without newlines)."""
+    if not path.is_file():
+        raise DataError(f"{what}: file {path} not found; check task.path and the split names (task.splits)")
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise DataError(f"{what}: file {path} is empty; it should hold one sentence per line")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise DataError(f"{what}: file {path} is not valid UTF-8 (byte {err.start}, line {line}); "
+                        "re-encode it as UTF-8 (e.g. iconv -t UTF-8)") from None
+    return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
+
+
+def check_dir(path: str | Path | None, option: str = "task.path") -> Path:
+    if path is None or str(path) in ("", "None"):
+        raise DataError(f"{option} is not set; point it at the data directory (or set task.source=hub)")
+    p = Path(str(path)).expanduser()
+    if not p.is_dir():
+        raise DataError(f"{option}={p} is not a directory; download or unpack the data there, or set {option}")
+    return p
+
+
+def local_parallel(root: Path, split_file: str, src: str, tgt: str) -> tuple[list[str], list[str]]:
+    """``<root>/<split_file>.<src>`` and ``.<tgt>``: equal numbers of lines required."""
+    a = read_lines(root / f"{split_file}.{src}", "source side")
+    b = read_lines(root / f"{split_file}.{tgt}", "target side")
+    if len(a) != len(b):
+        raise DataError(f"{root / split_file}.{src} has {len(a)} lines but {root / split_file}.{tgt} has {len(b)}; "
+                        "a parallel pair needs one sentence per line on both sides")
+    return a, b
+
+
+def disk_split(root: Path, split: str, columns: Sequence[str]) -> list[list[str]]:
+    """Columns of one split of a ``datasets.save_to_disk`` DatasetDict.
+
+    A column may be a dotted path into a nested record ('translation.de')."""
+    from datasets import DatasetDict, load_from_disk
+
+    try:
+        dd = load_from_disk(str(root))
+    except (FileNotFoundError, ValueError) as err:
+        raise DataError(f"task.path={root} is not a dataset saved with datasets.save_to_disk ({err})") from None
+    if not isinstance(dd, DatasetDict) or split not in dd:
+        have = list(dd.keys()) if isinstance(dd, DatasetDict) else "a single Dataset"
+        raise DataError(f"task.path={root}: no split '{split}' (found {have}); set task.splits")
+    return _columns(dd[split], columns, f"task.path={root} split '{split}'")
+
+
+def hub_split(name: str, config: str | None, split: str, columns: Sequence[str], cache_dir: str | None) -> list[list[str]]:
+    from datasets import load_dataset
+
+    try:
+        ds = load_dataset(name, config, split=split, cache_dir=cache_dir)
+    except Exception as err:  # network, unknown name, missing config: one line either way
+        raise DataError(f"could not load Hugging Face dataset '{name}' ({config}) split '{split}': "
+                        f"{str(err).splitlines()[0] if str(err) else type(err).__name__}; offline? use task.source=local "
+                        "with task.path") from None
+    return _columns(ds, columns, f"dataset '{name}' split '{split}'")
+
+
+def _columns(ds, columns, what) -> list[list[str]]:
+    out = []
+    for col in columns:
+        head, *rest = col.split(".")
+        if head not in ds.column_names:
+            raise DataError(f"{what}: no column '{head}' (found {ds.column_names}); set task.columns")
+        values = ds[head]
+        for key in rest:
+            values = [v[key] for v in values]
+        out.append([str(v) for v in values])
+    return out
+
+
+def fingerprint(*parts) -> str:
+    """Stable hash of data files (by size and mtime) and settings, for on-disk caches."""
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Path) and part.exists():
+            st = part.stat()
+            h.update(f"{part.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode())
+        else:
+            h.update(repr(part).encode())
+    return h.hexdigest()[:16]
