@@ -20,17 +20,24 @@ CoreFactory = Callable[[str, int, bool], AttentionCore]
 LOCATIONS = ("encoder", "decoder", "cross")
 
 
+def sinusoids(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """Vaswani et al. 2017 sinusoids of arbitrary (also negative, i.e. relative) positions:
+    (N,) integer or float positions -> (N, d_model) float32, [sin, cos] interleaved."""
+    pos = positions.to(torch.float32)[:, None]
+    inv = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32, device=pos.device)
+                    * (-math.log(10000.0) / d_model))
+    table = torch.zeros(pos.size(0), d_model, device=pos.device)
+    table[:, 0::2] = torch.sin(pos * inv)
+    table[:, 1::2] = torch.cos(pos * inv[: d_model // 2])
+    return table
+
+
 class SinusoidalPositions(nn.Module):
     """Vaswani et al. 2017 fixed sinusoids, added to the scaled token embeddings."""
 
     def __init__(self, d_model: int, max_len: int):
         super().__init__()
-        pos = torch.arange(max_len, dtype=torch.float32)[:, None]
-        inv = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
-        table = torch.zeros(max_len, d_model)
-        table[:, 0::2] = torch.sin(pos * inv)
-        table[:, 1::2] = torch.cos(pos * inv[: d_model // 2])
-        self.register_buffer("table", table, persistent=False)
+        self.register_buffer("table", sinusoids(torch.arange(max_len), d_model), persistent=False)
 
     def forward(self, length: int) -> torch.Tensor:  # (T, d_model)
         if length > self.table.size(0):
@@ -51,13 +58,33 @@ class LearnedPositions(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
+    """Projections + head split around an attention core.
+
+    Optional hooks a core may declare (all off by default, see nas_cli/attention/kernel.py):
+
+    * ``tie_qk = True``: keys use the query projection (W_q = W_k, Tsai et al. 2019's
+      symmetric kernels); no ``k_proj`` is created, so the saved parameters are real.
+    * ``input_positions``: a subset of ``{"qk", "v"}``; sinusoids t of the query/key
+      positions (0..T-1 per sequence) are added to this layer's input before the q/k
+      (``"qk"``) or the value (``"v"``: v = (f + t) W_v, Tsai et al. Eq. 7) projection.
+      Used with ``model.positions=none`` by schemes that place positions themselves.
+    * ``set_width(d_model)``: called once here, so a core whose own parameters depend on
+      the model width (relative-position tables, additive scoring layers) creates them
+      before any optimizer exists.
+    """
+
     def __init__(self, d_model: int, heads: int, core: AttentionCore, dropout: float = 0.0):
         super().__init__()
         self.heads, self.d_head = heads, d_model // heads
+        self.d_model = d_model
         self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
+        self.tie_qk = bool(getattr(core, "tie_qk", False))
+        self.k_proj = None if self.tie_qk else nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        self.input_positions = frozenset(getattr(core, "input_positions", ()))
+        if hasattr(core, "set_width"):
+            core.set_width(d_model)
         self.core = core
         self.dropout = nn.Dropout(dropout)
 
@@ -65,10 +92,24 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.heads, self.d_head).transpose(1, 2)
 
+    def project(self, x_q, x_kv):
+        """(B, Tq, C), (B, Tk, C) -> q (B, H, Tq, D), k, v (B, H, Tk, D), honouring the
+        core's ``tie_qk`` and ``input_positions`` hooks."""
+        xq_in, xk_in, xv_in = x_q, x_kv, x_kv
+        if self.input_positions:
+            t_kv = sinusoids(torch.arange(x_kv.size(1), device=x_kv.device), self.d_model).to(x_kv.dtype)
+            if "qk" in self.input_positions:
+                t_q = sinusoids(torch.arange(x_q.size(1), device=x_q.device), self.d_model).to(x_q.dtype)
+                xq_in, xk_in = x_q + t_q, x_kv + t_kv
+            if "v" in self.input_positions:
+                xv_in = x_kv + t_kv
+        k_proj = self.q_proj if self.tie_qk else self.k_proj
+        return self._split(self.q_proj(xq_in)), self._split(k_proj(xk_in)), self._split(self.v_proj(xv_in))
+
     def forward(self, x_q, x_kv, q_mask=None, k_mask=None, need_weights=False, prev=None):
         """``prev``: the previous layer's AttentionOutput at the same location, handed to
         cores that declare ``uses_prev = True`` (cascades such as CODA / RealFormer)."""
-        q, k, v = self._split(self.q_proj(x_q)), self._split(self.k_proj(x_kv)), self._split(self.v_proj(x_kv))
+        q, k, v = self.project(x_q, x_kv)
         extra = {"prev": prev} if getattr(self.core, "uses_prev", False) else {}
         res = self.core(q, k, v, q_mask=q_mask, k_mask=k_mask, need_weights=need_weights, **extra)
         b, _, t, _ = res.out.shape
@@ -191,13 +232,16 @@ class Seq2SeqTransformer(nn.Module):
             per_layer.append(found)
         return self.enc_norm(x), mask, _collect(per_layer, {"self": "encoder"})
 
-    def decode(self, tgt_in, memory, memory_mask, need_weights=False):
+    def decode(self, tgt_in, memory, memory_mask, need_weights=False, last_only=False):
+        """``last_only``: project only the last position to the vocabulary (decoding)."""
         mask = tgt_in != self.pad_id
         x = self.tgt_embed(tgt_in)
         per_layer, found = [], None
         for layer in self.decoder:
             x, found = layer(x, mask, memory, memory_mask, need_weights=need_weights, prev=found)
             per_layer.append(found)
+        if last_only:
+            x = x[:, -1:]
         return self.generator(self.dec_norm(x)), _collect(per_layer, {"self": "decoder", "cross": "cross"})
 
     def forward(self, src, tgt_in, need_weights=False):
@@ -215,8 +259,10 @@ class Seq2SeqTransformer(nn.Module):
         ys = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)
         done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
         for _ in range(max_len):
-            logits, _ = self.decode(ys, memory, memory_mask)
-            nxt = logits[:, -1].argmax(-1)
+            logits, _ = self.decode(ys, memory, memory_mask, last_only=True)
+            last = logits[:, -1].clone()
+            last[:, [self.pad_id, bos_id]] = float("-inf")  # never emit padding or a second BOS
+            nxt = last.argmax(-1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
             ys = torch.cat([ys, nxt[:, None]], dim=1)
             done |= nxt == eos_id

@@ -12,6 +12,8 @@ def build_core(scheme: str, heads: int = 4, causal: bool = False, location: str 
     for k, v in overrides.items():
         cfg[k] = v
     core = make_core_factory(cfg, heads)(location, 0, causal)
+    if hasattr(core, "set_width"):  # width-dependent parameters, as MultiHeadAttention does; d_head 8 = qkv()'s
+        core.set_width(heads * 8)
     torch.manual_seed(0)
     if hasattr(core, "u_logit"):  # make HNAS a genuine mixture with distinct heads
         with torch.no_grad():
