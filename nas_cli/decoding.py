@@ -3,21 +3,23 @@
 Scores are sums of token log-probabilities (EOS included when a hypothesis ends with it)
 divided by ``length ** lenpen`` (fairseq's convention; ``length`` counts EOS). As in
 fairseq, an EOS candidate finishes a hypothesis only if it ranks among the top ``beam``
-candidates of its step, so beam 1 is exactly greedy decoding. The decoder is re-run on
-the whole prefix at each step instead of caching keys and values: the prefix-normalized
-causal DNAS/HNAS/Sinkhorn need every earlier query, and re-running keeps decoding equal
-to teacher forcing for every scheme (cost: O(T^2) decoder positions per sentence).
+candidates of its step, so beam 1 is exactly greedy decoding. Decoding is incremental
+(cached keys/values, and for the prefix-normalized DNAS/HNAS/Sinkhorn a running column
+normalizer per key) when every decoder core supports ``step``; otherwise the decoder is
+re-run on the whole prefix. Both equal teacher forcing.
 """
 from __future__ import annotations
 
 import torch
+
+from .model import reorder_cache
 
 NEG_INF = float("-inf")
 
 
 @torch.no_grad()
 def beam_search(model, src: torch.Tensor, bos_id: int, eos_id: int, pad_id: int, beam: int, max_len: int,
-                lenpen: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                lenpen: float = 1.0, incremental: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """src (B, S) -> (tokens (B, <= max_len) without BOS, EOS kept, pad after; scores (B,))."""
     b, k = src.size(0), beam
     memory, memory_mask, _ = model.encode(src)
@@ -29,9 +31,13 @@ def beam_search(model, src: torch.Tensor, bos_id: int, eos_id: int, pad_id: int,
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
     done = torch.zeros(b, dtype=torch.bool)
     offsets = (torch.arange(b, device=src.device) * k)[:, None]  # (B, 1)
+    cache = {} if incremental and model.can_step else None
     for step in range(max_len):
-        logits, _ = model.decode(tokens, memory, memory_mask, last_only=True)
-        lprobs = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B*K, V)
+        if cache is not None:
+            last = model.decode_step(tokens[:, -1:], memory, memory_mask, cache)
+        else:
+            last = model.decode(tokens, memory, memory_mask, last_only=True)[0][:, -1]
+        lprobs = torch.log_softmax(last.float(), dim=-1)  # (B*K, V)
         lprobs[:, [pad_id, bos_id]] = NEG_INF
         vocab = lprobs.size(-1)
         cand = (scores.unsqueeze(-1) + lprobs.view(b, k, vocab)).view(b, k * vocab)
@@ -51,7 +57,10 @@ def beam_search(model, src: torch.Tensor, bos_id: int, eos_id: int, pad_id: int,
         keep = live & (live.cumsum(-1) <= k)
         order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices[:, :k]  # (B, K)
         sel_beam, sel_tok, sel_s = top_beam.gather(1, order), top_tok.gather(1, order), top_s.gather(1, order)
-        tokens = torch.cat([tokens[(offsets + sel_beam).view(-1)], sel_tok.view(-1, 1)], dim=1)
+        rows = (offsets + sel_beam).view(-1)
+        tokens = torch.cat([tokens[rows], sel_tok.view(-1, 1)], dim=1)
+        if cache is not None:
+            cache = reorder_cache(cache, rows)
         scores = sel_s.masked_fill(done[:, None].to(sel_s.device), NEG_INF)
     for i in range(b):  # hypotheses still alive at max_len end without EOS
         if len(finished[i]) < k:

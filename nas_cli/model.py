@@ -117,6 +117,42 @@ class MultiHeadAttention(nn.Module):
         return self.dropout(self.out_proj(out)), res
 
 
+def _attention_step(mha: "MultiHeadAttention", x_q, memory, k_mask, cache: dict):
+    """One decoding step of ``mha`` for the newest position x_q (B, 1, C).
+
+    Self-attention (``memory`` None): the new key/value is appended to ``cache``.
+    Cross-attention: the memory's keys/values are projected once and kept in ``cache``.
+    The core's running state (e.g. DNAS column normalizers) lives in cache["state"]."""
+    q = mha._split(mha.q_proj(x_q))
+    k_proj = mha.q_proj if mha.tie_qk else mha.k_proj
+    if memory is None:
+        k_new, v_new = mha._split(k_proj(x_q)), mha._split(mha.v_proj(x_q))
+        cache["k"] = k_new if "k" not in cache else torch.cat([cache["k"], k_new], dim=2)
+        cache["v"] = v_new if "v" not in cache else torch.cat([cache["v"], v_new], dim=2)
+    elif "k" not in cache:
+        cache["k"], cache["v"] = mha._split(k_proj(memory)), mha._split(mha.v_proj(memory))
+    out, cache["state"] = mha.core.step(q, cache["k"], cache["v"], k_mask, cache.get("state"))
+    b = out.size(0)
+    return mha.dropout(mha.out_proj(out.transpose(1, 2).reshape(b, 1, mha.heads * mha.d_head)))
+
+
+def _can_step(mha: "MultiHeadAttention") -> bool:
+    core = mha.core
+    return bool(getattr(core, "supports_step", False)) and not mha.input_positions and \
+        not getattr(core, "uses_prev", False)
+
+
+def reorder_cache(cache, index: torch.Tensor):
+    """Select rows (beam search): every tensor in the cache is batch-first."""
+    if isinstance(cache, torch.Tensor):
+        return cache.index_select(0, index)
+    if isinstance(cache, dict):
+        return {k: reorder_cache(v, index) for k, v in cache.items()}
+    if isinstance(cache, (list, tuple)):
+        return type(cache)(reorder_cache(v, index) for v in cache)
+    return cache
+
+
 class FeedForward(nn.Sequential):
     def __init__(self, d_model: int, ffn: int, dropout: float):
         super().__init__(nn.Linear(d_model, ffn), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn, d_model), nn.Dropout(dropout))
@@ -156,6 +192,17 @@ class Block(nn.Module):
         return x, found
 
 
+def _block_step(block: "Block", x, memory, memory_mask, cache: dict):
+    """Block.forward for the newest position only, using and updating ``cache``."""
+    sublayers = [lambda h: _attention_step(block.self_attn, h, None, None, cache.setdefault("self", {}))]
+    if block.cross_attn is not None:
+        sublayers.append(lambda h: _attention_step(block.cross_attn, h, memory, memory_mask, cache.setdefault("cross", {})))
+    sublayers.append(block.ffn)
+    for i, fn in enumerate(sublayers):
+        x = x + fn(block.norms[i](x)) if block.norm_first else block.norms[i](x + fn(x))
+    return x
+
+
 class _Embedder(nn.Module):
     def __init__(self, vocab, d_model, positions, max_len, dropout, pad_id, embedding=None):
         super().__init__()
@@ -175,10 +222,10 @@ class _Embedder(nn.Module):
         self.scale = math.sqrt(d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, ids):  # (B, T) -> (B, T, C)
+    def forward(self, ids, offset: int = 0):  # (B, T) -> (B, T, C); positions offset.. offset+T-1
         x = self.tokens(ids) * self.scale
         if self.positions is not None:
-            x = x + self.positions(ids.size(1))
+            x = x + self.positions(offset + ids.size(1))[offset:]
         return self.dropout(x)
 
 
@@ -244,6 +291,22 @@ class Seq2SeqTransformer(nn.Module):
             x = x[:, -1:]
         return self.generator(self.dec_norm(x)), _collect(per_layer, {"self": "decoder", "cross": "cross"})
 
+    @property
+    def can_step(self) -> bool:
+        """Every decoder attention core supports incremental decoding."""
+        return all(_can_step(layer.self_attn) and _can_step(layer.cross_attn) for layer in self.decoder)
+
+    def decode_step(self, token, memory, memory_mask, cache: dict) -> torch.Tensor:
+        """Incremental decoding: the newest token (B, 1) -> logits (B, V) for the next one.
+        ``cache`` starts as {} and is updated in place; equal to ``decode`` on the prefix."""
+        pos = cache.get("len", 0)
+        x = self.tgt_embed(token, offset=pos)
+        layers = cache.setdefault("layers", [{} for _ in self.decoder])
+        for layer, layer_cache in zip(self.decoder, layers):
+            x = _block_step(layer, x, memory, memory_mask, layer_cache)
+        cache["len"] = pos + 1
+        return self.generator(self.dec_norm(x))[:, -1]
+
     def forward(self, src, tgt_in, need_weights=False):
         """(B, S), (B, T) -> logits (B, T, V) and {location: [AttentionOutput per layer]}."""
         memory, memory_mask, enc = self.encode(src, need_weights)
@@ -251,16 +314,21 @@ class Seq2SeqTransformer(nn.Module):
         return logits, {**enc, **dec}
 
     @torch.no_grad()
-    def greedy_decode(self, src, bos_id: int, eos_id: int, max_len: int) -> torch.Tensor:
-        """Greedy decoding; re-runs the decoder on the whole prefix at every step, which
-        keeps prefix-normalized causal schemes exactly equal to teacher forcing.
-        Returns (B, <= max_len) token ids without BOS, padded with pad_id after EOS."""
+    def greedy_decode(self, src, bos_id: int, eos_id: int, max_len: int, incremental: bool = True) -> torch.Tensor:
+        """Greedy decoding. Incremental (cached keys/values and running column normalizers)
+        when every decoder core supports ``step``, else the decoder re-runs on the whole
+        prefix; both equal teacher forcing. Returns (B, <= max_len) token ids without BOS,
+        padded with pad_id after EOS."""
         memory, memory_mask, _ = self.encode(src)
         ys = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)
         done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
+        step_cache = {} if incremental and self.can_step else None
         for _ in range(max_len):
-            logits, _ = self.decode(ys, memory, memory_mask, last_only=True)
-            last = logits[:, -1].clone()
+            if step_cache is not None:
+                last = self.decode_step(ys[:, -1:], memory, memory_mask, step_cache).clone()
+            else:
+                logits, _ = self.decode(ys, memory, memory_mask, last_only=True)
+                last = logits[:, -1].clone()
             last[:, [self.pad_id, bos_id]] = float("-inf")  # never emit padding or a second BOS
             nxt = last.argmax(-1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)

@@ -115,6 +115,33 @@ def doubly_normalized_logits(
     return torch.nan_to_num(out, nan=NEG_INF, posinf=NEG_INF)
 
 
+def prefix_normalized_step(s: torch.Tensor, k_mask: torch.Tensor | None, state, iterations: int = 1):
+    """Row i of the prefix-normalized (causal) DNAS / Sinkhorn-k weights from the new
+    query's scores alone, carrying one running column log-sum-exp per iteration.
+
+    s: (B, H, 1, Sk) scores of the newest query; state: None or a tuple of ``iterations``
+    tensors (B, H, 1, Sk_prev), the column normalizers over all earlier queries. Level l's
+    normalizer is a running logaddexp over the rows of level l-1 (level 0: the scores), which
+    is exactly the prefix log-sum-exp of :func:`column_logsumexp` with ``causal=True``.
+    Returns (weights (B, H, 1, Sk), new state)."""
+    allowed = None if k_mask is None else k_mask[:, None, None, :]
+    log_pi = s if allowed is None else s.masked_fill(~allowed, NEG_INF)
+    new_state = []
+    for level in range(iterations):
+        c = log_pi
+        if state is not None:
+            prev = state[level]
+            prev = torch.nn.functional.pad(prev, (0, s.size(-1) - prev.size(-1)), value=NEG_INF)
+            c = torch.logaddexp(prev, log_pi)
+        new_state.append(c)
+        # -inf - -inf (an empty column) is NaN: keep such entries at -inf, not a finite number
+        log_pi = torch.nan_to_num(log_pi - c, nan=NEG_INF, posinf=NEG_INF, neginf=NEG_INF)  # column step
+        if level < iterations - 1:  # row step between iterations (the last one is the softmax)
+            log_pi = torch.nan_to_num(log_pi - torch.logsumexp(log_pi, -1, keepdim=True), nan=NEG_INF,
+                                      neginf=NEG_INF)
+    return masked_row_softmax(log_pi, allowed), tuple(new_state)
+
+
 class AttentionCore(nn.Module):
     """Base class of attention schemes.
 
@@ -167,6 +194,16 @@ class AttentionCore(nn.Module):
 
     def aux(self) -> dict[str, Any]:
         return {}
+
+    #: the core implements ``step`` (one new query at a time, for fast decoding)
+    supports_step: bool = False
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_mask: torch.Tensor | None, state: Any):
+        """Incremental decoding: the newest query q (B, H, 1, D) against all keys so far
+        k, v (B, H, Sk, D). ``state`` is what the previous call returned (None at first);
+        it must be a tensor (or tuple of tensors) with batch first, so beam search can
+        reorder it. Returns (out (B, H, 1, D), state). Must equal row i of ``forward``."""
+        raise NotImplementedError
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, causal={self.causal}, prefix_queries={self.prefix_queries}, dropout={self.dropout}"

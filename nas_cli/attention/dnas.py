@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import AttentionCore, AttentionOutput, NEG_INF, doubly_normalized_logits, masked_row_softmax
+from .base import (AttentionCore, AttentionOutput, NEG_INF, doubly_normalized_logits, masked_row_softmax,
+                   prefix_normalized_step, scaled_scores)
 from .efficient import check_impl, dnas_attention
 
 
@@ -59,6 +60,14 @@ class DNAS(AttentionCore):
                              iterations=self.iterations, dropout_p=self.dropout if self.training else 0.0,
                              block_size=self.block_size)
         return AttentionOutput(out, None, self.aux())
+
+    @property
+    def supports_step(self) -> bool:  # incremental decoding exists for the prefix (decoder) form
+        return self.prefix_queries
+
+    def step(self, q, k, v, k_mask, state):
+        weights, state = prefix_normalized_step(scaled_scores(q, k), k_mask, state, self.iterations)
+        return torch.matmul(weights, v), state
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", impl={self.impl}"

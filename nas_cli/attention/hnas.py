@@ -15,7 +15,8 @@ import math
 import torch
 from torch import nn
 
-from .base import AttentionCore, AttentionOutput, doubly_normalized_logits, masked_row_softmax
+from .base import (AttentionCore, AttentionOutput, doubly_normalized_logits, masked_row_softmax,
+                   prefix_normalized_step, scaled_scores)
 from .efficient import check_impl, hnas_attention
 
 
@@ -54,6 +55,17 @@ class HNAS(AttentionCore):
         out = hnas_attention(q, k, v, self.u, q_mask, k_mask, prefix=self.prefix_queries, causal=self.causal,
                              dropout_p=self.dropout if self.training else 0.0, block_size=self.block_size)
         return AttentionOutput(out, None, self.aux())
+
+    @property
+    def supports_step(self) -> bool:
+        return self.prefix_queries
+
+    def step(self, q, k, v, k_mask, state):
+        s = scaled_scores(q, k)  # (B, H, 1, Sk)
+        dnas, state = prefix_normalized_step(s, k_mask, state, 1)
+        unas = masked_row_softmax(s, None if k_mask is None else k_mask[:, None, None, :])
+        u = self.u.to(s.dtype)[None, :, None, None]
+        return torch.matmul(u * dnas + (1 - u) * unas, v), state
 
     def aux(self):
         return {"u": self.u.detach()}

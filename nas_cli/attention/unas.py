@@ -39,3 +39,9 @@ class UNAS(AttentionCore):
         if q_mask is not None:  # padded queries give zeros, as in the eager path
             out = out * q_mask[:, None, :, None].to(out.dtype)
         return AttentionOutput(out)
+
+    supports_step = True
+
+    def step(self, q, k, v, k_mask, state):
+        mask = None if k_mask is None else k_mask[:, None, None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None
