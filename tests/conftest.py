@@ -2,11 +2,16 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_DISABLE_GIT", "true")
+# The tests use tiny tensors: one intra-op thread is faster than two (and much faster on a
+# busy 2-core machine); subprocesses (the nas-run CLI) inherit the setting.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 
 def attention_schemes() -> list[str]:

@@ -18,13 +18,51 @@ def compose_cfg(*overrides):
         return compose("config", overrides=list(overrides))
 
 
+@pytest.fixture(scope="session")
+def tiny_corpora(tmp_path_factory):
+    """Tiny generated data in every task's local layout (real data is used in test_tasks)."""
+    from datafiles import write_lm, write_parallel
+
+    root = tmp_path_factory.mktemp("corpora")
+    write_parallel(root / "mt", splits=("train", "valid", "test", "val", "test_2016_flickr"), n=(60, 8, 8, 8, 8))
+    write_parallel(root / "mt", splits=("train", "valid", "test"), n=(60, 8, 8), src="en", tgt="de")
+    write_parallel(root / "giga", src="article", tgt="title", n=(60, 8, 8))
+    write_lm(root / "lm", n=(60, 10, 10))
+    return root
+
+
+DATA_OVERRIDES = {
+    **{name: ("mt", ["task.vocab_size=120", "task.max_tokens=256"]) for name in ("multi30k", "iwslt14", "wmt14")},
+    "gigaword": ("giga", ["task.vocab_size=120", "task.max_tokens=256"]),
+    "wikitext2": ("lm", ["task.tokens_per_sample=16", "task.context_window=8"]),
+    "wikitext103": ("lm", ["task.tokens_per_sample=16", "task.context_window=8"]),
+}
+
+
+@pytest.fixture(scope="module")
+def hydra_ctx():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield
+
+
+_TASKS: dict = {}
+
+
 @pytest.mark.parametrize("task_name", TASKS)
-def test_every_task_and_scheme_composes_and_runs_a_batch(task_name, scheme):
-    cfg = compose_cfg(f"task={task_name}", f"attention={scheme}", "debug=fast")
-    task = instantiate(cfg.task)
-    task.setup("fit")
+def test_every_task_and_scheme_composes_and_runs_a_batch(task_name, scheme, tiny_corpora, hydra_ctx, monkeypatch):
+    monkeypatch.setenv("NAS_RUN_CACHE", str(tiny_corpora / "cache"))
+    extra = []
+    if task_name in DATA_OVERRIDES:
+        sub, extra = DATA_OVERRIDES[task_name]
+        extra = [f"task.path={tiny_corpora / sub}", *extra]
+    positions = ["model.positions=none"] if scheme.startswith("pe_") else []
+    cfg = compose("config", overrides=[f"task={task_name}", f"attention={scheme}", "debug=fast", *extra, *positions])
+    if task_name not in _TASKS:  # the task does not depend on the scheme: build its data once
+        task = instantiate(cfg.task)
+        task.setup("fit")
+        _TASKS[task_name] = (task, next(iter(task.train_dataloader())))
+    task, batch = _TASKS[task_name]
     model = build_model(cfg.model, cfg.attention, task)
-    batch = next(iter(task.train_dataloader()))
     if task.kind == "lm":
         logits, _ = model(batch["ids"])
         assert logits.shape[:2] == batch["target"].shape
@@ -73,3 +111,10 @@ def test_model_presets_and_lm_model():
     cfg = compose_cfg("task=copy_lm", "model.positions=learned", "model.norm_first=false")
     model = build_model(cfg.model, cfg.attention, instantiate(cfg.task))
     assert type(model).__name__ == "DecoderOnlyLM"
+
+
+def test_every_experiment_preset_composes():
+    for name in available("experiment"):
+        cfg = compose_cfg(f"experiment={name}")
+        assert cfg.model.d_model % cfg.model.heads == 0, name
+        placement(cfg.attention)
