@@ -52,9 +52,28 @@ class NasLitModule(pl.LightningModule):
         self._eval_text: dict[str, tuple[list, list, list]] = {}
         self.decoded: dict[str, list[str]] = {}  # hypotheses of the last evaluation per split
         self._sums: dict[str, torch.Tensor] = {}
-        self.train_tokens = 0
+        self._tokens = None  # running count (a tensor on the batches' device: no host sync per step)
         self.train_seconds = 0.0
         self._t0 = None
+
+    @property
+    def train_tokens(self) -> int:
+        """Non-padding source + target-input tokens of all training batches so far."""
+        return 0 if self._tokens is None else int(self._tokens)
+
+    def _log_now(self) -> bool:
+        """Whether Lightning hands this training step's metrics to the logger (every
+        ``trainer.log_every_n_steps`` steps, and at a stop). Step-level values logged at other
+        steps are never read (the next logging step logs fresh ones), so the per-step
+        metrics other than the progress bar's loss are only computed and logged then:
+        ``self.log`` costs about a millisecond per call on CPU."""
+        trainer = self._trainer
+        if trainer is None:
+            return True
+        try:
+            return bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
+        except AttributeError:  # another Lightning version: log every step, as before
+            return True
 
     # ---- forward / loss ------------------------------------------------------------
     def _logits_and_target(self, batch):
@@ -64,23 +83,28 @@ class NasLitModule(pl.LightningModule):
         logits, _ = self.model(batch["src"], batch["tgt_in"])
         return logits, batch["tgt_out"]
 
-    def _step(self, batch, smoothing: float):
+    def _step(self, batch, smoothing: float, accuracy: bool = True):
+        """loss, NLL sum, token count and (if ``accuracy``) correct greedy tokens."""
         logits, target = self._logits_and_target(batch)
         loss, nll_sum, n = label_smoothed_nll(logits, target, self.task.pad_id, smoothing)
-        keep = target != self.task.pad_id
-        correct = ((logits.argmax(-1) == target) & keep).sum()
+        correct = None
+        if accuracy:  # an argmax over (B, T, vocab): skipped on training steps that log nothing
+            keep = target != self.task.pad_id
+            correct = ((logits.argmax(-1) == target) & keep).sum()
         return loss, nll_sum, n, correct
 
     @staticmethod
-    def _batch_tokens(batch) -> int:
-        return int(sum((t != 0).sum() for k, t in batch.items() if k in ("src", "tgt_in", "ids")))
+    def _batch_tokens(batch) -> torch.Tensor:
+        """Non-padding tokens of the batch's inputs, as a tensor (no host sync)."""
+        return sum((t != 0).sum() for k, t in batch.items() if k in ("src", "tgt_in", "ids"))
 
     # ---- training ------------------------------------------------------------------
     def on_train_batch_start(self, batch, batch_idx):
         self._t0 = time.perf_counter()
 
     def training_step(self, batch, batch_idx):
-        loss, nll_sum, n, correct = self._step(batch, float(self.optim_cfg.label_smoothing))
+        log_now = self._log_now()
+        loss, nll_sum, n, correct = self._step(batch, float(self.optim_cfg.label_smoothing), accuracy=log_now)
         if not torch.isfinite(loss):
             raise NonFiniteLoss(
                 f"training loss became {loss.item()} at step {self.global_step}; lower optim.lr, raise "
@@ -88,16 +112,18 @@ class NasLitModule(pl.LightningModule):
             )
         bs = next(iter(batch.values())).size(0)
         self.log("train/loss", loss, prog_bar=True, batch_size=bs)
-        self.log("train/nll", nll_sum / n, batch_size=bs)
-        self.log("train/token_acc", correct.float() / n, batch_size=bs)
-        self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=bs)
+        if log_now:
+            self.log("train/nll", nll_sum / n, batch_size=bs)
+            self.log("train/token_acc", correct.float() / n, batch_size=bs)
+            self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=bs)
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         if self._t0 is not None:
             self.train_seconds += time.perf_counter() - self._t0
-            self.train_tokens += self._batch_tokens(batch)
-            if self.train_seconds > 0:
+            tokens = self._batch_tokens(batch)
+            self._tokens = tokens if self._tokens is None else self._tokens + tokens
+            if self.train_seconds > 0 and self._log_now():
                 self.log("train/tokens_per_s", self.train_tokens / self.train_seconds, batch_size=1)
         if self.global_step % self.log_u_every == 0:
             for key, value in self.hnas_u().items():

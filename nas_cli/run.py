@@ -90,6 +90,37 @@ def build_module(cfg: DictConfig, task) -> NasLitModule:
         raise UserError(_unwrap(err)) from err
 
 
+def compile_model(module: NasLitModule, setting) -> str | None:
+    """``compile=true`` (inductor) or ``compile=<torch.compile backend>``: compile the model's
+    forward in place with ``nn.Module.compile``, so parameter names, checkpoints and
+    ``nas-eval`` stay as they are. Returns the backend, or None for ``compile=false``."""
+    if not setting:  # false / null
+        return None
+    backend = "inductor" if setting is True else str(setting)
+    try:
+        import torch._dynamo
+
+        known = torch._dynamo.list_backends(exclude_tags=())
+    except Exception as err:  # noqa: BLE001 - any import/platform failure is the same user-facing problem
+        raise UserError(f"compile={setting}: torch.compile is unavailable here ({_unwrap(err)}); "
+                        "run with compile=false") from err
+    if backend not in known:
+        raise UserError(f"compile={setting}: unknown torch.compile backend; use compile=true (inductor), "
+                        f"compile=false, or one of {', '.join(known)}")
+    module.model.compile(backend=backend)
+    return backend
+
+
+def _compile_failure(err: BaseException) -> str | None:
+    """One line describing a torch.compile failure (None if ``err`` is not one)."""
+    exc = getattr(getattr(torch, "_dynamo", None), "exc", None)
+    if exc is None or not isinstance(err, exc.TorchDynamoException):
+        return None
+    inner = getattr(err, "inner_exception", None) or err.__cause__ or err
+    lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
+    return f"{type(inner).__name__}: {lines[0] if lines else ''}"[:300]
+
+
 def make_logger(cfg: DictConfig, run_dir: Path, group: str, job_type: str):
     kind = cfg.logger.kind
     tags = [f"task:{cfg.task.name}", f"scheme:{scheme_tag(cfg.attention)}", f"heads:{cfg.model.heads}",
@@ -147,6 +178,7 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     task = build_task(cfg)
     module = build_module(cfg, task)
+    compiled = compile_model(module, cfg.get("compile", False))
     logger = make_logger(cfg, run_dir, group, job_type)
 
     tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -167,7 +199,14 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
                          default_root_dir=str(run_dir), enable_progress_bar=bool(cfg.progress_bar),
                          enable_model_summary=False)
     start = time.perf_counter()
-    trainer.fit(module, datamodule=task)
+    try:
+        trainer.fit(module, datamodule=task)
+    except Exception as err:
+        failure = _compile_failure(err) if compiled else None  # compilation happens at the first forward
+        if failure:
+            raise UserError(f"compile={cfg.compile}: torch.compile ({compiled}) failed on this platform "
+                            f"({failure}); run with compile=false") from err
+        raise
     fit_seconds = time.perf_counter() - start
     if trainer.interrupted:
         raise UserError(f"run interrupted; partial run left in {run_dir} (no summary.json written)")

@@ -80,3 +80,96 @@ def test_bad_options_exit_2_with_one_line_error(bad, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("nas-bench attention: error:")
+
+
+# --------------------------------------------------------------------------- nas-bench train
+
+TRAIN_LOOPS = ["reference", "unas", "dnas", "hnas", "dnas-naive"]
+
+
+def run_train_bench(tmp_path, *extra):
+    out_json, out_md = tmp_path / "bench_train.json", tmp_path / "benchmarks.md"
+    argv = ["train", "--model", "tiny", "--batch", "4", "--src-len", "8", "--steps", "2", "--warmup-steps", "1",
+            "--repeats", "1", "--vocab", "40", "--threads", "1", "--out-json", str(out_json), "--out-md", str(out_md),
+            *extra]
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads(out_json.read_text()), out_md.read_text()
+
+
+def test_train_bench_rows_ratios_and_markdown(tmp_path):
+    md_path = tmp_path / "benchmarks.md"
+    md_path.write_text(f"# Benchmarks\n\n{bench.MD_SECTION}\n\nattention table kept\n\n"
+                       f"{bench.TRAIN_MD_SECTION}\n\nold train table\n\n## Later section\n\nalso kept\n")
+    data, md = run_train_bench(tmp_path, "--schemes", "dnas,hnas,dnas-naive")
+    results = data["results"]
+    assert [r["loop"] for r in results] == TRAIN_LOOPS  # baselines first, then the schemes in order
+    tokens = 4 * (8 + 8)
+    for r in results:
+        assert r["status"] == "ok", r
+        assert r["src_len"] == r["tgt_len"] == 8 and r["steps_per_repeat"] == 3
+        assert r["tokens_per_s"] > 0 and len(r["repeat_tokens_per_s"]) == 1
+        # tokens/s and ms/step describe the same timed steps
+        assert r["tokens_per_s"] * r["ms_per_step"] / 1e3 == pytest.approx(tokens)
+    by = {r["loop"]: r for r in results}
+    # the reference is torch.nn.Transformer with nas-run's sizes: the same parameter count
+    assert by["reference"]["parameters"] == by["unas"]["parameters"] > 0
+    assert by["hnas"]["parameters"] == by["unas"]["parameters"] + 3 * 2 * 4  # u per location, layer, head
+    assert by["reference"]["time_ratio"] is None
+    assert by["unas"]["ratio_to"] == "reference" and by["unas"]["target"] == 1.05
+    assert by["unas"]["time_ratio"] == pytest.approx(by["reference"]["tokens_per_s"] / by["unas"]["tokens_per_s"])
+    for loop, target in (("dnas", 1.15), ("hnas", 1.25), ("dnas-naive", 1.15)):
+        assert by[loop]["ratio_to"] == "unas" and by[loop]["target"] == target
+        assert by[loop]["time_ratio"] == pytest.approx(by["unas"]["tokens_per_s"] / by[loop]["tokens_per_s"])
+        assert by[loop]["target_applies"] is False and by[loop]["met"] is None  # tiny model, length 8
+    assert data["config"]["threads"] == 1 and data["config"]["model"] == "tiny"
+    # markdown: our section replaced in place, the attention section and the rest kept
+    assert md.count(bench.TRAIN_MD_SECTION) == 1 and "old train table" not in md
+    assert "attention table kept" in md and "## Later section\n\nalso kept" in md
+    assert md.index(bench.MD_SECTION) < md.index(bench.TRAIN_MD_SECTION) < md.index("## Later section")
+    assert "| src len | tgt len | loop | status | tokens/s | ms / step | time ratio | vs | target | met |" in md
+    rows = [line.split("|")[1:-1] for line in md.splitlines() if line.startswith("| 8 | 8 |")]
+    assert [c[2].strip() for c in rows] == ["reference (torch.nn.Transformer)", "nas-run unas", "nas-run dnas",
+                                            "nas-run hnas", "nas-run dnas-naive"]
+    ratios = {c[2].strip(): (c[6].strip(), c[7].strip(), c[8].strip(), c[9].strip()) for c in rows}
+    assert ratios["nas-run unas"] == (f"{by['unas']['time_ratio']:.3f}", "reference (torch.nn.Transformer)",
+                                      "<= 1.05", "n/a")
+    assert ratios["nas-run hnas"] == (f"{by['hnas']['time_ratio']:.3f}", "nas-run unas", "<= 1.25", "n/a")
+    assert ratios["reference (torch.nn.Transformer)"] == ("-", "-", "-", "-")
+
+
+def test_train_targets_apply_only_to_the_issue_setting():
+    """met = yes/no only for CPU, model base, lengths 64-128; the ratio decides."""
+    rows = [{"src_len": s, "tgt_len": s, "loop": loop, "status": "ok", "tokens_per_s": tps}
+            for s in (64, 256) for loop, tps in (("reference", 1000.0), ("unas", 960.0), ("dnas", 800.0),
+                                                 ("hnas", 790.0))]
+    bench.add_train_ratios(rows, "base", "cpu")
+    by = {(r["src_len"], r["loop"]): r for r in rows}
+    assert by[(64, "unas")]["met"] is True  # 1000 / 960 = 1.042 <= 1.05
+    assert by[(64, "dnas")]["met"] is False  # 960 / 800 = 1.2 > 1.15
+    assert by[(64, "hnas")]["met"] is True  # 960 / 790 = 1.215 <= 1.25
+    assert all(by[(256, loop)]["met"] is None and not by[(256, loop)]["target_applies"]
+               for loop in ("unas", "dnas", "hnas"))
+    bench.add_train_ratios(rows, "base", "cuda")
+    assert all(r["met"] is None for r in rows)
+
+
+@pytest.mark.parametrize("bad", [
+    ["--schemes", "dnas,nope"],
+    ["--schemes", "unas-naive"],  # unas has no impl option
+    ["--model", "huge"],
+    ["--src-len", "0"],
+    ["--src-len", "8,16", "--tgt-len", "8,16,32"],
+    ["--src-len", "100000"],
+    ["--precision", "fp8"],
+    ["--warmup-steps", "-1"],
+])
+def test_train_bad_options_exit_2_with_one_line_error(bad, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["train", "--model", "tiny", *bad])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("nas-bench train: error:")

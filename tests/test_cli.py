@@ -61,7 +61,7 @@ def test_multirun_one_wandb_run_per_job_in_one_group(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["attention.encoder=bogus"], "attention.encoder=bogus is not a known scheme; valid choices: dnas, hnas"),
+    (["attention.encoder=bogus"], "attention.encoder=bogus is not a known scheme; valid choices: additive, "),
     (["model.heads=5"], "model.heads=5 must divide model.d_model=64"),
     (["attention=hnas", "attention.u_init=3"], "attention.u_init must be in [0, 1]"),
     (["optim.lr=inf", "trainer.max_steps=5"], "training loss became nan"),

@@ -14,6 +14,10 @@ TASKS = available("task")
 
 
 def compose_cfg(*overrides):
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():  # inside the module's hydra_ctx fixture
+        return compose("config", overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=list(overrides))
 

@@ -14,10 +14,12 @@ For Sinkhorn-k each later iteration uses the same prefix rule on the previous it
 Padding is excluded from both steps: padded queries never enter a column sum and
 padded keys never enter a row sum.
 
-Two implementations (option ``attention.impl``): ``efficient`` (default) runs
+Implementations (option ``attention.impl``): ``efficient`` runs
 :mod:`nas_cli.attention.efficient` when weights are not requested, which never holds an
 (Sq x Sk) tensor per head and gives the same values and gradients; ``naive`` always uses
-the formula below, which stays the reference and serves ``need_weights=True``.
+the formula below, which stays the reference and serves ``need_weights=True``; ``auto``
+(the default in ``conf/attention/*.yaml``) picks per call, see :func:`auto_uses_naive`.
+All three give the same values and gradients.
 """
 from __future__ import annotations
 
@@ -26,6 +28,39 @@ import torch
 from .base import (AttentionCore, AttentionOutput, NEG_INF, doubly_normalized_logits, masked_row_softmax,
                    prefix_normalized_step, scaled_scores)
 from .efficient import check_impl, dnas_attention
+
+#: ``impl=auto`` uses the naive formula when max(Sq, Sk) is below this, except for the
+#: prefix form (decoder self- and cross-attention) of DNAS and HNAS, which always takes the
+#: efficient path. Measured (one CPU thread, forward + backward of one core, H=8,
+#: d_head=64, B=8 and 32, torch 2.13 CPU): in the full-column-sum form
+#: (encoder) the naive formula is 1.0-1.55x faster at S=64-128, DNAS's 1.14x faster at
+#: S=256 where HNAS's and Sinkhorn-3's are already 1.06-1.12x slower, and it is 1.6-2.4x
+#: slower at S=512; in the prefix form the efficient DNAS path is 1.0-1.4x faster than
+#: naive at S=64 and 1.1-1.6x at S=128 (HNAS: 0.9-1.1x at S=64, 1.0-1.4x at S=128),
+#: while the prefix Sinkhorn-3 (autograd per block) is 1.4-1.9x slower than naive at
+#: S=64-256.
+AUTO_NAIVE_BELOW = 256
+
+
+def resolve_impl(impl: str, block_size) -> str:
+    """Validated ``attention.impl``; ``auto`` with an explicit ``block_size`` (a setting of
+    the efficient path only) means ``efficient``."""
+    if impl == "auto":
+        return "efficient" if block_size is not None else "auto"
+    try:
+        return check_impl(impl)
+    except ValueError as err:
+        raise ValueError(f"{err}, or auto (picks one per sequence length)") from None
+
+
+def auto_uses_naive(q: torch.Tensor, k: torch.Tensor, prefix: bool, iterations: int = 1) -> bool:
+    """``impl=auto``: the naive formula for short sequences (max(Sq, Sk) < AUTO_NAIVE_BELOW),
+    where its few large ops beat the chunked passes, except the prefix form of DNAS / HNAS
+    (iterations 1), whose efficient path is faster at every measured length; the efficient
+    path otherwise (no (Sq x Sk) tensor per head)."""
+    if prefix and iterations == 1:
+        return False
+    return max(q.size(-2), k.size(-2)) < AUTO_NAIVE_BELOW
 
 
 def log_row_normalize(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
@@ -44,17 +79,22 @@ class DNAS(AttentionCore):
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, impl: str = "efficient",
                  block_size: int | None = None, **kw):
         super().__init__(heads, causal, dropout, **kw)
-        self.impl = check_impl(impl)
+        self.impl = resolve_impl(impl, block_size)
         # query-block height of the efficient path (None: sized from the tile budget)
         self.block_size = None if block_size is None else int(block_size)
         self.needs_weights = self.impl == "naive"
+
+    def uses_naive(self, q, k) -> bool:
+        if self.impl == "auto":
+            return auto_uses_naive(q, k, self.prefix_queries, self.iterations)
+        return self.impl == "naive"
 
     def weights_from_logits(self, logits, allowed):
         # Ding et al. 2020: column step (over queries), then row step (over keys)
         return masked_row_softmax(doubly_normalized_logits(logits, allowed, self.prefix_queries), allowed)
 
     def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
-        if need_weights or self.impl == "naive":
+        if need_weights or self.uses_naive(q, k):
             return super().forward(q, k, v, q_mask, k_mask, need_weights)
         out = dnas_attention(q, k, v, q_mask, k_mask, prefix=self.prefix_queries, causal=self.causal,
                              iterations=self.iterations, dropout_p=self.dropout if self.training else 0.0,

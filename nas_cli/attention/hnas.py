@@ -4,9 +4,12 @@ pi = u * pi_DNAS + (1 - u) * pi_UNAS with one trainable u in [0, 1] per head of 
 layer, u = sigmoid(theta). The output mixes the two value averages with the same u,
 which equals attending with the mixed weights.
 
-``attention.impl``: ``efficient`` (default) mixes the memory-efficient DNAS output of
+``attention.impl``: ``efficient`` mixes the memory-efficient DNAS output of
 :mod:`nas_cli.attention.efficient` with the fused SDPA (UNAS) output when weights are not
-requested; ``naive`` always mixes the materialized weights (the reference).
+requested; ``naive`` always mixes the materialized weights (the reference); ``auto`` (the
+default in ``conf/attention/hnas.yaml``) picks per call as for DNAS
+(:func:`nas_cli.attention.dnas.auto_uses_naive`: naive for short sequences in the
+full-column-sum form, efficient otherwise).
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from torch import nn
 
 from .base import (AttentionCore, AttentionOutput, doubly_normalized_logits, masked_row_softmax,
                    prefix_normalized_step, scaled_scores)
-from .efficient import check_impl, hnas_attention
+from .dnas import auto_uses_naive, resolve_impl
+from .efficient import hnas_attention
 
 
 class HNAS(AttentionCore):
@@ -26,7 +30,7 @@ class HNAS(AttentionCore):
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, u_init: float = 0.5,
                  impl: str = "efficient", block_size: int | None = None, **kw):
         super().__init__(heads, causal, dropout, **kw)
-        self.impl = check_impl(impl)
+        self.impl = resolve_impl(impl, block_size)
         # query-block height of the efficient DNAS part (None: sized from the tile budget)
         self.block_size = None if block_size is None else int(block_size)
         self.needs_weights = self.impl == "naive"
@@ -50,11 +54,16 @@ class HNAS(AttentionCore):
         return u * dnas + (1 - u) * unas
 
     def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
-        if need_weights or self.impl == "naive":
+        if need_weights or self.uses_naive(q, k):
             return super().forward(q, k, v, q_mask, k_mask, need_weights)
         out = hnas_attention(q, k, v, self.u, q_mask, k_mask, prefix=self.prefix_queries, causal=self.causal,
                              dropout_p=self.dropout if self.training else 0.0, block_size=self.block_size)
         return AttentionOutput(out, None, self.aux())
+
+    def uses_naive(self, q, k) -> bool:
+        if self.impl == "auto":
+            return auto_uses_naive(q, k, self.prefix_queries)
+        return self.impl == "naive"
 
     @property
     def supports_step(self) -> bool:
