@@ -1,0 +1,413 @@
+"""Attention diagnostics during validation (issue #4): a Lightning callback.
+
+Added by :func:`nas_cli.run.train` when ``diagnostics.enabled`` is true (the default).
+At each analysed validation (every ``every_n_validations``-th, sanity checks skipped) the
+first ``batches`` validation batches are run through the model a second time with
+``need_weights=True`` (eval mode, no gradients): training keeps the fused SDPA path and
+only these few batches pay for explicit weights. The weights feed
+:class:`~nas_cli.diagnostics.AttentionDiagnostics` with the padding masks
+(seq2seq: ``src != pad`` for the encoder and as keys of cross-attention, ``tgt_in != pad``
+for the decoder; LM: ``ids != pad``).
+
+Outputs, under ``<run dir>/diagnostics/``:
+
+* ``step_<N>.json`` and ``latest.json`` (atomic: temp file + rename) per analysed
+  validation: per location and layer the H x H head-JSD matrix and its pair mean
+  (Zheng et al. 2021), the explaining-away statistics (Ding et al. 2020: histogram of
+  log sum_i pi_ij, explained-away fraction, minimum margin over -log Sk, entropy per head)
+  and the HNAS u of every layer and head.
+* at the end of fit: ``jsd_<location>.png``, ``explained_away_<location>.png``,
+  ``u_trajectories.png`` (HNAS only; u recorded at every validation and every
+  ``log_u_every`` training steps) and ``summary.json`` (the per-location scalars that
+  ``nas-report`` shows, the u history and the time the diagnostics took).
+
+Cross-attention also gets the *step variation* (PAPERS.md section 4, "Why Bahdanau's neural
+attention requires two layers"): per head the largest change max_j |pi_ij - pi_0j| over the
+real decoder steps i, averaged over samples. It is 0 when the attention over the source
+ignores the decoder state, as one-layer additive attention provably does
+(``nas_cli.attention.additive.step_variation``).
+
+Logged to every Lightning logger at ``trainer.global_step``: scalars ``diag/<location>/...``
+(per layer, per head entropy, and the mean over layers). A W&B logger also gets a
+``wandb.Histogram`` of log sum_i pi_ij per location and layer at every analysed
+validation and, at the end of fit, the PNGs as ``wandb.Image`` and the u trajectories as
+line series. With ``logger=none`` only the files are written.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities import rank_zero_warn
+
+from ..attention.additive import step_variation
+from .collector import AttentionDiagnostics, location_masks
+from .explained_away import DEFAULT_EPS
+
+#: log of the smallest positive float32: stands in for log 0 in logged scalars
+LOG_FLOAT32_TINY = math.log(float(np.finfo(np.float32).smallest_subnormal))
+
+__all__ = ["DiagnosticsCallback", "location_scalars", "u_arrays", "write_json_atomic"]
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file next to ``path``, then rename (readers never see half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=_json_default, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, (np.ndarray, torch.Tensor)):
+        return _finite_list(o)
+    raise TypeError(f"not JSON serializable: {type(o)}")
+
+
+def _finite(x) -> float | None:
+    """float, with NaN and +-inf written as None (JSON has no infinities)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _finite_list(a) -> list:
+    if isinstance(a, torch.Tensor):
+        a = a.detach().cpu().double().numpy()
+    a = np.asarray(a, dtype=float)
+    if a.ndim == 0:
+        return _finite(a)
+    return [_finite_list(x) if a.ndim > 1 else _finite(x) for x in a]
+
+
+def u_arrays(hnas_u: dict[str, float]) -> dict[str, np.ndarray]:
+    """``NasLitModule.hnas_u()`` {'u/<loc>/L<l>/h<h>': u} -> {loc: (layers, heads) array}."""
+    cells: dict[str, dict[tuple[int, int], float]] = {}
+    for key, value in hnas_u.items():
+        parts = key.split("/")
+        if len(parts) != 4 or not parts[2].startswith("L") or not parts[3].startswith("h"):
+            continue  # the '/mean' entries
+        cells.setdefault(parts[1], {})[(int(parts[2][1:]), int(parts[3][1:]))] = float(value)
+    out = {}
+    for loc, vals in cells.items():
+        layers = 1 + max(l for l, _ in vals)
+        heads = 1 + max(h for _, h in vals)
+        arr = np.full((layers, heads), np.nan)
+        for (l, h), v in vals.items():
+            arr[l, h] = v
+        out[loc] = arr
+    return out
+
+
+def location_scalars(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-location summary of ``AttentionDiagnostics.compute()[loc]``: means over layers
+    (and heads) of the pair-mean JSD, explained-away fraction and entropy, the minimum
+    margin over -log Sk, plus the per-layer values."""
+    jsd = [e["jsd_mean"] for e in layers if "jsd_mean" in e]
+    ea = [e["explained_away"] for e in layers if "explained_away" in e]
+    out: dict[str, Any] = {"layers": len(layers)}
+    if jsd:
+        out["jsd_mean"] = float(np.mean(jsd))
+        out["jsd_mean_per_layer"] = [float(v) for v in jsd]
+    if ea:
+        frac = [float(np.mean(s.fraction_explained_away)) for s in ea]
+        ent = [float(np.mean(s.entropy)) for s in ea]
+        margin = [float(np.min(s.min_margin)) for s in ea]
+        out.update(explained_away_frac=float(np.mean(frac)), explained_away_frac_per_layer=frac,
+                   entropy_mean=float(np.mean(ent)), entropy_per_layer=ent,
+                   min_margin=_finite(min(margin)), min_margin_per_layer=[_finite(m) for m in margin],
+                   neg_log_sk=_finite(min(s.neg_log_sk for s in ea)))
+    var = [float(np.mean(e["step_variation"])) for e in layers if "step_variation" in e]
+    if var:
+        out["step_variation"] = float(np.mean(var))
+        out["step_variation_per_layer"] = var
+    return out
+
+
+class DiagnosticsCallback(pl.Callback):
+    """Head-JSD and explaining-away diagnostics on a few validation batches (module docstring).
+
+    run_dir: the job's run directory (files go to ``run_dir/diagnostics``).
+    batches: validation batches analysed per analysed validation.
+    every_n_validations: analyse the 1st, (n+1)-th, (2n+1)-th ... validation.
+    eps: epsilon of "epsilon-explained-away" (Ding et al.: 1e-8).
+    plots: "end" (PNGs at the end of fit, default), "every" (also after every analysed
+        validation) or "never".
+    Unknown options are ignored with a warning (configs from newer versions still run).
+    """
+
+    def __init__(self, run_dir: str | Path, batches: int = 2, every_n_validations: int = 1,
+                 eps: float = DEFAULT_EPS, plots: str = "end", **kw: Any):
+        super().__init__()
+        if int(batches) < 1 or int(every_n_validations) < 1:
+            raise ValueError("diagnostics.batches and diagnostics.every_n_validations must be >= 1 "
+                             f"(got {batches}, {every_n_validations})")
+        if plots not in ("end", "every", "never"):
+            raise ValueError(f"diagnostics.plots must be end, every or never (got '{plots}')")
+        if kw:
+            rank_zero_warn(f"diagnostics: ignoring unknown option(s) {sorted(kw)}")
+        self.dir = Path(run_dir) / "diagnostics"
+        self.batches = int(batches)
+        self.every = int(every_n_validations)
+        self.eps = float(eps)
+        self.plots = plots
+        self.diag = AttentionDiagnostics(eps=self.eps)
+        self._validations = 0
+        self._analysed = 0
+        self._disabled = False
+        self._active = False
+        self._samples = 0
+        self._step_var: dict[int, list] = {}
+        self.seconds = 0.0  # wall time spent here in all (recompute, statistics, files, plots)
+        self.seconds_end = 0.0  # of which at the end of fit (plots, W&B images): once per run
+        self.last: dict[str, Any] | None = None  # results of the last analysed validation
+        self.last_step: int | None = None
+        self.u_history: list[tuple[int, dict[str, np.ndarray]]] = []
+        self._has_u = False
+
+    # ---- hooks -----------------------------------------------------------------------
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._has_u = bool(getattr(pl_module, "hnas_u", None) and pl_module.hnas_u())
+        if self._has_u:
+            self._record_u(0, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        every = int(getattr(pl_module, "log_u_every", 50) or 50)
+        if self._has_u and trainer.global_step % every == 0:
+            self._record_u(trainer.global_step, pl_module)
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            self._active = False
+            return
+        self._active = self._validations % self.every == 0
+        self._validations += 1
+        self.diag.reset()
+        self._samples = 0
+        self._step_var: dict[int, list] = {}  # cross layer -> [sum over samples (H,), samples]
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if not self._active or batch_idx >= self.batches or dataloader_idx != 0 or self._disabled:
+            return
+        t0 = time.perf_counter()
+        try:
+            self._analyse_batch(pl_module, batch)
+        except ValueError as err:  # e.g. a scheme that returns no weights: diagnose nothing, train on
+            self._disabled = True
+            self._active = False
+            rank_zero_warn(f"attention diagnostics switched off for this run: {err}")
+        self.seconds += time.perf_counter() - t0
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if not self._active or not (self.diag.jsd or self.diag.ea):
+            return
+        t0 = time.perf_counter()
+        step = int(trainer.global_step)
+        results = self.diag.compute()
+        for i, (total, n) in self._step_var.items():
+            if n and "cross" in results and i < len(results["cross"]):
+                results["cross"][i]["step_variation"] = np.asarray(total) / n  # (H,)
+        self.last, self.last_step = results, step
+        self._analysed += 1
+        if self._has_u:
+            self._record_u(step, pl_module)
+        scalars = self._scalars(results)
+        for logger in trainer.loggers:
+            logger.log_metrics(scalars, step=step)
+            if _is_wandb(logger):
+                self._wandb_histograms(logger, results, step)
+        if trainer.is_global_zero:
+            data = self._step_json(results, step, pl_module)
+            write_json_atomic(self.dir / f"step_{step}.json", data)
+            write_json_atomic(self.dir / "latest.json", data)
+            if self.plots == "every":
+                self._write_plots(results)
+        self.seconds += time.perf_counter() - t0
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero:
+            return
+        t0 = time.perf_counter()
+        if self._has_u:
+            self._record_u(int(trainer.global_step), pl_module)
+        files = self._write_plots(self.last) if self.plots != "never" and self.last is not None else []
+        if self._has_u and self.plots != "never" and len(self.u_history) > 1:
+            files.append(self._plot_u())
+        for logger in trainer.loggers:
+            if _is_wandb(logger):
+                self._wandb_end(logger, files, int(trainer.global_step))
+        self.seconds_end = time.perf_counter() - t0
+        self.seconds += self.seconds_end
+        summary = {
+            "step": self.last_step,
+            "validations_seen": self._validations,
+            "validations_analysed": self._analysed,
+            "batches": self.batches,
+            "eps": self.eps,
+            "seconds": self.seconds,
+            "seconds_validations": self.seconds - self.seconds_end,
+            "seconds_end": self.seconds_end,
+            "locations": {loc: location_scalars(layers) for loc, layers in (self.last or {}).items()},
+            "u_history": [{"step": s, "u": {loc: _finite_list(a) for loc, a in u.items()}}
+                          for s, u in self.u_history],
+            "files": sorted(p.name for p in files),
+        }
+        write_json_atomic(self.dir / "summary.json", summary)
+
+    # ---- work ------------------------------------------------------------------------
+    @torch.no_grad()
+    def _analyse_batch(self, pl_module, batch) -> None:
+        model = pl_module.model
+        pad = pl_module.task.pad_id
+        was_training = model.training
+        model.eval()
+        try:
+            if "ids" in batch:  # decoder-only LM: causal self-attention only
+                ids = batch["ids"]
+                _, attn = model(ids, need_weights=True)
+                mask = ids != pad
+                masks = {"decoder": (mask, mask)}
+                self._samples += ids.size(0)
+            else:
+                src, tgt_in = batch["src"], batch["tgt_in"]
+                _, attn = model(src, tgt_in, need_weights=True)
+                masks = location_masks(src != pad, tgt_in != pad)
+                self._samples += src.size(0)
+            self.diag.update(attn, masks)
+            for i, res in enumerate(attn.get("cross", [])):
+                q_mask = masks["cross"][0]
+                var = step_variation(res.weights.double(), q_mask)  # (B, H)
+                valid = q_mask.any(-1)
+                acc = self._step_var.setdefault(i, [0.0, 0])
+                acc[0] = acc[0] + var[valid].sum(0).cpu().numpy()
+                acc[1] += int(valid.sum())
+        finally:
+            model.train(was_training)
+
+    def _record_u(self, step: int, pl_module) -> None:
+        u = u_arrays(pl_module.hnas_u())
+        if u and (not self.u_history or self.u_history[-1][0] != step):
+            self.u_history.append((step, u))
+        elif u:
+            self.u_history[-1] = (step, u)
+
+    def _scalars(self, results) -> dict[str, float]:
+        flat: dict[str, float] = {}
+        for loc, layers in results.items():
+            for i, e in enumerate(layers):
+                base = f"diag/{loc}/layer{i}"
+                if "jsd_mean" in e:
+                    flat[f"{base}/jsd_mean"] = e["jsd_mean"]
+                if "explained_away" in e:
+                    s = e["explained_away"]
+                    flat[f"{base}/explained_away_frac"] = float(np.mean(s.fraction_explained_away))
+                    flat[f"{base}/min_log_mass_margin"] = float(np.min(s.min_margin))
+                    flat[f"{base}/entropy"] = float(np.mean(s.entropy))
+                    for h, v in enumerate(np.asarray(s.entropy).tolist()):
+                        flat[f"{base}/entropy/h{h}"] = float(v)
+                if "step_variation" in e:
+                    flat[f"{base}/step_variation"] = float(np.mean(e["step_variation"]))
+            loc_s = location_scalars(layers)
+            for key in ("jsd_mean", "explained_away_frac", "min_margin", "entropy_mean", "step_variation"):
+                if loc_s.get(key) is not None:
+                    flat[f"diag/{loc}/{key}"] = loc_s[key]
+        # loggers cannot all take -inf (a key whose float32 weights all underflowed to 0): log the
+        # float32 floor log(smallest subnormal) instead; NaN (weights that are not probabilities,
+        # e.g. a linear kernel's negative ones) is left out
+        return {k: (v if math.isfinite(v) else LOG_FLOAT32_TINY) for k, v in flat.items()
+                if not math.isnan(v) and v != math.inf}
+
+    def _step_json(self, results, step: int, pl_module) -> dict[str, Any]:
+        locs = {}
+        for loc, layers in results.items():
+            entries = []
+            for e in layers:
+                entry: dict[str, Any] = {}
+                if "jsd" in e:
+                    entry["jsd"] = _finite_list(e["jsd"])
+                    entry["jsd_mean"] = e["jsd_mean"]
+                if "explained_away" in e:
+                    entry["explained_away"] = e["explained_away"].to_dict()
+                    entry["entropy"] = _finite_list(e["explained_away"].entropy)
+                if "step_variation" in e:
+                    entry["step_variation"] = _finite_list(e["step_variation"])
+                entries.append(entry)
+            locs[loc] = {"layers": entries, **{k: v for k, v in location_scalars(layers).items() if k != "layers"}}
+        u = u_arrays(pl_module.hnas_u()) if hasattr(pl_module, "hnas_u") else {}
+        return {"step": step, "validation": self._validations, "batches": self.batches, "samples": self._samples,
+                "eps": self.eps, "locations": locs, "u": {loc: _finite_list(a) for loc, a in u.items()}}
+
+    def _write_plots(self, results) -> list[Path]:
+        from .plots import plot_jsd_heatmaps, plot_log_mass_histograms
+
+        files = []
+        for loc, layers in results.items():
+            mats = [e["jsd"] for e in layers if "jsd" in e]
+            if mats:
+                files.append(plot_jsd_heatmaps(mats, self.dir / f"jsd_{loc}.png",
+                                               suptitle=f"head JSD, {loc} attention, step {self.last_step}"))
+            hists = {f"layer {i}": e["explained_away"] for i, e in enumerate(layers) if "explained_away" in e}
+            if hists:
+                files.append(plot_log_mass_histograms(
+                    hists, self.dir / f"explained_away_{loc}.png",
+                    title=f"{loc} attention: log sum_i pi_ij per key, step {self.last_step}"))
+        return files
+
+    def _plot_u(self) -> Path:
+        from .plots import plot_u_trajectories
+
+        locs = list(self.u_history[-1][1])
+        names = [f"{loc} L{l}" for loc in locs for l in range(self.u_history[-1][1][loc].shape[0])]
+        hist = [(s, np.concatenate([u[loc] for loc in locs])) for s, u in self.u_history
+                if list(u) == locs and all(u[loc].shape == self.u_history[-1][1][loc].shape for loc in locs)]
+        return plot_u_trajectories(hist, self.dir / "u_trajectories.png", layer_names=names,
+                                   title="HNAS u per layer and head (1 = DNAS, 0 = UNAS)")
+
+    # ---- W&B extras ----------------------------------------------------------------------
+    @staticmethod
+    def _wandb_histograms(logger, results, step: int) -> None:
+        import wandb
+
+        data = {}
+        for loc, layers in results.items():
+            for i, e in enumerate(layers):
+                if "explained_away" in e:
+                    s = e["explained_away"]
+                    counts = np.asarray(s.counts).sum(0)  # heads summed: (n_bins,)
+                    data[f"diag/{loc}/layer{i}/log_mass_hist"] = wandb.Histogram(
+                        np_histogram=(counts.tolist(), np.asarray(s.bin_edges).tolist()))
+        if data:
+            logger.log_metrics(data, step=step)
+
+    def _wandb_end(self, logger, files: list[Path], step: int) -> None:
+        import wandb
+
+        data: dict[str, Any] = {}
+        for path in files:
+            data[f"diag/images/{path.stem}"] = wandb.Image(str(path), caption=path.stem)
+        if self._has_u and self.u_history:
+            steps = [s for s, _ in self.u_history]
+            for loc in self.u_history[-1][1]:
+                shape = self.u_history[-1][1][loc].shape
+                rows = [u[loc] for _, u in self.u_history if loc in u and u[loc].shape == shape]
+                if len(rows) != len(steps):
+                    continue
+                arr = np.stack(rows)  # (T, L, H)
+                ys = [arr[:, l, h].tolist() for l in range(shape[0]) for h in range(shape[1])]
+                keys = [f"L{l}/h{h}" for l in range(shape[0]) for h in range(shape[1])]
+                data[f"diag/u_lines/{loc}"] = wandb.plot.line_series(
+                    xs=steps, ys=ys, keys=keys, title=f"HNAS u, {loc}", xname="step")
+        if data:
+            logger.log_metrics(data, step=step)
+
+
+def _is_wandb(logger) -> bool:
+    return type(logger).__name__ == "WandbLogger"

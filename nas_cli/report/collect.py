@@ -1,0 +1,238 @@
+"""Find nas-run run directories and read what they left behind.
+
+A *run directory* is one holding ``summary.json`` (written last by ``nas_cli.run.train``,
+so its presence means the run finished) or, for a run that did not finish, only
+``.hydra/config.yaml``. Everything is read from local files: ``summary.json``,
+``.hydra/config.yaml`` (the composed config) and ``diagnostics/summary.json`` /
+``diagnostics/latest.json`` (the attention diagnostics); the W&B files are not needed,
+so runs logged online, offline or not at all are handled alike.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = ["Run", "find_runs", "load_run", "flatten", "TEST_METRICS"]
+
+#: summary["test"] keys shown in reports, in column order: (key, column title, higher is better)
+TEST_METRICS = (
+    ("test/exact_match", "exact match", True),
+    ("test/bleu", "BLEU", True),
+    ("test/rouge1", "ROUGE-1", True),
+    ("test/rouge2", "ROUGE-2", True),
+    ("test/rougeL", "ROUGE-L", True),
+    ("test/rougeLsum", "ROUGE-Lsum", True),
+    ("test/ppl", "test ppl", False),
+)
+
+#: directories inside a run that never hold other runs (skipped while searching)
+_SKIP_DIRS = {"wandb", "checkpoints", "csv", ".hydra", "diagnostics", "__pycache__", ".git"}
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _read_config(run_dir: Path) -> dict:
+    path = run_dir / ".hydra" / "config.yaml"
+    if not path.is_file():
+        return {}
+    from omegaconf import OmegaConf
+
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception:  # a damaged file: report the run without its config
+        return {}
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # interpolations needing resolvers registered by nas-run only
+        return OmegaConf.to_container(cfg, resolve=False)
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> {"a.b.c": value}; lists are kept as (hashable) tuples."""
+    out: dict[str, Any] = {}
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    elif isinstance(node, list):
+        out[prefix[:-1]] = tuple(_hashable(v) for v in node)
+    else:
+        out[prefix[:-1]] = node
+    return out
+
+
+def _hashable(v):
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
+    return v
+
+
+def _num(x) -> float | None:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+@dataclass
+class Run:
+    """One run directory: what it finished with (``summary``), its config, its diagnostics."""
+
+    path: Path
+    summary: dict | None
+    config: dict = field(default_factory=dict)
+    diagnostics: dict | None = None  # diagnostics/summary.json (end of fit)
+    latest: dict | None = None  # diagnostics/latest.json (last analysed validation)
+
+    @property
+    def finished(self) -> bool:
+        return self.summary is not None
+
+    @property
+    def flat_config(self) -> dict[str, Any]:
+        return flatten(self.config)
+
+    # ---- identity --------------------------------------------------------------------
+    def _cfg(self, dotted: str, default=None):
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    @property
+    def task(self) -> str:
+        return str((self.summary or {}).get("task") or self._cfg("task.name") or "?")
+
+    @property
+    def placement(self) -> dict[str, str]:
+        p = (self.summary or {}).get("placement")
+        if isinstance(p, dict):
+            return {k: str(v) for k, v in p.items()}
+        att = self._cfg("attention", {}) or {}
+        name = att.get("name", "?")
+        out = {loc: str(att.get(loc, name)) for loc in ("encoder", "decoder", "cross")}
+        return {k: (name if v.startswith("${") else v) for k, v in out.items()}
+
+    @property
+    def scheme(self) -> str:
+        """The scheme name if one scheme is used everywhere, else ``enc-x_dec-y_cross-z``."""
+        s = (self.summary or {}).get("scheme")
+        if s:
+            return str(s)
+        p = self.placement
+        if len(set(p.values())) == 1:
+            return next(iter(p.values()))
+        short = {"encoder": "enc", "decoder": "dec", "cross": "cross"}
+        return "_".join(f"{short.get(k, k)}-{v}" for k, v in p.items())
+
+    @property
+    def heads(self) -> int | None:
+        h = (self.summary or {}).get("heads", self._cfg("model.heads"))
+        return None if h is None else int(h)
+
+    @property
+    def seed(self) -> int | None:
+        s = (self.summary or {}).get("seed", self._cfg("seed"))
+        return None if s is None else int(s)
+
+    # ---- numbers -----------------------------------------------------------------------
+    def value(self, name: str) -> float | None:
+        """A number by report name: 'parameters', 'tokens_per_s', 'steps', 'best_val',
+        'jsd', 'explained_away', a summary["test"] key ('test/bleu'), or
+        'jsd:<location>' / 'explained_away:<location>' / 'entropy:<location>' /
+        'min_margin:<location>' / 'step_variation:cross'."""
+        s = self.summary or {}
+        if name in ("parameters", "tokens_per_s", "steps", "fit_seconds"):
+            return _num(s.get(name))
+        if name == "best_val":
+            return _num((s.get("best_val") or {}).get("value"))
+        if name.startswith("test/"):
+            return _num((s.get("test") or {}).get(name))
+        locs = self.diag_locations()
+        key = {"jsd": "jsd_mean", "explained_away": "explained_away_frac", "entropy": "entropy_mean",
+               "min_margin": "min_margin", "step_variation": "step_variation"}
+        base, _, loc = name.partition(":")
+        if base in key:
+            if loc:
+                return _num(locs.get(loc, {}).get(key[base]))
+            vals = [_num(v.get(key[base])) for v in locs.values()]
+            vals = [v for v in vals if v is not None]
+            if not vals:
+                return None
+            return min(vals) if base == "min_margin" else sum(vals) / len(vals)
+        raise KeyError(name)
+
+    @property
+    def best_val_metric(self) -> str | None:
+        return ((self.summary or {}).get("best_val") or {}).get("metric")
+
+    def diag_locations(self) -> dict[str, dict]:
+        """{location: per-location scalars} from diagnostics/summary.json, else latest.json."""
+        for source in (self.diagnostics, self.latest):
+            if source and source.get("locations"):
+                return source["locations"]
+        return {}
+
+    def u_history(self) -> list[tuple[int, dict[str, list]]]:
+        hist = (self.diagnostics or {}).get("u_history") or []
+        return [(int(h["step"]), h["u"]) for h in hist if h.get("u")]
+
+    @property
+    def last_step(self) -> int | None:
+        if self.summary:
+            return self.summary.get("steps")
+        if self.latest:
+            return self.latest.get("step")
+        return None
+
+    @property
+    def label(self) -> str:
+        return f"{self.task} {self.scheme} h{self.heads}"
+
+
+def load_run(run_dir: str | Path) -> Run:
+    run_dir = Path(run_dir)
+    diag = run_dir / "diagnostics"
+    return Run(path=run_dir, summary=_read_json(run_dir / "summary.json"), config=_read_config(run_dir),
+               diagnostics=_read_json(diag / "summary.json"), latest=_read_json(diag / "latest.json"))
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / "summary.json").is_file() or (path / ".hydra" / "config.yaml").is_file()
+
+
+def find_runs(paths: Iterable[str | Path]) -> list[Run]:
+    """Every run directory at or below ``paths`` (finished and unfinished), sorted by path,
+    each listed once. Raises FileNotFoundError for a path that does not exist."""
+    found: dict[Path, Run] = {}
+    for p in paths:
+        root = Path(p)
+        if not root.exists():
+            raise FileNotFoundError(f"{p}: no such file or directory")
+        if root.is_file():  # e.g. the summary.json itself
+            root = root.parent
+        if _is_run_dir(root):
+            found.setdefault(root.resolve(), load_run(root))
+            continue
+        for dirpath, dirnames, _ in os.walk(root, followlinks=False):
+            d = Path(dirpath)
+            if _is_run_dir(d):
+                found.setdefault(d.resolve(), load_run(d))
+                dirnames[:] = []  # a run directory holds no further runs
+                continue
+            dirnames[:] = sorted(n for n in dirnames if n not in _SKIP_DIRS)
+    return [found[k] for k in sorted(found)]

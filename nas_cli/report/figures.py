@@ -1,0 +1,152 @@
+"""Comparison figures for ``nas-report`` (matplotlib Agg -> PNG bytes).
+
+Laid out for comparing runs, not one run (that is :mod:`nas_cli.diagnostics.plots`):
+rows are runs, columns are layers, colour scales and bins are shared. Only numpy and
+matplotlib are imported, so the report starts without loading torch.
+"""
+from __future__ import annotations
+
+import io
+import math
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["metric_vs_heads", "heatmap_grid", "log_mass_overlay", "histogram_range", "u_panels"]
+
+COLOURS = ["tab:blue", "tab:red", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:gray"]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    plt = _pyplot()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: Sequence[tuple[str, bool]],
+                    data: dict[str, dict[str, list[tuple[int, float, float]]]], title: str) -> bytes:
+    """CODA Fig. 3 style: one panel per metric, x = heads (log2 axis), one line per series.
+
+    ``panels``: [(metric title, higher is better)]; ``data[metric title][series]`` =
+    [(heads, mean, std)] (std drawn as error bars). ``series`` fixes the line order/colours.
+    """
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(4.2 * len(panels), 6.0), 3.4), squeeze=False)
+    heads = sorted({h for d in data.values() for pts in d.values() for h, _, _ in pts})
+    for ax, (name, higher) in zip(axes[0], panels):
+        for k, s in enumerate(series):
+            pts = sorted(data.get(name, {}).get(s, []))
+            if pts:
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
+                            capsize=3, color=COLOURS[k % len(COLOURS)], label=s)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(heads)
+        ax.set_xticklabels([str(h) for h in heads])
+        ax.minorticks_off()
+        ax.set_xlabel("heads")
+        ax.set_title(f"{name} ({'higher' if higher else 'lower'} is better)", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def heatmap_grid(rows: Sequence[tuple[str, Sequence[np.ndarray]]], title: str) -> bytes:
+    """Head-JSD matrices side by side: one row per run (label, [H x H per layer]), one column
+    per layer, one colour scale for all panels (CODA Figs. 2/4)."""
+    plt = _pyplot()
+    n_cols = max(len(mats) for _, mats in rows)
+    top = max((float(np.max(m)) for _, mats in rows for m in mats), default=1.0) or 1.0
+    fig, axes = plt.subplots(len(rows), n_cols, figsize=(2.3 * n_cols + 1.6, 2.1 * len(rows) + 0.6), squeeze=False)
+    im = None
+    for r, (label, mats) in enumerate(rows):
+        for c in range(n_cols):
+            ax = axes[r][c]
+            if c >= len(mats):
+                ax.axis("off")
+                continue
+            m = np.asarray(mats[c], dtype=float)
+            h = m.shape[0]
+            pair = float(m[np.triu_indices(h, 1)].mean()) if h > 1 else 0.0
+            im = ax.imshow(m, vmin=0.0, vmax=top, cmap="viridis")
+            ax.set_title(f"layer {c} (mean {pair:.3g})", fontsize=8)
+            ax.set_xticks(range(h))
+            ax.set_yticks(range(h))
+            ax.tick_params(labelsize=6)
+            if c == 0:
+                ax.set_ylabel(label, fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
+    if im is not None:
+        fig.colorbar(im, cax=fig.add_axes([0.92, 0.15, 0.02, 0.7]), label="JSD")
+    return _png(fig)
+
+
+def log_mass_overlay(hists: dict[str, np.ndarray], edges: np.ndarray, neg_log_sk: float | None, title: str) -> bytes:
+    """Ding et al. Fig. 1: fraction of keys per bin of log sum_i pi_ij, one curve per label,
+    dashed line at -log Sk (Theorem 2's DNAS floor for the longest sample)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.6, 3.4))
+    for k, (label, counts) in enumerate(hists.items()):
+        counts = np.asarray(counts, dtype=float)
+        frac = counts / counts.sum() if counts.sum() > 0 else counts
+        colour = COLOURS[k % len(COLOURS)]
+        ax.stairs(frac, edges, fill=True, alpha=0.3, color=colour, label=label)
+        ax.stairs(frac, edges, color=colour, lw=1.0)
+    if neg_log_sk is not None and math.isfinite(neg_log_sk):
+        ax.axvline(neg_log_sk, color="k", ls="--", lw=1.0, label=f"-log Sk = {neg_log_sk:.2f}")
+    ax.set_xlim(*histogram_range(list(hists.values()), edges, neg_log_sk))
+    ax.set_xlabel("log(sum_i pi_ij)  (first bin: at or below its edge)", fontsize=8)
+    ax.set_ylabel("fraction of keys", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def histogram_range(counts: Sequence[np.ndarray], edges: np.ndarray, neg_log_sk: float | None = None,
+                    pad: float = 2.0) -> tuple[float, float]:
+    """x-range that shows every non-empty bin and the -log Sk line, with ``pad`` to spare:
+    with no key explained away all mass sits near 0 and the fixed bins' full range
+    (down to -50) would squeeze it into one sliver."""
+    nonzero = np.flatnonzero(np.sum([np.asarray(c, dtype=float) for c in counts], axis=0) > 0)
+    lo = float(edges[nonzero[0]]) if nonzero.size else float(edges[0])
+    hi = float(edges[nonzero[-1] + 1]) if nonzero.size else float(edges[-1])
+    if neg_log_sk is not None and math.isfinite(neg_log_sk):
+        lo, hi = min(lo, neg_log_sk), max(hi, neg_log_sk)
+    return max(float(edges[0]), lo - pad), min(float(edges[-1]), hi + pad)
+
+
+def u_panels(steps: Sequence[int], u: np.ndarray, names: Sequence[str], title: str) -> bytes:
+    """HNAS u over training: ``u`` (T, layers, heads); one panel per layer with its heads
+    (thin) and their mean (dashed). u = 1 is DNAS, u = 0 UNAS (Ding et al. Figs. 3-5)."""
+    plt = _pyplot()
+    n = u.shape[1]
+    cols = min(n, 6)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.4 * cols, 2.1 * rows + 0.5), squeeze=False, sharey=True)
+    cmap = plt.get_cmap("tab10")
+    for i, ax in enumerate(axes.ravel()):
+        if i >= n:
+            ax.axis("off")
+            continue
+        for h in range(u.shape[2]):
+            ax.plot(steps, u[:, i, h], lw=0.8, color=cmap(h % 10))
+        ax.plot(steps, u[:, i].mean(-1), "k--", lw=1.2)
+        ax.set_title(names[i], fontsize=8)
+        ax.set_ylim(-0.02, 1.02)
+        ax.tick_params(labelsize=6)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return _png(fig)

@@ -1,0 +1,251 @@
+"""Self-contained HTML report: tables plus figures embedded as base64 PNG (matplotlib).
+
+Nothing is loaded from outside the file (no CDN, no fonts, no external scripts), so the
+report opens offline and can be mailed or archived. Figures:
+
+* metric vs number of heads, one line per scheme, error bars = std over seeds
+  (Zheng et al. 2021, CODA Fig. 3 style), per task;
+* head-JSD heat maps of every row side by side, per location (CODA Figs. 2/4);
+* histograms of log sum_i pi_ij per location and number of heads, the schemes overlaid
+  (UNAS vs DNAS as in Ding et al. 2020 Fig. 1), with the -log Sk line of Theorem 2;
+* HNAS u trajectories per layer and head (Ding et al. Figs. 3-5).
+
+A small inline script records on ``<body data-images-ok="k/n">`` how many of the n
+embedded images decoded (used by the browser test; harmless otherwise).
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from . import figures
+from .collect import TEST_METRICS, Run
+from .table import Group, table_rows, unfinished_rows
+
+__all__ = ["write_html", "render_html"]
+
+MAX_HEATMAP_ROWS = 16  # per location; further rows are left out of the heat maps
+LOCATIONS = ("encoder", "decoder", "cross")
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1400px}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}
+th{background:#f3f3f3}td:nth-child(-n+3){text-align:left}
+.figs{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}
+figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:12px;color:#555}
+.note{font-size:12px;color:#666}
+"""
+
+SCRIPT = """
+window.addEventListener("load", function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var ok = imgs.filter(function (im) { return im.complete && im.naturalWidth > 0; }).length;
+  document.body.setAttribute("data-images-ok", ok + "/" + imgs.length);
+  var s = document.getElementById("status");
+  if (s) { s.textContent = "figures decoded: " + ok + " of " + imgs.length; }
+});
+"""
+
+
+# ---- figures -----------------------------------------------------------------------------
+
+def _img(png: bytes, alt: str, caption: str | None = None) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">{cap}</figure>'
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def metric_vs_heads(groups: Sequence[Group], task: str) -> bytes | None:
+    """One panel per test metric (or the best validation value if no test ran), x = heads,
+    one line per scheme, mean +- std over seeds."""
+    gs = [g for g in groups if g.common(lambda r: r.task) == task and g.runs[0].heads]
+    metrics = [(k, t, hi) for k, t, hi in TEST_METRICS if any(g.stat(k) for g in gs)]
+    if not metrics:
+        names = {r.best_val_metric or "val" for g in gs for r in g.runs}
+        name = next(iter(names)) if len(names) == 1 else "val"
+        metrics = [("best_val", f"best {name}", not any(w in name for w in ("loss", "ppl", "perplexity")))]
+    data: dict[str, dict[str, list]] = {}
+    for key, title, _ in metrics:
+        for g in gs:
+            st = g.stat(key)
+            if st:
+                data.setdefault(title, {}).setdefault(g.series, []).append((g.runs[0].heads, st[0], st[1]))
+    if not data:
+        return None
+    series = sorted({g.series for g in gs})
+    return figures.metric_vs_heads(series, [(t, hi) for _, t, hi in metrics], data,
+                                   f"{task}: metric vs number of heads (error bars: std over seeds)")
+
+
+def _layer_entries(run: Run, loc: str) -> list[dict]:
+    return (((run.latest or {}).get("locations") or {}).get(loc) or {}).get("layers") or []
+
+
+def jsd_heatmaps(groups: Sequence[Group], loc: str) -> bytes | None:
+    """All rows' JSD matrices for one location side by side (mean over each group's runs)."""
+    rows = []
+    for g in groups:
+        per_run = [_layer_entries(r, loc) for r in g.runs]
+        per_run = [p for p in per_run if p and all("jsd" in e for e in p)]
+        if not per_run:
+            continue
+        mats = []
+        for i in range(min(len(p) for p in per_run)):
+            ms = [np.asarray(p[i]["jsd"], dtype=float) for p in per_run]
+            if not all(m.shape == ms[0].shape for m in ms):
+                break
+            mats.append(np.mean(ms, axis=0))
+        if mats:
+            rows.append((f"{g.common(lambda r: r.task)} {g.label}", mats))
+    if not rows:
+        return None
+    return figures.heatmap_grid(rows[:MAX_HEATMAP_ROWS], f"head JSD, {loc} attention (rows: runs, columns: layers)")
+
+
+def log_mass_overlays(groups: Sequence[Group], loc: str) -> list[tuple[str, bytes]]:
+    """Per task and number of heads: the rows' histograms of log sum_i pi_ij overlaid
+    (counts summed over layers, heads and seeds)."""
+    panels: dict[tuple, dict[str, np.ndarray]] = {}
+    edges_of: dict[tuple, np.ndarray] = {}
+    sk_max: dict[tuple, int] = {}
+    for g in groups:
+        pkey = (g.common(lambda r: r.task), g.common(lambda r: r.heads))
+        total = None
+        for r in g.runs:
+            for e in _layer_entries(r, loc):
+                ea = e.get("explained_away")
+                if not ea:
+                    continue
+                edges = np.asarray(ea["bin_edges"], dtype=float)
+                if pkey in edges_of and not np.array_equal(edges_of[pkey], edges):
+                    continue  # other bins: cannot be overlaid
+                edges_of.setdefault(pkey, edges)
+                counts = np.asarray(ea["counts"], dtype=float).sum(0)
+                total = counts if total is None else total + counts
+                sk_max[pkey] = max(sk_max.get(pkey, 0), int(ea.get("sk_max") or 0))
+        if total is not None:
+            panels.setdefault(pkey, {})[g.series] = total
+    out = []
+    for (task, heads), hists in sorted(panels.items()):
+        neg = -math.log(sk_max[(task, heads)]) if sk_max.get((task, heads)) else None
+        title = f"{task}, {loc} attention, {heads} heads"
+        out.append((title, figures.log_mass_overlay(hists, edges_of[(task, heads)], neg, title)))
+    return out
+
+
+def u_trajectories(run: Run) -> bytes | None:
+    hist = run.u_history()
+    if len(hist) < 2:
+        return None
+    last = hist[-1][1]
+    locs = [loc for loc in LOCATIONS if loc in last] + [l for l in last if l not in LOCATIONS]
+    shapes = {loc: np.asarray(last[loc], dtype=float).shape for loc in locs}
+    keep = [(s, u) for s, u in hist if all(loc in u and np.asarray(u[loc], dtype=float).shape == shapes[loc]
+                                            for loc in locs)]
+    u = np.stack([np.concatenate([np.asarray(u[loc], dtype=float) for loc in locs]) for _, u in keep])
+    names = [f"{loc} L{l}" for loc in locs for l in range(shapes[loc][0])]
+    return figures.u_panels([s for s, _ in keep], u, names, f"HNAS u per layer and head: {run.path.name}")
+
+
+# ---- the page ----------------------------------------------------------------------------
+
+def _diag_rows(groups: Sequence[Group]) -> tuple[list[str], list[list[str]]]:
+    head = ["task", "row", "location", "mean JSD", "explained away", "min margin over -log Sk", "entropy",
+            "step variation"]
+    rows = []
+
+    def cell(st, pct=False):
+        if st is None:
+            return "-"
+        m, sd, n = st
+        f = (lambda x: f"{100 * x:.2f}%") if pct else (lambda x: f"{x:.3f}")
+        return f(m) + (f" ± {f(sd)}" if n > 1 else "")
+
+    for g in groups:
+        locs = []
+        for r in g.runs:
+            locs += [l for l in r.diag_locations() if l not in locs]
+        for loc in locs:
+            margin = g.values(f"min_margin:{loc}")
+            rows.append([g.common(lambda r: r.task), g.label, loc, cell(g.stat(f"jsd:{loc}")),
+                         cell(g.stat(f"explained_away:{loc}"), pct=True),
+                         f"{min(margin):.3g}" if margin else "-", cell(g.stat(f"entropy:{loc}")),
+                         cell(g.stat(f"step_variation:{loc}"))])
+    return head, rows
+
+
+def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[str],
+                title: str = "nas-report", by: Sequence[str] | None = None) -> str:
+    grouping = "runs that differ only by seed" if by is None else f"runs with equal {', '.join(by)}"
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f'<p class="note">{len([r for r in runs if r.finished])} finished run(s) in {len(groups)} row(s) '
+             f"from {html.escape(', '.join(map(str, sources)))}; generated "
+             f"{_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}. <span id=\"status\"></span></p>"]
+    if groups:
+        head, rows = table_rows(groups)
+        parts += ["<h2>Results</h2>", _table(head, rows),
+                  f'<p class="note">mean ± std over {html.escape(grouping)} (n runs); JSD: head diversity '
+                  "(Zheng et al. 2021), mean over locations and layers; expl. away: fraction of keys with "
+                  "sum_i pi_ij &lt; eps (Ding et al. 2020), mean over locations.</p>"]
+        dh, dr = _diag_rows(groups)
+        if dr:
+            parts += ["<h2>Attention diagnostics per location</h2>", _table(dh, dr),
+                      '<p class="note">min margin &gt;= 0: every key keeps mass &gt;= 1/Sk (Ding et al. Theorem 2, '
+                      "guaranteed for DNAS in the non-causal encoder). Step variation (cross-attention): largest "
+                      "change of a head's attention over the source across decoder steps; 0 means the attention "
+                      "ignores the decoder state, as one-layer additive attention does.</p>"]
+        figs = []
+        for task in sorted({g.common(lambda r: r.task) for g in groups}):
+            png = metric_vs_heads(groups, task)
+            if png:
+                figs.append(_img(png, f"{task} metric vs heads"))
+        if figs:
+            parts += ["<h2>Metric vs number of heads</h2>", f'<div class="figs">{"".join(figs)}</div>']
+        heat = [(loc, jsd_heatmaps(groups, loc)) for loc in LOCATIONS]
+        heat = [(loc, png) for loc, png in heat if png]
+        if heat:
+            parts += ["<h2>Head JSD heat maps</h2>",
+                      '<div class="figs">' + "".join(_img(png, f"JSD {loc}", f"{loc} attention") for loc, png in heat)
+                      + "</div>"]
+        hists = [(t, png) for loc in LOCATIONS for t, png in log_mass_overlays(groups, loc)]
+        if hists:
+            parts += ["<h2>Explained away: log sum_i pi_ij per key</h2>",
+                      '<p class="note">Ding et al. 2020 Fig. 1: under DNAS every key keeps mass &gt;= 1/Sk '
+                      "(dashed line, non-causal encoder); under UNAS keys can be explained away.</p>",
+                      '<div class="figs">' + "".join(_img(png, t) for t, png in hists) + "</div>"]
+        us = [(g, u_trajectories(g.runs[0])) for g in groups]
+        us = [(g, png) for g, png in us if png]
+        if us:
+            parts += ["<h2>HNAS u trajectories</h2>",
+                      '<div class="figs">' + "".join(_img(png, f"u {g.label}", f"{g.label} (first run: "
+                                                          f"{g.runs[0].path.name})") for g, png in us) + "</div>"]
+    uh, ur = unfinished_rows(runs)
+    if ur:
+        parts += ["<h2>Unfinished runs (no summary.json)</h2>", _table(uh, ur)]
+    body = "\n".join(parts)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{CSS}</style></head>\n<body>\n{body}\n<script>{SCRIPT}</script>\n</body></html>\n")
+
+
+def write_html(path: str | Path, runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[str],
+               title: str = "nas-report", by: Sequence[str] | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(render_html(runs, groups, sources, title, by), encoding="utf-8")
+    tmp.replace(path)
+    return path

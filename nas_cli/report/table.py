@@ -1,0 +1,261 @@
+"""Group runs and lay out the comparison table (shared by the terminal and the HTML report).
+
+Grouping: by default runs whose composed configs are equal except for ``seed`` (and the
+logging-only keys in ``IGNORED_KEYS``) form one group; each number is then shown as
+mean +- sample standard deviation over the group, with ``n`` the number of runs.
+``group_runs(runs, by=[...])`` groups by chosen fields instead (see ``field_value``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .collect import TEST_METRICS, Run
+
+__all__ = ["Group", "group_runs", "field_value", "columns", "table_rows", "rich_table", "unfinished_rows",
+           "IGNORED_KEYS", "BadField"]
+
+#: config keys that never split a group: the seed (what groups average over) and
+#: settings that change only what is logged, not what is trained
+IGNORED_KEYS = ("seed", "progress_bar", "log_u_every", "logger", "diagnostics", "run_test")
+
+#: fields read from summary.json / the run itself rather than from the config
+RUN_FIELDS = ("task", "scheme", "heads", "seed", "model", "d_model", "steps", "parameters")
+
+
+class BadField(ValueError):
+    """A --group-by field that no run has."""
+
+
+def _ignored(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in IGNORED_KEYS)
+
+
+def field_value(run: Run, name: str) -> Any:
+    """Value of a grouping field: a run field (``task``, ``scheme``, ``heads``, ``seed``,
+    ``model``, ``d_model``, ``steps``, ``parameters``), ``placement.<location>``, or a dotted
+    config key (``attention.u_init``, ``optim.lr``). None when the run does not have it."""
+    if name == "task":
+        return run.task
+    if name == "scheme":
+        return run.scheme
+    if name == "heads":
+        return run.heads
+    if name == "seed":
+        return run.seed
+    if name.startswith("placement."):
+        return run.placement.get(name.split(".", 1)[1])
+    if name in RUN_FIELDS and run.summary and name in run.summary:
+        return run.summary[name]
+    return run.flat_config.get(name)
+
+
+def _default_key(run: Run) -> tuple:
+    if run.flat_config:
+        return ("config", tuple(sorted((k, repr(v)) for k, v in _identity(run).items())))
+    s = run.summary or {}  # no .hydra/config.yaml: what summary.json says about the setup
+    return ("summary", run.task, run.scheme, tuple(sorted(run.placement.items())), run.heads,
+            s.get("model"), s.get("d_model"), s.get("steps"), s.get("parameters"))
+
+
+@dataclass
+class Group:
+    """Finished runs shown as one row."""
+
+    runs: list[Run]
+    key: tuple
+    distinct: dict[str, Any] = field(default_factory=dict)  # config keys that tell apart look-alike rows
+
+    @property
+    def n(self) -> int:
+        return len(self.runs)
+
+    def values(self, name: str) -> list[float]:
+        return [v for v in (r.value(name) for r in self.runs) if v is not None]
+
+    def stat(self, name: str) -> tuple[float, float, int] | None:
+        """(mean, sample std (0 for one value), number of values) or None if no run has it."""
+        vals = self.values(name)
+        if not vals:
+            return None
+        m = sum(vals) / len(vals)
+        sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+        return m, sd, len(vals)
+
+    def common(self, getter: Callable[[Run], Any]) -> str:
+        vals = []
+        for r in self.runs:
+            v = getter(r)
+            if v not in vals:
+                vals.append(v)
+        return ",".join("-" if v is None else str(v) for v in vals)
+
+    @property
+    def series(self) -> str:
+        """The scheme plus any config that tells look-alike rows apart (a line in plots over heads)."""
+        extra = " ".join(f"{k}={v}" for k, v in self.distinct.items())
+        return self.common(lambda r: r.scheme) + (f" {extra}" if extra else "")
+
+    @property
+    def label(self) -> str:
+        extra = " ".join(f"{k}={v}" for k, v in self.distinct.items())
+        return f"{self.common(lambda r: r.scheme)} h{self.common(lambda r: r.heads)}" + (f" {extra}" if extra else "")
+
+    @property
+    def seeds(self) -> list:
+        return sorted({r.seed for r in self.runs if r.seed is not None})
+
+
+def group_runs(runs: Sequence[Run], by: Sequence[str] | None = None) -> list[Group]:
+    """Finished runs -> groups, sorted by task, scheme, heads. ``by=None``: runs that differ
+    only by seed; ``by=[]``/``["run"]``: one group per run; else the listed fields."""
+    runs = [r for r in runs if r.finished]
+    if by is not None:
+        by = [b for b in by if b]
+        unknown = [b for b in by if b != "run" and all(field_value(r, b) is None for r in runs)]
+        if unknown and runs:
+            raise BadField(f"--group-by {','.join(unknown)}: no run has this field; use run fields "
+                           f"({', '.join(RUN_FIELDS)}), placement.<location> or dotted config keys "
+                           "such as attention.u_init")
+    groups: dict[tuple, Group] = {}
+    for i, r in enumerate(runs):
+        if by is None:
+            key = _default_key(r)
+        elif not by or "run" in by:
+            key = ("run", i)
+        else:
+            key = ("by", tuple(repr(field_value(r, b)) for b in by))
+        groups.setdefault(key, Group(runs=[], key=key)).runs.append(r)
+    out = sorted(groups.values(), key=lambda g: (g.common(lambda r: r.task), g.common(lambda r: r.scheme),
+                                                  g.runs[0].heads or 0, str(g.key)))
+    _mark_distinct(out)
+    return out
+
+
+def _identity(run: Run) -> dict[str, Any]:
+    """What defines a run's setup: its config minus ``IGNORED_KEYS``, or without a saved
+    config the setup fields of summary.json."""
+    flat = {k: v for k, v in run.flat_config.items() if not _ignored(k)}
+    if flat:
+        return flat
+    s = run.summary or {}
+    return {k: s.get(k) for k in ("model", "d_model", "steps") if k in s}
+
+
+def _mark_distinct(groups: list[Group]) -> None:
+    """For rows that would look identical (same task, scheme, heads), name the config keys
+    whose values differ between them."""
+    clusters: dict[tuple, list[Group]] = {}
+    for g in groups:
+        ident = (g.common(lambda r: r.task), g.common(lambda r: r.scheme), g.common(lambda r: r.heads))
+        clusters.setdefault(ident, []).append(g)
+    for members in clusters.values():
+        if len(members) < 2:
+            continue
+        flats = [_identity(g.runs[0]) for g in members]
+        keys = sorted(set().union(*flats))
+        varying = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+        for g, f in zip(members, flats):
+            g.distinct = {k: f.get(k) for k in varying[:4]}
+
+
+# ---- columns ----------------------------------------------------------------------------
+
+def _fmt_num(x: float, kind: str) -> str:
+    if kind == "pct":
+        return f"{100 * x:.1f}%"
+    if kind == "int":
+        return f"{x:,.0f}"
+    if kind == "p2":
+        return f"{x:.2f}"
+    if kind == "p3":
+        return f"{x:.3f}"
+    return f"{x:.4g}"
+
+
+def _cell(st: tuple[float, float, int] | None, kind: str, group_n: int) -> str:
+    if st is None:
+        return "-"
+    m, sd, n = st
+    if group_n < 2:
+        return _fmt_num(m, kind)
+    if n < 2:
+        return f"{_fmt_num(m, kind)} (n=1)"
+    if kind == "pct":
+        return f"{100 * m:.1f} ± {100 * sd:.1f}%"
+    return f"{_fmt_num(m, kind)} ± {_fmt_num(sd, kind)}"
+
+
+@dataclass
+class Column:
+    title: str
+    cell: Callable[[Group], str]
+    numeric: str | None = None  # report value name behind the column (for plots), if any
+
+
+def columns(groups: Sequence[Group]) -> list[Column]:
+    """The table's columns: identity, size, metrics present in any run, diagnostics, speed."""
+    runs = [r for g in groups for r in g.runs]
+    grouped = any(g.n > 1 for g in groups)
+
+    def num(title, name, kind):
+        return Column(title, lambda g, name=name, kind=kind: _cell(g.stat(name), kind, g.n), name)
+
+    cols = [Column("task", lambda g: g.common(lambda r: r.task)),
+            Column("scheme", lambda g: g.common(lambda r: r.scheme)),
+            Column("heads", lambda g: g.common(lambda r: r.heads))]
+    if any(g.distinct for g in groups):
+        cols.append(Column("config", lambda g: " ".join(f"{k}={v}" for k, v in g.distinct.items()) or "-"))
+    if grouped:
+        cols.append(Column("n", lambda g: str(g.n)))
+    cols.append(Column("params", lambda g: _cell(g.stat("parameters"), "int", 1)))
+    metrics = {r.best_val_metric for r in runs if r.best_val_metric}
+    if len(metrics) <= 1:
+        cols.append(num(f"best {next(iter(metrics))}" if metrics else "best val", "best_val", "g"))
+    else:  # tasks monitor different metrics: name it in each cell
+        cols.append(Column("best val", lambda g: f"{g.common(lambda r: (r.best_val_metric or '?').split('/')[-1])} "
+                                                 f"{_cell(g.stat('best_val'), 'g', g.n)}", "best_val"))
+    for key, title, _ in TEST_METRICS:
+        if any(r.value(key) is not None for r in runs):
+            cols.append(num(title, key, "pct" if key == "test/exact_match" else "p3" if key == "test/ppl" else "p2"))
+    if any(r.value("jsd") is not None for r in runs):
+        cols.append(num("JSD", "jsd", "p3"))
+    if any(r.value("explained_away") is not None for r in runs):
+        cols.append(num("expl. away", "explained_away", "pct"))
+    cols.append(num("tokens/s", "tokens_per_s", "int"))
+    cols.append(Column("seed" + ("s" if grouped else ""), lambda g: ",".join(map(str, g.seeds)) or "-"))
+    return cols
+
+
+def table_rows(groups: Sequence[Group]) -> tuple[list[str], list[list[str]]]:
+    cols = columns(groups)
+    return [c.title for c in cols], [[c.cell(g) for c in cols] for g in groups]
+
+
+def unfinished_rows(runs: Sequence[Run]) -> tuple[list[str], list[list[str]]]:
+    head = ["run directory", "task", "scheme", "heads", "seed", "last diagnostics step", "last.ckpt"]
+    rows = []
+    for r in runs:
+        if r.finished:
+            continue
+        step = (r.latest or {}).get("step")
+        rows.append([str(r.path), r.task, r.scheme, str(r.heads if r.heads is not None else "-"),
+                     str(r.seed if r.seed is not None else "-"), "-" if step is None else str(step),
+                     "yes" if (r.path / "checkpoints" / "last.ckpt").is_file() else "no"])
+    return head, rows
+
+
+def rich_table(groups: Sequence[Group], title: str = "nas-report", by: Sequence[str] | None = None):
+    from rich.table import Table
+
+    head, rows = table_rows(groups)
+    grouping = "runs that differ only by seed" if by is None else f"runs with equal {', '.join(by)}"
+    caption = (f"mean ± std over {grouping}; " if any(g.n > 1 for g in groups) else "") + \
+        "JSD: head diversity (mean over locations and layers); expl. away: keys with sum_i pi_ij < eps"
+    table = Table(title=title, caption=caption, caption_justify="left")
+    for h in head:
+        table.add_column(h, no_wrap=h not in ("config",))
+    for row in rows:
+        table.add_row(*row)
+    return table
