@@ -33,6 +33,21 @@ class Task(pl.LightningDataModule):
     def tgt_vocab_size(self) -> int:
         return self.src_vocab_size
 
+    #: the task's own names of its training, validation and test splits
+    loader_splits: tuple[str, str, str] = ("train", "val", "test")
+
+    def _loader(self, split: str, shuffle: bool):
+        raise NotImplementedError
+
+    def train_dataloader(self):
+        return self._loader(self.loader_splits[0], True)
+
+    def val_dataloader(self):
+        return self._loader(self.loader_splits[1], False)
+
+    def test_dataloader(self):
+        return self._loader(self.loader_splits[2], False)
+
     def ids_to_text(self, ids) -> str:
         """Token ids (up to EOS) -> detokenized text for BLEU."""
         raise NotImplementedError

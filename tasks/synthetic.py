@@ -94,15 +94,6 @@ class SyntheticSeq2Seq(Task):
         return DataLoader(self.splits[split], batch_size=self.batch_size, shuffle=shuffle,
                           collate_fn=collate_seq2seq, num_workers=self.num_workers)
 
-    def train_dataloader(self):
-        return self._loader("train", True)
-
-    def val_dataloader(self):
-        return self._loader("val", False)
-
-    def test_dataloader(self):
-        return self._loader("test", False)
-
     def ids_to_text(self, ids) -> str:
         words = []
         for i in ids:
@@ -152,15 +143,6 @@ class SyntheticLM(Task):
     def _loader(self, split, shuffle):
         return DataLoader(self.inner.splits[split], batch_size=self.batch_size, shuffle=shuffle,
                           collate_fn=self._collate, num_workers=self.num_workers)
-
-    def train_dataloader(self):
-        return self._loader("train", True)
-
-    def val_dataloader(self):
-        return self._loader("val", False)
-
-    def test_dataloader(self):
-        return self._loader("test", False)
 
     def ids_to_text(self, ids) -> str:
         return self.inner.ids_to_text(ids)

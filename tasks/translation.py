@@ -59,6 +59,7 @@ def collate(batch):
 
 class TranslationTask(Task):
     kind = "seq2seq"
+    loader_splits = ("train", "valid", "test")
 
     def __init__(self, name: str, src_lang: str, tgt_lang: str, source: str = "auto", path: str | None = None,
                  hf_name: str | None = None, hf_config: str | None = None, columns: list[str] | None = None,
@@ -173,15 +174,6 @@ class TranslationTask(Task):
         sampler = TokenBatchSampler(lengths, max(budget, max(lengths)), shuffle=shuffle, seed=self.seed)
         return DataLoader(_Indexed(src, tgt), batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
                           pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0)
-
-    def train_dataloader(self):
-        return self._loader("train", True)
-
-    def val_dataloader(self):
-        return self._loader("valid", False)
-
-    def test_dataloader(self):
-        return self._loader("test", False)
 
     # ---- text and scores ---------------------------------------------------------------
     def ids_to_text(self, ids) -> str:

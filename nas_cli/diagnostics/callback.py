@@ -48,7 +48,7 @@ import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
 from ..attention.additive import step_variation
-from .collector import AttentionDiagnostics, location_masks
+from .collector import AttentionDiagnostics, flatten_results, location_masks
 from .explained_away import DEFAULT_EPS
 
 #: log of the smallest positive float32: stands in for log 0 in logged scalars
@@ -300,21 +300,11 @@ class DiagnosticsCallback(pl.Callback):
             self.u_history[-1] = (step, u)
 
     def _scalars(self, results) -> dict[str, float]:
-        flat: dict[str, float] = {}
+        flat = flatten_results(results, "diag", per_head_entropy=True)
         for loc, layers in results.items():
             for i, e in enumerate(layers):
-                base = f"diag/{loc}/layer{i}"
-                if "jsd_mean" in e:
-                    flat[f"{base}/jsd_mean"] = e["jsd_mean"]
-                if "explained_away" in e:
-                    s = e["explained_away"]
-                    flat[f"{base}/explained_away_frac"] = float(np.mean(s.fraction_explained_away))
-                    flat[f"{base}/min_log_mass_margin"] = float(np.min(s.min_margin))
-                    flat[f"{base}/entropy"] = float(np.mean(s.entropy))
-                    for h, v in enumerate(np.asarray(s.entropy).tolist()):
-                        flat[f"{base}/entropy/h{h}"] = float(v)
                 if "step_variation" in e:
-                    flat[f"{base}/step_variation"] = float(np.mean(e["step_variation"]))
+                    flat[f"diag/{loc}/layer{i}/step_variation"] = float(np.mean(e["step_variation"]))
             loc_s = location_scalars(layers)
             for key in ("jsd_mean", "explained_away_frac", "min_margin", "entropy_mean", "step_variation"):
                 if loc_s.get(key) is not None:

@@ -95,15 +95,25 @@ class AttentionDiagnostics:
         """Flat {name: float} for loggers: per location and layer the mean head JSD, the
         explained-away fraction, the minimum margin over -log Sk and the mean entropy
         (each averaged over heads; the margin is the minimum over heads)."""
-        flat: dict[str, float] = {}
-        for loc, layers in self.compute().items():
-            for i, e in enumerate(layers):
-                base = f"{prefix}/{loc}/layer{i}"
-                if "jsd_mean" in e:
-                    flat[f"{base}/jsd_mean"] = e["jsd_mean"]
-                if "explained_away" in e:
-                    s = e["explained_away"]
-                    flat[f"{base}/explained_away_frac"] = float(np.mean(s.fraction_explained_away))
-                    flat[f"{base}/min_log_mass_margin"] = float(np.min(s.min_margin))
-                    flat[f"{base}/entropy"] = float(np.mean(s.entropy))
-        return flat
+        return flatten_results(self.compute(), prefix)
+
+
+def flatten_results(results: dict, prefix: str = "diag", per_head_entropy: bool = False) -> dict[str, float]:
+    """{location: [per-layer results]} (AttentionDiagnostics.compute) -> flat {name: float}:
+    mean head JSD, explained-away fraction, minimum margin over -log Sk, mean entropy
+    (and, if asked, the entropy of every head)."""
+    flat: dict[str, float] = {}
+    for loc, layers in results.items():
+        for i, e in enumerate(layers):
+            base = f"{prefix}/{loc}/layer{i}"
+            if "jsd_mean" in e:
+                flat[f"{base}/jsd_mean"] = e["jsd_mean"]
+            if "explained_away" in e:
+                s = e["explained_away"]
+                flat[f"{base}/explained_away_frac"] = float(np.mean(s.fraction_explained_away))
+                flat[f"{base}/min_log_mass_margin"] = float(np.min(s.min_margin))
+                flat[f"{base}/entropy"] = float(np.mean(s.entropy))
+                if per_head_entropy:
+                    for h, v in enumerate(np.asarray(s.entropy).tolist()):
+                        flat[f"{base}/entropy/h{h}"] = float(v)
+    return flat
