@@ -20,16 +20,13 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import UserError
-from .registry import CONF_DIR
+from .registry import CONF_DIR, tag_from_placement
 
-LOCATION_SHORT = {"encoder": "enc", "decoder": "dec", "cross": "cross"}
 
 
 def scheme_tag_from_names(encoder: str, decoder: str, cross: str) -> str:
-    names = {"encoder": str(encoder), "decoder": str(decoder), "cross": str(cross)}
-    if len(set(names.values())) == 1:
-        return names["encoder"]
-    return "_".join(f"{LOCATION_SHORT[loc]}-{n}" for loc, n in names.items())
+    """The ``nas.tag`` resolver used in run directory names (see registry.scheme_tag)."""
+    return tag_from_placement({"encoder": str(encoder), "decoder": str(decoder), "cross": str(cross)})
 
 
 if not OmegaConf.has_resolver("nas.tag"):

@@ -67,8 +67,12 @@ def make_core_factory(attn_cfg: DictConfig, heads: int, dropout: float = 0.0):
 
 def scheme_tag(attn_cfg: DictConfig) -> str:
     """Short name for run directories and W&B: 'dnas' or 'enc-hnas_dec-unas_cross-unas'."""
-    where = placement(attn_cfg)
+    return tag_from_placement(placement(attn_cfg))
+
+
+def tag_from_placement(where: dict[str, str]) -> str:
+    """{location: scheme} -> 'dnas' when one scheme is used everywhere, else per location."""
     if len(set(where.values())) == 1:
         return where["encoder"]
     short = {"encoder": "enc", "decoder": "dec", "cross": "cross"}
-    return "_".join(f"{short[loc]}-{name}" for loc, name in where.items())
+    return "_".join(f"{short[loc]}-{where[loc]}" for loc in LOCATIONS)
