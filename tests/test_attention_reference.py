@@ -141,3 +141,39 @@ def test_sinkhorn_many_iterations_doubly_stochastic():
     torch.testing.assert_close(w.sum(-2), torch.ones_like(w.sum(-2)), atol=1e-3, rtol=0)
     few = build_core("sinkhorn", iterations=1).double()(q, k, v, need_weights=True).weights
     assert (few.sum(-2) - 1).abs().max() > 1e-2  # one step is not enough: the test can fail
+
+
+# ---------------------------------------------------------------- the anchored prefix log-sum-exp
+
+
+@pytest.mark.parametrize("scale", [1.0, 200.0])  # 200: some s_ij - a_j > ANCHOR_LIMIT -> logcumsumexp branch
+@pytest.mark.parametrize("form", ["causal", "prefix_padded", "none"])
+def test_prefix_logsumexp_equals_torch_logcumsumexp(form, scale):
+    """c_ij = logsumexp_{i' <= i} s_i'j: the anchored cumsum equals torch.logcumsumexp (an
+    independent implementation) in value and gradient on every allowed entry."""
+    from nas_cli.attention.base import NEG_INF, allowed_mask, prefix_logsumexp
+
+    torch.manual_seed(3)
+    b, h, sq, sk = 2, 3, 7, 6
+    s = (scale * torch.randn(b, h, sq, sk, dtype=torch.float64)).requires_grad_()
+    q_mask = k_mask = None
+    if form == "prefix_padded":
+        q_mask = torch.tensor([[True] * sq, [True] * 4 + [False] * 3])
+        k_mask = torch.tensor([[True] * sk, [True] * 5 + [False]])
+    allowed = allowed_mask(q_mask, k_mask, form == "causal", sq, sk, s.device)
+    keep = torch.ones(b, h, sq, sk, dtype=torch.bool) if allowed is None else allowed.expand(b, h, sq, sk)
+    masked = s if allowed is None else s.masked_fill(~allowed, NEG_INF)
+    ours = prefix_logsumexp(masked, allowed)
+    ref = torch.logcumsumexp(masked, dim=-2)
+    torch.testing.assert_close(ours[keep], ref[keep], rtol=1e-12, atol=1e-12)
+    w = torch.randn(b, h, sq, sk, dtype=torch.float64)
+    g_ours, = torch.autograd.grad((ours[keep] * w[keep]).sum(), s, retain_graph=True)
+    g_ref, = torch.autograd.grad((ref[keep] * w[keep]).sum(), s)
+    assert torch.isfinite(g_ours).all()
+    torch.testing.assert_close(g_ours, g_ref, rtol=1e-10, atol=1e-12)
+    # row i's normalizer never changes when later queries change (the anchor is an earlier score)
+    later = s.detach().clone()
+    later[:, :, 4:] += 50.0
+    m2 = later if allowed is None else later.masked_fill(~allowed, NEG_INF)
+    again = prefix_logsumexp(m2, allowed)
+    torch.testing.assert_close(again[:, :, :4][keep[:, :, :4]], ours.detach()[:, :, :4][keep[:, :, :4]])

@@ -121,9 +121,11 @@ def _core(scheme, location, **overrides):
     ("dnas", "encoder", 256, False),  # from AUTO_NAIVE_BELOW on: the memory-efficient path
     ("hnas", "encoder", 128, True),
     ("hnas", "encoder", 512, False),
-    ("dnas", "decoder", 64, False),  # prefix DNAS / HNAS: the efficient path is faster at every length
-    ("dnas", "cross", 64, False),
-    ("hnas", "decoder", 64, False),
+    ("dnas", "decoder", 64, True),  # prefix DNAS / HNAS: naive (anchored cumsum) is faster while short
+    ("dnas", "cross", 128, True),
+    ("hnas", "decoder", 64, True),
+    ("dnas", "decoder", 256, False),
+    ("hnas", "cross", 300, False),
     ("sinkhorn", "decoder", 64, True),  # prefix Sinkhorn-k (k > 1) is faster naive while short
     ("sinkhorn", "decoder", 300, False),
     ("sinkhorn", "encoder", 64, True),

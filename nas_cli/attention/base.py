@@ -100,8 +100,40 @@ def column_logsumexp(logits: torch.Tensor, allowed: torch.Tensor | None, causal:
     if allowed is not None:
         logits = logits.masked_fill(~allowed, NEG_INF)
     if causal:
-        return torch.logcumsumexp(logits, dim=-2)
+        return prefix_logsumexp(logits, allowed)
     return torch.logsumexp(logits, dim=-2, keepdim=True)
+
+
+#: largest s_ij - a_j for which :func:`prefix_logsumexp` takes the anchored cumsum form
+#: (exp(60) ~ 1e26: sums and their gradients stay far from float32 overflow)
+ANCHOR_LIMIT = 60.0
+
+
+def prefix_logsumexp(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """c_ij = logsumexp_{i' <= i} s_i'j over dim -2 (``logits`` already -inf where not allowed).
+
+    Computed as a_j + log cumsum_i exp(s_ij - a_j) with the anchor a_j = s_{f_j, j}, the
+    score of the first allowed query f_j of column j. Every query i that takes part in
+    column j has f_j <= i, so the anchor never brings a later query into c_ij, and the
+    sum includes exp(0) = 1 (no underflow). The anchor cancels mathematically, so it is
+    detached (exact gradients). A cumsum and its backward (a reversed cumsum) are several
+    times cheaper than ``torch.logcumsumexp``; if some s_ij - a_j exceeds ANCHOR_LIMIT
+    (overflow risk), ``torch.logcumsumexp`` is used instead. Entries before a column's
+    first allowed query get a very negative finite value, not -inf (they are masked)."""
+    sk = logits.size(-1)
+    shape = (*logits.shape[:-2], 1, sk)
+    if allowed is None:
+        anchor = logits[..., :1, :]
+    else:
+        first = allowed.to(torch.uint8).argmax(dim=-2, keepdim=True)  # first allowed query per column
+        anchor = logits.gather(-2, first.expand(shape))
+    anchor = anchor.detach()
+    anchor = torch.where(torch.isfinite(anchor), anchor, torch.zeros_like(anchor))  # empty columns
+    diff = logits - anchor
+    if bool(diff.max() > ANCHOR_LIMIT):
+        return torch.logcumsumexp(logits, dim=-2)
+    total = torch.cumsum(torch.exp(diff), dim=-2)
+    return anchor + torch.log(total.clamp_min(1e-30))
 
 
 def doubly_normalized_logits(

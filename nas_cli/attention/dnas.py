@@ -29,16 +29,13 @@ from .base import (AttentionCore, AttentionOutput, NEG_INF, doubly_normalized_lo
                    prefix_normalized_step, scaled_scores)
 from .efficient import check_impl, dnas_attention
 
-#: ``impl=auto`` uses the naive formula when max(Sq, Sk) is below this, except for the
-#: prefix form (decoder self- and cross-attention) of DNAS and HNAS, which always takes the
-#: efficient path. Measured (one CPU thread, forward + backward of one core, H=8,
-#: d_head=64, B=8 and 32, torch 2.13 CPU): in the full-column-sum form
-#: (encoder) the naive formula is 1.0-1.55x faster at S=64-128, DNAS's 1.14x faster at
-#: S=256 where HNAS's and Sinkhorn-3's are already 1.06-1.12x slower, and it is 1.6-2.4x
-#: slower at S=512; in the prefix form the efficient DNAS path is 1.0-1.4x faster than
-#: naive at S=64 and 1.1-1.6x at S=128 (HNAS: 0.9-1.1x at S=64, 1.0-1.4x at S=128),
-#: while the prefix Sinkhorn-3 (autograd per block) is 1.4-1.9x slower than naive at
-#: S=64-256.
+#: ``impl=auto`` uses the naive formula when max(Sq, Sk) is below this, the efficient path
+#: (no (Sq x Sk) tensor per head) from there on. Measured (one CPU thread, forward + backward
+#: of one core, B=8, H=8, d_head=64, torch 2.13 CPU): full-column-sum form (encoder) naive
+#: 1.0-2.3x faster at S=64-128; prefix form (decoder self- and cross-attention), with the
+#: anchored-cumsum prefix log-sum-exp of :func:`nas_cli.attention.base.prefix_logsumexp`,
+#: naive 1.7-2.9x faster at S=64, 1.6-2.2x at S=128 and 1.6-2.4x at S=256. Above S=256 the
+#: naive form's memory (several (B, H, S, S) tensors kept for backward) is the reason to switch.
 AUTO_NAIVE_BELOW = 256
 
 
@@ -53,13 +50,11 @@ def resolve_impl(impl: str, block_size) -> str:
         raise ValueError(f"{err}, or auto (picks one per sequence length)") from None
 
 
-def auto_uses_naive(q: torch.Tensor, k: torch.Tensor, prefix: bool, iterations: int = 1) -> bool:
+def auto_uses_naive(q: torch.Tensor, k: torch.Tensor, prefix: bool = False, iterations: int = 1) -> bool:
     """``impl=auto``: the naive formula for short sequences (max(Sq, Sk) < AUTO_NAIVE_BELOW),
-    where its few large ops beat the chunked passes, except the prefix form of DNAS / HNAS
-    (iterations 1), whose efficient path is faster at every measured length; the efficient
-    path otherwise (no (Sq x Sk) tensor per head)."""
-    if prefix and iterations == 1:
-        return False
+    where its few large ops beat the chunked passes, in every form (``prefix`` and
+    ``iterations`` are kept for callers; the threshold is the same); the efficient path
+    otherwise (no (Sq x Sk) tensor per head)."""
     return max(q.size(-2), k.size(-2)) < AUTO_NAIVE_BELOW
 
 

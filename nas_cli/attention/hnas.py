@@ -8,8 +8,8 @@ which equals attending with the mixed weights.
 :mod:`nas_cli.attention.efficient` with the fused SDPA (UNAS) output when weights are not
 requested; ``naive`` always mixes the materialized weights (the reference); ``auto`` (the
 default in ``conf/attention/hnas.yaml``) picks per call as for DNAS
-(:func:`nas_cli.attention.dnas.auto_uses_naive`: naive for short sequences in the
-full-column-sum form, efficient otherwise).
+(:func:`nas_cli.attention.dnas.auto_uses_naive`: naive for short sequences in every
+form, efficient otherwise).
 """
 from __future__ import annotations
 
