@@ -9,12 +9,13 @@ import time
 
 import pytorch_lightning as pl
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .decoding import beam_search
 from .errors import NonFiniteLoss
 from .model import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
 from .registry import make_core_factory, placement
+from .scale import gather_eval
 
 
 def build_model(model_cfg: DictConfig, attn_cfg: DictConfig, task) -> torch.nn.Module:
@@ -23,7 +24,13 @@ def build_model(model_cfg: DictConfig, attn_cfg: DictConfig, task) -> torch.nn.M
                   norm_first=model_cfg.norm_first, positions=model_cfg.positions, max_len=model_cfg.max_len,
                   pad_id=task.pad_id)
     if task.kind == "lm":
-        return DecoderOnlyLM(task.src_vocab_size, factory, decoder_layers=model_cfg.decoder_layers, **common)
+        adaptive = model_cfg.get("adaptive_softmax")
+        adaptive = OmegaConf.to_container(adaptive, resolve=True) if isinstance(adaptive, DictConfig) else adaptive
+        return DecoderOnlyLM(task.src_vocab_size, factory, decoder_layers=model_cfg.decoder_layers,
+                             adaptive_softmax=adaptive, **common)
+    if model_cfg.get("adaptive_softmax"):
+        raise ValueError("model.adaptive_softmax is for language-model tasks (word-level vocabularies); "
+                         "set model.adaptive_softmax=null for translation")
     return Seq2SeqTransformer(task.src_vocab_size, task.tgt_vocab_size, factory,
                               encoder_layers=model_cfg.encoder_layers, decoder_layers=model_cfg.decoder_layers,
                               share_embeddings=model_cfg.share_embeddings, **common)
@@ -47,6 +54,9 @@ class NasLitModule(pl.LightningModule):
         self.task = task
         self.model = build_model(model_cfg, attn_cfg, task)
         self.optim_cfg = optim_cfg
+        if getattr(self.model, "adaptive", False) and float(optim_cfg.label_smoothing):
+            raise ValueError("optim.label_smoothing must be 0 with model.adaptive_softmax (the adaptive softmax "
+                             "computes only the target's probability); add optim.label_smoothing=0")
         self.placement = placement(attn_cfg)
         self.log_u_every = log_u_every
         self._eval_text: dict[str, tuple[list, list, list]] = {}
@@ -85,6 +95,8 @@ class NasLitModule(pl.LightningModule):
 
     def _step(self, batch, smoothing: float, accuracy: bool = True):
         """loss, NLL sum, token count and (if ``accuracy``) correct greedy tokens."""
+        if getattr(self.model, "adaptive", False):
+            return self._adaptive_step(batch, smoothing, accuracy)
         logits, target = self._logits_and_target(batch)
         loss, nll_sum, n = label_smoothed_nll(logits, target, self.task.pad_id, smoothing)
         correct = None
@@ -92,6 +104,19 @@ class NasLitModule(pl.LightningModule):
             keep = target != self.task.pad_id
             correct = ((logits.argmax(-1) == target) & keep).sum()
         return loss, nll_sum, n, correct
+
+    def _adaptive_step(self, batch, smoothing: float, accuracy: bool):
+        """The same quantities with an adaptive softmax: only the targets' log-probabilities
+        are computed (no (B, T, vocab) logits), which is where its speed comes from."""
+        h, _ = self.model.features(batch["ids"])
+        target = batch["target"]
+        keep = target != self.task.pad_id
+        h, tgt = h[keep], target[keep]
+        logp = self.model.target_log_prob(h.float(), tgt)
+        n = keep.sum().clamp(min=1)
+        nll_sum = -logp.sum()
+        correct = (self.model.generator.predict(h.float()) == tgt).sum() if accuracy else None
+        return nll_sum / n, nll_sum.detach(), n, correct
 
     @staticmethod
     def _batch_tokens(batch) -> torch.Tensor:
@@ -155,7 +180,8 @@ class NasLitModule(pl.LightningModule):
                 index.extend(int(i) for i in batch["index"])
             else:
                 refs.extend(self.task.ids_to_text(row) for row in batch["tgt_out"])
-                index.extend(range(len(index), len(index) + batch["src"].size(0)))
+                index.extend(map(int, batch["index"]) if "index" in batch  # dataset positions (nas_cli.scale)
+                             else range(len(index), len(index) + batch["src"].size(0)))
 
     def decode(self, src: torch.Tensor, split: str = "test") -> torch.Tensor:
         """Greedy or beam decoding as the task's decoding settings say (beam 1 = greedy)."""
@@ -169,14 +195,17 @@ class NasLitModule(pl.LightningModule):
         return out
 
     def _eval_end(self, split: str):
-        n = self._sums.pop(f"{split}/n", None)
+        sums = {key: self._sums.pop(f"{split}/{key}", None) for key in ("n", "nll", "correct")}
+        text = self._eval_text.pop(split, ([], [], []))
+        sums, text = gather_eval(sums, text)  # several processes (DDP): the whole split's statistics
+        n = sums["n"]
         if n is None:
             return
-        nll = self._sums.pop(f"{split}/nll") / n
-        correct = self._sums.pop(f"{split}/correct") / n
+        nll = sums["nll"] / n
+        correct = sums["correct"] / n
         metrics = {f"{split}/loss": float(nll), f"{split}/ppl": float(torch.exp(nll.clamp(max=50))),
                    f"{split}/token_acc": float(correct)}
-        hyps, refs, index = self._eval_text.pop(split, ([], [], []))
+        hyps, refs, index = text
         # decoded text in the split's original order (batches are sorted by length)
         self.decoded[split] = [h for _, h in sorted(zip(index, hyps))]
         for key, val in self.task.score(hyps, refs).items():

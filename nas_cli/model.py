@@ -343,7 +343,8 @@ class DecoderOnlyLM(nn.Module):
     """GPT-style causal language model; its self-attention location is ``decoder``."""
 
     def __init__(self, vocab, core_factory: CoreFactory, d_model=512, heads=8, decoder_layers=6, ffn=2048,
-                 dropout=0.1, norm_first=True, positions="sinusoidal", max_len=1024, pad_id=0, **_):
+                 dropout=0.1, norm_first=True, positions="sinusoidal", max_len=1024, pad_id=0,
+                 adaptive_softmax: dict | None = None, **_):
         super().__init__()
         check_heads(d_model, heads)
         self.pad_id = pad_id
@@ -352,17 +353,44 @@ class DecoderOnlyLM(nn.Module):
             Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True)) for i in range(decoder_layers)
         )
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
-        self.generator = nn.Linear(d_model, vocab, bias=False)
-        self.generator.weight = self.embed.tokens.weight
+        self.adaptive = bool(adaptive_softmax)
+        if self.adaptive:
+            # Grave et al. 2017: frequent words in a full head, rarer ones in smaller tail clusters
+            # (word ids are in frequency order: the word-level vocabulary is built that way)
+            cutoffs = [int(c) for c in adaptive_softmax["cutoffs"]]
+            if not cutoffs or cutoffs != sorted(set(cutoffs)) or cutoffs[0] <= 0 or cutoffs[-1] >= vocab:
+                raise ValueError(f"model.adaptive_softmax.cutoffs must increase strictly between 0 and the vocabulary "
+                                 f"size {vocab} (got {cutoffs})")
+            self.generator = nn.AdaptiveLogSoftmaxWithLoss(d_model, vocab, cutoffs,
+                                                           div_value=float(adaptive_softmax.get("div_value", 4.0)))
+        else:
+            self.generator = nn.Linear(d_model, vocab, bias=False)
+            self.generator.weight = self.embed.tokens.weight
 
-    def forward(self, ids, need_weights=False):
+    def features(self, ids, need_weights=False):
+        """Final hidden states (B, T, d_model) and the attention weights found."""
         mask = ids != self.pad_id
         x = self.embed(ids)
         per_layer, found = [], None
         for layer in self.layers:
             x, found = layer(x, mask, need_weights=need_weights, prev=found)
             per_layer.append(found)
-        return self.generator(self.norm(x)), _collect(per_layer, {"self": "decoder"})
+        return self.norm(x), _collect(per_layer, {"self": "decoder"})
+
+    def forward(self, ids, need_weights=False):
+        """Logits over the vocabulary (with an adaptive softmax: its full log-probabilities,
+        which are logits of the same distribution) and the attention weights found."""
+        h, attn = self.features(ids, need_weights=need_weights)
+        if self.adaptive:
+            return self.generator.log_prob(h.flatten(0, -2)).view(*h.shape[:-1], -1), attn
+        return self.generator(h), attn
+
+    def target_log_prob(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """log p(target) for hidden states ``h`` (N, d) and targets (N,) without forming all the
+        vocabulary's logits when the output layer is adaptive."""
+        if self.adaptive:
+            return self.generator(h, target).output
+        return F.log_softmax(self.generator(h).float(), dim=-1).gather(1, target[:, None]).squeeze(1)
 
 
 def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float = 0.0):

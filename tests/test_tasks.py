@@ -255,3 +255,54 @@ def test_average_checkpoints(tmp_path):
     avg = average_checkpoints([tmp_path / "a.ckpt", tmp_path / "c.ckpt"])
     k = "generator.weight"
     torch.testing.assert_close(avg[k], m.state_dict()[k] * 2)
+
+
+# ---- adaptive softmax (language models) ----------------------------------------------------
+def test_adaptive_softmax_lm_scores_the_same_distribution_it_trains(tmp_path, cache):
+    """With model.adaptive_softmax the training/eval loss (target log-probs only) equals the NLL
+    of the full distribution the model's forward returns, that distribution is normalized, and a
+    run reports perplexity = exp(loss)."""
+    data = write_lm(tmp_path / "lm")
+    cfg = compose_cfg("task=wikitext2", f"task.path={data}", "task.tokens_per_sample=32", "task.context_window=24",
+                      "model=tiny", "model.adaptive_softmax={cutoffs:[6,14],div_value:2}",
+                      "optim.label_smoothing=0", "logger=none", "debug=fast", "trainer.limit_test_batches=null")
+    summary = train(cfg, tmp_path / "run", group="t")
+    assert summary["test"]["test/ppl"] == pytest.approx(math.exp(summary["test"]["test/loss"]), rel=1e-4)
+    from nas_cli.lit import NasLitModule
+    task = LanguageModelTask("w", path=str(data), tokens_per_sample=32, context_window=24)
+    task.setup()
+    module = NasLitModule(cfg.model, cfg.attention, cfg.optim, task).eval()
+    assert isinstance(module.model.generator, torch.nn.AdaptiveLogSoftmaxWithLoss)
+    batch = next(iter(task.test_dataloader()))
+    with torch.no_grad():
+        loss, nll_sum, n, correct = module._step(batch, 0.0)
+        logp, _ = module.model(batch["ids"])
+    assert torch.allclose(logp.exp().sum(-1), torch.ones(()), atol=1e-5)  # a normalized distribution
+    keep = batch["target"] != task.pad_id
+    full_nll = -logp.gather(-1, batch["target"][..., None]).squeeze(-1)[keep]
+    assert float(nll_sum) == pytest.approx(float(full_nll.sum()), rel=1e-5)
+    assert int(correct) == int((logp.argmax(-1) == batch["target"])[keep].sum())
+    assert float(loss) == pytest.approx(float(full_nll.mean()), rel=1e-5)
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["optim.label_smoothing=0.1"], "optim.label_smoothing must be 0 with model.adaptive_softmax"),
+    (["optim.label_smoothing=0", "model.adaptive_softmax.cutoffs=[14,6]"], "model.adaptive_softmax.cutoffs"),
+])
+def test_adaptive_softmax_bad_settings_are_one_line_errors(tmp_path, cache, overrides, needle):
+    data = write_lm(tmp_path / "lm")
+    proc = subprocess.run([str(Path(sys.executable).parent / "nas-run"), "task=wikitext2", f"task.path={data}",
+                           "task.tokens_per_sample=32", "task.context_window=24",
+                           "model.adaptive_softmax={cutoffs:[6,14],div_value:2}", *overrides, "logger=none",
+                           "debug=fast", f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_adaptive_softmax_is_refused_for_translation(tmp_path, cache):
+    data = write_parallel(tmp_path / "toy")
+    cfg = compose_cfg("task=iwslt14", f"task.path={data}", "task.vocab_size=200", "model=tiny",
+                      "model.adaptive_softmax={cutoffs:[50]}", "logger=none", "debug=fast")
+    from nas_cli.errors import UserError
+    with pytest.raises(UserError, match="adaptive_softmax is for language-model tasks"):
+        train(cfg, tmp_path / "run", group="t")
