@@ -15,13 +15,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 from rich.console import Console
 from rich.table import Table
 
-from .errors import UserError
+from .errors import Stopped, UserError
 from .registry import CONF_DIR, tag_from_placement
-
 
 
 def scheme_tag_from_names(encoder: str, decoder: str, cross: str) -> str:
@@ -29,8 +28,35 @@ def scheme_tag_from_names(encoder: str, decoder: str, cross: str) -> str:
     return tag_from_placement({"encoder": str(encoder), "decoder": str(decoder), "cross": str(cross)})
 
 
-if not OmegaConf.has_resolver("nas.tag"):
-    OmegaConf.register_new_resolver("nas.tag", scheme_tag_from_names)
+def optuna_direction(target: str, mode=None) -> str:
+    """``sweep=optuna``: maximize or minimize, as the task chooses its best checkpoint
+    (``task.monitor_mode``, else the task class's default: max for BLEU/exact match, min for loss)."""
+    if mode not in ("min", "max"):
+        mode = getattr(hydra.utils.get_class(str(target)), "monitor_mode", "min")
+    return "maximize" if mode == "max" else "minimize"
+
+
+def _devices(devices) -> int | None:
+    try:
+        return int(devices) if int(devices) > 0 else None
+    except (TypeError, ValueError):  # "auto"
+        return None
+
+
+def slurm_tasks(devices) -> int:
+    """``hydra/launcher=slurm``: one SLURM task per device (Lightning takes its rank from SLURM)."""
+    return _devices(devices) or 1
+
+
+def slurm_gpus(accelerator, devices) -> int | None:
+    """GPUs to request per node: trainer.devices, none for CPU training."""
+    return None if str(accelerator) == "cpu" else _devices(devices)
+
+
+for _name, _fn in (("nas.tag", scheme_tag_from_names), ("nas.direction", optuna_direction),
+                   ("nas.slurm_tasks", slurm_tasks), ("nas.slurm_gpus", slurm_gpus)):
+    if not OmegaConf.has_resolver(_name):
+        OmegaConf.register_new_resolver(_name, _fn)
 
 
 def _fmt(x, digits=2):
@@ -71,20 +97,72 @@ class SweepSummary(Callback):
             _console().print(summary_table(rows, f"nas-run sweep {root}"))
 
 
+def _fail(message: str, code: int = 2, kind: str = "error", color: str = "red"):
+    Console(stderr=True).print(f"[bold {color}]nas-run: {kind}:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def _refuse_finished(path: Path, what: str) -> None:
+    if (path / "summary.json").is_file() or any(path.glob("*/summary.json")):
+        _fail(f"{path} already holds a finished {what} (summary.json); nothing was overwritten: "
+              f"choose another {'hydra.sweep.dir' if what == 'sweep' else 'hydra.run.dir'}")
+
+
+class RunGuard(Callback):
+    """Hydra callback: never start in a directory that holds a finished run or sweep (checked
+    before Hydra writes anything there). Default directories are timestamped to the microsecond."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        _refuse_finished(Path(str(config.hydra.run.dir)), "run")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        _refuse_finished(Path(str(config.hydra.sweep.dir)), "sweep")
+
+
+def _spawns_processes(trainer_cfg) -> bool:
+    strategy = trainer_cfg.get("strategy", "auto")
+    name = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy)
+    return any(k in name.lower() for k in ("ddp", "fsdp", "deepspeed")) and str(trainer_cfg.get("devices")) != "1"
+
+
+def _as_single_run(hc, run_dir: Path) -> None:
+    """Lightning starts the other processes of a DDP job by running this command again with
+    ``hydra.run.dir`` set to Hydra's run directory. In a sweep, make that command this job alone
+    (its own overrides) in this job's directory."""
+    sys.argv = [sys.argv[0], *hc.overrides.task]
+    with read_write(hc):
+        hc.run.dir = str(run_dir)
+
+
 def _job(cfg: DictConfig):
-    from .run import train  # heavy imports after Hydra has parsed the command line
+    from pytorch_lightning.utilities import rank_zero_only
+
+    from .run import redact_files, train  # heavy imports after Hydra has parsed the command line
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     group = cfg.logger.get("group") or (Path(hc.sweep.dir).name if multirun else str(cfg.task.name))
+    if multirun:
+        if "joblib" in str(hc.launcher.get("_target_", "")) and _spawns_processes(cfg.trainer):
+            _fail("hydra/launcher=joblib runs each job in a worker process that cannot start DDP/FSDP processes; "
+                  "use one device per job (trainer.devices=1) or the basic launcher / hydra/launcher=slurm")
+        _as_single_run(hc, run_dir)
+    if rank_zero_only.rank == 0 and hc.output_subdir is not None:
+        saved = run_dir / str(hc.output_subdir)
+        redact_files(saved / "config.yaml", saved / "hydra.yaml", saved / "overrides.yaml",
+                     *([Path(hc.sweep.dir) / "multirun.yaml"] if multirun else []))
     try:
         summary = train(cfg, run_dir, group, job_type="sweep" if multirun else "train")
     except UserError as err:
-        Console(stderr=True).print(f"[bold red]nas-run: error:[/] {err}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        _fail(str(err))
+    except Stopped as stop:
+        _fail(str(stop), stop.code, kind="stopped", color="yellow")
+    if summary is None:  # another process of a multi-process run: rank 0 reports
+        return None
     _console().print(summary_table([summary], "nas-run result"))
-    return summary["best_val"]["value"]
+    value = summary["best_val"]["value"]
+    return float("nan") if value is None else float(value)  # what a sweeper (optuna) optimizes
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -92,11 +170,34 @@ def _hydra_entry(cfg: DictConfig):
     return _job(cfg)
 
 
+def resume_argv(argv: list[str]) -> list[str]:
+    """``nas-run resume=<run dir> [key=value ...]`` -> Hydra arguments that run that directory's
+    saved config again, in that directory (nothing new is created; Hydra writes no new .hydra/).
+    Plain ``key=value`` overrides apply on top (e.g. ``trainer.max_steps=...``)."""
+    dirs = [a.split("=", 1)[1] for a in argv if a.startswith("resume=")]
+    if not dirs:
+        return argv
+    rest = [a for a in argv if not a.startswith("resume=")]
+    if len(dirs) > 1 or any(a in ("-m", "--multirun") for a in rest):
+        raise UserError("resume= takes one run directory and cannot be combined with -m")
+    from .resume import check_resumable
+
+    run_dir = Path(dirs[0]).expanduser().resolve()
+    check_resumable(run_dir)
+    quoted = str(run_dir).replace("\\", "\\\\").replace("'", "\\'")
+    return ["--config-path", str(run_dir / ".hydra"), "--config-name", "config", *rest,
+            f"hydra.run.dir='{quoted}'", "hydra.output_subdir=null"]
+
+
 def main() -> None:
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("WANDB_DISABLE_GIT", "true")
     for name in ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        sys.argv = [sys.argv[0], *resume_argv(sys.argv[1:])]
+    except UserError as err:
+        _fail(str(err))
     _hydra_entry()
 
 

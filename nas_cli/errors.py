@@ -7,3 +7,11 @@ class UserError(Exception):
 
 class NonFiniteLoss(UserError):
     """Training produced a NaN or infinite loss."""
+
+
+class Stopped(Exception):
+    """Training stopped on a signal (SIGTERM, SIGUSR1); ``code`` is the exit status, 128 + the signal."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code

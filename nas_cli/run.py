@@ -4,11 +4,18 @@ Called by the Hydra entry point in :mod:`nas_cli.cli` once per job (also in mult
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import secrets
+import signal
+import string
+import sys
 import time
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytorch_lightning as pl
 import torch
@@ -17,11 +24,15 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
 from pytorch_lightning.plugins.io import TorchCheckpointIO
+from pytorch_lightning.utilities import rank_zero_only
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from .attention import SchemeError
-from .errors import UserError
+from .errors import Stopped, UserError
 from .lit import NasLitModule
 from .registry import placement, scheme_tag
+from .resume import FaultTolerance, Preempted, config_fingerprint, pick_checkpoint
+from .scale import StepSeed, shard_and_resume
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -33,6 +44,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint, path, storage_options=None):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint = _xla_to_cpu(checkpoint)
         tmp = path.with_name(path.name + ".tmp")
         try:
             with open(tmp, "wb") as f:
@@ -42,6 +54,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None):
+        # always the restricted unpickler: checkpoints hold tensors and plain containers only
+        return super().load_checkpoint(path, map_location=map_location or (lambda storage, loc: storage),
+                                       weights_only=True)
+
+
+def _xla_to_cpu(data):
+    """TPU tensors cannot be pickled directly: bring them to the CPU first (others stay as they are)."""
+    if "torch_xla" not in sys.modules:
+        return data
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    return apply_to_collection(data, torch.Tensor, lambda t: t.cpu() if t.device.type == "xla" else t)
 
 
 class PeriodicCheckpoint(pl.Callback):
@@ -57,7 +83,7 @@ class PeriodicCheckpoint(pl.Callback):
         if step == 0 or step % self.every or step == self._last_saved:
             return
         self._last_saved = step
-        trainer.save_checkpoint(self.dirpath / f"step{step}.ckpt")
+        trainer.save_checkpoint(self.dirpath / f"step{step}.ckpt", weights_only=False)
         if trainer.is_global_zero:
             found = sorted(self.dirpath.glob("step*.ckpt"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else -1)
             for old in found[: -self.keep]:
@@ -121,7 +147,8 @@ def _compile_failure(err: BaseException) -> str | None:
     return f"{type(inner).__name__}: {lines[0] if lines else ''}"[:300]
 
 
-def make_logger(cfg: DictConfig, run_dir: Path, group: str, job_type: str):
+def make_logger(cfg: DictConfig, run_dir: Path, group: str, job_type: str, run_id: str | None = None):
+    """The configured Lightning logger. ``run_id``: the W&B run to continue (resume)."""
     kind = cfg.logger.kind
     tags = [f"task:{cfg.task.name}", f"scheme:{scheme_tag(cfg.attention)}", f"heads:{cfg.model.heads}",
             *[f"{loc}:{name}" for loc, name in placement(cfg.attention).items()], *cfg.logger.get("tags", [])]
@@ -133,7 +160,8 @@ def make_logger(cfg: DictConfig, run_dir: Path, group: str, job_type: str):
             raise UserError(f"logger.mode must be offline, online or disabled (got '{mode}')")
         logger = WandbLogger(project=cfg.logger.project, entity=cfg.logger.get("entity"), name=run_dir.name,
                              group=group, job_type=job_type, tags=tags[:64], save_dir=str(run_dir),
-                             offline=(mode == "offline"), mode=mode, config=public_config(cfg))
+                             offline=(mode == "offline"), mode=mode, config=public_config(cfg),
+                             id=run_id or _new_run_id(), resume="allow")
         return logger
     if kind == "csv":
         from pytorch_lightning.loggers import CSVLogger
@@ -146,22 +174,64 @@ def make_logger(cfg: DictConfig, run_dir: Path, group: str, job_type: str):
     raise UserError(f"logger.kind must be wandb, csv or none (got '{kind}')")
 
 
-SECRET_WORDS = ("key", "token", "secret", "password")
+def _new_run_id() -> str:
+    """A W&B run id chosen here (not by W&B), so checkpoints can carry it from the first step."""
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+#: name parts that mark a config key as a secret (``logger.api_key``, ``access_token``, ``password``)
+SECRET_PARTS = {"key", "apikey", "token", "secret", "secrets", "password", "passwd", "credential", "credentials"}
+
+
+def is_secret(key: str) -> bool:
+    """``logger.api_key``, ``accessToken``, ``password`` are; ``max_tokens`` and ``monkey`` are not."""
+    last = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(key).rsplit(".", 1)[-1]).lower()
+    return bool(SECRET_PARTS.intersection(re.split(r"[^a-z0-9]+", last.lstrip("+~"))))
+
+
+_OVERRIDE = re.compile(r"([+~]{0,2}[\w.@/-]+)=([^,\s]*)")
+
+
+def redact(node):
+    """A config tree (dict/list/str) with secret keys dropped and ``key=value`` overrides of
+    secret keys in strings (Hydra's override lists) masked as ``key=***``."""
+    if isinstance(node, dict):
+        return {k: redact(v) for k, v in node.items() if not is_secret(k)}
+    if isinstance(node, list):
+        return [redact(v) for v in node]
+    if isinstance(node, str):
+        return _OVERRIDE.sub(lambda m: f"{m.group(1)}=***" if is_secret(m.group(1)) else m.group(0), node)
+    return node
+
+
+def redact_files(*paths: Path) -> None:
+    """Rewrite Hydra's saved YAML files (config, hydra, overrides, multirun) without secrets."""
+    for path in paths:
+        if not path.is_file():
+            continue
+        data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        clean = redact(data)
+        if clean != data:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            OmegaConf.save(OmegaConf.create(clean), tmp)
+            os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def redacted_argv() -> Iterator[None]:
+    """W&B records the command line (``sys.argv``) with a run: show it secret overrides masked."""
+    saved = sys.argv
+    sys.argv = [redact(a) for a in saved]
+    try:
+        yield
+    finally:
+        sys.argv = saved
 
 
 def public_config(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config with anything that looks like a secret dropped, plus the
     attention placement spelled out per location."""
-    data = OmegaConf.to_container(cfg, resolve=True)
-
-    def scrub(node):
-        if isinstance(node, dict):
-            return {k: scrub(v) for k, v in node.items() if not any(w in str(k).lower() for w in SECRET_WORDS)}
-        if isinstance(node, list):
-            return [scrub(v) for v in node]
-        return node
-
-    data = scrub(data)
+    data = redact(OmegaConf.to_container(cfg, resolve=True))
     data["scheme"] = scheme_tag(cfg.attention)
     data["attention_placement"] = placement(cfg.attention)
     return data
@@ -172,22 +242,62 @@ def count_parameters(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
 
 
-def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -> dict[str, Any]:
-    """Train and test one job; returns the summary also written to ``run_dir/summary.json``."""
+def _warn(message: str) -> None:
+    print(f"nas-run: warning: {message}", file=sys.stderr)
+
+
+def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    if isinstance(tcfg.get("strategy"), dict):  # e.g. trainer=fsdp: {_target_: nas_cli.scale.fsdp_strategy, ...}
+        try:
+            tcfg["strategy"] = instantiate(cfg.trainer.strategy)
+        except InstantiationException as err:
+            raise UserError(f"trainer.strategy: {_unwrap(err)}") from err
+    # nas-run shards the data itself (nas_cli.scale): no DistributedSampler, nothing padded or repeated
+    tcfg["use_distributed_sampler"] = False
+    return tcfg
+
+
+def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -> dict[str, Any] | None:
+    """Train and test one job; returns the summary also written to ``run_dir/summary.json``
+    (None in the other processes of a multi-process run: only global rank 0 reports).
+
+    A run directory that holds checkpoints but no ``summary.json`` (a preempted, killed or
+    requeued run, or ``nas-run resume=<dir>``) is continued from its newest readable checkpoint,
+    in the same W&B run."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    # evaluation metrics are gathered over all processes by nas-run itself (scale.gather_eval)
+    warnings.filterwarnings("ignore", message=r".*sync_dist=True.*when logging on epoch level")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    identity = {"config": config_fingerprint(cfg), "group": group, "job_type": job_type, "wandb_run_id": None}
+    resume = None if (run_dir / "summary.json").exists() else pick_checkpoint(run_dir, _warn)
+    if resume is not None:
+        state = resume[1]
+        if state.get("config", identity["config"]) != identity["config"]:
+            raise UserError(f"{run_dir} holds a checkpoint of a different configuration (model, attention, task or "
+                            "seed differ); continue it with nas-run resume=<dir>, or use a new hydra.run.dir")
+        identity.update({k: state[k] for k in ("group", "job_type", "wandb_run_id") if state.get(k)})
+        if rank_zero_only.rank == 0:  # what a killed process was writing when it died
+            for tmp in (run_dir / "checkpoints").glob("*.tmp"):
+                tmp.unlink(missing_ok=True)
+        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     task = build_task(cfg)
+    shard_and_resume(task, int(cfg.seed))
     module = build_module(cfg, task)
     compiled = compile_model(module, cfg.get("compile", False))
-    logger = make_logger(cfg, run_dir, group, job_type)
+    logger = make_logger(cfg, run_dir, identity["group"], identity["job_type"], identity["wandb_run_id"])
+    if cfg.logger.kind == "wandb":
+        identity["wandb_run_id"] = logger._wandb_init["id"]
+        with redacted_argv():
+            _ = logger.experiment  # W&B starts here (rank 0 only), recording a redacted command line
 
-    tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    ckpt = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor=task.monitor,
-                           mode=task.monitor_mode, save_last=True, save_top_k=1)
-    callbacks = [ckpt]
+    ckpt_dir = run_dir / "checkpoints"
+    ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=task.monitor,
+                           mode=task.monitor_mode, save_last=True, save_top_k=1, enable_version_counter=False)
+    fault = FaultTolerance(ckpt_dir / "last.ckpt", int(cfg.checkpoint.get("last_every_n_steps", 0) or 0), identity)
+    callbacks = [ckpt, fault, StepSeed(int(cfg.seed))]
     if cfg.checkpoint.every_n_steps and cfg.checkpoint.every_n_steps > 0:
-        callbacks.append(PeriodicCheckpoint(run_dir / "checkpoints", int(cfg.checkpoint.every_n_steps),
-                                            int(cfg.checkpoint.keep_last)))
+        callbacks.append(PeriodicCheckpoint(ckpt_dir, int(cfg.checkpoint.every_n_steps), int(cfg.checkpoint.keep_last)))
     if cfg.diagnostics.enabled:
         from .diagnostics.callback import DiagnosticsCallback
 
@@ -195,12 +305,14 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
         callbacks.append(DiagnosticsCallback(run_dir=run_dir, **opts))
     if cfg.progress_bar:
         callbacks.append(RichProgressBar(leave=True))
-    trainer = pl.Trainer(**tcfg, callbacks=callbacks, logger=logger, plugins=[AtomicCheckpointIO()],
+    trainer = pl.Trainer(**_trainer_kwargs(cfg), callbacks=callbacks, logger=logger, plugins=[AtomicCheckpointIO()],
                          default_root_dir=str(run_dir), enable_progress_bar=bool(cfg.progress_bar),
                          enable_model_summary=False)
     start = time.perf_counter()
     try:
-        trainer.fit(module, datamodule=task)
+        trainer.fit(module, datamodule=task, ckpt_path=str(resume[0]) if resume else None, weights_only=True)
+    except SIGTERMException as stop:
+        raise _stopped(stop, trainer, run_dir, "training") from None
     except Exception as err:
         failure = _compile_failure(err) if compiled else None  # compilation happens at the first forward
         if failure:
@@ -210,8 +322,16 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
     fit_seconds = time.perf_counter() - start
     if trainer.interrupted:
         raise UserError(f"run interrupted; partial run left in {run_dir} (no summary.json written)")
+    # tokens of all processes (a collective: every process runs it)
+    train_tokens = float(trainer.strategy.reduce(torch.tensor(float(module.train_tokens)), reduce_op="sum"))
     best = ckpt.best_model_path or None
-    test = trainer.test(module, datamodule=task, ckpt_path=best, verbose=False)[0] if cfg.run_test else {}
+    try:
+        test = trainer.test(module, datamodule=task, ckpt_path=best, verbose=False,
+                            weights_only=True)[0] if cfg.run_test else {}
+    except SIGTERMException as stop:
+        raise _stopped(stop, trainer, run_dir, "testing") from None
+    if not trainer.is_global_zero:
+        return None
     summary = {
         "task": cfg.task.name,
         "scheme": scheme_tag(cfg.attention),
@@ -223,7 +343,7 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
         "seed": int(cfg.seed),
         "steps": int(trainer.global_step),
         "fit_seconds": fit_seconds,
-        "tokens_per_s": module.train_tokens / module.train_seconds if module.train_seconds else None,
+        "tokens_per_s": train_tokens / module.train_seconds if module.train_seconds else None,
         "best_checkpoint": best,
         "best_val": {"metric": task.monitor, "value": _float(ckpt.best_model_score)},
         "test": {k: float(v) for k, v in test.items()},
@@ -231,7 +351,9 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
         "bleu_signature": getattr(task, "bleu_signature", None),
         "data_timings": getattr(task, "timings", None),
         "run_dir": str(run_dir),
-        "group": group,
+        "group": identity["group"],
+        "processes": int(trainer.world_size),
+        "resumed_from": str(resume[0]) if resume else None,
     }
     if logger:
         if hasattr(logger, "experiment") and cfg.logger.kind == "wandb":
@@ -247,6 +369,14 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
             logger.finalize("success")
     _atomic_json(run_dir / "summary.json", summary)
     return summary
+
+
+def _stopped(stop: SIGTERMException, trainer: pl.Trainer, run_dir: Path, phase: str) -> Stopped:
+    signum = getattr(stop, "signum", signal.SIGTERM)
+    name = signal.Signals(signum).name
+    saved = "checkpoints/last.ckpt saved; " if isinstance(stop, Preempted) else ""
+    return Stopped(f"{name} during {phase} at step {trainer.global_step} ({saved}no summary.json); "
+                   f"continue with: nas-run resume={run_dir}", 128 + int(signum))
 
 
 def _float(x):

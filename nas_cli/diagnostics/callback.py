@@ -142,6 +142,8 @@ class DiagnosticsCallback(pl.Callback):
     plots: "end" (PNGs at the end of fit, default), "every" (also after every analysed
         validation) or "never".
     Unknown options are ignored with a warning (configs from newer versions still run).
+    Several processes (DDP): only global rank 0 analyses, on the first ``batches`` batches of its
+    own share of the validation data; nothing is gathered from the other processes.
     """
 
     def __init__(self, run_dir: str | Path, batches: int = 2, every_n_validations: int = 1,
@@ -188,7 +190,8 @@ class DiagnosticsCallback(pl.Callback):
         if trainer.sanity_checking:
             self._active = False
             return
-        self._active = self._validations % self.every == 0
+        # several processes (DDP): rank 0 analyses the first batches of its own share of the data
+        self._active = self._validations % self.every == 0 and trainer.is_global_zero
         self._validations += 1
         self.diag.reset()
         self._samples = 0

@@ -1,0 +1,227 @@
+"""Resume and fault tolerance.
+
+* Which checkpoint a run continues from (:func:`pick_checkpoint`): the newest of
+  ``checkpoints/last.ckpt``, ``checkpoints/step<N>.ckpt`` and Lightning's SLURM
+  ``hpc_ckpt_<n>.ckpt`` that loads with ``torch.load(weights_only=True)``; an unreadable one is
+  reported and the next older one is used.
+* What a checkpoint carries besides Lightning's own state (model, optimizer, LR scheduler, loop
+  progress, the training loader's position): :class:`FaultTolerance` adds the W&B run id, group
+  and job type, a fingerprint of the configuration and the RNG states, all as plain types.
+* Stopping cleanly: SIGTERM, SIGUSR1 and SIGUSR2 are noted and acted on at the next batch
+  boundary (all processes together): ``last.ckpt`` is written, a handler that was there before
+  (Lightning's or submitit's SLURM requeue) is called, and training stops with
+  :class:`Preempted`. ``last.ckpt`` is also refreshed every ``every`` optimizer steps.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+from .errors import UserError
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+CHAINED = (signal.SIGUSR1, signal.SIGUSR2)  # their earlier handlers requeue SLURM jobs; SIGTERM's only notify
+
+
+class Preempted(SIGTERMException):
+    """Training stopped on a signal after saving ``last.ckpt``."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + int(signum))
+        self.signum = int(signum)
+
+
+def checkpoint_files(run_dir: Path) -> list[Path]:
+    """The checkpoints a run could continue from, newest first (best.ckpt is not a latest state)."""
+    ckpt_dir = run_dir / "checkpoints"
+    found = [*ckpt_dir.glob("last.ckpt"), *ckpt_dir.glob("step*.ckpt"), *run_dir.glob("hpc_ckpt_*.ckpt")]
+    return sorted((p for p in found if p.is_file()), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+
+
+def load_safe(path: Path) -> dict[str, Any]:
+    """A checkpoint through the restricted unpickler (tensors and plain containers only)."""
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+def pick_checkpoint(run_dir: Path, warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]] | None:
+    """Newest readable checkpoint of ``run_dir`` and its nas-run state; None if there is none."""
+    found = checkpoint_files(run_dir)
+    for path in found:
+        try:
+            ckpt = load_safe(path)
+            if "state_dict" not in ckpt or "loops" not in ckpt:
+                raise ValueError("not a full training checkpoint")
+        except Exception as err:  # noqa: BLE001 - truncated, corrupt or foreign: fall back to an older one
+            warn(f"checkpoint {path} is unreadable ({_first_line(err)}); trying an older one")
+            continue
+        return path, _state(ckpt)
+    if found:
+        raise UserError(f"no readable checkpoint in {run_dir} ({len(found)} found; none loads with "
+                        "torch.load(weights_only=True)); start the run again in a new directory")
+    return None
+
+
+def _state(ckpt: dict[str, Any]) -> dict[str, Any]:
+    for key, value in ckpt.get("callbacks", {}).items():
+        if str(key).startswith(FaultTolerance.__qualname__):
+            return value
+    return {}
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+def check_resumable(run_dir: Path) -> None:
+    """``nas-run resume=<dir>``: refuse (one line, nothing written) what cannot be continued."""
+    if not run_dir.is_dir():
+        raise UserError(f"resume={run_dir}: no such run directory")
+    if not (run_dir / ".hydra" / "config.yaml").is_file():
+        raise UserError(f"resume={run_dir}: not a nas-run run directory (no .hydra/config.yaml)")
+    if (run_dir / "summary.json").is_file():
+        raise UserError(f"resume={run_dir}: that run is complete (summary.json exists); nothing to resume")
+    if not checkpoint_files(run_dir):
+        raise UserError(f"resume={run_dir}: no checkpoint to continue from (checkpoints/last.ckpt); the run "
+                        "stopped before its first one: start it again")
+
+
+def config_fingerprint(cfg) -> str:
+    """What must not change when a run is continued: model, attention, task name and seed."""
+    from omegaconf import OmegaConf
+
+    data = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "attention")}
+    data.update(task=str(cfg.task.name), seed=int(cfg.seed))
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def rng_states() -> dict[str, Any]:
+    """Python, numpy and torch RNG states as types ``torch.load(weights_only=True)`` accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    out = {"python": [version, list(internal), gauss_next],
+           "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
+           "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_states(state: dict[str, Any]) -> None:
+    if "python" in state:
+        version, internal, gauss_next = state["python"]
+        random.setstate((version, tuple(internal), gauss_next))
+    if "numpy" in state:
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class FaultTolerance(pl.Callback):
+    """Periodic ``last.ckpt``, the extra checkpoint state, and stopping on signals (module docstring).
+
+    identity: stored in every checkpoint (W&B run id, group, job type, config fingerprint)."""
+
+    def __init__(self, last: Path, every: int, identity: dict[str, Any]):
+        self.last, self.every, self.identity = Path(last), max(0, int(every)), dict(identity)
+        self.pending: int | None = None  # the first stop signal received
+        self.stopped: int | None = None
+        self._due = False
+        self._previous: dict[int, Any] = {}
+
+    # ---- checkpoint contents -----------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.identity, "rng": rng_states()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "rng" in state:
+            set_rng_states(state["rng"])
+
+    # ---- periodic last.ckpt --------------------------------------------------------------
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.every and trainer.global_step % self.every == 0:
+            self._due = True  # saved at the next batch start, or by ModelCheckpoint if a validation follows
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self._due = False  # ModelCheckpoint(save_last=True) has just written last.ckpt
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        loop = trainer.fit_loop.epoch_loop
+        if loop.batch_progress.current.completed % max(1, trainer.accumulate_grad_batches):
+            return  # inside a gradient accumulation: act after the optimizer step
+        stop = self.pending is not None or trainer.received_sigterm
+        if trainer.world_size > 1:  # any process signalled -> all stop at this same batch
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if stop:
+            signum = self.pending or signal.SIGTERM
+            self._save(trainer)
+            self.stopped = signum
+            self._restore_handlers()
+            previous = self._previous.get(signum)
+            if signum in CHAINED and callable(previous) and self.pending is not None:
+                previous(signum, None)  # e.g. requeue this SLURM job; may exit the process itself
+            raise Preempted(signum)
+        if self._due:
+            self._save(trainer)
+            self._due = False
+
+    def _save(self, trainer) -> None:
+        """Save ``last.ckpt`` as of the end of the previous batch and its validation.
+
+        At a batch start Lightning has already counted the new batch as 'ready' (and the previous
+        one as stepped for logging); a checkpoint with those counts would shift the validation
+        schedule by one batch on resume. They are saved as they were before the new batch."""
+        loop = trainer.fit_loop.epoch_loop
+        progress = loop.batch_progress
+        shift = progress.current.ready - progress.current.completed  # 1 at a batch start, 0 at the end
+        progress.current.ready -= shift
+        progress.total.ready -= shift
+        loop._batches_that_stepped -= shift
+        try:
+            trainer.save_checkpoint(self.last, weights_only=False)
+        finally:
+            progress.current.ready += shift
+            progress.total.ready += shift
+            loop._batches_that_stepped += shift
+
+    def on_train_end(self, trainer, pl_module):
+        self._save(trainer)  # a crash during the test phase resumes straight to testing
+
+    # ---- signals -------------------------------------------------------------------------
+    def on_train_start(self, trainer, pl_module):
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._note)
+
+    def _note(self, signum, frame) -> None:
+        if self.pending is None:
+            self.pending = signum
+
+    def _restore_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, handler in self._previous.items():
+            if signal.getsignal(sig) == self._note and handler is not None:
+                signal.signal(sig, handler)
+
+    def on_fit_end(self, trainer, pl_module):
+        self._restore_handlers()
+
+    def on_exception(self, trainer, pl_module, exception):
+        self._restore_handlers()

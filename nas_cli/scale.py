@@ -1,0 +1,221 @@
+"""What scaling out needs beyond Lightning: data order, sharding, gathered metrics, step RNG.
+
+* :class:`EpochBatches` makes the batches of epoch ``e`` a function of ``(seed, e)`` alone and
+  gives each process every ``world``-th of them (training: the same number on every process;
+  evaluation: all of them, nothing padded or repeated). :func:`shard_and_resume` swaps it into
+  the task's loaders, and the training loader reports its position to Lightning's checkpoint
+  (the ``state_dict`` protocol), so a resumed run skips exactly the batches it had trained on.
+* :func:`gather_eval` merges the validation/test statistics of all processes, so a metric under
+  DDP equals the single-process value (sums of loss and token counts; hypotheses and references
+  for BLEU/ROUGE/exact match).
+* :class:`StepSeed` reseeds torch's RNG before every training batch from
+  ``(seed, epoch, batch, rank)`` (as fairseq does per update): dropout and noise do not depend on
+  how the run got there, so a resumed run draws what an uninterrupted one would.
+* :func:`fsdp_strategy`: Lightning's FSDP with one unit per Transformer block.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (numpy's SeedSequence hashing: nearby inputs, unrelated seeds)."""
+    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1, np.uint64)[0] >> 1)
+
+
+class EpochBatches(Sampler[list[int]]):
+    """This process's batches of an epoch, and where a resumed epoch starts.
+
+    ``base`` is the task's own batch sampler. A shuffling ``BatchSampler(RandomSampler)`` is
+    replaced by a permutation seeded with ``(seed, epoch)``; any other sampler (e.g. the
+    token-budget ``TokenBatchSampler``) keeps its batches and gets ``set_epoch(epoch)``.
+    ``even``: drop the last ``len % world`` batches so every process steps equally often (DDP
+    training); otherwise (evaluation) process ``r`` gets batches ``r, r + world, ...``."""
+
+    def __init__(self, base: Any, seed: int, rank: int = 0, world: int = 1, even: bool = False):
+        self.base, self.seed, self.rank, self.world, self.even = base, int(seed), int(rank), max(1, int(world)), even
+        self.epoch = 0
+        self._resume: tuple[int, int] | None = None
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _all(self, epoch: int) -> list[list[int]]:
+        if self._cache is not None and self._cache[0] == epoch:
+            return self._cache[1]
+        base = self.base
+        if isinstance(base, BatchSampler) and isinstance(base.sampler, RandomSampler) and not base.sampler.replacement:
+            n = len(base.sampler.data_source)
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(self.seed, epoch))).tolist()
+            batches = [order[i: i + base.batch_size] for i in range(0, n, base.batch_size)]
+            if base.drop_last and batches and len(batches[-1]) < base.batch_size:
+                batches.pop()
+        else:
+            if hasattr(base, "set_epoch"):
+                base.set_epoch(epoch)
+            batches = [list(b) for b in base]
+        self._cache = (epoch, batches)
+        return batches
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        batches = self._all(epoch)
+        if self.world == 1:
+            return batches
+        if self.even:
+            batches = batches[: len(batches) // self.world * self.world]
+        return batches[self.rank:: self.world]
+
+    def resume(self, epoch: int, done: int) -> None:
+        """Start at batch ``done`` of ``epoch`` (the next epoch if that one was finished)."""
+        if done >= len(self.batches(epoch)):
+            epoch, done = epoch + 1, 0
+        self.epoch, self._resume = epoch, (epoch, done)
+
+    def __len__(self) -> int:
+        return len(self.batches(self.epoch))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # a generator: the epoch is read at the first batch, after Lightning's set_epoch
+        epoch = self.epoch
+        skip = self._resume[1] if self._resume is not None and self._resume[0] == epoch else 0
+        self._resume = None
+        yield from self.batches(epoch)[skip:]
+
+
+class ResumableLoader(DataLoader):
+    """The training loader: Lightning stores ``state_dict()`` in every checkpoint and hands it
+    back with ``load_state_dict`` on resume. ``position`` returns (epoch, batches trained)."""
+
+    position: Callable[[], tuple[int, int]] | None = None
+
+    def state_dict(self) -> dict[str, int]:
+        epoch, done = self.position() if self.position else (0, 0)
+        return {"epoch": int(epoch), "batches": int(done)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.batch_sampler.resume(int(state.get("epoch", 0)), int(state.get("batches", 0)))
+
+
+class _WithIndex(Dataset):
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        return i, self.dataset[i]
+
+
+class _IndexCollate:
+    """Collate as the task does and add the examples' dataset indices as ``batch['index']``."""
+
+    def __init__(self, collate):
+        self.collate = collate
+
+    def __call__(self, samples):
+        index, items = zip(*samples)
+        batch = self.collate(list(items))
+        if isinstance(batch, dict) and "index" not in batch:
+            batch["index"] = torch.as_tensor(index)
+        return batch
+
+
+def _rebuild(loader: DataLoader, batch_sampler: EpochBatches, cls=DataLoader, index: bool = False) -> DataLoader:
+    kw: dict[str, Any] = dict(num_workers=loader.num_workers, pin_memory=loader.pin_memory, timeout=loader.timeout,
+                              worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
+                              multiprocessing_context=loader.multiprocessing_context)
+    if loader.num_workers > 0:
+        kw["prefetch_factor"] = loader.prefetch_factor
+    dataset, collate = loader.dataset, loader.collate_fn
+    if index:
+        dataset, collate = _WithIndex(dataset), _IndexCollate(collate)
+    return cls(dataset, batch_sampler=batch_sampler, collate_fn=collate, **kw)
+
+
+def _base_sampler(loader) -> Any:
+    if not isinstance(loader, DataLoader) or loader.batch_sampler is None:
+        return None  # iterable-style data: left as the task made it
+    return loader.batch_sampler
+
+
+def shard_and_resume(task: pl.LightningDataModule, seed: int) -> None:
+    """Wrap the task's train/val/test loaders (on this instance) with :class:`EpochBatches`.
+
+    Ranks are read when Lightning asks for a loader (``task.trainer`` is attached by then)."""
+    make = {"train": task.train_dataloader, "val": task.val_dataloader, "test": task.test_dataloader}
+
+    def ranks() -> tuple[int, int]:
+        trainer = getattr(task, "trainer", None)
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def train_loader():
+        loader = make["train"]()
+        base = _base_sampler(loader)
+        if base is None:
+            return loader
+        rank, world = ranks()
+        out = _rebuild(loader, EpochBatches(base, seed, rank, world, even=True), cls=ResumableLoader)
+        trainer = task.trainer
+        if trainer is not None:
+            out.position = lambda: (trainer.fit_loop.epoch_progress.current.processed,
+                                    trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        return out
+
+    def eval_loader(split: str):
+        def build():
+            loader = make[split]()
+            base = _base_sampler(loader)
+            if base is None:
+                return loader
+            rank, world = ranks()
+            return _rebuild(loader, EpochBatches(base, seed, rank, world), index=True)
+        return build
+
+    task.train_dataloader = train_loader
+    task.val_dataloader = eval_loader("val")
+    task.test_dataloader = eval_loader("test")
+
+
+def gather_eval(sums: dict[str, torch.Tensor | None], text: tuple[list, list, list]):
+    """All processes' evaluation sums (added) and decoded text (concatenated); unchanged on one process.
+
+    Every process must call it (a collective), also one that saw no batch (its sums are None)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return sums, text
+    local = ({k: None if v is None else float(v) for k, v in sums.items()}, tuple(list(t) for t in text))
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, local)
+    merged = {}
+    for key in sums:
+        values = [p[0][key] for p in parts if p[0][key] is not None]
+        merged[key] = torch.tensor(sum(values), dtype=torch.float64) if values else None
+    return merged, tuple([x for p in parts for x in p[1][i]] for i in range(3))
+
+
+class StepSeed(pl.Callback):
+    """Reseed torch (CPU and CUDA) before each training batch from (seed, epoch, batch, rank)."""
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        torch.manual_seed(mix_seed(self.seed, trainer.current_epoch, batch_idx, trainer.global_rank))
+
+
+def fsdp_strategy(**kwargs):
+    """``trainer=fsdp``: Lightning's FSDPStrategy wrapping each Transformer block as one FSDP unit
+    (parameters of one block gathered at a time); further keyword arguments go to FSDPStrategy."""
+    from pytorch_lightning.strategies import FSDPStrategy
+
+    from .model import Block
+
+    kwargs.setdefault("auto_wrap_policy", {Block})
+    return FSDPStrategy(**kwargs)
