@@ -126,7 +126,7 @@ class LanguageModelTask(Task):
             origin = fingerprint(Path(str(self.path)).expanduser() / f"{self.split_names['train']}.txt")
         else:
             origin = fingerprint(self.path, self.hf_name, self.hf_config, len(lines["train"]), lines["train"][:50])
-        key = fingerprint(origin, "word", self.max_vocab)
+        key = fingerprint(origin, "word-v2", self.max_vocab)  # v2: contiguous ids (vocab._contiguous_word_ids)
         self.tokenizer, self.tokenizer_cached = word_level(lines["train"], self.cache_dir / "tokenizers" /
                                                            f"word-{key}.json", self.max_vocab)
         self.timings["tokenizer_s"] = time.perf_counter() - t0

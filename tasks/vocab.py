@@ -57,5 +57,22 @@ def word_level(texts: Iterable[str], cache: Path, max_size: int | None = None) -
     trainer = trainers.WordLevelTrainer(vocab_size=int(max_size or 10**8), min_frequency=1, special_tokens=SPECIALS,
                                         show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
+    tok = _contiguous_word_ids(tok)
     _save_atomic(tok, cache)
     return tok, False
+
+
+def _contiguous_word_ids(tok: Tokenizer) -> Tokenizer:
+    """The same word vocabulary with ids 0..V-1 and no gaps: specials first, then the words in
+    the trainer's (frequency) order.
+
+    A corpus that itself contains a special token as a word (WikiText's ``<unk>``) makes the
+    ``tokenizers`` trainer give that word a second, frequency-ranked id and leave the special's
+    id unused, so the largest id equals ``get_vocab_size()`` and overflows an embedding of that
+    size. Frequency order is kept (the adaptive softmax relies on it)."""
+    vocab = tok.get_vocab()
+    words = [w for w, _ in sorted(vocab.items(), key=lambda kv: kv[1]) if w not in SPECIALS]
+    fixed = Tokenizer(models.WordLevel({w: i for i, w in enumerate(SPECIALS + words)}, unk_token="<unk>"))
+    fixed.pre_tokenizer = tok.pre_tokenizer
+    fixed.decoder = tok.decoder
+    return fixed

@@ -146,6 +146,23 @@ def test_wikitext2_real_vocabulary(tmp_path, cache):
     # the published 33,278 types count <unk> and the end-of-line token; + <pad> and <s>
     assert task.src_vocab_size == 33_278 + 2
     assert len(task.streams["train"]) == 2_088_628
+    # every id fits the embedding (WikiText's own "<unk>" word is the <unk> special, id 3)
+    assert max(int(s.max()) for s in task.streams.values()) == task.src_vocab_size - 1
+    assert task.tokenizer.token_to_id("<unk>") == 3 and task.tokenizer.token_to_id("the") == 4
+
+
+def test_word_vocabulary_ids_are_contiguous_when_the_corpus_contains_specials(tmp_path, cache):
+    root = tmp_path / "lm"
+    root.mkdir()
+    text = "the cat <unk> sat on the <unk> mat <unk> . the dog <pad> ran\n"
+    for split in ("train", "valid", "test"):
+        (root / f"{split}.txt").write_text(text * 5)
+    task = LanguageModelTask("toy", path=str(root))
+    task.setup()
+    vocab = task.tokenizer.get_vocab()
+    assert sorted(vocab.values()) == list(range(task.src_vocab_size))  # no gaps, no id past the size
+    assert vocab["<unk>"] == 3 and vocab["the"] == 4  # specials first, then by frequency
+    assert task.tokenizer.encode("the zebra").ids == [4, 3]
 
 
 # ---- bad data: one clear line each --------------------------------------------------------
