@@ -178,6 +178,7 @@ def shard_and_resume(task: pl.LightningDataModule, seed: int) -> None:
             return _rebuild(loader, EpochBatches(base, seed, rank, world), index=True)
         return build
 
+    task.unsharded_val_dataloader = make["val"]  # the whole split in one process's order (diagnostics)
     task.train_dataloader = train_loader
     task.val_dataloader = eval_loader("val")
     task.test_dataloader = eval_loader("test")

@@ -142,8 +142,8 @@ class DiagnosticsCallback(pl.Callback):
     plots: "end" (PNGs at the end of fit, default), "every" (also after every analysed
         validation) or "never".
     Unknown options are ignored with a warning (configs from newer versions still run).
-    Several processes (DDP): only global rank 0 analyses, on the first ``batches`` batches of its
-    own share of the validation data; nothing is gathered from the other processes.
+    Several processes (DDP): only global rank 0 analyses, on the first ``batches`` batches of the
+    whole validation split (not of its own share), so the numbers equal a single-process run's.
     """
 
     def __init__(self, run_dir: str | Path, batches: int = 2, every_n_validations: int = 1,
@@ -190,7 +190,7 @@ class DiagnosticsCallback(pl.Callback):
         if trainer.sanity_checking:
             self._active = False
             return
-        # several processes (DDP): rank 0 analyses the first batches of its own share of the data
+        # several processes (DDP): rank 0 alone analyses (at the epoch end, on the whole split's batches)
         self._active = self._validations % self.every == 0 and trainer.is_global_zero
         self._validations += 1
         self.diag.reset()
@@ -198,7 +198,12 @@ class DiagnosticsCallback(pl.Callback):
         self._step_var: dict[int, list] = {}  # cross layer -> [sum over samples (H,), samples]
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        if not self._active or batch_idx >= self.batches or dataloader_idx != 0 or self._disabled:
+        if trainer.world_size > 1 or not self._active or batch_idx >= self.batches or dataloader_idx != 0:
+            return
+        self._try_analyse(pl_module, batch)
+
+    def _try_analyse(self, pl_module, batch) -> None:
+        if self._disabled:
             return
         t0 = time.perf_counter()
         try:
@@ -209,7 +214,19 @@ class DiagnosticsCallback(pl.Callback):
             rank_zero_warn(f"attention diagnostics switched off for this run: {err}")
         self.seconds += time.perf_counter() - t0
 
+    def _analyse_whole_split(self, pl_module) -> None:
+        """DDP: the first ``batches`` batches of the unsharded validation split (as one process sees it)."""
+        from lightning_fabric.utilities.apply_func import move_data_to_device
+
+        make = getattr(pl_module.task, "unsharded_val_dataloader", None) or pl_module.task.val_dataloader
+        for i, batch in enumerate(make()):
+            if i >= self.batches or not self._active:
+                break
+            self._try_analyse(pl_module, move_data_to_device(batch, pl_module.device))
+
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if self._active and trainer.world_size > 1:
+            self._analyse_whole_split(pl_module)
         if not self._active or not (self.diag.jsd or self.diag.ea):
             return
         t0 = time.perf_counter()
