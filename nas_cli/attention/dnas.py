@@ -19,15 +19,19 @@ Implementations (option ``attention.impl``): ``efficient`` runs
 (Sq x Sk) tensor per head and gives the same values and gradients; ``naive`` always uses
 the formula below, which stays the reference and serves ``need_weights=True``; ``auto``
 (the default in ``conf/attention/*.yaml``) picks per call, see :func:`auto_uses_naive`.
-All three give the same values and gradients.
+All three give the same values and gradients. When the naive formula runs without
+``need_weights`` (DNAS, i.e. one iteration), it runs as
+:func:`nas_cli.attention.fused.doubly_normalized_attention`: the same formula with a
+hand-derived backward, several times fewer passes over (Sq x Sk) tensors than autograd.
 """
 from __future__ import annotations
 
 import torch
 
-from .base import (AttentionCore, AttentionOutput, NEG_INF, doubly_normalized_logits, masked_row_softmax,
-                   prefix_normalized_step, scaled_scores)
+from .base import (AttentionCore, AttentionOutput, NEG_INF, allowed_mask, doubly_normalized_logits,
+                   masked_row_softmax, prefix_normalized_step, scaled_scores)
 from .efficient import check_impl, dnas_attention
+from .fused import doubly_normalized_attention
 
 #: ``impl=auto`` uses the naive formula when max(Sq, Sk) is below this, the efficient path
 #: (no (Sq x Sk) tensor per head) from there on. Measured (one CPU thread, forward + backward
@@ -89,8 +93,16 @@ class DNAS(AttentionCore):
         return masked_row_softmax(doubly_normalized_logits(logits, allowed, self.prefix_queries), allowed)
 
     def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
-        if need_weights or self.uses_naive(q, k):
+        if need_weights:
             return super().forward(q, k, v, q_mask, k_mask, need_weights)
+        if self.uses_naive(q, k):
+            if self.iterations != 1:
+                return super().forward(q, k, v, q_mask, k_mask, need_weights)
+            # the naive formula with a hand-derived backward (same values and gradients)
+            allowed = allowed_mask(q_mask, k_mask, self.causal, q.size(-2), k.size(-2), q.device)
+            out = doubly_normalized_attention(q, k, v, allowed, self.prefix_queries,
+                                              dropout_p=self.dropout, training=self.training)
+            return AttentionOutput(out, None, self.aux())
         out = dnas_attention(q, k, v, q_mask, k_mask, prefix=self.prefix_queries, causal=self.causal,
                              iterations=self.iterations, dropout_p=self.dropout if self.training else 0.0,
                              block_size=self.block_size)

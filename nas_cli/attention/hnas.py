@@ -9,7 +9,9 @@ which equals attending with the mixed weights.
 requested; ``naive`` always mixes the materialized weights (the reference); ``auto`` (the
 default in ``conf/attention/hnas.yaml``) picks per call as for DNAS
 (:func:`nas_cli.attention.dnas.auto_uses_naive`: naive for short sequences in every
-form, efficient otherwise).
+form, efficient otherwise). The naive formula without ``need_weights`` runs as
+:func:`nas_cli.attention.fused.doubly_normalized_attention` (same values and gradients,
+u's included, with a hand-derived backward).
 """
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ import math
 import torch
 from torch import nn
 
-from .base import (AttentionCore, AttentionOutput, doubly_normalized_logits, masked_row_softmax,
+from .base import (AttentionCore, AttentionOutput, allowed_mask, doubly_normalized_logits, masked_row_softmax,
                    prefix_normalized_step, scaled_scores)
 from .dnas import auto_uses_naive, resolve_impl
 from .efficient import hnas_attention
+from .fused import doubly_normalized_attention
 
 
 class HNAS(AttentionCore):
@@ -54,8 +57,13 @@ class HNAS(AttentionCore):
         return u * dnas + (1 - u) * unas
 
     def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
-        if need_weights or self.uses_naive(q, k):
+        if need_weights:
             return super().forward(q, k, v, q_mask, k_mask, need_weights)
+        if self.uses_naive(q, k):  # the naive formula with a hand-derived backward (same values and gradients)
+            allowed = allowed_mask(q_mask, k_mask, self.causal, q.size(-2), k.size(-2), q.device)
+            out = doubly_normalized_attention(q, k, v, allowed, self.prefix_queries, u=self.u,
+                                              dropout_p=self.dropout, training=self.training)
+            return AttentionOutput(out, None, self.aux())
         out = hnas_attention(q, k, v, self.u, q_mask, k_mask, prefix=self.prefix_queries, causal=self.causal,
                              dropout_p=self.dropout if self.training else 0.0, block_size=self.block_size)
         return AttentionOutput(out, None, self.aux())
