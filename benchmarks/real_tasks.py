@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mdsection import replace_section
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 RESULTS = DOCS / "bench_real_tasks.json"
@@ -106,13 +108,7 @@ def write(results: dict) -> None:
             lines.append(f"| {key} | {target} | {result} | {r['fit_s'] / 60:.1f} min | {r['steps']} | "
                          f"{r['tokens_per_s']:.0f} | `{r['command']}` |")
         lines.append("")
-    md = DOCS / "benchmarks.md"
-    text = md.read_text() if md.exists() else "# Benchmarks\n\n"
-    start = text.find(SECTION)
-    if start >= 0:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + text[end + 1 if end >= 0 else len(text):]
-    md.write_text(text.rstrip() + "\n\n" + "\n".join(lines) + "\n")
+    replace_section(DOCS / "benchmarks.md", SECTION, lines)
 
 
 def main() -> None:

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from mdsection import replace_section
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 RESULTS = DOCS / "bench_schemes.json"
@@ -93,13 +95,7 @@ def write(results: dict) -> None:
                      f"{cell('decoder')} | {cell('cross')} | {r['jsd_mean']:.3f} | {r['tokens_per_s']:.0f} |")
     lines += ["", f"CODA's ordering of head diversity, CODA > CODA-CS > RealFormer > Transformer (UNAS), by mean "
               f"JSD: {ordering(rows)}.", ""]
-    md = DOCS / "benchmarks.md"
-    text = md.read_text() if md.exists() else "# Benchmarks\n\n"
-    start = text.find(SECTION)
-    if start >= 0:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + text[end + 1 if end >= 0 else len(text):]
-    md.write_text(text.rstrip() + "\n\n" + "\n".join(lines) + "\n")
+    replace_section(DOCS / "benchmarks.md", SECTION, lines)
 
 
 def main() -> None:
