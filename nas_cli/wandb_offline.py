@@ -59,7 +59,9 @@ def read_run(path: str | Path) -> dict[str, Any]:
         if not found:
             raise FileNotFoundError(f"no W&B run file (run-*.wandb) under {path}")
         path = found[-1]
-    out: dict[str, Any] = {"config": {}, "summary": {}, "history": [], "tags": []}
+    # the file is named run-<time>-<id>.wandb: the id is known even when the run record never got
+    # written (a process killed before W&B flushed it)
+    out: dict[str, Any] = {"id": path.stem.rsplit("-", 1)[-1], "config": {}, "summary": {}, "history": [], "tags": []}
     for chunk in _chunks(path.read_bytes()):
         rec = pb.Record()
         rec.ParseFromString(chunk)

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 import nas_cli.cli  # noqa: F401  (registers the nas.* resolvers)
 from nas_cli.diagnostics.callback import DiagnosticsCallback, location_scalars
 from nas_cli.registry import CONF_DIR
+from nas_cli.resume import _state
 from nas_cli.run import build_module, build_task
 from nas_cli.wandb_offline import read_run
 from test_cli import NAS_RUN, nas_run
@@ -185,8 +186,13 @@ def test_sigkill_at_a_random_step_then_resume_matches_uninterrupted_run(tmp_path
     # nothing corrupt: every checkpoint left behind loads with the safe loader
     for ckpt in (run / "checkpoints").glob("*.ckpt"):
         assert "state_dict" in torch.load(ckpt, weights_only=True)
-    killed_id = read_run(run)["id"]
-    killed_step = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    # the W&B run id travels in the checkpoint (a SIGKILLed offline run may not have flushed its
+    # run record yet); the run file W&B started is named after the same id
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    killed_id = _state(last)["wandb_run_id"]
+    assert killed_id and [p.name for p in wandb_files(run)] and all(
+        p.name.endswith(f"-{killed_id}.wandb") for p in wandb_files(run))
+    killed_step = last["global_step"]
     assert 0 < killed_step < 240
 
     res = nas_run(f"resume={run}", cwd=tmp_path, timeout=600)
@@ -194,6 +200,8 @@ def test_sigkill_at_a_random_step_then_resume_matches_uninterrupted_run(tmp_path
     got = json.loads((run / "summary.json").read_text())
     assert got["steps"] == 240 and got["resumed_from"].endswith(".ckpt")
     assert got["wandb_run_id"] == killed_id  # the same W&B run continues
+    resumed = read_run(wandb_files(run)[-1])
+    assert resumed["id"] == killed_id and last_val(resumed["history"], "trainer/global_step") >= 239
     for key, value in expected["test"].items():
         assert got["test"][key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
     assert got["best_val"]["value"] == pytest.approx(expected["best_val"]["value"], abs=1e-6)
