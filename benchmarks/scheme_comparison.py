@@ -48,17 +48,21 @@ def run_scheme(scheme: str, data: Path, out_root: Path, extra: list[str]) -> dic
            "run_dir": str(run_dir.relative_to(ROOT)) if run_dir.is_relative_to(ROOT) else str(run_dir)}
     if proc.returncode != 0 or not (run_dir / "summary.json").exists():
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        reason = next((line for line in lines if "nas-run: error:" in line), lines[-1] if lines else "?")
-        row.update(status="stopped", reason=reason.replace("nas-run: error:", "").strip())
+        lines = [line for line in lines if "HYDRA_FULL_ERROR" not in line]
+        reason = next((line for line in lines if line.startswith("nas-run: ")), lines[-1] if lines else "?")
+        row.update(status="stopped", reason=reason.removeprefix("nas-run: ").strip())
         return row
     summary = json.loads((run_dir / "summary.json").read_text())
     diag = json.loads((run_dir / "diagnostics" / "summary.json").read_text())
+    # None where a location's weights were not distributions (a linear kernel's negative weights)
     jsd = {loc: diag["locations"][loc]["jsd_mean"] for loc in LOCATIONS
            if "jsd_mean" in diag["locations"].get(loc, {})}
+    notes = {diag["locations"][loc]["note"] for loc in LOCATIONS if diag["locations"].get(loc, {}).get("note")}
     row.update(status="ok", bleu=summary["test"]["test/bleu"], test_ppl=summary["test"]["test/ppl"],
                tokens_per_s=summary["tokens_per_s"], steps=summary["steps"], parameters=summary["parameters"],
-               fit_s=summary["fit_seconds"], jsd=jsd, jsd_mean=sum(jsd.values()) / len(jsd) if jsd else None,
-               bleu_signature=summary.get("bleu_signature"))
+               fit_s=summary["fit_seconds"], jsd=jsd, jsd_mean=sum(jsd.values()) / len(jsd) if jsd and None not in jsd.values() else None,
+               jsd_note="; ".join(sorted(notes)) or None, bleu_signature=summary.get("bleu_signature"),
+               when=time.strftime("%Y-%m-%d %H:%M"))
     return row
 
 
@@ -90,9 +94,13 @@ def write(results: dict) -> None:
             lines.append(f"| {scheme} | stopped: {r['reason']} | - | - | - | - | - | - | - |")
             continue
         j = r["jsd"]
-        cell = lambda k: f"{j[k]:.3f}" if k in j else "-"  # noqa: E731
+        cell = lambda k: "-" if k not in j else "n/a" if j[k] is None else f"{j[k]:.3f}"  # noqa: E731
+        mean = "n/a" if r["jsd_mean"] is None else f"{r['jsd_mean']:.3f}"
         lines.append(f"| {scheme} | ok | {r['bleu']:.2f} | {r['test_ppl']:.2f} | {cell('encoder')} | "
-                     f"{cell('decoder')} | {cell('cross')} | {r['jsd_mean']:.3f} | {r['tokens_per_s']:.0f} |")
+                     f"{cell('decoder')} | {cell('cross')} | {mean} | {r['tokens_per_s']:.0f} |")
+    notes = [f"{s}: {rows[s]['jsd_note']}" for s in results["order"] if rows[s].get("jsd_note")]
+    if notes:
+        lines += ["", "n/a: " + "; ".join(notes) + "."]
     lines += ["", f"CODA's ordering of head diversity, CODA > CODA-CS > RealFormer > Transformer (UNAS), by mean "
               f"JSD: {ordering(rows)}.", ""]
     replace_section(DOCS / "benchmarks.md", SECTION, lines)

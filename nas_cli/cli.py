@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -148,6 +149,9 @@ def _job(cfg: DictConfig):
             _fail("hydra/launcher=joblib runs each job in a worker process that cannot start DDP/FSDP processes; "
                   "use one device per job (trainer.devices=1) or the basic launcher / hydra/launcher=slurm")
         _as_single_run(hc, run_dir)
+    optuna = "optuna" in str(hc.sweeper.get("_target_", ""))
+    if optuna:
+        _check_validates(cfg.trainer)
     if rank_zero_only.rank == 0 and hc.output_subdir is not None:
         saved = run_dir / str(hc.output_subdir)
         redact_files(saved / "config.yaml", saved / "hydra.yaml", saved / "overrides.yaml",
@@ -162,7 +166,20 @@ def _job(cfg: DictConfig):
         return None
     _console().print(summary_table([summary], "nas-run result"))
     value = summary["best_val"]["value"]
+    if optuna and (value is None or math.isnan(value)):  # optuna cannot rank a trial without a value
+        _fail(f"sweep=optuna: the trial in {run_dir} has no {summary['best_val']['metric']} to optimize (no "
+              "validation ran); make it validate at least once (trainer.val_check_interval <= trainer.max_steps)")
     return float("nan") if value is None else float(value)  # what a sweeper (optuna) optimizes
+
+
+def _check_validates(trainer_cfg) -> None:
+    """sweep=optuna optimizes the validation metric: refuse, before training, a trial that
+    would end before its first validation."""
+    steps, every = trainer_cfg.get("max_steps"), trainer_cfg.get("val_check_interval")
+    if (isinstance(steps, int) and steps > 0 and isinstance(every, int) and not isinstance(every, bool)
+            and every > steps):
+        _fail(f"sweep=optuna optimizes the validation metric, but trainer.val_check_interval={every} > "
+              f"trainer.max_steps={steps}: no trial would validate; set trainer.val_check_interval <= {steps}")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

@@ -107,3 +107,26 @@ def test_repro_explained_away_trains_both_schemes_on_the_same_data(tmp_path):
     assert json.loads((tmp_path / "explained_away.json").read_text())["schemes"]["unas"]["n_keys_per_layer"]
     for name in rep["files"][:-1]:
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_signed_weights_of_a_linear_kernel_read_null_with_a_note_not_a_crash(tmp_path):
+    """A linear kernel's weights can be negative (Tsai et al. 2019): JSD and log sum_i pi_ij are
+    undefined for them. The run trains on; the JSON says null and why (it used to crash writing NaN)."""
+    cfg = compose_cfg("debug=fast", "attention=kernel_linear", "logger=csv", "run_test=false", "trainer.max_steps=10")
+    summary = train(cfg, tmp_path, group="t")
+    assert summary["steps"] == 10
+    diag = tmp_path / "diagnostics"
+    latest = json.loads((diag / "latest.json").read_text())  # strict JSON: no NaN
+    final = json.loads((diag / "summary.json").read_text())["locations"]
+    for loc in ("encoder", "decoder", "cross"):
+        assert "negative entries" in final[loc]["note"], loc
+        assert final[loc]["jsd_mean"] is None and latest["locations"][loc]["jsd_mean"] is None, loc
+    metrics = (tmp_path / "csv" / "metrics.csv").read_text()
+    assert "nan" not in metrics.lower()  # nothing undefined logged as a number
+
+
+def test_probability_weights_carry_no_note(tmp_path):
+    cfg = compose_cfg("debug=fast", "attention=unas", "logger=none", "run_test=false", "trainer.max_steps=10")
+    train(cfg, tmp_path, group="t")
+    final = json.loads((tmp_path / "diagnostics" / "summary.json").read_text())["locations"]
+    assert all("note" not in v and v["jsd_mean"] > 0 for v in final.values())

@@ -61,7 +61,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to a temporary file next to ``path``, then rename (readers never see half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=_json_default, allow_nan=False))
+    tmp.write_text(json.dumps(_finite_tree(data), indent=1, default=_json_default, allow_nan=False))
     os.replace(tmp, path)
 
 
@@ -71,6 +71,22 @@ def _json_default(o):
     if isinstance(o, (np.ndarray, torch.Tensor)):
         return _finite_list(o)
     raise TypeError(f"not JSON serializable: {type(o)}")
+
+
+def _finite_tree(data: Any) -> Any:
+    """Non-finite floats anywhere in dicts/lists -> None (JSON has no NaN or infinities)."""
+    if isinstance(data, float):
+        return _finite(data)
+    if isinstance(data, dict):
+        return {k: _finite_tree(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite_tree(v) for v in data]
+    return data
+
+
+#: why a location's JSD / explained-away read null
+SIGNED_NOTE = ("attention weights with negative entries (e.g. attention.kernel=linear): JSD and explained-away "
+               "assume probability distributions over keys and are undefined (null)")
 
 
 def _finite(x) -> float | None:
@@ -114,15 +130,18 @@ def location_scalars(layers: list[dict[str, Any]]) -> dict[str, Any]:
     jsd = [e["jsd_mean"] for e in layers if "jsd_mean" in e]
     ea = [e["explained_away"] for e in layers if "explained_away" in e]
     out: dict[str, Any] = {"layers": len(layers)}
+    if any(e.get("signed_weights") for e in layers):
+        out.update(note=SIGNED_NOTE, jsd_mean=None, explained_away_frac=None, entropy_mean=None, min_margin=None)
+        jsd, ea = [], []
     if jsd:
-        out["jsd_mean"] = float(np.mean(jsd))
-        out["jsd_mean_per_layer"] = [float(v) for v in jsd]
+        out["jsd_mean"] = _finite(np.mean(jsd))
+        out["jsd_mean_per_layer"] = [_finite(v) for v in jsd]
     if ea:
-        frac = [float(np.mean(s.fraction_explained_away)) for s in ea]
-        ent = [float(np.mean(s.entropy)) for s in ea]
+        frac = [_finite(np.mean(s.fraction_explained_away)) for s in ea]
+        ent = [_finite(np.mean(s.entropy)) for s in ea]
         margin = [float(np.min(s.min_margin)) for s in ea]
-        out.update(explained_away_frac=float(np.mean(frac)), explained_away_frac_per_layer=frac,
-                   entropy_mean=float(np.mean(ent)), entropy_per_layer=ent,
+        out.update(explained_away_frac=_mean_or_none(frac), explained_away_frac_per_layer=frac,
+                   entropy_mean=_mean_or_none(ent), entropy_per_layer=ent,
                    min_margin=_finite(min(margin)), min_margin_per_layer=[_finite(m) for m in margin],
                    neg_log_sk=_finite(min(s.neg_log_sk for s in ea)))
     var = [float(np.mean(e["step_variation"])) for e in layers if "step_variation" in e]
@@ -130,6 +149,10 @@ def location_scalars(layers: list[dict[str, Any]]) -> dict[str, Any]:
         out["step_variation"] = float(np.mean(var))
         out["step_variation_per_layer"] = var
     return out
+
+
+def _mean_or_none(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else float(np.mean(values))
 
 
 class DiagnosticsCallback(pl.Callback):
@@ -340,7 +363,7 @@ class DiagnosticsCallback(pl.Callback):
         for loc, layers in results.items():
             entries = []
             for e in layers:
-                entry: dict[str, Any] = {}
+                entry: dict[str, Any] = {"signed_weights": True} if e.get("signed_weights") else {}
                 if "jsd" in e:
                     entry["jsd"] = _finite_list(e["jsd"])
                     entry["jsd_mean"] = e["jsd_mean"]

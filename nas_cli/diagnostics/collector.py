@@ -59,6 +59,7 @@ class AttentionDiagnostics:
     def reset(self) -> None:
         self.jsd: dict[tuple[str, int], JSDAccumulator] = {}
         self.ea: dict[tuple[str, int], ExplainedAwayAccumulator] = {}
+        self.signed: set[tuple[str, int]] = set()  # layers whose weights had negative entries
 
     @torch.no_grad()
     def update(self, attn: Mapping[str, Sequence[Any]], masks: Mapping[str, Masks]) -> None:
@@ -69,6 +70,8 @@ class AttentionDiagnostics:
                 if w is None:
                     raise ValueError(f"{loc} layer {i} returned no weights: call the model with need_weights=True")
                 key = (loc, i)
+                if bool((w < 0).any()):  # e.g. a linear kernel: not a distribution over keys
+                    self.signed.add(key)
                 if self.do_jsd:
                     self.jsd.setdefault(key, JSDAccumulator()).update(w, q_mask, k_mask)
                 if self.do_ea:
@@ -77,11 +80,16 @@ class AttentionDiagnostics:
 
     def compute(self) -> dict[str, list[dict[str, Any]]]:
         """{location: [per layer {"jsd": (H, H) tensor, "jsd_mean": float,
-        "explained_away": ExplainedAwayStats}]} (keys present for what was enabled)."""
+        "explained_away": ExplainedAwayStats}]} (keys present for what was enabled). JSD and
+        explained-away assume probability distributions over keys: a layer that produced a
+        negative weight gets only {"signed_weights": True}."""
         keys = sorted(set(self.jsd) | set(self.ea), key=lambda k: (k[0], k[1]))
         out: dict[str, list[dict[str, Any]]] = {}
         for loc, i in keys:
             entry: dict[str, Any] = {}
+            if (loc, i) in self.signed:  # not distributions: report that, not meaningless numbers
+                out.setdefault(loc, []).append({"signed_weights": True})
+                continue
             if (loc, i) in self.jsd:
                 m = self.jsd[(loc, i)].compute()
                 entry["jsd"] = m
