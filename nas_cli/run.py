@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.utilities import rank_zero_only
-from pytorch_lightning.utilities.exceptions import SIGTERMException
+from pytorch_lightning.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from .attention import SchemeError
 from .errors import Stopped, UserError
@@ -258,6 +258,28 @@ def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     return tcfg
 
 
+def check_trainer(cfg: DictConfig) -> None:
+    """Refuse a trainer configuration Lightning would reject (accelerator not on this machine,
+    unknown precision, negative max_steps, an option Trainer does not have) with one line,
+    before any data, model, W&B run or checkpoint is made: build a throwaway Trainer."""
+    kwargs = _trainer_kwargs(cfg)
+    try:
+        pl.Trainer(**kwargs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False)
+    except TypeError as err:
+        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+        if not unknown:
+            raise
+        raise UserError(f"trainer.{unknown.group(1)} is not an option of Lightning's Trainer; remove it "
+                        "(see conf/trainer/*.yaml for the options nas-run uses)") from None
+    except (MisconfigurationException, ValueError, ModuleNotFoundError, RuntimeError) as err:
+        where = ", ".join(f"trainer.{k}={cfg.trainer.get(k)}" for k in ("accelerator", "devices", "strategy", "precision")
+                          if k in cfg.trainer and not isinstance(cfg.trainer.get(k), DictConfig))
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"Lightning rejects the trainer configuration ({where}): {first}; fix the trainer.* "
+                        "option it names, or pick a trainer preset this machine has (e.g. trainer=cpu)") from None
+
+
 def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -> dict[str, Any] | None:
     """Train and test one job; returns the summary also written to ``run_dir/summary.json``
     (None in the other processes of a multi-process run: only global rank 0 reports).
@@ -269,6 +291,7 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
     # evaluation metrics are gathered over all processes by nas-run itself (scale.gather_eval)
     warnings.filterwarnings("ignore", message=r".*sync_dist=True.*when logging on epoch level")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    check_trainer(cfg)
     identity = {"config": config_fingerprint(cfg), "group": group, "job_type": job_type, "wandb_run_id": None}
     resume = None if (run_dir / "summary.json").exists() else pick_checkpoint(run_dir, _warn)
     if resume is not None:

@@ -75,6 +75,24 @@ def test_bad_input_gives_one_clear_line(tmp_path, args, needle):
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["trainer.max_steps=-5"], "`max_steps` must be a non-negative integer or -1"),
+    (["+trainer.foo=1"], "trainer.foo is not an option of Lightning's Trainer"),
+    (["trainer.precision=fp7"], "trainer.precision=fp7): Precision 'fp7' is invalid"),
+    pytest.param(["trainer=gpu"], "trainer.accelerator=gpu", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="needs a machine without a GPU")),
+])
+def test_bad_trainer_option_refused_before_anything_starts(tmp_path, args, needle):
+    """Lightning's own checks, as one line, before data, model, W&B run or checkpoint."""
+    run = tmp_path / "run"
+    proc = nas_run("debug=fast", *args, f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert needle in lines[-1] and lines[-1].startswith("nas-run: error:")
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (run / "wandb").exists() and not (run / "checkpoints").exists()
+
+
 def test_unknown_group_choice_lists_valid_options(tmp_path):
     proc = nas_run("attention=bogus", cwd=tmp_path)
     assert proc.returncode != 0
