@@ -291,6 +291,17 @@ def write_markdown(path: Path, section: str) -> None:
 # nas-run UNAS / reference, every other scheme / nas-run UNAS, with issue #6's targets.
 
 TRAIN_MD_SECTION = "## End-to-end training (nas-bench train)"
+
+
+def train_variant(device: str, precision: str) -> str:
+    """'' for the CPU float32 setting of the targets, else e.g. 'cpu, bf16-mixed': other settings
+    get their own section of the markdown and their own JSON, so they never replace it."""
+    return "" if (device, precision) == ("cpu", "32-true") else f"{device}, {precision}"
+
+
+def train_md_section(device: str, precision: str) -> str:
+    variant = train_variant(device, precision)
+    return TRAIN_MD_SECTION if not variant else TRAIN_MD_SECTION[:-1] + f", {variant})"
 TRAIN_DEFAULT_SCHEMES = ["unas", "dnas", "hnas"]
 REFERENCE = "reference"
 IMPL_SUFFIXES = ("naive", "efficient", "auto")
@@ -558,7 +569,7 @@ def train_markdown_section(config: dict, results: list[dict]) -> str:
     targets = ", ".join(f"{n} <= {t:.2f} x {'reference' if vs == REFERENCE else vs}"
                         for n, (vs, t) in TRAIN_TARGETS.items())
     lines = [
-        TRAIN_MD_SECTION,
+        train_md_section(config["device"].split(":")[0], config["precision"]),
         "",
         f"Training throughput of whole steps (forward, loss, backward, clipping, Adam, schedule, and the "
         f"loop around them), model `{config['model']}` (d_model {config['d_model']}, {config['heads']} heads, "
@@ -624,6 +635,9 @@ def train_main(args, parser, argv: list[str]) -> int:
         _quiet_lightning()
         results, config = _train_runs(args, cfgs, tgt_lens)
     config["command"] = "nas-bench " + " ".join(argv)
+    if args.out_json is None:
+        variant = train_variant(args.device, args.precision).replace(", ", "_")
+        args.out_json = Path(f"docs/bench_train{'_' + variant if variant else ''}.json")
     args.out_json.parent.mkdir(parents=True, exist_ok=True)
     args.out_json.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
     write_markdown(args.out_md, train_markdown_section(config, results))
@@ -779,7 +793,8 @@ def make_parser() -> argparse.ArgumentParser:
     tr.add_argument("--threads", type=_positive(int), default=None,
                     help="torch CPU threads (default: torch's choice)")
     tr.add_argument("--seed", type=int, default=1)
-    tr.add_argument("--out-json", type=Path, default=Path("docs/bench_train.json"))
+    tr.add_argument("--out-json", type=Path, default=None,
+                    help="default: docs/bench_train.json (CPU, 32-true), else docs/bench_train_<device>_<precision>.json")
     tr.add_argument("--out-md", type=Path, default=Path("docs/benchmarks.md"))
     tr.set_defaults(subparser=tr)
     return parser

@@ -141,6 +141,19 @@ def test_train_bench_rows_ratios_and_markdown(tmp_path):
     assert ratios["reference (torch.nn.Transformer)"] == ("-", "-", "-", "-")
 
 
+def test_train_bench_other_precision_gets_its_own_section(tmp_path):
+    """A bf16-mixed run adds its own section (and JSON) next to the float32 table of the targets."""
+    md_path = tmp_path / "benchmarks.md"
+    md_path.write_text(f"# Benchmarks\n\n{bench.TRAIN_MD_SECTION}\n\nfloat32 table kept\n")
+    data, md = run_train_bench(tmp_path, "--schemes", "dnas", "--precision", "bf16-mixed")
+    assert data["config"]["precision"] == "bf16-mixed" and {r["status"] for r in data["results"]} == {"ok"}
+    assert "float32 table kept" in md
+    assert bench.train_md_section("cpu", "bf16-mixed") == "## End-to-end training (nas-bench train, cpu, bf16-mixed)"
+    assert md.index(bench.TRAIN_MD_SECTION + "\n") < md.index("## End-to-end training (nas-bench train, cpu, bf16-mixed)")
+    assert "bf16-mixed on" in md
+    assert bench.train_md_section("cpu", "32-true") == bench.TRAIN_MD_SECTION
+
+
 def test_train_targets_apply_only_to_the_issue_setting():
     """met = yes/no only for CPU, model base, lengths 64-128; the ratio decides."""
     rows = [{"src_len": s, "tgt_len": s, "loop": loop, "status": "ok", "tokens_per_s": tps}
