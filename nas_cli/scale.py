@@ -35,11 +35,17 @@ class EpochBatches(Sampler[list[int]]):
     replaced by a permutation seeded with ``(seed, epoch)``; any other sampler (e.g. the
     token-budget ``TokenBatchSampler``) keeps its batches and gets ``set_epoch(epoch)``.
     ``even``: drop the last ``len % world`` batches so every process steps equally often (DDP
-    training); otherwise (evaluation) process ``r`` gets batches ``r, r + world, ...``."""
+    training); otherwise (evaluation) process ``r`` gets batches ``r, r + world, ...``.
+
+    Lightning tells a loader the epoch by calling ``set_epoch`` on ``loader.sampler`` and on
+    ``loader.batch_sampler.sampler`` only, never on the batch sampler itself. ``self.sampler``
+    is therefore a small forwarder (:class:`_EpochHook`): without it every epoch would replay
+    epoch 0's order (the bug fixed in issue #17)."""
 
     def __init__(self, base: Any, seed: int, rank: int = 0, world: int = 1, even: bool = False):
         self.base, self.seed, self.rank, self.world, self.even = base, int(seed), int(rank), max(1, int(world)), even
         self.epoch = 0
+        self.sampler = _EpochHook(self)
         self._resume: tuple[int, int] | None = None
         self._cache: tuple[int, list[list[int]]] | None = None
 
@@ -86,6 +92,16 @@ class EpochBatches(Sampler[list[int]]):
         skip = self._resume[1] if self._resume is not None and self._resume[0] == epoch else 0
         self._resume = None
         yield from self.batches(epoch)[skip:]
+
+
+class _EpochHook:
+    """What Lightning finds at ``loader.batch_sampler.sampler``: passes ``set_epoch`` on."""
+
+    def __init__(self, owner: EpochBatches):
+        self.owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self.owner.set_epoch(epoch)
 
 
 class ResumableLoader(DataLoader):

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 import yaml
 from hydra import compose, initialize_config_dir
@@ -20,7 +21,9 @@ import nas_cli.cli  # noqa: F401  (registers the nas.* resolvers)
 from nas_cli.diagnostics.callback import DiagnosticsCallback, location_scalars
 from nas_cli.registry import CONF_DIR
 from nas_cli.resume import _state
+from datafiles import write_lm, write_parallel
 from nas_cli.run import build_module, build_task
+from nas_cli.scale import shard_and_resume
 from nas_cli.wandb_offline import read_run
 from test_cli import NAS_RUN, nas_run
 
@@ -289,3 +292,96 @@ def test_secrets_never_reach_files(tmp_path):
         data = p.read_bytes()
         assert secret.encode() not in data, p
         assert env_key["WANDB_API_KEY"].encode() not in data, p
+
+
+# ---- data order: every epoch a new one, a function of (seed, epoch) ------------------------------
+class _RecordBatches(pl.Callback):
+    def __init__(self):
+        self.seen: dict[int, list[bytes]] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        key = batch["src"] if "src" in batch else batch["ids"]
+        self.seen.setdefault(trainer.current_epoch, []).append(key.numpy().tobytes())
+
+
+def _epoch_task_overrides(kind: str, tmp_path: Path) -> list[str]:
+    if kind == "translation":
+        return ["task=iwslt14", f"task.path={write_parallel(tmp_path / 'mt', n=(200, 20, 20))}",
+                "task.vocab_size=120", "task.max_tokens=256", "task.num_workers=0"]
+    if kind == "lm":
+        return ["task=wikitext2", f"task.path={write_lm(tmp_path / 'lm', n=(200, 20, 20))}",
+                "task.tokens_per_sample=32", "task.context_window=24", "task.batch_size=8"]
+    return ["task.train_size=320", "task.batch_size=32"]
+
+
+@pytest.mark.parametrize("kind", ["synthetic", "translation", "lm"])
+def test_every_epoch_sees_a_new_data_order_set_by_seed_and_epoch(tmp_path, kind):
+    """Lightning's set_epoch must reach nas-run's batch sampler (it once replayed epoch 0 forever)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[*_epoch_task_overrides(kind, tmp_path), "model=tiny", "seed=3"])
+    task = build_task(cfg)
+    shard_and_resume(task, int(cfg.seed))
+    module = build_module(cfg, task)
+    record = _RecordBatches()
+    trainer = pl.Trainer(max_epochs=3, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[record],
+                         use_distributed_sampler=False, accelerator="cpu")
+    trainer.fit(module, datamodule=task)
+    assert sorted(record.seen) == [0, 1, 2]
+    orders = [record.seen[e] for e in range(3)]
+    assert all(len(o) > 2 for o in orders)
+    assert orders[0] != orders[1] and orders[1] != orders[2] and orders[0] != orders[2]
+    assert len(orders[0]) == len(orders[1]) == len(orders[2])
+    # a function of (seed, epoch): a fresh loader asked for epoch 2 gives epoch 2's batches
+    loader = task.train_dataloader()
+    loader.batch_sampler.sampler.set_epoch(2)  # as Lightning does
+    again = [(b["src"] if "src" in b else b["ids"]).numpy().tobytes() for b in loader]
+    assert again == orders[2]
+
+
+def _cli_task_overrides(kind: str, tmp_path: Path) -> list[str]:
+    if kind == "synthetic":
+        return ["task.train_size=320", "task.batch_size=32", "task.val_size=64", "task.test_size=64"]
+    return _epoch_task_overrides(kind, tmp_path)
+
+
+def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+@pytest.mark.parametrize("kind", ["synthetic", "translation", "lm"])
+def test_sigkill_in_a_later_epoch_then_resume_gives_bit_identical_weights(tmp_path, kind):
+    args = (*TINY, *_cli_task_overrides(kind, tmp_path), "trainer.deterministic=true", "logger=csv",
+            "trainer.max_steps=150", "trainer.max_epochs=-1", "trainer.val_check_interval=null",
+            "trainer.check_val_every_n_epoch=1", "checkpoint.last_every_n_steps=3", "seed=5")
+    ref = nas_run(*args, f"hydra.run.dir={tmp_path / 'ref'}", cwd=tmp_path, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    run = tmp_path / "killed"
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    proc = subprocess.Popen([NAS_RUN, *args, f"hydra.run.dir={run}"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    last, end = run / "checkpoints" / "last.ckpt", time.time() + 300
+    while True:  # kill as soon as a checkpoint from epoch >= 1 exists
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.time() < end, "no checkpoint from epoch >= 1 appeared"
+        if last.exists():
+            try:
+                if torch.load(last, weights_only=True)["epoch"] >= 1:
+                    break
+            except Exception:  # noqa: BLE001 - replaced while reading
+                pass
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed = torch.load(last, weights_only=True)
+    assert not (run / "summary.json").exists() and killed["epoch"] >= 1 and killed["global_step"] < 150
+
+    res = nas_run(f"resume={run}", cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    expected, got = _final_weights(tmp_path / "ref"), _final_weights(run)
+    assert expected.keys() == got.keys()
+    different = [k for k in expected if not torch.equal(expected[k], got[k])]
+    assert not different, different[:5]
+    assert (json.loads((run / "summary.json").read_text())["test"]
+            == json.loads((tmp_path / "ref" / "summary.json").read_text())["test"])
