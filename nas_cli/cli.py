@@ -22,6 +22,7 @@ from rich.table import Table
 
 from .errors import Stopped, UserError
 from .registry import CONF_DIR, tag_from_placement
+from .rundir import CONTINUE_ENV, continuing
 
 
 def scheme_tag_from_names(encoder: str, decoder: str, cross: str) -> str:
@@ -68,9 +69,11 @@ def _fmt(x, digits=2):
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
-def summary_table(summaries: list[dict], title: str) -> Table:
-    table = Table(title=title, caption="\n".join(f"run files: {s['run_dir']}" for s in summaries),
-                  caption_justify="left")
+def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, dict]] = ()) -> Table:
+    lines = [f"run files: {s['run_dir']}" for s in summaries]
+    lines += [f"failed: {d}: {f.get('reason', '?')}" for d, f in failed]
+    lines += [s["tested"]["line"] for s in summaries if len(summaries) == 1 and s.get("tested")]
+    table = Table(title=title, caption="\n".join(lines), caption_justify="left")
     for col in ("task", "scheme", "heads", "params", "exact match", "BLEU", "test ppl", "tokens/s"):
         table.add_column(col, no_wrap=True)
     for s in summaries:
@@ -79,6 +82,8 @@ def summary_table(summaries: list[dict], title: str) -> Table:
         table.add_row(s["task"], s["scheme"], str(s["heads"]), _fmt(s["parameters"]),
                       "-" if em is None else f"{100 * em:.1f}%", _fmt(test.get("test/bleu")),
                       _fmt(test.get("test/ppl"), 3), _fmt(s.get("tokens_per_s"), 0))
+    for d, _ in failed:
+        table.add_row(d.name, "[bold red]failed[/]", *["-"] * 6)
     return table
 
 
@@ -88,14 +93,24 @@ def _console() -> Console:
 
 
 class SweepSummary(Callback):
-    """Hydra callback: after a multirun, print one table comparing every job."""
+    """Hydra callback: after a multirun, print one table comparing every job, failed jobs
+    included (with their one-line reason); exit non-zero if any job failed."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from .rundir import read_failed, release
+
         root = Path(config.hydra.sweep.dir)
         rows = [json.loads(p.read_text()) for p in sorted(root.glob("*/summary.json"))]
+        failed = [(p.parent, read_failed(p.parent)) for p in sorted(root.glob("*/failed.json"))]
+        failed = [(d, f) for d, f in failed if f and not (d / "summary.json").is_file()]
+        release(root)
         if rows:
             rows.sort(key=lambda s: (s["task"], s["scheme"], s["heads"]))
-            _console().print(summary_table(rows, f"nas-run sweep {root}"))
+        if rows or failed:
+            _console().print(summary_table(rows, f"nas-run sweep {root}", failed))
+        if failed:
+            _fail(f"{len(failed)} of {len(rows) + len(failed)} jobs failed (marked 'failed' above, reasons in "
+                  f"their failed.json)", code=1)
 
 
 def _fail(message: str, code: int = 2, kind: str = "error", color: str = "red"):
@@ -103,21 +118,39 @@ def _fail(message: str, code: int = 2, kind: str = "error", color: str = "red"):
     sys.exit(code)
 
 
-def _refuse_finished(path: Path, what: str) -> None:
-    if (path / "summary.json").is_file() or any(path.glob("*/summary.json")):
-        _fail(f"{path} already holds a finished {what} (summary.json); nothing was overwritten: "
-              f"choose another {'hydra.sweep.dir' if what == 'sweep' else 'hydra.run.dir'}")
-
-
 class RunGuard(Callback):
-    """Hydra callback: never start in a directory that holds a finished run or sweep (checked
-    before Hydra writes anything there). Default directories are timestamped to the microsecond."""
+    """Hydra callback, before Hydra writes anything: check the composed options (one line per
+    problem), never start in a directory that holds a finished run or sweep, and own the
+    directory (a lock: a second process in the same directory is refused)."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        _refuse_finished(Path(str(config.hydra.run.dir)), "run")
+        from .checks import check_config
+        from .rundir import acquire
+
+        run_dir = Path(str(config.hydra.run.dir))
+        try:
+            check_config(config)
+            if (run_dir / "summary.json").is_file() and not continuing(run_dir):
+                raise UserError(f"{run_dir} already holds a finished run (summary.json); nothing was overwritten: "
+                                "choose another hydra.run.dir, or train it longer with nas-run resume=<dir> "
+                                "trainer.max_steps=<more>")
+            acquire(run_dir)
+        except UserError as err:
+            _fail(str(err))
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        _refuse_finished(Path(str(config.hydra.sweep.dir)), "sweep")
+        from .checks import check_config
+        from .rundir import acquire
+
+        root = Path(str(config.hydra.sweep.dir))
+        try:
+            check_config(config)
+            if any(root.glob("*/summary.json")):
+                raise UserError(f"{root} already holds a finished sweep (summary.json); nothing was overwritten: "
+                                "choose another hydra.sweep.dir")
+            acquire(root, "sweep")
+        except UserError as err:
+            _fail(str(err))
 
 
 def _spawns_processes(trainer_cfg) -> bool:
@@ -138,7 +171,9 @@ def _as_single_run(hc, run_dir: Path) -> None:
 def _job(cfg: DictConfig):
     from pytorch_lightning.utilities import rank_zero_only
 
+    from .checks import check_config
     from .run import redact_files, train  # heavy imports after Hydra has parsed the command line
+    from .rundir import acquire, clear_failed, mark_failed, release
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
@@ -157,11 +192,24 @@ def _job(cfg: DictConfig):
         redact_files(saved / "config.yaml", saved / "hydra.yaml", saved / "overrides.yaml",
                      *([Path(hc.sweep.dir) / "multirun.yaml"] if multirun else []))
     try:
+        acquire(run_dir)  # a single run took it before Hydra wrote anything (RunGuard); a sweep job here
+        if continuing(run_dir):
+            record_resume(run_dir, list(hc.overrides.task))
+        clear_failed(run_dir)
+        check_config(cfg)  # again: a sweep's own values (model.heads=four,8) are only known per job
         summary = train(cfg, run_dir, group, job_type="sweep" if multirun else "train")
     except UserError as err:
+        mark_failed(run_dir, str(err))
+        release(run_dir)
+        if multirun:  # the other jobs still run; the sweep's table marks this one failed and the exit is non-zero
+            Console(stderr=True).print(f"[bold red]nas-run: job failed:[/] {run_dir.name}: {err}", highlight=False,
+                                       soft_wrap=True)
+            return float("nan")
         _fail(str(err))
     except Stopped as stop:
+        release(run_dir)
         _fail(str(stop), stop.code, kind="stopped", color="yellow")
+    release(run_dir)
     if summary is None:  # another process of a multi-process run: rank 0 reports
         return None
     _console().print(summary_table([summary], "nas-run result"))
@@ -187,6 +235,25 @@ def _hydra_entry(cfg: DictConfig):
     return _job(cfg)
 
 
+def record_resume(run_dir: Path, overrides: list[str]) -> None:
+    """Append the overrides given with ``resume=`` (secrets masked) to ``.hydra/resumes.yaml``."""
+    import time
+
+    import yaml
+
+    from .run import redact
+    from .rundir import atomic_write_text
+
+    path = run_dir / ".hydra" / "resumes.yaml"
+    try:
+        done = yaml.safe_load(path.read_text()) if path.is_file() else []
+    except (OSError, yaml.YAMLError):
+        done = []
+    done = (done if isinstance(done, list) else []) + [
+        {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "overrides": [redact(o) for o in overrides]}]
+    atomic_write_text(path, yaml.safe_dump(done, sort_keys=False))
+
+
 def resume_argv(argv: list[str]) -> list[str]:
     """``nas-run resume=<run dir> [key=value ...]`` -> Hydra arguments that run that directory's
     saved config again, in that directory (nothing new is created; Hydra writes no new .hydra/).
@@ -200,7 +267,8 @@ def resume_argv(argv: list[str]) -> list[str]:
     from .resume import check_resumable
 
     run_dir = Path(dirs[0]).expanduser().resolve()
-    check_resumable(run_dir)
+    check_resumable(run_dir, rest)
+    os.environ[CONTINUE_ENV] = str(run_dir)
     quoted = str(run_dir).replace("\\", "\\\\").replace("'", "\\'")
     return ["--config-path", str(run_dir / ".hydra"), "--config-name", "config", *rest,
             f"hydra.run.dir='{quoted}'", "hydra.output_subdir=null"]

@@ -15,3 +15,11 @@ class Stopped(Exception):
     def __init__(self, message: str, code: int):
         super().__init__(message)
         self.code = code
+
+
+class SignalStop(Exception):
+    """A stop signal (SIGTERM/SIGUSR1/SIGUSR2) arrived outside training; ``run.train`` turns it into :class:`Stopped`."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = int(signum)

@@ -46,6 +46,23 @@ def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
     return {k: (v / len(paths)).to(torch.float32) if v.is_floating_point() else v for k, v in total.items()}
 
 
+def check_fingerprints(cfg, paths: list[Path]) -> None:
+    """Refuse checkpoints made with another model/attention/task/seed than the config rebuilt here
+    (a run directory whose config was replaced, or ``--ckpt`` from another run)."""
+    from .resume import _state, config_fingerprint, load_safe
+
+    want = config_fingerprint(cfg)
+    for p in paths:
+        try:
+            got = _state(load_safe(p)).get("config")
+        except Exception:  # noqa: BLE001 - unreadable: average_checkpoints says so
+            continue
+        if got and got != want:
+            raise UserError(f"checkpoint {p} was trained with another configuration than this run's "
+                            ".hydra/config.yaml (with --set) describes (model, attention, task or seed differ); "
+                            "evaluate it from its own run directory")
+
+
 def periodic_checkpoints(run_dir: Path) -> list[Path]:
     """Periodic checkpoints ``step<N>.ckpt`` of a run, oldest first."""
     found = sorted((run_dir / "checkpoints").glob("step*.ckpt"), key=lambda p: int("".join(filter(str.isdigit, p.stem))))
@@ -105,6 +122,7 @@ def evaluate(args) -> dict:
     for p in ckpts:
         if not Path(p).is_file():
             raise UserError(f"checkpoint {p} not found")
+    check_fingerprints(cfg, [Path(p) for p in ckpts])
     task = build_task(cfg)
     if args.beam is not None or args.lenpen is not None:
         if not hasattr(task, "decoding"):

@@ -10,12 +10,19 @@
 * Stopping cleanly: SIGTERM, SIGUSR1 and SIGUSR2 are noted and acted on at the next batch
   boundary (all processes together): ``last.ckpt`` is written, a handler that was there before
   (Lightning's or submitit's SLURM requeue) is called, and training stops with
-  :class:`Preempted`. ``last.ckpt`` is also refreshed every ``every`` optimizer steps.
+  :class:`Preempted`. ``last.ckpt`` is also refreshed every ``every`` optimizer steps and after
+  every validation, so a SIGKILL costs at most ``every`` steps. :class:`FaultTolerance` alone
+  writes ``last.ckpt``: Lightning's ``ModelCheckpoint(save_last=True)`` refreshes it only after a
+  validation that improved the best checkpoint.
+* A run directory can be copied or moved: :class:`RunCheckpoint` maps the checkpoint paths it
+  restores (``best_model_path`` and friends, saved as absolute paths by Lightning) into the
+  directory the run is in now.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import signal
 import threading
@@ -25,9 +32,10 @@ from typing import Any, Callable
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from .errors import UserError
+from .errors import SignalStop, UserError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 CHAINED = (signal.SIGUSR1, signal.SIGUSR2)  # their earlier handlers requeue SLURM jobs; SIGTERM's only notify
@@ -62,9 +70,9 @@ def pick_checkpoint(run_dir: Path, warn: Callable[[str], None]) -> tuple[Path, d
             if "state_dict" not in ckpt or "loops" not in ckpt:
                 raise ValueError("not a full training checkpoint")
         except Exception as err:  # noqa: BLE001 - truncated, corrupt or foreign: fall back to an older one
-            warn(f"checkpoint {path} is unreadable ({_first_line(err)}); trying an older one")
+            warn(f"checkpoint {path} is unreadable ({_reason(err)}); trying an older one")
             continue
-        return path, _state(ckpt)
+        return path, {**_state(ckpt), "global_step": int(ckpt.get("global_step", 0))}
     if found:
         raise UserError(f"no readable checkpoint in {run_dir} ({len(found)} found; none loads with "
                         "torch.load(weights_only=True)); start the run again in a new directory")
@@ -78,22 +86,73 @@ def _state(ckpt: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def _reason(err: BaseException) -> str:
+    """Why a checkpoint was not loaded, in a few words (the safe loader's own message is a page)."""
+    import pickle
+
+    if isinstance(err, pickle.UnpicklingError) or "weights_only" in str(err) or "Weights only" in str(err):
+        return "refused by the safe loader: it holds objects other than tensors and plain containers"
+    if isinstance(err, (EOFError, RuntimeError)) and ("zip" in str(err).lower() or "EOF" in str(err)
+                                                      or isinstance(err, EOFError)):
+        return "truncated or not a checkpoint file"
+    text = _first_line(err)
+    return text if len(text) <= 160 else text[:157].rsplit(" ", 1)[0] + " ..."
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0][:200] if text else type(err).__name__
 
 
-def check_resumable(run_dir: Path) -> None:
-    """``nas-run resume=<dir>``: refuse (one line, nothing written) what cannot be continued."""
+def _override(overrides, key: str) -> str | None:
+    for o in overrides or ():
+        k, _, v = str(o).lstrip("+~").partition("=")
+        if k == key:
+            return v
+    return None
+
+
+def check_resumable(run_dir: Path, overrides=()) -> None:
+    """``nas-run resume=<dir> [overrides]``: refuse (one line, nothing written) what cannot be
+    continued. A finished run is continued only to train it longer (``trainer.max_steps`` above
+    the steps it has done)."""
     if not run_dir.is_dir():
         raise UserError(f"resume={run_dir}: no such run directory")
     if not (run_dir / ".hydra" / "config.yaml").is_file():
         raise UserError(f"resume={run_dir}: not a nas-run run directory (no .hydra/config.yaml)")
-    if (run_dir / "summary.json").is_file():
-        raise UserError(f"resume={run_dir}: that run is complete (summary.json exists); nothing to resume")
     if not checkpoint_files(run_dir):
         raise UserError(f"resume={run_dir}: no checkpoint to continue from (checkpoints/last.ckpt); the run "
                         "stopped before its first one: start it again")
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        try:
+            done = int(json.loads(summary.read_text())["steps"])
+        except (OSError, ValueError, KeyError, TypeError):
+            done = None
+        wanted = _override(overrides, "trainer.max_steps")
+        try:
+            more = wanted is not None and done is not None and int(wanted) > done
+        except ValueError:
+            more = False
+        if not more:
+            raise UserError(f"resume={run_dir}: that run is complete ({done} steps, summary.json); to train it "
+                            f"longer pass trainer.max_steps=<more than {done}>"
+                            + (f" (got trainer.max_steps={wanted})" if wanted is not None else ""))
+
+
+def continue_finished(run_dir: Path) -> Path | None:
+    """A finished run trained longer: its summary.json is kept as ``summary.step<N>.json``
+    (the continued run writes a new summary.json when it finishes). Returns the kept file."""
+    summary = run_dir / "summary.json"
+    if not summary.is_file():
+        return None
+    try:
+        steps = int(json.loads(summary.read_text()).get("steps", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        steps = 0
+    kept = run_dir / f"summary.step{steps}.json"
+    os.replace(summary, kept)
+    return kept
 
 
 def config_fingerprint(cfg) -> str:
@@ -130,6 +189,34 @@ def set_rng_states(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class RunCheckpoint(ModelCheckpoint):
+    """``best.ckpt`` as Lightning keeps it, but restored paths follow the run directory: a run
+    copied or moved elsewhere and resumed tests its own ``best.ckpt``, not the original's."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        old, new = state_dict.get("dirpath"), self.dirpath
+        if old and new and os.path.normpath(old) != os.path.normpath(new):
+            state_dict = relocate_paths(state_dict, old, new)
+        super().load_state_dict(state_dict)
+
+
+def relocate_paths(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """ModelCheckpoint state with every path under ``old`` re-rooted under ``new``."""
+    def move(path: Any) -> Any:
+        if not isinstance(path, str) or not path:
+            return path
+        rel = os.path.relpath(path, old)
+        return path if rel.startswith("..") else os.path.join(new, rel)
+
+    out = dict(state, dirpath=new)
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in out:
+            out[key] = move(out[key])
+    if isinstance(out.get("best_k_models"), dict):
+        out["best_k_models"] = {move(k): v for k, v in out["best_k_models"].items()}
+    return out
+
+
 class FaultTolerance(pl.Callback):
     """Periodic ``last.ckpt``, the extra checkpoint state, and stopping on signals (module docstring).
 
@@ -157,7 +244,9 @@ class FaultTolerance(pl.Callback):
 
     def on_validation_end(self, trainer, pl_module):
         if not trainer.sanity_checking:
-            self._due = False  # ModelCheckpoint(save_last=True) has just written last.ckpt
+            # saved at the next batch start (or at the end of training), after ModelCheckpoint has
+            # recorded this validation's best: nothing else refreshes last.ckpt after a validation
+            self._due = True
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         loop = trainer.fit_loop.epoch_loop
@@ -173,7 +262,10 @@ class FaultTolerance(pl.Callback):
             self._restore_handlers()
             previous = self._previous.get(signum)
             if signum in CHAINED and callable(previous) and self.pending is not None:
-                previous(signum, None)  # e.g. requeue this SLURM job; may exit the process itself
+                try:
+                    previous(signum, None)  # e.g. requeue this SLURM job; may exit the process itself
+                except SignalStop:
+                    pass  # nas-run's own handler outside training (run.stop_signals): stop as below
             raise Preempted(signum)
         if self._due:
             self._save(trainer)

@@ -5,10 +5,12 @@ Called by the Hydra entry point in :mod:`nas_cli.cli` once per job (also in mult
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import string
 import sys
@@ -22,17 +24,20 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
+from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from .attention import SchemeError
-from .errors import Stopped, UserError
+from .errors import SignalStop, Stopped, UserError
 from .lit import NasLitModule
 from .registry import placement, scheme_tag
-from .resume import FaultTolerance, Preempted, config_fingerprint, pick_checkpoint
+from .resume import (CHAINED, STOP_SIGNALS, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint,
+                     continue_finished, pick_checkpoint)
+from .rundir import atomic_write_json, atomic_write_text, continuing
 from .scale import StepSeed, shard_and_resume
+from .schedule import ValidateAtEnd
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -45,13 +50,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         checkpoint = _xla_to_cpu(checkpoint)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: two writers never share it
         try:
             with open(tmp, "wb") as f:
                 torch.save(checkpoint, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+        except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+            code = _space_errno(err, path.parent, checkpoint)
+            if code is None:
+                raise
+            free = shutil.disk_usage(path.parent).free
+            raise UserError(f"cannot write checkpoint {path}: {os.strerror(code)} ({free / 2**20:,.0f} MiB free "
+                            f"on that disk); the previous checkpoint is intact: free some space, then continue "
+                            f"with nas-run resume={path.parent.parent}") from None
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -59,6 +72,27 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # always the restricted unpickler: checkpoints hold tensors and plain containers only
         return super().load_checkpoint(path, map_location=map_location or (lambda storage, loc: storage),
                                        weights_only=True)
+
+
+def _space_errno(err: BaseException, folder: Path, checkpoint) -> int | None:
+    """ENOSPC / EDQUOT / EFBIG if ``err`` means the checkpoint did not fit, else None. torch.save
+    hides the errno in a RuntimeError: then compare the checkpoint's size with the free space
+    and the process's file-size limit."""
+    code = getattr(err, "errno", None)
+    if code is not None:
+        return code if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else None
+    import io
+    import resource
+
+    buf = io.BytesIO()
+    torch.save(checkpoint, buf)
+    size = buf.tell()
+    if size >= shutil.disk_usage(folder).free:
+        return errno.ENOSPC
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if soft != resource.RLIM_INFINITY and size > soft:
+        return errno.EFBIG
+    return None
 
 
 def _xla_to_cpu(data):
@@ -189,18 +223,64 @@ def is_secret(key: str) -> bool:
     return bool(SECRET_PARTS.intersection(re.split(r"[^a-z0-9]+", last.lstrip("+~"))))
 
 
-_OVERRIDE = re.compile(r"([+~]{0,2}[\w.@/-]+)=([^,\s]*)")
+_KEY = re.compile(r"([+~]{0,2}[A-Za-z_][\w.@/-]*)\s*([=:])\s*")
+
+
+def _value_end(text: str, j: int) -> int:
+    """End of the value that starts at ``text[j]``: a quoted string, a {...} or [...] (nested,
+    quotes respected), or a plain token up to ``,``, ``}``, ``]`` or white space."""
+    n = len(text)
+    if j < n and text[j] in "\"'":
+        quote, k = text[j], j + 1
+        while k < n and text[k] != quote:
+            k += 2 if text[k] == "\\" else 1
+        return min(k + 1, n)
+    if j < n and text[j] in "{[":
+        depth, k = 0, j
+        while k < n:
+            c = text[k]
+            if c in "\"'":
+                k = _value_end(text, k)
+                continue
+            depth += c in "{["
+            depth -= c in "}]"
+            k += 1
+            if depth == 0:
+                return k
+        return n
+    k = j
+    while k < n and text[k] not in ",}] \t\n":
+        k += 1
+    return k
+
+
+def _redact_text(text: str) -> str:
+    """``key=value`` and ``key: value`` pairs of secret keys masked, at any depth of an override
+    (``+logger.auth={token:abc}``, ``+logger.api_key="a b"``, ``+keys=[a,b]``)."""
+    out, i = [], 0
+    while True:
+        m = _KEY.search(text, i)
+        if m is None:
+            out.append(text[i:])
+            return "".join(out)
+        out.append(text[i:m.start()])
+        if is_secret(m.group(1)):
+            out.append(f"{m.group(1)}{m.group(2)}***")
+            i = _value_end(text, m.end())
+        else:  # keep the key; keep scanning inside its value (nested dicts)
+            out.append(text[m.start():m.end()])
+            i = m.end()
 
 
 def redact(node):
-    """A config tree (dict/list/str) with secret keys dropped and ``key=value`` overrides of
-    secret keys in strings (Hydra's override lists) masked as ``key=***``."""
+    """A config tree (dict/list/str) with secret keys dropped at any depth and secret values in
+    strings (Hydra's override lists, recorded command lines) masked as ``key=***``."""
     if isinstance(node, dict):
         return {k: redact(v) for k, v in node.items() if not is_secret(k)}
-    if isinstance(node, list):
+    if isinstance(node, (list, tuple)):
         return [redact(v) for v in node]
     if isinstance(node, str):
-        return _OVERRIDE.sub(lambda m: f"{m.group(1)}=***" if is_secret(m.group(1)) else m.group(0), node)
+        return _redact_text(node)
     return node
 
 
@@ -286,24 +366,49 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
 
     A run directory that holds checkpoints but no ``summary.json`` (a preempted, killed or
     requeued run, or ``nas-run resume=<dir>``) is continued from its newest readable checkpoint,
-    in the same W&B run."""
+    in the same W&B run; ``nas-run resume=<finished run> trainer.max_steps=<more>`` trains a
+    finished run longer (its earlier summary is kept as ``summary.step<N>.json``).
+
+    SIGTERM, SIGUSR1 and SIGUSR2 stop the job with one line at any moment: during training
+    after saving ``last.ckpt`` (:class:`~nas_cli.resume.FaultTolerance`), before or after it
+    (startup, final test) at once, with the same resume hint."""
+    phase = {"name": "startup", "trainer": None}
+    try:
+        with stop_signals():
+            return _train(cfg, run_dir, group, job_type, phase)
+    except SignalStop as stop:
+        name = signal.Signals(stop.signum).name
+        trainer = phase["trainer"]
+        at = f" at step {trainer.global_step}" if trainer is not None else ""
+        raise Stopped(f"{name} during {phase['name']}{at} (no summary.json); continue with: nas-run resume={run_dir}",
+                      128 + stop.signum) from None
+
+
+def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dict) -> dict[str, Any] | None:
     run_dir.mkdir(parents=True, exist_ok=True)
     # evaluation metrics are gathered over all processes by nas-run itself (scale.gather_eval)
     warnings.filterwarnings("ignore", message=r".*sync_dist=True.*when logging on epoch level")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     check_trainer(cfg)
-    identity = {"config": config_fingerprint(cfg), "group": group, "job_type": job_type, "wandb_run_id": None}
-    resume = None if (run_dir / "summary.json").exists() else pick_checkpoint(run_dir, _warn)
+    identity = {"config": config_fingerprint(cfg), "group": group, "job_type": job_type,
+                "wandb_run_id": _saved_wandb_id(run_dir)}  # a run killed before its first checkpoint
+    continued = continuing(run_dir) and (run_dir / "summary.json").is_file()
+    resume = pick_checkpoint(run_dir, _warn) if continued or not (run_dir / "summary.json").exists() else None
     if resume is not None:
         state = resume[1]
         if state.get("config", identity["config"]) != identity["config"]:
             raise UserError(f"{run_dir} holds a checkpoint of a different configuration (model, attention, task or "
                             "seed differ); continue it with nas-run resume=<dir>, or use a new hydra.run.dir")
+        done, limit = int(state.get("global_step", 0)), int(cfg.trainer.max_steps)
+        if 0 < limit < done:
+            raise UserError(f"trainer.max_steps={limit} is below the {done} steps this run has already trained "
+                            f"(checkpoint {resume[0].name}); pass trainer.max_steps >= {done}")
         identity.update({k: state[k] for k in ("group", "job_type", "wandb_run_id") if state.get(k)})
-        if rank_zero_only.rank == 0:  # what a killed process was writing when it died
+        if rank_zero_only.rank == 0:  # what a killed process was writing when it died (the directory is ours)
             for tmp in (run_dir / "checkpoints").glob("*.tmp"):
                 tmp.unlink(missing_ok=True)
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    kept = continue_finished(run_dir) if continued and rank_zero_only.rank == 0 else None
     task = build_task(cfg)
     shard_and_resume(task, int(cfg.seed))
     module = build_module(cfg, task)
@@ -311,14 +416,16 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
     logger = make_logger(cfg, run_dir, identity["group"], identity["job_type"], identity["wandb_run_id"])
     if cfg.logger.kind == "wandb":
         identity["wandb_run_id"] = logger._wandb_init["id"]
+        if rank_zero_only.rank == 0:
+            atomic_write_text(run_dir / WANDB_ID_FILE, identity["wandb_run_id"])
         with redacted_argv():
             _ = logger.experiment  # W&B starts here (rank 0 only), recording a redacted command line
 
     ckpt_dir = run_dir / "checkpoints"
-    ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=task.monitor,
-                           mode=task.monitor_mode, save_last=True, save_top_k=1, enable_version_counter=False)
+    ckpt = RunCheckpoint(dirpath=ckpt_dir, filename="best", monitor=task.monitor, mode=task.monitor_mode,
+                         save_last=False, save_top_k=1, enable_version_counter=False)  # last.ckpt: FaultTolerance
     fault = FaultTolerance(ckpt_dir / "last.ckpt", int(cfg.checkpoint.get("last_every_n_steps", 0) or 0), identity)
-    callbacks = [ckpt, fault, StepSeed(int(cfg.seed))]
+    callbacks = [ckpt, fault, StepSeed(int(cfg.seed)), ValidateAtEnd()]  # FaultTolerance: signals in training
     if cfg.checkpoint.every_n_steps and cfg.checkpoint.every_n_steps > 0:
         callbacks.append(PeriodicCheckpoint(ckpt_dir, int(cfg.checkpoint.every_n_steps), int(cfg.checkpoint.keep_last)))
     if cfg.diagnostics.enabled:
@@ -332,6 +439,7 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
                          default_root_dir=str(run_dir), enable_progress_bar=bool(cfg.progress_bar),
                          enable_model_summary=False)
     start = time.perf_counter()
+    phase.update(name="training", trainer=trainer)
     try:
         trainer.fit(module, datamodule=task, ckpt_path=str(resume[0]) if resume else None, weights_only=True)
     except SIGTERMException as stop:
@@ -348,6 +456,8 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
     # tokens of all processes (a collective: every process runs it)
     train_tokens = float(trainer.strategy.reduce(torch.tensor(float(module.train_tokens)), reduce_op="sum"))
     best = ckpt.best_model_path or None
+    tested = tested_checkpoint(best, run_dir, task.monitor, _float(ckpt.best_model_score), int(trainer.global_step))
+    phase["name"] = "testing"
     try:
         test = trainer.test(module, datamodule=task, ckpt_path=best, verbose=False,
                             weights_only=True)[0] if cfg.run_test else {}
@@ -367,7 +477,8 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
         "steps": int(trainer.global_step),
         "fit_seconds": fit_seconds,
         "tokens_per_s": train_tokens / module.train_seconds if module.train_seconds else None,
-        "best_checkpoint": best,
+        "best_checkpoint": tested["checkpoint"],
+        "tested": tested,
         "best_val": {"metric": task.monitor, "value": _float(ckpt.best_model_score)},
         "test": {k: float(v) for k, v in test.items()},
         "hnas_u": module.hnas_u(),
@@ -376,7 +487,8 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
         "run_dir": str(run_dir),
         "group": identity["group"],
         "processes": int(trainer.world_size),
-        "resumed_from": str(resume[0]) if resume else None,
+        "resumed_from": os.path.relpath(resume[0], run_dir) if resume else None,
+        "continued_from_summary": kept.name if kept else None,
     }
     if logger:
         if hasattr(logger, "experiment") and cfg.logger.kind == "wandb":
@@ -390,7 +502,8 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
             run.finish()
         else:
             logger.finalize("success")
-    _atomic_json(run_dir / "summary.json", summary)
+    atomic_write_json(run_dir / "summary.json", summary)
+    (run_dir / WANDB_ID_FILE).unlink(missing_ok=True)
     return summary
 
 
@@ -406,7 +519,55 @@ def _float(x):
     return None if x is None else float(x)
 
 
-def _atomic_json(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+#: the W&B run id of a run that has no checkpoint yet (a kill before the first one reuses it)
+WANDB_ID_FILE = ".wandb_run_id"
+
+
+def _saved_wandb_id(run_dir: Path) -> str | None:
+    try:
+        text = (run_dir / WANDB_ID_FILE).read_text().strip()
+    except OSError:
+        return None
+    return text if re.fullmatch(r"[a-z0-9]{1,64}", text) else None
+
+
+def tested_checkpoint(best: str | None, run_dir: Path, metric: str, value: float | None, final_step: int) -> dict:
+    """Which weights the test uses, said plainly (also the console line and summary.json)."""
+    if not best:
+        return {"checkpoint": None, "step": final_step, "metric": metric, "value": None,
+                "line": f"no validation ran: tested the final weights (step {final_step})"}
+    try:
+        step = int(torch.load(best, map_location="cpu", weights_only=True, mmap=True).get("global_step", -1))
+    except Exception:  # noqa: BLE001 - the test itself will say what is wrong with the file
+        step = -1
+    shown = "?" if value is None else f"{value:.4g}"
+    return {"checkpoint": os.path.relpath(best, run_dir), "step": step, "metric": metric, "value": value,
+            "line": f"tested checkpoint: step {step} of {final_step} (best {metric} = {shown})"}
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """While a job runs outside training (startup, the final test), a stop signal ends it at once
+    with one line instead of killing it silently (SIGUSR1/2's default). A handler that was there
+    before (submitit's SLURM requeue) is called first. Training has its own handlers (FaultTolerance)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+    def handler(signum, frame):
+        before = previous.get(signum)
+        if callable(before) and signum in CHAINED:
+            before(signum, frame)
+        raise SignalStop(signum)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            if before is not None:
+                signal.signal(sig, before)

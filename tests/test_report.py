@@ -190,7 +190,7 @@ def test_report_groups_runs_that_differ_only_by_seed(seed_sweep, report, tmp_pat
     assert proc.returncode == 0, proc.stderr
     cols, rows = _table(proc.stdout)
     assert sorted(r[cols.index("seed")] for r in rows) == ["1", "2"]
-    assert "unfinished runs (no summary.json): 1" in proc.stdout and str(tmp_path / "killed") in proc.stdout
+    assert "0 failed, 1 unfinished (no summary.json)" in proc.stdout and str(tmp_path / "killed") in proc.stdout
 
 
 def test_offline_wandb_history_holds_diagnostics(seed_sweep):

@@ -278,6 +278,8 @@ class DiagnosticsCallback(pl.Callback):
     def on_fit_end(self, trainer, pl_module) -> None:
         if not trainer.is_global_zero:
             return
+        if self.last is None and (self.dir / "summary.json").is_file():
+            return  # resumed after training had ended (e.g. killed during the test): keep what that fit wrote
         t0 = time.perf_counter()
         if self._has_u:
             self._record_u(int(trainer.global_step), pl_module)

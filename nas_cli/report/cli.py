@@ -62,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(rich_table(groups, args.title, by))
     head, rows = unfinished_rows(runs)
     if rows:
-        t = Table(title=f"unfinished runs (no summary.json): {len(rows)}")
+        failed = sum(row[1].startswith("failed") for row in rows)
+        t = Table(title=f"runs without results: {failed} failed, {len(rows) - failed} unfinished (no summary.json)")
         for h in head:
             t.add_column(h)
         for row in rows:

@@ -95,10 +95,18 @@ class Run:
     config: dict = field(default_factory=dict)
     diagnostics: dict | None = None  # diagnostics/summary.json (end of fit)
     latest: dict | None = None  # diagnostics/latest.json (last analysed validation)
+    failure: dict | None = None  # failed.json: the one-line reason a run stopped on bad input or an error
 
     @property
     def finished(self) -> bool:
         return self.summary is not None
+
+    @property
+    def status(self) -> str:
+        """finished | failed | unfinished (interrupted, or still running)."""
+        if self.summary is not None:
+            return "finished"
+        return "failed" if self.failure else "unfinished"
 
     @property
     def flat_config(self) -> dict[str, Any]:
@@ -208,7 +216,8 @@ def load_run(run_dir: str | Path) -> Run:
     run_dir = Path(run_dir)
     diag = run_dir / "diagnostics"
     return Run(path=run_dir, summary=_read_json(run_dir / "summary.json"), config=_read_config(run_dir),
-               diagnostics=_read_json(diag / "summary.json"), latest=_read_json(diag / "latest.json"))
+               diagnostics=_read_json(diag / "summary.json"), latest=_read_json(diag / "latest.json"),
+               failure=_read_json(run_dir / "failed.json"))
 
 
 def _is_run_dir(path: Path) -> bool:

@@ -234,13 +234,16 @@ def table_rows(groups: Sequence[Group]) -> tuple[list[str], list[list[str]]]:
 
 
 def unfinished_rows(runs: Sequence[Run]) -> tuple[list[str], list[list[str]]]:
-    head = ["run directory", "task", "scheme", "heads", "seed", "last diagnostics step", "last.ckpt"]
+    """Runs without results: *failed* (stopped on bad input or an error, with the reason) or
+    *unfinished* (interrupted or still running; resumable if last.ckpt exists)."""
+    head = ["run directory", "status", "task", "scheme", "heads", "seed", "last diagnostics step", "last.ckpt"]
     rows = []
     for r in runs:
         if r.finished:
             continue
         step = (r.latest or {}).get("step")
-        rows.append([str(r.path), r.task, r.scheme, str(r.heads if r.heads is not None else "-"),
+        status = f"failed: {(r.failure or {}).get('reason', '?')}" if r.status == "failed" else "unfinished"
+        rows.append([str(r.path), status, r.task, r.scheme, str(r.heads if r.heads is not None else "-"),
                      str(r.seed if r.seed is not None else "-"), "-" if step is None else str(step),
                      "yes" if (r.path / "checkpoints" / "last.ckpt").is_file() else "no"])
     return head, rows

@@ -1,0 +1,160 @@
+"""Option values checked before anything is made: one line naming the key and the fix.
+
+:func:`check_config` runs on the composed config before Hydra creates the run directory
+(``RunGuard.on_run_start``) and again in each sweep job. It catches what would otherwise fail
+deep inside a run, or worse, run silently wrong: a number given as text (``model.heads=four``,
+``seed=abc``), a learning rate <= 0, a batch size or token budget of 0, and a model too large
+for this machine's memory (estimated from the sizes, before anything is allocated).
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import UserError
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(float(v))
+
+
+#: key -> (test, what the value must be); keys absent from the config (another task's) are skipped
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "seed": (_is_int, "an integer"),
+    "model.heads": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "model.d_model": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "model.ffn": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "model.encoder_layers": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "model.decoder_layers": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "model.max_len": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "model.dropout": (lambda v: _is_num(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "optim.lr": (lambda v: _is_num(v) and v > 0, "a number > 0"),
+    "optim.warmup": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "optim.label_smoothing": (lambda v: _is_num(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "optim.weight_decay": (lambda v: _is_num(v) and v >= 0, "a number >= 0"),
+    "task.batch_size": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "task.eval_batch_size": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "task.max_tokens": (lambda v: _is_int(v) and v > 0, "a positive integer (tokens per batch)"),
+    "task.eval_max_tokens": (lambda v: _is_int(v) and v > 0, "a positive integer (tokens per batch)"),
+    "task.tokens_per_sample": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "task.vocab_size": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "task.beam": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "task.train_size": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "trainer.max_steps": (lambda v: _is_int(v) and v >= -1, "an integer (-1: no step limit)"),
+    "trainer.max_epochs": (lambda v: v is None or (_is_int(v) and v >= -1), "an integer (-1: no epoch limit)"),
+    "trainer.accumulate_grad_batches": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "trainer.val_check_interval": (lambda v: v is None or (_is_int(v) and v > 0) or (_is_num(v) and 0 < v <= 1),
+                                   "a positive number of steps, a fraction of an epoch in (0, 1], or null"),
+    "checkpoint.last_every_n_steps": (lambda v: v is None or (_is_int(v) and v >= 0), "an integer >= 0"),
+    "checkpoint.every_n_steps": (lambda v: v is None or (_is_int(v) and v >= 0), "an integer >= 0"),
+    "checkpoint.keep_last": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "diagnostics.batches": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+}
+
+_MISSING = object()
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return _MISSING
+        try:
+            node = node[part]
+        except Exception as err:  # noqa: BLE001 - an interpolation that does not resolve
+            raise UserError(f"{key}: {str(err).splitlines()[0]}") from None
+    return node
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise UserError (one line) for the first bad value; then estimate the model's memory."""
+    for key, (ok, what) in RULES.items():
+        value = _get(cfg, key)
+        if value is _MISSING:
+            continue
+        if not ok(value):
+            shown = f"'{value}'" if isinstance(value, str) else str(value)
+            raise UserError(f"{key}={shown} is not valid: it must be {what} (e.g. {key}={_example(key, cfg)})")
+    check_memory(cfg)
+
+
+def _example(key: str, cfg: DictConfig) -> str:
+    defaults = {"seed": 1, "model.heads": 4, "model.d_model": 256, "model.ffn": 1024, "model.dropout": 0.1,
+                "optim.lr": "1e-3", "optim.warmup": 400, "optim.label_smoothing": 0.1, "task.batch_size": 64,
+                "task.max_tokens": 4096, "trainer.max_steps": 1000, "trainer.max_epochs": 8}
+    return str(defaults.get(key, 1))
+
+
+# ---- memory ------------------------------------------------------------------------------
+BYTES_PER_PARAM_TRAINING = 16  # float32 weights + gradients + Adam's two moments
+
+
+def estimate_parameters(cfg: DictConfig) -> int:
+    """Parameters of the configured model (attention projections, FFN, norms, embeddings).
+
+    Embeddings use ``task.vocab_size`` (or the synthetic alphabet); a word-level LM vocabulary
+    is only known after reading the data and is left out (the estimate is then a lower bound)."""
+    m = cfg.model
+    d, f = int(m.d_model), int(m.ffn)
+    enc = int(m.get("encoder_layers", 0) or 0)
+    dec = int(m.get("decoder_layers", 0) or 0)
+    block = 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d  # self-attention, FFN, two norms
+    cross = 4 * d * d + 4 * d + 2 * d
+    lm = str(cfg.task.get("_target_", "")).endswith("LanguageModelTask")
+    params = (enc * block + dec * (block + (0 if lm else cross)))
+    vocab = cfg.task.get("vocab_size") or ((cfg.task.get("symbols") or 0) + 4 if cfg.task.get("symbols") else 0)
+    try:
+        vocab = int(vocab or 0)
+    except (TypeError, ValueError):
+        vocab = 0
+    params += vocab * d * (1 if m.get("share_embeddings", True) else 3)
+    return params
+
+
+def available_memory() -> int | None:
+    """Bytes this process could still allocate on the CPU (MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gpu_memory() -> int | None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.get_device_properties(0).total_memory)
+    except Exception:  # noqa: BLE001 - no usable CUDA: judge by CPU memory
+        return None
+    return None
+
+
+def check_memory(cfg: DictConfig) -> None:
+    try:
+        params = estimate_parameters(cfg)
+    except (TypeError, ValueError, AttributeError):
+        return
+    need = params * BYTES_PER_PARAM_TRAINING
+    accel = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
+    have = _gpu_memory() if accel in ("gpu", "cuda", "auto") else None
+    where = "GPU memory" if have else "available memory"
+    have = have or available_memory()
+    if have and need > have:
+        raise UserError(f"the model is too large for this machine: ~{params / 1e9:.2f}B parameters need "
+                        f"~{need / 2**30:.1f} GiB for weights, gradients and Adam state, but there is "
+                        f"{have / 2**30:.1f} GiB of {where}; lower model.d_model, model.ffn or the layer counts")

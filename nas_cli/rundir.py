@@ -1,0 +1,153 @@
+"""Who owns a run directory, and what a run directory says about itself.
+
+* **One owner.** :func:`acquire` takes ``<dir>/.nas-run.lock`` (created exclusively; it holds the
+  owner's PID, host and SLURM job id) before nas-run writes anything else there. A second process
+  is refused with one line naming the holder. A lock whose process is gone (same host, PID not
+  alive) or that was taken by the same SLURM job (a requeued job) is taken over. Only global rank
+  0 of a multi-process run takes it (the other ranks are its own processes).
+* **Failed runs say so.** :func:`mark_failed` writes ``failed.json`` (the one-line reason, the time)
+  when a job stops on bad input or an error, so ``nas-report`` lists it as *failed*, not as an
+  interrupted run. A later successful run in the same directory removes it.
+* :func:`atomic_write_text` / :func:`atomic_write_json`: temp file with a per-process name in the
+  same directory, then rename; readers never see half a file and two writers never share a temp.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+
+#: set by ``nas-run resume=<dir>``: that directory may hold a finished run (to be trained longer)
+CONTINUE_ENV = "NAS_RUN_CONTINUE"
+LOCK_NAME = ".nas-run.lock"
+FAILED_NAME = "failed.json"
+_held: set[Path] = set()
+
+
+def continuing(run_dir: Path) -> bool:
+    """Was this process started by ``nas-run resume=<run_dir>``?"""
+    target = os.environ.get(CONTINUE_ENV)
+    return bool(target) and Path(target).resolve() == Path(run_dir).resolve()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, default=str))
+
+
+def _me() -> dict[str, Any]:
+    return {"pid": os.getpid(), "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _stale(holder: dict[str, Any]) -> bool:
+    me = _me()
+    if holder.get("slurm_job_id") and holder.get("slurm_job_id") == me["slurm_job_id"]:
+        return True  # this SLURM job requeued: its earlier process is gone
+    if holder.get("host") == me["host"]:
+        try:
+            return not _alive(int(holder.get("pid")))
+        except (TypeError, ValueError):
+            return True
+    return False  # another host: cannot tell, assume it is running
+
+
+def is_rank_zero() -> bool:
+    from pytorch_lightning.utilities import rank_zero_only
+
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
+def acquire(run_dir: Path, what: str = "run") -> None:
+    """Own ``run_dir`` for this process (idempotent); raise UserError if another process does."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir in _held or not is_rank_zero():
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = run_dir / LOCK_NAME
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _read(lock)
+            if holder.get("pid") == os.getpid() and holder.get("host") == _me()["host"]:
+                break
+            if holder and not _stale(holder):
+                raise UserError(f"{run_dir} is in use by another nas-run {what} (PID {holder.get('pid')} on "
+                                f"{holder.get('host')}, since {holder.get('since')}); wait for it, choose another "
+                                f"directory, or delete {lock} if that process is gone") from None
+            lock.unlink(missing_ok=True)  # stale (or unreadable): take it over
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(_me(), f)
+        break
+    else:
+        raise UserError(f"cannot take the lock {lock}; delete it if no nas-run uses {run_dir}")
+    _held.add(run_dir)
+
+
+def release(run_dir: Path) -> None:
+    run_dir = Path(run_dir).resolve()
+    if run_dir not in _held:
+        return
+    _held.discard(run_dir)
+    lock = run_dir / LOCK_NAME
+    if _read(lock).get("pid") == os.getpid():
+        lock.unlink(missing_ok=True)
+
+
+@atexit.register
+def _release_all() -> None:
+    for d in list(_held):
+        release(d)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def mark_failed(run_dir: Path, reason: str, code: int = 2) -> None:
+    if not is_rank_zero() or not Path(run_dir).is_dir():
+        return
+    atomic_write_json(Path(run_dir) / FAILED_NAME, {"reason": reason, "exit_code": code,
+                                                   "time": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+
+def clear_failed(run_dir: Path) -> None:
+    if is_rank_zero():
+        (Path(run_dir) / FAILED_NAME).unlink(missing_ok=True)
+
+
+def read_failed(run_dir: Path) -> dict[str, Any] | None:
+    data = _read(Path(run_dir) / FAILED_NAME)
+    return data or None
