@@ -144,6 +144,8 @@ def evaluate(args) -> dict:
     result = {"split": args.split, "checkpoints": [str(p) for p in ckpts], "metrics": metrics,
               "decoding": getattr(task, "decoding", None), "bleu_signature": getattr(task, "bleu_signature", None)}
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
+    if "test" in module.items:  # per-item outputs: nas-report can test this evaluation against others
+        (out_dir / f"{name}.items.json").write_text(json.dumps({**module.items["test"], "split": args.split}))
     hyps = module.decoded.get("test", [])
     if hyps:
         (out_dir / f"{name}.hyp.txt").write_text("\n".join(hyps) + "\n")

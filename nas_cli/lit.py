@@ -36,6 +36,23 @@ def build_model(model_cfg: DictConfig, attn_cfg: DictConfig, task) -> torch.nn.M
                               share_embeddings=model_cfg.share_embeddings, **common)
 
 
+def item_outputs(task, index: list[int], nll: list[float], tokens: list[int], hyps: list[str] | None,
+                 refs: list[str] | None) -> dict:
+    """What a paired test needs from one evaluation, per test item in the split's order: the NLL
+    sum and token count (perplexity can be resampled), and for generation tasks the hypothesis
+    (as scored), its reference and whether the two are equal, and a fingerprint of the references
+    (two runs are comparable only on the same references)."""
+    import hashlib
+
+    out = {"task": task.name, "kind": task.kind, "n": len(index), "index": index, "nll": nll, "tokens": tokens}
+    if hyps is not None and refs is not None:
+        out.update(hyps=hyps, refs=refs, exact=[int(h == r) for h, r in zip(hyps, refs)],
+                   refs_sha256=hashlib.sha256("\n".join(refs).encode()).hexdigest())
+    else:
+        out["refs_sha256"] = hashlib.sha256(" ".join(map(str, tokens)).encode()).hexdigest()  # LM: the blocks' sizes
+    return out
+
+
 def inverse_sqrt(warmup: int):
     """Vaswani et al.: linear warm-up to the peak LR, then decay with 1/sqrt(step)."""
     warmup = max(1, int(warmup))
@@ -59,8 +76,10 @@ class NasLitModule(pl.LightningModule):
                              "computes only the target's probability); add optim.label_smoothing=0")
         self.placement = placement(attn_cfg)
         self.log_u_every = log_u_every
-        self._eval_text: dict[str, tuple[list, list, list]] = {}
+        # per split: hypotheses, references, item indices, per-item NLL sums and token counts
+        self._eval_text: dict[str, tuple[list, list, list, list, list]] = {}
         self.decoded: dict[str, list[str]] = {}  # hypotheses of the last evaluation per split
+        self.items: dict[str, dict] = {}  # per-item outputs of the last evaluation per split (paired tests)
         self._sums: dict[str, torch.Tensor] = {}
         self._tokens = None  # running count (a tensor on the batches' device: no host sync per step)
         self.train_seconds = 0.0
@@ -93,19 +112,24 @@ class NasLitModule(pl.LightningModule):
         logits, _ = self.model(batch["src"], batch["tgt_in"])
         return logits, batch["tgt_out"]
 
-    def _step(self, batch, smoothing: float, accuracy: bool = True):
-        """loss, NLL sum, token count and (if ``accuracy``) correct greedy tokens."""
+    def _step(self, batch, smoothing: float, accuracy: bool = True, rows: bool = False):
+        """loss, NLL sum, token count and (if ``accuracy``) correct greedy tokens; with ``rows``
+        also the per-row (per-example) NLL sums and token counts (evaluation: paired tests)."""
         if getattr(self.model, "adaptive", False):
-            return self._adaptive_step(batch, smoothing, accuracy)
+            return self._adaptive_step(batch, smoothing, accuracy, rows)
         logits, target = self._logits_and_target(batch)
         loss, nll_sum, n = label_smoothed_nll(logits, target, self.task.pad_id, smoothing)
+        keep = target != self.task.pad_id
         correct = None
         if accuracy:  # an argmax over (B, T, vocab): skipped on training steps that log nothing
-            keep = target != self.task.pad_id
             correct = ((logits.argmax(-1) == target) & keep).sum()
-        return loss, nll_sum, n, correct
+        if not rows:
+            return loss, nll_sum, n, correct
+        token_nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), target, reduction="none",
+                                                      ignore_index=self.task.pad_id)
+        return loss, nll_sum, n, correct, ((token_nll * keep).sum(-1), keep.sum(-1))
 
-    def _adaptive_step(self, batch, smoothing: float, accuracy: bool):
+    def _adaptive_step(self, batch, smoothing: float, accuracy: bool, rows: bool = False):
         """The same quantities with an adaptive softmax: only the targets' log-probabilities
         are computed (no (B, T, vocab) logits), which is where its speed comes from."""
         h, _ = self.model.features(batch["ids"])
@@ -116,7 +140,11 @@ class NasLitModule(pl.LightningModule):
         n = keep.sum().clamp(min=1)
         nll_sum = -logp.sum()
         correct = (self.model.generator.predict(h.float()) == tgt).sum() if accuracy else None
-        return nll_sum / n, nll_sum.detach(), n, correct
+        if not rows:
+            return nll_sum / n, nll_sum.detach(), n, correct
+        row = keep.nonzero(as_tuple=True)[0]
+        row_nll = torch.zeros(target.size(0), dtype=logp.dtype, device=logp.device).index_add_(0, row, -logp.detach())
+        return nll_sum / n, nll_sum.detach(), n, correct, (row_nll, keep.sum(-1))
 
     @staticmethod
     def _batch_tokens(batch) -> torch.Tensor:
@@ -168,20 +196,23 @@ class NasLitModule(pl.LightningModule):
 
     # ---- evaluation ----------------------------------------------------------------
     def _eval_step(self, batch, split: str):
-        loss, nll_sum, n, correct = self._step(batch, 0.0)
+        loss, nll_sum, n, correct, (row_nll, row_n) = self._step(batch, 0.0, rows=True)
         for key, val in (("nll", nll_sum), ("n", n), ("correct", correct)):
             self._sums[f"{split}/{key}"] = self._sums.get(f"{split}/{key}", 0) + val.detach().double()
+        hyps, refs, index, nll, ntok = self._eval_text.setdefault(split, ([], [], [], [], []))
+        rows = row_nll.size(0)
+        # dataset positions (nas_cli.scale adds them); batches are sorted by length or sharded
+        positions = [int(i) for i in batch["index"]] if "index" in batch else list(range(len(index), len(index) + rows))
+        index.extend(positions)
+        nll.extend(row_nll.double().tolist())
+        ntok.extend(int(t) for t in row_n.tolist())
         if self.task.kind == "seq2seq":
-            hyps, refs, index = self._eval_text.setdefault(split, ([], [], []))
             hyps.extend(self.task.ids_to_text(row) for row in self.decode(batch["src"], split))
             if "index" in batch and hasattr(self.task, "reference"):  # raw reference text, not a BPE round trip
                 data_split = "valid" if split == "val" else split
-                refs.extend(self.task.reference(data_split, int(i)) for i in batch["index"])
-                index.extend(int(i) for i in batch["index"])
+                refs.extend(self.task.reference(data_split, i) for i in positions)
             else:
                 refs.extend(self.task.ids_to_text(row) for row in batch["tgt_out"])
-                index.extend(map(int, batch["index"]) if "index" in batch  # dataset positions (nas_cli.scale)
-                             else range(len(index), len(index) + batch["src"].size(0)))
 
     def decode(self, src: torch.Tensor, split: str = "test") -> torch.Tensor:
         """Greedy or beam decoding as the task's decoding settings say (beam 1 = greedy)."""
@@ -196,7 +227,7 @@ class NasLitModule(pl.LightningModule):
 
     def _eval_end(self, split: str):
         sums = {key: self._sums.pop(f"{split}/{key}", None) for key in ("n", "nll", "correct")}
-        text = self._eval_text.pop(split, ([], [], []))
+        text = self._eval_text.pop(split, ([], [], [], [], []))
         sums, text = gather_eval(sums, text)  # several processes (DDP): the whole split's statistics
         n = sums["n"]
         if n is None:
@@ -205,10 +236,14 @@ class NasLitModule(pl.LightningModule):
         correct = sums["correct"] / n
         metrics = {f"{split}/loss": float(nll), f"{split}/ppl": float(torch.exp(nll.clamp(max=50))),
                    f"{split}/token_acc": float(correct)}
-        hyps, refs, index = text
-        # decoded text in the split's original order (batches are sorted by length)
-        self.decoded[split] = [h for _, h in sorted(zip(index, hyps))]
-        for key, val in self.task.score(hyps, refs).items():
+        hyps, refs, index, row_nll, row_n = text
+        order = sorted(range(len(index)), key=index.__getitem__)  # the split's original order
+        self.items[split] = item_outputs(self.task, [index[i] for i in order], [row_nll[i] for i in order],
+                                         [row_n[i] for i in order], [hyps[i] for i in order] if hyps else None,
+                                         [refs[i] for i in order] if refs else None)
+        if hyps:
+            self.decoded[split] = self.items[split]["hyps"]
+        for key, val in (self.task.score(hyps, refs) if hyps else {}).items():
             metrics[f"{split}/{key}"] = float(val)
         self.log_dict(metrics, batch_size=1)
 

@@ -465,6 +465,8 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
         raise _stopped(stop, trainer, run_dir, "testing") from None
     if not trainer.is_global_zero:
         return None
+    if "test" in module.items:
+        atomic_write_json(run_dir / ITEMS_FILE, module.items["test"], indent=None)
     summary = {
         "task": cfg.task.name,
         "scheme": scheme_tag(cfg.attention),
@@ -518,6 +520,9 @@ def _stopped(stop: SIGTERMException, trainer: pl.Trainer, run_dir: Path, phase: 
 def _float(x):
     return None if x is None else float(x)
 
+
+#: per-item test outputs (hypotheses, NLL, exact match) for paired significance tests (nas-report --baseline)
+ITEMS_FILE = "test_items.json"
 
 #: the W&B run id of a run that has no checkpoint yet (a kill before the first one reuses it)
 WANDB_ID_FILE = ".wandb_run_id"

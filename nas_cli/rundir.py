@@ -47,8 +47,8 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def atomic_write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, default=str))
+def atomic_write_json(path: Path, data: Any, indent: int | None = 2) -> None:
+    atomic_write_text(path, json.dumps(data, indent=indent, default=str))
 
 
 def _me() -> dict[str, Any]:

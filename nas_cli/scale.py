@@ -200,8 +200,9 @@ def shard_and_resume(task: pl.LightningDataModule, seed: int) -> None:
     task.test_dataloader = eval_loader("test")
 
 
-def gather_eval(sums: dict[str, torch.Tensor | None], text: tuple[list, list, list]):
-    """All processes' evaluation sums (added) and decoded text (concatenated); unchanged on one process.
+def gather_eval(sums: dict[str, torch.Tensor | None], text: tuple[list, ...]):
+    """All processes' evaluation sums (added) and per-item lists (decoded text, item indices,
+    per-item NLL and token counts; each concatenated); unchanged on one process.
 
     Every process must call it (a collective), also one that saw no batch (its sums are None)."""
     dist = torch.distributed
@@ -214,7 +215,7 @@ def gather_eval(sums: dict[str, torch.Tensor | None], text: tuple[list, list, li
     for key in sums:
         values = [p[0][key] for p in parts if p[0][key] is not None]
         merged[key] = torch.tensor(sum(values), dtype=torch.float64) if values else None
-    return merged, tuple([x for p in parts for x in p[1][i]] for i in range(3))
+    return merged, tuple([x for p in parts for x in p[1][i]] for i in range(len(text)))
 
 
 class StepSeed(pl.Callback):

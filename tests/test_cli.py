@@ -41,7 +41,7 @@ def test_debug_run_from_another_directory_logs_to_offline_wandb(tmp_path):
     first_u = next(h["u/encoder/L0/h0"] for h in wb["history"] if "u/encoder/L0/h0" in h)
     assert first_u == pytest.approx(0.2, abs=0.01)
     # the best checkpoint is complete and loadable with the safe loader
-    ckpt = torch.load(summary["best_checkpoint"], weights_only=True)
+    ckpt = torch.load(run_dir / summary["best_checkpoint"], weights_only=True)
     assert "state_dict" in ckpt
     assert not list(run_dir.rglob("*.tmp"))
 
@@ -76,7 +76,7 @@ def test_bad_input_gives_one_clear_line(tmp_path, args, needle):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["trainer.max_steps=-5"], "`max_steps` must be a non-negative integer or -1"),
+    (["trainer.max_steps=-5"], "trainer.max_steps=-5 is not valid: it must be an integer"),
     (["+trainer.foo=1"], "trainer.foo is not an option of Lightning's Trainer"),
     (["trainer.precision=fp7"], "trainer.precision=fp7): Precision 'fp7' is invalid"),
     pytest.param(["trainer=gpu"], "trainer.accelerator=gpu", marks=pytest.mark.skipif(

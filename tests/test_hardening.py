@@ -175,6 +175,11 @@ def test_a_finished_run_trains_longer_in_the_same_wandb_run(tmp_path):
     assert after["steps"] == 30 and after["continued_from_summary"] == "summary.step20.json"
     assert json.loads((run / "summary.step20.json").read_text()) == before
     assert after["wandb_run_id"] == before["wandb_run_id"]  # the W&B history continues
+    # nas-eval rebuilds the model from the config: one that does not match the checkpoint is refused
+    # (4 -> 2 heads keeps every parameter's shape: it would otherwise evaluate a different model silently)
+    ev = subprocess.run([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--set", "model.heads=2"],
+                        capture_output=True, text=True, cwd=tmp_path)
+    assert ev.returncode == 2 and "was trained with another configuration" in ev.stderr and "Traceback" not in ev.stderr
 
 
 def test_an_unsafe_newest_checkpoint_falls_back_to_an_older_one_with_one_whole_line(tmp_path):

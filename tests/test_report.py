@@ -176,12 +176,16 @@ def test_report_groups_runs_that_differ_only_by_seed(seed_sweep, report, tmp_pat
     assert len(hnas) == 1
     row = hnas[0]
     assert row[cols.index("n")] == "2" and row[cols.index("seeds")] == "1,2"
-    # mean ± sample std over the two seeds of the diagnostics' JSD (different inits: different values)
+    # mean ± half-width of the 95% Student-t interval over the two seeds of the diagnostics' JSD
+    # (different inits: different values), checked against scipy
     jsd = [np.mean([d["jsd_mean"] for d in json.loads((seed_sweep / j / "diagnostics" / "summary.json")
                                                        .read_text())["locations"].values()])
            for j in sorted(p.name for p in seed_sweep.iterdir() if (p / "summary.json").exists())]
     assert jsd[0] != jsd[1]
-    assert row[cols.index("JSD")] == f"{np.mean(jsd):.3f} ± {np.std(jsd, ddof=1):.3f}"
+    from scipy import stats as st
+
+    low, high = st.t.interval(0.95, len(jsd) - 1, loc=np.mean(jsd), scale=st.sem(jsd))
+    assert row[cols.index("JSD")] == f"{np.mean(jsd):.3f} ± {(high - low) / 2:.3f}"
     assert "test ppl" not in cols or row[cols.index("test ppl")] == "-"  # run_test=false
 
     # one row per run on request; an unfinished run (config, no summary.json) is listed, not fatal

@@ -3,7 +3,7 @@
 Nothing is loaded from outside the file (no CDN, no fonts, no external scripts), so the
 report opens offline and can be mailed or archived. Figures:
 
-* metric vs number of heads, one line per scheme, error bars = std over seeds
+* metric vs number of heads, one line per scheme, error bars = 95% CI (Student t) over seeds
   (Zheng et al. 2021, CODA Fig. 3 style), per task;
 * head-JSD heat maps of every row side by side, per location (CODA Figs. 2/4);
 * histograms of log sum_i pi_ij per location and number of heads, the schemes overlaid
@@ -71,7 +71,7 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def metric_vs_heads(groups: Sequence[Group], task: str) -> bytes | None:
     """One panel per test metric (or the best validation value if no test ran), x = heads,
-    one line per scheme, mean +- std over seeds."""
+    one line per scheme, mean ± 95% CI (Student t) over seeds."""
     gs = [g for g in groups if g.common(lambda r: r.task) == task and g.runs[0].heads]
     metrics = [(k, t, hi) for k, t, hi in TEST_METRICS if any(g.stat(k) for g in gs)]
     if not metrics:
@@ -88,7 +88,7 @@ def metric_vs_heads(groups: Sequence[Group], task: str) -> bytes | None:
         return None
     series = sorted({g.series for g in gs})
     return figures.metric_vs_heads(series, [(t, hi) for _, t, hi in metrics], data,
-                                   f"{task}: metric vs number of heads (error bars: std over seeds)")
+                                   f"{task}: metric vs number of heads (error bars: 95% CI over seeds, Student t)")
 
 
 def _layer_entries(run: Run, loc: str) -> list[dict]:
@@ -189,7 +189,7 @@ def _diag_rows(groups: Sequence[Group]) -> tuple[list[str], list[list[str]]]:
 
 
 def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[str],
-                title: str = "nas-report", by: Sequence[str] | None = None) -> str:
+                title: str = "nas-report", by: Sequence[str] | None = None, verdicts=None) -> str:
     grouping = "runs that differ only by seed" if by is None else f"runs with equal {', '.join(by)}"
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<p class="note">{len([r for r in runs if r.finished])} finished run(s) in {len(groups)} row(s) '
@@ -198,9 +198,12 @@ def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[
     if groups:
         head, rows = table_rows(groups)
         parts += ["<h2>Results</h2>", _table(head, rows),
-                  f'<p class="note">mean ± std over {html.escape(grouping)} (n runs); JSD: head diversity '
+                  f'<p class="note">mean ± 95% CI (Student t) over {html.escape(grouping)} (n runs); JSD: head diversity '
                   "(Zheng et al. 2021), mean over locations and layers; expl. away: fraction of keys with "
                   "sum_i pi_ij &lt; eps (Ding et al. 2020), mean over locations.</p>"]
+        if verdicts:
+            (vh, vr), note = verdicts
+            parts += ["<h2>Against the baseline</h2>", _table(vh, vr), f'<p class="note">{html.escape(note)}</p>']
         dh, dr = _diag_rows(groups)
         if dr:
             parts += ["<h2>Attention diagnostics per location</h2>", _table(dh, dr),
@@ -235,17 +238,17 @@ def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[
                                                           f"{g.runs[0].path.name})") for g, png in us) + "</div>"]
     uh, ur = unfinished_rows(runs)
     if ur:
-        parts += ["<h2>Unfinished runs (no summary.json)</h2>", _table(uh, ur)]
+        parts += ["<h2>Runs without results (failed, or unfinished: no summary.json)</h2>", _table(uh, ur)]
     body = "\n".join(parts)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"<style>{CSS}</style></head>\n<body>\n{body}\n<script>{SCRIPT}</script>\n</body></html>\n")
 
 
 def write_html(path: str | Path, runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[str],
-               title: str = "nas-report", by: Sequence[str] | None = None) -> Path:
+               title: str = "nas-report", by: Sequence[str] | None = None, verdicts=None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_html(runs, groups, sources, title, by), encoding="utf-8")
+    tmp.write_text(render_html(runs, groups, sources, title, by, verdicts), encoding="utf-8")
     tmp.replace(path)
     return path

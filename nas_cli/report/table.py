@@ -2,7 +2,9 @@
 
 Grouping: by default runs whose composed configs are equal except for ``seed`` (and the
 logging-only keys in ``IGNORED_KEYS``) form one group; each number is then shown as
-mean +- sample standard deviation over the group, with ``n`` the number of runs.
+mean ± the half-width of a 95% Student-t interval over the group's runs (seeds), with ``n``
+the number of runs; a group of one run shows its value and ``(n=1)`` where others have
+intervals, never a made-up interval.
 ``group_runs(runs, by=[...])`` groups by chosen fields instead (see ``field_value``).
 """
 from __future__ import annotations
@@ -75,13 +77,15 @@ class Group:
         return [v for v in (r.value(name) for r in self.runs) if v is not None]
 
     def stat(self, name: str) -> tuple[float, float, int] | None:
-        """(mean, sample std (0 for one value), number of values) or None if no run has it."""
-        vals = self.values(name)
-        if not vals:
+        """(mean, half-width of the 95% Student-t interval over the runs (0 for one value),
+        number of values) or None if no run has it."""
+        from .stats import t_interval
+
+        got = t_interval(self.values(name))
+        if got is None:
             return None
-        m = sum(vals) / len(vals)
-        sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-        return m, sd, len(vals)
+        m, low, high, n = got
+        return m, (0.0 if n < 2 else (high - low) / 2), n
 
     def common(self, getter: Callable[[Run], Any]) -> str:
         vals = []
@@ -249,12 +253,14 @@ def unfinished_rows(runs: Sequence[Run]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
-def rich_table(groups: Sequence[Group], title: str = "nas-report", by: Sequence[str] | None = None):
+def rich_table(groups: Sequence[Group], title: str = "nas-report", by: Sequence[str] | None = None,
+               rows: tuple[list[str], list[list[str]]] | None = None, caption: str | None = None):
     from rich.table import Table
 
-    head, rows = table_rows(groups)
+    head, rows = rows or table_rows(groups)
     grouping = "runs that differ only by seed" if by is None else f"runs with equal {', '.join(by)}"
-    caption = (f"mean ± std over {grouping}; " if any(g.n > 1 for g in groups) else "") + \
+    caption = (f"{caption}; " if caption else (f"mean ± 95% CI (Student t) over {grouping}; "
+                                               if any(g.n > 1 for g in groups) else "")) + \
         "JSD: head diversity (mean over locations and layers); expl. away: keys with sum_i pi_ij < eps"
     table = Table(title=title, caption=caption, caption_justify="left")
     for h in head:
