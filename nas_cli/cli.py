@@ -193,6 +193,9 @@ def _job(cfg: DictConfig):
                      *([Path(hc.sweep.dir) / "multirun.yaml"] if multirun else []))
     try:
         acquire(run_dir)  # a single run took it before Hydra wrote anything (RunGuard); a sweep job here
+    except UserError as err:  # another process owns it: write nothing there
+        _fail(str(err))
+    try:
         if continuing(run_dir):
             record_resume(run_dir, list(hc.overrides.task))
         clear_failed(run_dir)
@@ -209,6 +212,18 @@ def _job(cfg: DictConfig):
     except Stopped as stop:
         release(run_dir)
         _fail(str(stop), stop.code, kind="stopped", color="yellow")
+    except Exception as err:  # noqa: BLE001 - an unexpected error: a sweep goes on with its other jobs
+        if not multirun:
+            raise
+        import traceback
+
+        reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        mark_failed(run_dir, reason, code=1)
+        (run_dir / "failed.traceback.txt").write_text(traceback.format_exc())
+        release(run_dir)
+        Console(stderr=True).print(f"[bold red]nas-run: job failed:[/] {run_dir.name}: {reason} (traceback in "
+                                   f"{run_dir / 'failed.traceback.txt'})", highlight=False, soft_wrap=True)
+        return float("nan")
     release(run_dir)
     if summary is None:  # another process of a multi-process run: rank 0 reports
         return None

@@ -31,6 +31,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException, SI
 
 from .attention import SchemeError
 from .errors import SignalStop, Stopped, UserError
+from .identity import config_id
 from .lit import NasLitModule
 from .registry import placement, scheme_tag
 from .resume import (CHAINED, STOP_SIGNALS, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint,
@@ -185,6 +186,7 @@ def make_logger(cfg: DictConfig, run_dir: Path, group: str, job_type: str, run_i
     """The configured Lightning logger. ``run_id``: the W&B run to continue (resume)."""
     kind = cfg.logger.kind
     tags = [f"task:{cfg.task.name}", f"scheme:{scheme_tag(cfg.attention)}", f"heads:{cfg.model.heads}",
+            f"cfg:{config_id(OmegaConf.to_container(cfg, resolve=True))}",
             *[f"{loc}:{name}" for loc, name in placement(cfg.attention).items()], *cfg.logger.get("tags", [])]
     if kind == "wandb":
         from pytorch_lightning.loggers import WandbLogger
@@ -312,6 +314,7 @@ def public_config(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config with anything that looks like a secret dropped, plus the
     attention placement spelled out per location."""
     data = redact(OmegaConf.to_container(cfg, resolve=True))
+    data["config_id"] = config_id(OmegaConf.to_container(cfg, resolve=True))
     data["scheme"] = scheme_tag(cfg.attention)
     data["attention_placement"] = placement(cfg.attention)
     return data
@@ -476,6 +479,7 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
         "model": cfg.model.name,
         "parameters": count_parameters(module.model),
         "seed": int(cfg.seed),
+        "config_id": config_id(OmegaConf.to_container(cfg, resolve=True)),
         "steps": int(trainer.global_step),
         "fit_seconds": fit_seconds,
         "tokens_per_s": train_tokens / module.train_seconds if module.train_seconds else None,

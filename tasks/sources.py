@@ -13,7 +13,9 @@ not care where text came from.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -24,11 +26,28 @@ class DataError(UserError):
     """Missing or malformed data; the message names the path and the fix."""
 
 
+def existing(path: Path) -> Path:
+    """``path``, or ``path.gz`` when only the gzip-compressed file is there."""
+    gz = path.with_name(path.name + ".gz")
+    return gz if not path.is_file() and gz.is_file() else path
+
+
 def read_lines(path: Path, what: str) -> list[str]:
-    """Read a UTF-8 text file as a list of lines (without newlines)."""
+    """Read a UTF-8 text file (or its ``.gz``) as a list of lines (without newlines).
+
+    Windows line endings (CRLF) and a UTF-8 byte-order mark are normalized away, with one line
+    on stderr saying so: left in, ``\\r`` and ``\\ufeff`` would become parts of tokens."""
+    path = existing(path)
     if not path.is_file():
-        raise DataError(f"{what}: file {path} not found; check task.path and the split names (task.splits)")
+        raise DataError(f"{what}: file {path} not found (nor {path.name}.gz); check task.path and the split "
+                        "names (task.splits)")
     raw = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as err:
+            raise DataError(f"{what}: file {path} is not a readable gzip file ({err}); re-compress or unpack it") \
+                from None
     if not raw.strip():
         raise DataError(f"{what}: file {path} is empty; it should hold one sentence per line")
     try:
@@ -37,6 +56,17 @@ def read_lines(path: Path, what: str) -> list[str]:
         line = raw[: err.start].count(b"\n") + 1
         raise DataError(f"{what}: file {path} is not valid UTF-8 (byte {err.start}, line {line}); "
                         "re-encode it as UTF-8 (e.g. iconv -t UTF-8)") from None
+    fixed = []
+    if text.startswith("\ufeff"):
+        text = text[1:]
+        fixed.append("removed a UTF-8 byte-order mark")
+    if "\r" in text:
+        crlf = text.count("\r\n")
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        fixed.append(f"converted Windows line endings (CRLF) to \\n ({crlf} lines)" if crlf
+                     else "converted old Mac line endings (CR) to \\n")
+    if fixed:
+        print(f"nas-run: note: {path}: {'; '.join(fixed)}", file=sys.stderr)
     return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
 
 
@@ -104,6 +134,8 @@ def fingerprint(*parts) -> str:
     """Stable hash of data files (by size and mtime) and settings, for on-disk caches."""
     h = hashlib.sha256()
     for part in parts:
+        if isinstance(part, Path):
+            part = existing(part)
         if isinstance(part, Path) and part.exists():
             st = part.stat()
             h.update(f"{part.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode())

@@ -64,7 +64,8 @@ def test_multirun_one_wandb_run_per_job_in_one_group(tmp_path):
     (["attention.encoder=bogus"], "attention.encoder=bogus is not a known scheme; valid choices: additive, "),
     (["model.heads=5"], "model.heads=5 must divide model.d_model=64"),
     (["attention=hnas", "attention.u_init=3"], "attention.u_init must be in [0, 1]"),
-    (["optim.lr=inf", "trainer.max_steps=5"], "training loss became nan"),
+    (["optim.lr=inf", "trainer.max_steps=5"], "optim.lr=inf is not valid: it must be a number > 0"),
+    (["optim.lr=1e30", "trainer.max_steps=5"], "training loss became nan"),
     (["logger.mode=sometimes"], "logger.mode must be offline, online or disabled"),
 ])
 def test_bad_input_gives_one_clear_line(tmp_path, args, needle):

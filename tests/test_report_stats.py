@@ -128,12 +128,17 @@ def report(*args, cwd):
 
 
 def test_every_run_keeps_its_per_item_test_outputs(compare_sweep):
+    ids = {}
     for job in sorted(p for p in compare_sweep.iterdir() if (p / "summary.json").exists()):
+        s = json.loads((job / "summary.json").read_text())
+        ids.setdefault(s["scheme"], set()).add(s["config_id"])
         items = json.loads((job / "test_items.json").read_text())
         test = json.loads((job / "summary.json").read_text())["test"]
         assert items["n"] == len(items["hyps"]) == len(items["exact"]) == 200
         assert sum(items["exact"]) / items["n"] == pytest.approx(test["test/exact_match"])
         assert sum(items["nll"]) / sum(items["tokens"]) == pytest.approx(test["test/loss"], rel=1e-5)
+    # one config id per configuration, whatever the seed (W&B groups seeds by it)
+    assert len(ids["unas"]) == len(ids["dnas"]) == 1 and ids["unas"] != ids["dnas"]
 
 
 def test_report_against_a_baseline_as_latex_markdown_and_json(compare_sweep, tmp_path):

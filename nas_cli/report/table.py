@@ -18,9 +18,7 @@ from .collect import TEST_METRICS, Run
 __all__ = ["Group", "group_runs", "field_value", "columns", "table_rows", "rich_table", "unfinished_rows",
            "IGNORED_KEYS", "BadField"]
 
-#: config keys that never split a group: the seed (what groups average over) and
-#: settings that change only what is logged, not what is trained
-IGNORED_KEYS = ("seed", "progress_bar", "log_u_every", "logger", "diagnostics", "run_test")
+from ..identity import IGNORED_KEYS, identity
 
 #: fields read from summary.json / the run itself rather than from the config
 RUN_FIELDS = ("task", "scheme", "heads", "seed", "model", "d_model", "steps", "parameters")
@@ -28,10 +26,6 @@ RUN_FIELDS = ("task", "scheme", "heads", "seed", "model", "d_model", "steps", "p
 
 class BadField(ValueError):
     """A --group-by field that no run has."""
-
-
-def _ignored(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in IGNORED_KEYS)
 
 
 def field_value(run: Run, name: str) -> Any:
@@ -140,9 +134,9 @@ def group_runs(runs: Sequence[Run], by: Sequence[str] | None = None) -> list[Gro
 def _identity(run: Run) -> dict[str, Any]:
     """What defines a run's setup: its config minus ``IGNORED_KEYS``, or without a saved
     config the setup fields of summary.json."""
-    flat = {k: v for k, v in run.flat_config.items() if not _ignored(k)}
+    flat = identity(run.config)
     if flat:
-        return flat
+        return {k: (tuple(v) if isinstance(v, list) else v) for k, v in flat.items()}
     s = run.summary or {}
     return {k: s.get(k) for k in ("model", "d_model", "steps") if k in s}
 

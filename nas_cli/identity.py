@@ -1,0 +1,44 @@
+"""A configuration's identity without its seed: what groups the seeds of one setup.
+
+``config_id`` hashes the composed config minus the seed and the settings that change only what
+is logged or saved (``IGNORED_KEYS``); ``task.seed`` is left out where it just follows the run's
+seed (the translation tasks' batch order). Every run carries it in its W&B config and as the
+tag ``cfg:<id>`` (group the W&B runs table by it to collapse seeds), and in ``summary.json``;
+``nas-report`` groups runs by the same rule.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+#: config keys that never split a group: the seed (what groups average over) and settings
+#: that change only what is logged or saved, not what is trained
+IGNORED_KEYS = ("seed", "progress_bar", "log_u_every", "logger", "diagnostics", "run_test", "checkpoint")
+
+
+def ignored(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in IGNORED_KEYS)
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = node
+    return out
+
+
+def identity(config: dict) -> dict[str, Any]:
+    """The flattened config that defines a setup (seed and logging-only keys removed)."""
+    flat = flatten(config)
+    seed = flat.get("seed")
+    return {k: v for k, v in flat.items()
+            if not ignored(k) and not (k == "task.seed" and seed is not None and v == seed)}
+
+
+def config_id(config: dict) -> str:
+    data = json.dumps(sorted((k, repr(v)) for k, v in identity(config).items()))
+    return hashlib.sha256(data.encode()).hexdigest()[:12]
