@@ -118,6 +118,19 @@ def _fail(message: str, code: int = 2, kind: str = "error", color: str = "red"):
     sys.exit(code)
 
 
+#: set when a sweep is launched again into its own directory: finished jobs are skipped
+SWEEP_CONTINUE_ENV = "NAS_RUN_SWEEP_CONTINUE"
+
+
+def _sweep_overrides(root: Path) -> list[str] | None:
+    """The task overrides of the sweep that made ``root`` (its multirun.yaml), None if unknown."""
+    try:
+        saved = OmegaConf.load(root / "multirun.yaml")
+        return [str(o) for o in saved.hydra.overrides.task]
+    except Exception:  # noqa: BLE001 - missing or damaged: cannot tell it is the same sweep
+        return None
+
+
 class RunGuard(Callback):
     """Hydra callback, before Hydra writes anything: check the composed options (one line per
     problem), never start in a directory that holds a finished run or sweep, and own the
@@ -145,9 +158,18 @@ class RunGuard(Callback):
         root = Path(str(config.hydra.sweep.dir))
         try:
             check_config(config)
-            if any(root.glob("*/summary.json")):
-                raise UserError(f"{root} already holds a finished sweep (summary.json); nothing was overwritten: "
-                                "choose another hydra.sweep.dir")
+            if any(root.glob("*/summary.json")) or any(root.glob("*/checkpoints")):
+                earlier = _sweep_overrides(root)
+                now = [str(o) for o in config.hydra.overrides.task]
+                if earlier != now:
+                    raise UserError(f"{root} holds a sweep of other overrides ({' '.join(earlier or ['?'])}); "
+                                    "nothing was overwritten: choose another hydra.sweep.dir, or repeat that sweep's "
+                                    "exact command to continue it")
+                os.environ[SWEEP_CONTINUE_ENV] = str(root.resolve())
+                done = len(list(root.glob("*/summary.json")))
+                Console(stderr=True).print(f"[bold yellow]nas-run: continuing the sweep in {root}:[/] {done} finished "
+                                           "job(s) are skipped, unfinished ones resume from their checkpoints",
+                                           highlight=False, soft_wrap=True)
             acquire(root, "sweep")
         except UserError as err:
             _fail(str(err))
@@ -195,6 +217,13 @@ def _job(cfg: DictConfig):
         acquire(run_dir)  # a single run took it before Hydra wrote anything (RunGuard); a sweep job here
     except UserError as err:  # another process owns it: write nothing there
         _fail(str(err))
+    if multirun and (run_dir / "summary.json").is_file() and os.environ.get(SWEEP_CONTINUE_ENV):
+        release(run_dir)  # a continued sweep: this job finished in an earlier launch
+        summary = json.loads((run_dir / "summary.json").read_text())
+        Console(stderr=True).print(f"nas-run: {run_dir.name}: finished in an earlier launch of this sweep: skipped",
+                                   highlight=False, soft_wrap=True)
+        value = (summary.get("best_val") or {}).get("value")
+        return float("nan") if value is None else float(value)
     try:
         if continuing(run_dir):
             record_resume(run_dir, list(hc.overrides.task))

@@ -281,3 +281,24 @@ def test_secrets_in_nested_quoted_and_list_overrides_never_reach_files(tmp_path)
         for secret in secrets:
             assert secret.encode() not in data, (p, secret)
     assert "user:me" in (run / ".hydra" / "overrides.yaml").read_text()  # only the secret part is masked
+
+
+# ---- resumable sweeps (issue #20) -------------------------------------------------------------
+def test_a_killed_sweep_launched_again_skips_finished_jobs_and_resumes_the_rest(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ("-m", *FAST, "trainer.max_steps=20,40", "checkpoint.last_every_n_steps=10", f"hydra.sweep.dir={sweep}")
+    killed = run_with_fault("kill@step:25", *args, cwd=tmp_path)  # job 0 (20 steps) finishes, job 1 dies at 25
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    first, second = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert (first / "summary.json").is_file() and not (second / "summary.json").exists()
+    finished = (first / "summary.json").read_bytes()
+
+    other = nas_run("-m", *FAST, "trainer.max_steps=20,30", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert "holds a sweep of other overrides" in one_line_error(other)
+
+    again = nas_run(*args, cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "continuing the sweep" in again.stderr and f"{first.name}: finished in an earlier launch" in again.stderr
+    assert (first / "summary.json").read_bytes() == finished  # not trained again
+    s = summary(second)
+    assert s["steps"] == 40 and s["resumed_from"] == "checkpoints/last.ckpt"

@@ -146,7 +146,7 @@ def test_joblib_and_optuna_sweeps_and_no_overwrite(tmp_path):
     # the same explicit sweep directory again: refused, nothing overwritten
     before = {p: p.stat().st_mtime_ns for p in joblib_dir.rglob("*") if p.is_file()}
     proc3 = nas_run("-m", *TINY, "trainer.max_steps=6", "attention=unas", f"hydra.sweep.dir={joblib_dir}", cwd=tmp_path)
-    assert proc3.returncode == 2 and "already holds a finished sweep" in proc3.stderr
+    assert proc3.returncode == 2 and "holds a sweep of other overrides" in proc3.stderr
     assert "Traceback" not in proc3.stderr
     assert {p: p.stat().st_mtime_ns for p in joblib_dir.rglob("*") if p.is_file()} == before
 

@@ -323,3 +323,31 @@ def test_adaptive_softmax_is_refused_for_translation(tmp_path, cache):
     from nas_cli.errors import UserError
     with pytest.raises(UserError, match="adaptive_softmax is for language-model tasks"):
         train(cfg, tmp_path / "run", group="t")
+
+
+def test_windows_line_endings_bom_and_gzip_files_are_read_as_plain_text(tmp_path, capfd):
+    """Issue #18: CRLF and a UTF-8 BOM are normalized (one note each file), .gz splits are read."""
+    import gzip
+
+    clean = write_parallel(tmp_path / "clean")
+    messy = tmp_path / "messy"
+    messy.mkdir()
+    for f in clean.iterdir():
+        text = f.read_text(encoding="utf-8")
+        if f.name.startswith("train"):
+            (messy / f"{f.name}.gz").write_bytes(gzip.compress(text.encode()))
+        else:
+            (messy / f.name).write_bytes(("\ufeff" + text.replace("\n", "\r\n")).encode("utf-8"))
+    tasks = []
+    for root in (clean, messy):
+        task = TranslationTask("x", "de", "en", path=str(root), vocab_size=120, cache_dir=str(tmp_path / "cache"))
+        task.setup()
+        tasks.append(task)
+    err = capfd.readouterr().err
+    assert "removed a UTF-8 byte-order mark; converted Windows line endings (CRLF) to \\n (40 lines)" in err
+    assert tasks[0].text == tasks[1].text  # the same sentences, nothing added
+    vocab = tasks[1].tokenizer.get_vocab()
+    assert not [t for t in vocab if "\r" in t or "\ufeff" in t]
+    with pytest.raises(DataError, match=r"valid.de not found \(nor valid.de.gz\)"):
+        (messy / "valid.de").unlink()
+        TranslationTask("x", "de", "en", path=str(messy), vocab_size=120, cache_dir=str(tmp_path / "c2")).setup()
