@@ -324,6 +324,9 @@ def main() -> None:
     for name in ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
+        from .overrides import check_overrides
+
+        check_overrides(sys.argv[1:], CONF_DIR)  # typos: one line with the closest name, before Hydra
         sys.argv = [sys.argv[0], *resume_argv(sys.argv[1:])]
     except UserError as err:
         _fail(str(err))

@@ -99,3 +99,18 @@ def test_unknown_group_choice_lists_valid_options(tmp_path):
     assert proc.returncode != 0
     assert "Could not find 'attention/bogus'" in proc.stderr and "dnas" in proc.stderr and "sinkhorn" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["model.head=4"], "model.head is not an option; did you mean model.heads?"),
+    (["atention=dnas"], "atention is not an option; did you mean attention?"),
+    (["attention=dnass"], "attention=dnass: no such choice; did you mean dnas?"),
+    (["-m", "attention=unas,dnass"], "attention=dnass: no such choice; did you mean dnas?"),
+    (["+model.head=4"], "+model.head: nas-run does not read this key, so it would be ignored; did you mean model.heads?"),
+    (["modle.heads=4"], "there is no 'modle' section; did you mean model?"),
+])
+def test_typos_get_one_line_with_the_closest_name(tmp_path, args, needle):
+    proc = nas_run(*args, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()

@@ -1,0 +1,90 @@
+"""Typos on the command line, caught before Hydra: one line with the closest valid name.
+
+Hydra answers ``model.head=4`` or ``atention=dnas`` with a six-line message and exit code 1,
+and suggests ``+model.head=4``, which then trains with the key silently ignored.
+:func:`check_overrides` composes the configuration the command selects (group choices first,
+a sweep's first value standing for the sweep) and refuses, with exit code 2 and a "did you
+mean" line: an unknown config group or key, and an unknown choice of a group (every value of
+a sweep). ``+key=value`` adds a key on purpose and is left to Hydra, except in the sections
+nas-run reads key by key (``model``, ``optim``, ``checkpoint``, ``diagnostics``), where an added
+key would be silently ignored: it is refused. ``~key`` and ``hydra.*`` overrides are left to Hydra.
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from .errors import UserError
+
+
+def _close(word: str, choices) -> str:
+    found = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
+    return f"; did you mean {found[0]}?" if found else ""
+
+
+#: sections whose keys nas-run reads one by one: a key added there would be ignored
+CLOSED_SECTIONS = ("model", "optim", "checkpoint", "diagnostics")
+
+
+def _values(override) -> list[str]:
+    """The values an override (or each value of a sweep) stands for, as override text."""
+    if override.is_sweep_override():
+        try:
+            return list(override.sweep_string_iterator())
+        except Exception:  # noqa: BLE001 - range/interval sweeps: nothing to check by name
+            return []
+    return [override.get_value_element_as_str()]
+
+
+def check_overrides(args: list[str], conf_dir: Path) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    if any(a.startswith("--") for a in args) or any(a.startswith("hydra.searchpath") for a in args):
+        return  # another config source (resume=, --config-path, a search path): Hydra checks it
+    plain = [a for a in args if a not in ("-m", "--multirun") and "=" in a and not a.startswith("hydra.")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(plain)
+    except HydraException as err:
+        raise UserError(f"cannot parse the override(s): {str(err).strip().splitlines()[0]}") from None
+    groups = {p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"}
+    chosen, keys = [], []
+    for o in parsed:
+        key = o.key_or_group
+        if o.is_delete() or o.package or (o.is_add() and key.split(".")[0] not in CLOSED_SECTIONS):
+            continue
+        if key in groups:
+            options = [p.stem for p in (conf_dir / key).glob("*.yaml")]
+            values = [v for v in _values(o) if v != "null"]
+            for value in values:
+                if value not in options:
+                    raise UserError(f"{key}={value}: no such choice{_close(value, options)} (choices: "
+                                    f"{', '.join(sorted(options))})")
+            if values:
+                chosen.append(f"{key}={values[0]}")
+        else:
+            keys.append((o, key))
+    if not keys:
+        return
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        cfg = compose("config", overrides=chosen)
+    for o, key in keys:
+        if OmegaConf.select(cfg, key, default=_MISSING, throw_on_resolution_failure=False) is not _MISSING:
+            continue
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+        if parent and node is None:
+            top = parent.split(".")[0]
+            raise UserError(f"{key}: there is no '{top}' section{_close(top, [*cfg.keys(), *groups])} "
+                            f"(sections: {', '.join(sorted(str(k) for k in cfg.keys()))})")
+        names = [str(k) for k in node.keys()] if hasattr(node, "keys") else []
+        found = difflib.get_close_matches(leaf, sorted(set(names + ([] if parent else list(groups)))), n=1, cutoff=0.6)
+        hint = f"; did you mean {f'{parent}.' if parent else ''}{found[0]}?" if found else ""
+        if o.is_add():
+            raise UserError(f"+{key}: nas-run does not read this key, so it would be ignored{hint}")
+        raise UserError(f"{key} is not an option{hint} (to add a new key on purpose, write +{key}=...)")
+
+
+_MISSING = object()
