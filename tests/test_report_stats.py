@@ -183,3 +183,23 @@ def test_report_comparison_bad_input_one_line(compare_sweep, tmp_path):
     (jobs[1] / "test_items.json").write_text(json.dumps(items))
     proc = report(copy, "--baseline", "scheme=unas", cwd=tmp_path)
     assert proc.returncode == 2 and "different test sets" in proc.stderr
+
+
+def test_nas_eval_results_are_rows_of_their_own_and_can_be_compared(compare_sweep, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(compare_sweep, copy)
+    job = sorted(p for p in copy.iterdir() if (p / "summary.json").exists())[0]
+    ev = subprocess.run([str(Path(NAS_RUN).with_name("nas-eval")), str(job), "--name", "again"],
+                        capture_output=True, text=True, cwd=tmp_path)
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    assert (job / "eval" / "again.items.json").is_file()
+    proc = report(copy, "--baseline", "scheme=unas", "--format", "json", "--metrics", "exact_match",
+                  "--samples", "50", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    main, verdicts = [json.loads(t) for t in proc.stdout.replace("}\n{", "}\n\x00{").split("\x00")]
+    assert any("[eval:again]" in r["scheme"] for r in main["rows"])
+    again = [v for v in verdicts["rows"] if "[eval:again]" in v["system"]]
+    # the same checkpoint evaluated again: identical outputs, no difference
+    assert len(again) == 1 and again[0]["verdict"].startswith("no significant difference") and again[0]["p"] == "1.000"

@@ -22,6 +22,8 @@ __all__ = ["Run", "find_runs", "load_run", "flatten", "TEST_METRICS"]
 TEST_METRICS = (
     ("test/exact_match", "exact match", True),
     ("test/bleu", "BLEU", True),
+    ("test/bleu_tok", "tok. BLEU", True),
+    ("test/chrf", "chrF", True),
     ("test/rouge1", "ROUGE-1", True),
     ("test/rouge2", "ROUGE-2", True),
     ("test/rougeL", "ROUGE-L", True),
@@ -96,6 +98,8 @@ class Run:
     diagnostics: dict | None = None  # diagnostics/summary.json (end of fit)
     latest: dict | None = None  # diagnostics/latest.json (last analysed validation)
     failure: dict | None = None  # failed.json: the one-line reason a run stopped on bad input or an error
+    variant: str | None = None  # a nas-eval result of this run (eval/<name>.json): its own row
+    items_path: Path | None = None  # per-item test outputs (test_items.json, or eval/<name>.items.json)
 
     @property
     def finished(self) -> bool:
@@ -209,13 +213,22 @@ class Run:
 
     @property
     def label(self) -> str:
-        return f"{self.task} {self.scheme} h{self.heads}"
+        return f"{self.task} {self.scheme} h{self.heads}" + (f" [{self.variant}]" if self.variant else "")
+
+    @property
+    def tested(self) -> str:
+        """Which weights the test used: 'step N', 'no validation' (the final weights), or '?' (older runs)."""
+        t = (self.summary or {}).get("tested")
+        if not isinstance(t, dict):
+            return "?"
+        return f"step {t.get('step')}" if t.get("checkpoint") else "no validation"
 
 
 def load_run(run_dir: str | Path) -> Run:
     run_dir = Path(run_dir)
     diag = run_dir / "diagnostics"
     return Run(path=run_dir, summary=_read_json(run_dir / "summary.json"), config=_read_config(run_dir),
+               items_path=run_dir / "test_items.json",
                diagnostics=_read_json(diag / "summary.json"), latest=_read_json(diag / "latest.json"),
                failure=_read_json(run_dir / "failed.json"))
 
@@ -244,4 +257,24 @@ def find_runs(paths: Iterable[str | Path]) -> list[Run]:
                 dirnames[:] = []  # a run directory holds no further runs
                 continue
             dirnames[:] = sorted(n for n in dirnames if n not in _SKIP_DIRS)
-    return [found[k] for k in sorted(found)]
+    return [r for k in sorted(found) for r in (found[k], *eval_variants(found[k]))]
+
+
+def eval_variants(run: Run) -> list[Run]:
+    """``nas-eval`` results of a finished run (``eval/<name>.json`` on the test split), each as a
+    run of its own (same config, the evaluation's metrics) named ``eval:<name>``."""
+    out = []
+    if not run.finished:
+        return out
+    for path in sorted((run.path / "eval").glob("*.json")):
+        if path.name.endswith(".items.json"):
+            continue
+        data = _read_json(path)
+        if not data or data.get("split") != "test" or not isinstance(data.get("metrics"), dict):
+            continue
+        summary = {**run.summary, "test": data["metrics"], "tested": {"checkpoint": ",".join(
+            Path(c).name for c in data.get("checkpoints", [])) or "?", "step": None}}
+        out.append(Run(path=run.path, summary=summary, config=run.config, diagnostics=run.diagnostics,
+                       latest=run.latest, variant=f"eval:{path.stem}",
+                       items_path=path.with_name(f"{path.stem}.items.json")))
+    return out

@@ -44,6 +44,8 @@ def _matches(group: Group, selector: dict[str, str]) -> bool:
 def select_baseline(groups: Sequence[Group], text: str) -> Group:
     selector = parse_selector(text)
     found = [g for g in groups if _matches(g, selector)]
+    if len(found) > 1 and "variant" not in selector:  # the trained runs, not their nas-eval results
+        found = [g for g in found if all(r.variant is None for r in g.runs)] or found
     if len(found) == 1:
         return found[0]
     labels = "; ".join(g.label for g in groups)
@@ -54,7 +56,7 @@ def select_baseline(groups: Sequence[Group], text: str) -> Group:
 
 
 def load_items(run: Run) -> dict | None:
-    path = Path(run.path) / ITEMS_FILE
+    path = run.items_path or Path(run.path) / ITEMS_FILE
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

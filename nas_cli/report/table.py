@@ -40,6 +40,8 @@ def field_value(run: Run, name: str) -> Any:
         return run.heads
     if name == "seed":
         return run.seed
+    if name == "variant":
+        return run.variant
     if name.startswith("placement."):
         return run.placement.get(name.split(".", 1)[1])
     if name in RUN_FIELDS and run.summary and name in run.summary:
@@ -49,7 +51,7 @@ def field_value(run: Run, name: str) -> Any:
 
 def _default_key(run: Run) -> tuple:
     if run.flat_config:
-        return ("config", tuple(sorted((k, repr(v)) for k, v in _identity(run).items())))
+        return ("config", run.variant, tuple(sorted((k, repr(v)) for k, v in _identity(run).items())))
     s = run.summary or {}  # no .hydra/config.yaml: what summary.json says about the setup
     return ("summary", run.task, run.scheme, tuple(sorted(run.placement.items())), run.heads,
             s.get("model"), s.get("d_model"), s.get("steps"), s.get("parameters"))
@@ -98,7 +100,9 @@ class Group:
     @property
     def label(self) -> str:
         extra = " ".join(f"{k}={v}" for k, v in self.distinct.items())
-        return f"{self.common(lambda r: r.scheme)} h{self.common(lambda r: r.heads)}" + (f" {extra}" if extra else "")
+        variant = self.common(lambda r: r.variant)
+        return (f"{self.common(lambda r: r.scheme)} h{self.common(lambda r: r.heads)}" + (f" {extra}" if extra else "")
+                + (f" [{variant}]" if variant != "-" else ""))
 
     @property
     def seeds(self) -> list:
@@ -201,7 +205,8 @@ def columns(groups: Sequence[Group]) -> list[Column]:
         return Column(title, lambda g, name=name, kind=kind: _cell(g.stat(name), kind, g.n), name)
 
     cols = [Column("task", lambda g: g.common(lambda r: r.task)),
-            Column("scheme", lambda g: g.common(lambda r: r.scheme)),
+            Column("scheme", lambda g: g.common(lambda r: r.scheme)
+                   + (f" [{g.common(lambda r: r.variant)}]" if g.common(lambda r: r.variant) != "-" else "")),
             Column("heads", lambda g: g.common(lambda r: r.heads))]
     if any(g.distinct for g in groups):
         cols.append(Column("config", lambda g: " ".join(f"{k}={v}" for k, v in g.distinct.items()) or "-"))
@@ -221,6 +226,8 @@ def columns(groups: Sequence[Group]) -> list[Column]:
         cols.append(num("JSD", "jsd", "p3"))
     if any(r.value("explained_away") is not None for r in runs):
         cols.append(num("expl. away", "explained_away", "pct"))
+    if any(r.tested in ("no validation",) or r.value("steps") == 0 for r in runs):
+        cols.append(Column("tested", lambda g: g.common(lambda r: "untrained" if r.value("steps") == 0 else r.tested)))
     cols.append(num("tokens/s", "tokens_per_s", "int"))
     cols.append(Column("seed" + ("s" if grouped else ""), lambda g: ",".join(map(str, g.seeds)) or "-"))
     return cols
