@@ -263,6 +263,10 @@ def test_html_report_renders_in_headless_chromium(report, tmp_path):
     assert not errors, errors
     dom = subprocess.run([*common, "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
+    # the page never needs a horizontal scroll bar at 1400 px
+    wide = subprocess.run([*common, "--window-size=1400,1000", "--dump-dom", html.as_uri()], capture_output=True,
+                          text=True, timeout=120)
+    assert 'data-overflow="no"' in wide.stdout
     # the inline script ran and every embedded figure decoded
     assert f'data-images-ok="{n_img}/{n_img}"' in dom.stdout
     assert f"figures decoded: {n_img} of {n_img}" in dom.stdout

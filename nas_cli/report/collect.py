@@ -173,6 +173,8 @@ class Run:
         if name == "best_val":
             return _num((s.get("best_val") or {}).get("value"))
         if name.startswith("test/"):
+            if name == "test/exact_match" and self.best_val_metric not in (None, "val/exact_match"):
+                return None  # a task's own metrics only: exact match means nothing for translation or headlines
             return _num((s.get("test") or {}).get(name))
         locs = self.diag_locations()
         key = {"jsd": "jsd_mean", "explained_away": "explained_away_frac", "entropy": "entropy_mean",

@@ -73,8 +73,8 @@ def metrics_for(groups: Sequence[Group], wanted: Sequence[str] | None) -> list[s
             raise CompareError(f"--metrics {','.join(unknown)}: no paired test for it; choose from "
                                f"{', '.join(m.split('/')[1] for m in stats.METRICS)}")
         return names
-    present = {k for g in groups for r in g.runs for k in ((r.summary or {}).get("test") or {})}
-    return [m for m, _, _ in TEST_METRICS if m in present and m in stats.METRICS]
+    return [m for m, _, _ in TEST_METRICS if m in stats.METRICS
+            and any(r.value(m) is not None for g in groups for r in g.runs)]
 
 
 @dataclass

@@ -56,10 +56,28 @@ def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: S
         ax.minorticks_off()
         ax.set_xlabel("heads")
         ax.set_title(f"{name} ({'higher' if higher else 'lower'} is better)", fontsize=9)
-        ax.legend(fontsize=7)
+        _honest_ylim(ax, [p for pts in data.get(name, {}).values() for p in pts])
+    handles, labels = axes[0][0].get_legend_handles_labels()
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.82, 1))
+    if handles:  # one legend for all panels, outside the axes
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.83, 0.5), fontsize=7, frameon=False)
     return _png(fig)
+
+
+def _honest_ylim(ax, points) -> None:
+    """y-limits that show every interval and never blow a negligible gap up to the full axis:
+    the axis spans at least 5% of the values' magnitude."""
+    if not points:
+        return
+    lo = min(m - (e if math.isfinite(e) else 0) for _, m, e in points)
+    hi = max(m + (e if math.isfinite(e) else 0) for _, m, e in points)
+    floor = 0.05 * max(abs(lo), abs(hi), 1e-9)
+    if hi - lo < floor:
+        mid = (hi + lo) / 2
+        lo, hi = mid - floor / 2, mid + floor / 2
+    pad = 0.08 * (hi - lo)
+    ax.set_ylim(lo - pad, hi + pad)
 
 
 def heatmap_grid(rows: Sequence[tuple[str, Sequence[np.ndarray]]], title: str) -> bytes:
@@ -97,7 +115,7 @@ def log_mass_overlay(hists: dict[str, np.ndarray], edges: np.ndarray, neg_log_sk
     """Ding et al. Fig. 1: fraction of keys per bin of log sum_i pi_ij, one curve per label,
     dashed line at -log Sk (Theorem 2's DNAS floor for the longest sample)."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.6, 3.4))
+    fig, ax = plt.subplots(figsize=(7.2, 3.4))
     for k, (label, counts) in enumerate(hists.items()):
         counts = np.asarray(counts, dtype=float)
         frac = counts / counts.sum() if counts.sum() > 0 else counts
@@ -110,7 +128,7 @@ def log_mass_overlay(hists: dict[str, np.ndarray], edges: np.ndarray, neg_log_sk
     ax.set_xlabel("log(sum_i pi_ij)  (first bin: at or below its edge)", fontsize=8)
     ax.set_ylabel("fraction of keys", fontsize=8)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # outside the axes
     fig.tight_layout()
     return _png(fig)
 

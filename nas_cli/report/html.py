@@ -38,6 +38,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;mar
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}
+.tw{max-width:100%;overflow-x:auto}td.long{white-space:normal;min-width:12em;max-width:28em;text-align:left}
 th{background:#f3f3f3}td:nth-child(-n+3){text-align:left}
 .figs{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}
 figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:12px;color:#555}
@@ -49,6 +50,8 @@ window.addEventListener("load", function () {
   var imgs = Array.prototype.slice.call(document.images);
   var ok = imgs.filter(function (im) { return im.complete && im.naturalWidth > 0; }).length;
   document.body.setAttribute("data-images-ok", ok + "/" + imgs.length);
+  var root = document.documentElement;
+  document.body.setAttribute("data-overflow", root.scrollWidth > root.clientWidth + 1 ? "yes" : "no");
   var s = document.getElementById("status");
   if (s) { s.textContent = "figures decoded: " + ok + " of " + imgs.length; }
 });
@@ -65,14 +68,22 @@ def _img(png: bytes, alt: str, caption: str | None = None) -> str:
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    body = "".join("<tr>" + "".join(_td(c) for c in row) + "</tr>" for row in rows)
+    # never wider than the page: long text cells wrap, a table still too wide scrolls in its own box
+    return f'<div class="tw"><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _td(cell) -> str:
+    text = html.escape(str(cell))
+    return f'<td class="long">{text}</td>' if len(str(cell)) > 40 else f"<td>{text}</td>"
 
 
 def metric_vs_heads(groups: Sequence[Group], task: str) -> bytes | None:
     """One panel per test metric (or the best validation value if no test ran), x = heads,
     one line per scheme, mean ± 95% CI (Student t) over seeds."""
     gs = [g for g in groups if g.common(lambda r: r.task) == task and g.runs[0].heads]
+    if len({g.runs[0].heads for g in gs}) < 2:
+        return None  # one number of heads: nothing to draw over heads
     metrics = [(k, t, hi) for k, t, hi in TEST_METRICS if any(g.stat(k) for g in gs)]
     if not metrics:
         names = {r.best_val_metric or "val" for g in gs for r in g.runs}
