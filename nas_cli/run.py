@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import re
 import secrets

@@ -9,7 +9,6 @@ intervals, never a made-up interval.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
