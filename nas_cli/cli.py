@@ -194,7 +194,8 @@ def _job(cfg: DictConfig):
     from pytorch_lightning.utilities import rank_zero_only
 
     from .checks import check_config
-    from .run import redact_files, train  # heavy imports after Hydra has parsed the command line
+    from .redaction import redact_files
+    from .run import train  # heavy imports after Hydra has parsed the command line
     from .rundir import acquire, clear_failed, mark_failed, release
 
     hc = HydraConfig.get()
@@ -285,7 +286,7 @@ def record_resume(run_dir: Path, overrides: list[str]) -> None:
 
     import yaml
 
-    from .run import redact
+    from .redaction import redact
     from .rundir import atomic_write_text
 
     path = run_dir / ".hydra" / "resumes.yaml"

@@ -42,7 +42,7 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
-    if any(a.startswith("--") for a in args) or any(a.startswith("hydra.searchpath") for a in args):
+    if any(a.startswith(("--", "hydra.searchpath", "resume=")) for a in args):
         return  # another config source (resume=, --config-path, a search path): Hydra checks it
     plain = [a for a in args if a not in ("-m", "--multirun") and "=" in a and not a.startswith("hydra.")]
     try:

@@ -5,11 +5,9 @@ Called by the Hydra entry point in :mod:`nas_cli.cli` once per job (also in mult
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import secrets
-import shutil
 import signal
 import string
 import sys
@@ -24,104 +22,21 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import RichProgressBar
-from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from .attention import SchemeError
+from .checkpoints import AtomicCheckpointIO, PeriodicCheckpoint  # noqa: F401  (AtomicCheckpointIO: re-exported)
 from .errors import SignalStop, Stopped, UserError
 from .identity import config_id
 from .lit import NasLitModule
 from .registry import placement, scheme_tag
 from .resume import (CHAINED, STOP_SIGNALS, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint,
                      continue_finished, pick_checkpoint)
+from .redaction import redact, redact_files, redacted_argv  # noqa: F401  (redact_files: used by the CLI)
 from .rundir import atomic_write_json, atomic_write_text, continuing
 from .scale import StepSeed, shard_and_resume
 from .schedule import ValidateAtEnd
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write checkpoints to a temporary file in the same directory, then rename.
-
-    A run killed mid-save leaves at most a ``*.tmp`` file, never a truncated ``.ckpt``
-    that looks complete."""
-
-    def save_checkpoint(self, checkpoint, path, storage_options=None):
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        checkpoint = _xla_to_cpu(checkpoint)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: two writers never share it
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
-            code = _space_errno(err, path.parent, checkpoint)
-            if code is None:
-                raise
-            free = shutil.disk_usage(path.parent).free
-            raise UserError(f"cannot write checkpoint {path}: {os.strerror(code)} ({free / 2**20:,.0f} MiB free "
-                            f"on that disk); the previous checkpoint is intact: free some space, then continue "
-                            f"with nas-run resume={path.parent.parent}") from None
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def load_checkpoint(self, path, map_location=None, weights_only=None):
-        # always the restricted unpickler: checkpoints hold tensors and plain containers only
-        return super().load_checkpoint(path, map_location=map_location or (lambda storage, loc: storage),
-                                       weights_only=True)
-
-
-def _space_errno(err: BaseException, folder: Path, checkpoint) -> int | None:
-    """ENOSPC / EDQUOT / EFBIG if ``err`` means the checkpoint did not fit, else None. torch.save
-    hides the errno in a RuntimeError: then compare the checkpoint's size with the free space
-    and the process's file-size limit."""
-    code = getattr(err, "errno", None)
-    if code is not None:
-        return code if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else None
-    import io
-    import resource
-
-    buf = io.BytesIO()
-    torch.save(checkpoint, buf)
-    size = buf.tell()
-    if size >= shutil.disk_usage(folder).free:
-        return errno.ENOSPC
-    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    if soft != resource.RLIM_INFINITY and size > soft:
-        return errno.EFBIG
-    return None
-
-
-def _xla_to_cpu(data):
-    """TPU tensors cannot be pickled directly: bring them to the CPU first (others stay as they are)."""
-    if "torch_xla" not in sys.modules:
-        return data
-    from lightning_utilities.core.apply_func import apply_to_collection
-
-    return apply_to_collection(data, torch.Tensor, lambda t: t.cpu() if t.device.type == "xla" else t)
-
-
-class PeriodicCheckpoint(pl.Callback):
-    """``step<N>.ckpt`` every ``every`` optimizer steps, keeping the newest ``keep``
-    (for checkpoint averaging). Saved through the trainer, so writes are atomic."""
-
-    def __init__(self, dirpath: Path, every: int, keep: int):
-        self.dirpath, self.every, self.keep = Path(dirpath), every, max(1, keep)
-        self._last_saved = -1
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step = trainer.global_step
-        if step == 0 or step % self.every or step == self._last_saved:
-            return
-        self._last_saved = step
-        trainer.save_checkpoint(self.dirpath / f"step{step}.ckpt", weights_only=False)
-        if trainer.is_global_zero:
-            found = sorted(self.dirpath.glob("step*.ckpt"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else -1)
-            for old in found[: -self.keep]:
-                old.unlink(missing_ok=True)
 
 
 def _unwrap(err: Exception) -> str:
@@ -215,100 +130,6 @@ def _new_run_id() -> str:
 
 
 #: name parts that mark a config key as a secret (``logger.api_key``, ``access_token``, ``password``)
-SECRET_PARTS = {"key", "apikey", "token", "secret", "secrets", "password", "passwd", "credential", "credentials"}
-
-
-def is_secret(key: str) -> bool:
-    """``logger.api_key``, ``accessToken``, ``password`` are; ``max_tokens`` and ``monkey`` are not."""
-    last = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(key).rsplit(".", 1)[-1]).lower()
-    return bool(SECRET_PARTS.intersection(re.split(r"[^a-z0-9]+", last.lstrip("+~"))))
-
-
-_KEY = re.compile(r"([+~]{0,2}[A-Za-z_][\w.@/-]*)\s*([=:])\s*")
-
-
-def _value_end(text: str, j: int) -> int:
-    """End of the value that starts at ``text[j]``: a quoted string, a {...} or [...] (nested,
-    quotes respected), or a plain token up to ``,``, ``}``, ``]`` or white space."""
-    n = len(text)
-    if j < n and text[j] in "\"'":
-        quote, k = text[j], j + 1
-        while k < n and text[k] != quote:
-            k += 2 if text[k] == "\\" else 1
-        return min(k + 1, n)
-    if j < n and text[j] in "{[":
-        depth, k = 0, j
-        while k < n:
-            c = text[k]
-            if c in "\"'":
-                k = _value_end(text, k)
-                continue
-            depth += c in "{["
-            depth -= c in "}]"
-            k += 1
-            if depth == 0:
-                return k
-        return n
-    k = j
-    while k < n and text[k] not in ",}] \t\n":
-        k += 1
-    return k
-
-
-def _redact_text(text: str) -> str:
-    """``key=value`` and ``key: value`` pairs of secret keys masked, at any depth of an override
-    (``+logger.auth={token:abc}``, ``+logger.api_key="a b"``, ``+keys=[a,b]``)."""
-    out, i = [], 0
-    while True:
-        m = _KEY.search(text, i)
-        if m is None:
-            out.append(text[i:])
-            return "".join(out)
-        out.append(text[i:m.start()])
-        if is_secret(m.group(1)):
-            out.append(f"{m.group(1)}{m.group(2)}***")
-            i = _value_end(text, m.end())
-        else:  # keep the key; keep scanning inside its value (nested dicts)
-            out.append(text[m.start():m.end()])
-            i = m.end()
-
-
-def redact(node):
-    """A config tree (dict/list/str) with secret keys dropped at any depth and secret values in
-    strings (Hydra's override lists, recorded command lines) masked as ``key=***``."""
-    if isinstance(node, dict):
-        return {k: redact(v) for k, v in node.items() if not is_secret(k)}
-    if isinstance(node, (list, tuple)):
-        return [redact(v) for v in node]
-    if isinstance(node, str):
-        return _redact_text(node)
-    return node
-
-
-def redact_files(*paths: Path) -> None:
-    """Rewrite Hydra's saved YAML files (config, hydra, overrides, multirun) without secrets."""
-    for path in paths:
-        if not path.is_file():
-            continue
-        data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-        clean = redact(data)
-        if clean != data:
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            OmegaConf.save(OmegaConf.create(clean), tmp)
-            os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def redacted_argv() -> Iterator[None]:
-    """W&B records the command line (``sys.argv``) with a run: show it secret overrides masked."""
-    saved = sys.argv
-    sys.argv = [redact(a) for a in saved]
-    try:
-        yield
-    finally:
-        sys.argv = saved
-
-
 def public_config(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config with anything that looks like a secret dropped, plus the
     attention placement spelled out per location."""

@@ -1,0 +1,107 @@
+"""Checkpoint files: written atomically, read safely, and a full disk said in one line.
+
+* :class:`AtomicCheckpointIO`: every checkpoint goes to a temporary file with a per-process name
+  in the same directory, is flushed to disk, then renamed over the old one, so a run killed
+  mid-save leaves at most a temp file, never a truncated ``.ckpt``; loading always uses the
+  restricted unpickler (``weights_only=True``). A disk or quota that fills up while saving stops
+  the run with one line naming the file and the free space; the previous checkpoint is intact.
+* :class:`PeriodicCheckpoint`: ``step<N>.ckpt`` every N steps, the newest ``keep`` kept (for
+  checkpoint averaging in ``nas-eval``).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.plugins.io import TorchCheckpointIO
+
+from .errors import UserError
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write checkpoints to a temporary file in the same directory, then rename.
+
+    A run killed mid-save leaves at most a ``*.tmp`` file, never a truncated ``.ckpt``
+    that looks complete."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint = _xla_to_cpu(checkpoint)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: two writers never share it
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+            code = _space_errno(err, path.parent, checkpoint)
+            if code is None:
+                raise
+            free = shutil.disk_usage(path.parent).free
+            raise UserError(f"cannot write checkpoint {path}: {os.strerror(code)} ({free / 2**20:,.0f} MiB free "
+                            f"on that disk); the previous checkpoint is intact: free some space, then continue "
+                            f"with nas-run resume={path.parent.parent}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None):
+        # always the restricted unpickler: checkpoints hold tensors and plain containers only
+        return super().load_checkpoint(path, map_location=map_location or (lambda storage, loc: storage),
+                                       weights_only=True)
+
+
+def _space_errno(err: BaseException, folder: Path, checkpoint) -> int | None:
+    """ENOSPC / EDQUOT / EFBIG if ``err`` means the checkpoint did not fit, else None. torch.save
+    hides the errno in a RuntimeError: then compare the checkpoint's size with the free space
+    and the process's file-size limit."""
+    code = getattr(err, "errno", None)
+    if code is not None:
+        return code if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else None
+    import io
+    import resource
+
+    buf = io.BytesIO()
+    torch.save(checkpoint, buf)
+    size = buf.tell()
+    if size >= shutil.disk_usage(folder).free:
+        return errno.ENOSPC
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if soft != resource.RLIM_INFINITY and size > soft:
+        return errno.EFBIG
+    return None
+
+
+def _xla_to_cpu(data):
+    """TPU tensors cannot be pickled directly: bring them to the CPU first (others stay as they are)."""
+    if "torch_xla" not in sys.modules:
+        return data
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    return apply_to_collection(data, torch.Tensor, lambda t: t.cpu() if t.device.type == "xla" else t)
+
+
+class PeriodicCheckpoint(pl.Callback):
+    """``step<N>.ckpt`` every ``every`` optimizer steps, keeping the newest ``keep``
+    (for checkpoint averaging). Saved through the trainer, so writes are atomic."""
+
+    def __init__(self, dirpath: Path, every: int, keep: int):
+        self.dirpath, self.every, self.keep = Path(dirpath), every, max(1, keep)
+        self._last_saved = -1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step == 0 or step % self.every or step == self._last_saved:
+            return
+        self._last_saved = step
+        trainer.save_checkpoint(self.dirpath / f"step{step}.ckpt", weights_only=False)
+        if trainer.is_global_zero:
+            found = sorted(self.dirpath.glob("step*.ckpt"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else -1)
+            for old in found[: -self.keep]:
+                old.unlink(missing_ok=True)

@@ -1,0 +1,107 @@
+"""Secrets never reach a file: keys that look like secrets are dropped from saved configs and
+masked in override strings and recorded command lines, at any depth and in any form of
+override (``+logger.auth={token:...}``, ``+logger.api_key="a b"``, list values)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from omegaconf import OmegaConf
+
+
+SECRET_PARTS = {"key", "apikey", "token", "secret", "secrets", "password", "passwd", "credential", "credentials"}
+
+
+def is_secret(key: str) -> bool:
+    """``logger.api_key``, ``accessToken``, ``password`` are; ``max_tokens`` and ``monkey`` are not."""
+    last = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(key).rsplit(".", 1)[-1]).lower()
+    return bool(SECRET_PARTS.intersection(re.split(r"[^a-z0-9]+", last.lstrip("+~"))))
+
+
+_KEY = re.compile(r"([+~]{0,2}[A-Za-z_][\w.@/-]*)\s*([=:])\s*")
+
+
+def _value_end(text: str, j: int) -> int:
+    """End of the value that starts at ``text[j]``: a quoted string, a {...} or [...] (nested,
+    quotes respected), or a plain token up to ``,``, ``}``, ``]`` or white space."""
+    n = len(text)
+    if j < n and text[j] in "\"'":
+        quote, k = text[j], j + 1
+        while k < n and text[k] != quote:
+            k += 2 if text[k] == "\\" else 1
+        return min(k + 1, n)
+    if j < n and text[j] in "{[":
+        depth, k = 0, j
+        while k < n:
+            c = text[k]
+            if c in "\"'":
+                k = _value_end(text, k)
+                continue
+            depth += c in "{["
+            depth -= c in "}]"
+            k += 1
+            if depth == 0:
+                return k
+        return n
+    k = j
+    while k < n and text[k] not in ",}] \t\n":
+        k += 1
+    return k
+
+
+def _redact_text(text: str) -> str:
+    """``key=value`` and ``key: value`` pairs of secret keys masked, at any depth of an override
+    (``+logger.auth={token:abc}``, ``+logger.api_key="a b"``, ``+keys=[a,b]``)."""
+    out, i = [], 0
+    while True:
+        m = _KEY.search(text, i)
+        if m is None:
+            out.append(text[i:])
+            return "".join(out)
+        out.append(text[i:m.start()])
+        if is_secret(m.group(1)):
+            out.append(f"{m.group(1)}{m.group(2)}***")
+            i = _value_end(text, m.end())
+        else:  # keep the key; keep scanning inside its value (nested dicts)
+            out.append(text[m.start():m.end()])
+            i = m.end()
+
+
+def redact(node):
+    """A config tree (dict/list/str) with secret keys dropped at any depth and secret values in
+    strings (Hydra's override lists, recorded command lines) masked as ``key=***``."""
+    if isinstance(node, dict):
+        return {k: redact(v) for k, v in node.items() if not is_secret(k)}
+    if isinstance(node, (list, tuple)):
+        return [redact(v) for v in node]
+    if isinstance(node, str):
+        return _redact_text(node)
+    return node
+
+
+def redact_files(*paths: Path) -> None:
+    """Rewrite Hydra's saved YAML files (config, hydra, overrides, multirun) without secrets."""
+    for path in paths:
+        if not path.is_file():
+            continue
+        data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        clean = redact(data)
+        if clean != data:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            OmegaConf.save(OmegaConf.create(clean), tmp)
+            os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def redacted_argv() -> Iterator[None]:
+    """W&B records the command line (``sys.argv``) with a run: show it secret overrides masked."""
+    saved = sys.argv
+    sys.argv = [redact(a) for a in saved]
+    try:
+        yield
+    finally:
+        sys.argv = saved
