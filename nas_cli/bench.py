@@ -766,6 +766,9 @@ def make_parser() -> argparse.ArgumentParser:
     att.add_argument("--out-md", type=Path, default=Path("docs/benchmarks.md"))
     att.set_defaults(subparser=att)  # option errors name the subcommand
 
+    from .gpucheck import add_parser as add_gpu_check
+
+    add_gpu_check(sub)
     tr = sub.add_parser(
         "train", help="end-to-end training throughput: nas-run's model and loop vs a plain torch.nn.Transformer loop",
         description="Training tokens/s of nas-run (NasLitModule + Lightning Trainer) per attention scheme and of "
@@ -871,6 +874,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "attention":
         return attention_main(args, args.subparser, argv)
+    if args.command == "gpu-check":
+        from .gpucheck import main as gpu_check
+
+        return gpu_check(args)
     if args.command == "train":
         return train_main(args, args.subparser, argv)
     parser.error(f"unknown command {args.command}")  # pragma: no cover - argparse rejects it first

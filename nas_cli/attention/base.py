@@ -51,6 +51,14 @@ def scaled_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))
 
 
+def full_precision(scores: torch.Tensor) -> torch.Tensor:
+    """Scores in float32 when they came out of a half-precision matmul (fp16/bf16 autocast):
+    the normalizations (column log-sum-exp over queries, prefix sums, Sinkhorn iterations)
+    overflow in fp16 and lose the small weights in bf16, as softmax would (autocast runs
+    softmax in float32 for the same reason). The gpu-check found NaN gradients in fp16 without it."""
+    return scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+
+
 def allowed_mask(
     q_mask: torch.Tensor | None,
     k_mask: torch.Tensor | None,
@@ -219,9 +227,9 @@ class AttentionCore(nn.Module):
         need_weights: bool = False,
     ) -> AttentionOutput:
         allowed = allowed_mask(q_mask, k_mask, self.causal, q.size(-2), k.size(-2), q.device)
-        weights = self.weights_from_logits(scaled_scores(q, k), allowed)
+        weights = self.weights_from_logits(full_precision(scaled_scores(q, k)), allowed)
         dropped = nn.functional.dropout(weights, self.dropout, self.training)
-        out = torch.matmul(dropped, v)  # (B, H, Sq, D)
+        out = torch.matmul(dropped.to(v.dtype), v)  # (B, H, Sq, D)
         return AttentionOutput(out, weights if need_weights else None, self.aux())
 
     def aux(self) -> dict[str, Any]:

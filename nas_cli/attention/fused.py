@@ -29,7 +29,7 @@ import torch
 
 from torch.autograd.function import once_differentiable
 
-from .base import ANCHOR_LIMIT, NEG_INF, doubly_normalized_logits, masked_row_softmax, scaled_scores
+from .base import ANCHOR_LIMIT, NEG_INF, doubly_normalized_logits, full_precision, masked_row_softmax, scaled_scores
 
 
 def _scores_reference(s, allowed, prefix, u):
@@ -176,6 +176,6 @@ def doubly_normalized_attention(q, k, v, allowed, prefix: bool, u=None, dropout_
     :func:`nas_cli.attention.base.allowed_mask`. Same values and gradients as the naive
     autograd formula, fewer passes over (Sq x Sk) tensors."""
     if torch.is_autocast_enabled(q.device.type):  # mixed precision: the autograd formula, cast per op
-        w = _scores_reference(scaled_scores(q, k), allowed, prefix, u)
-        return torch.matmul(torch.nn.functional.dropout(w, dropout_p, training), v)
+        w = _scores_reference(full_precision(scaled_scores(q, k)), allowed, prefix, u)
+        return torch.matmul(torch.nn.functional.dropout(w, dropout_p, training).to(v.dtype), v)
     return _DoublyNormalized.apply(q, k, v, u, allowed, bool(prefix), float(dropout_p), bool(training))
