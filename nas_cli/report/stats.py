@@ -19,6 +19,11 @@
 
   Identical outputs give p = 1 (sacreBLEU would report 1/(trials+1) for a zero difference).
 * :func:`holm`: Holm's step-down adjustment when several groups are compared with one baseline.
+
+The verdict calls a difference significant only when the (Holm-adjusted) p-value is below 0.05
+**and** the 95% interval excludes 0: the paired tests on pooled test items treat every
+(seed, item) pair as independent, while the interval also resamples the seeds, so requiring both
+keeps seed-to-seed variation from being mistaken for an effect.
 """
 from __future__ import annotations
 
@@ -142,7 +147,9 @@ class Comparison:
     def verdict(self, higher_is_better: bool, alpha: float = 0.05) -> str:
         p = self.p_adj if self.p_adj is not None else self.p
         n = len(self.seeds)
-        if p < alpha and self.diff != 0:
+        # significant only if the test on the test items says so AND the interval, which also
+        # resamples the seeds, excludes 0: a test-set p-value alone ignores seed-to-seed variation
+        if p < alpha and self.diff != 0 and (self.low > 0 or self.high < 0):
             better = (self.diff > 0) == higher_is_better
             return f"{'better' if better else 'worse'} ({_p(p, 'p')})"
         return f"no significant difference (n={n}, CI {self.low:+.3g}..{self.high:+.3g}, {_p(p, 'p')})"
