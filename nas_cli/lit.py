@@ -5,6 +5,7 @@ The one place that builds the model from config (:func:`build_model`).
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 import pytorch_lightning as pl
@@ -70,6 +71,8 @@ class NasLitModule(pl.LightningModule):
         super().__init__()
         self.task = task
         self.model = build_model(model_cfg, attn_cfg, task)
+        self.max_positions = int(model_cfg.max_len)
+        self._decode_cap_said = False
         self.optim_cfg = optim_cfg
         if getattr(self.model, "adaptive", False) and float(optim_cfg.label_smoothing):
             raise ValueError("optim.label_smoothing must be 0 with model.adaptive_softmax (the adaptive softmax "
@@ -215,8 +218,17 @@ class NasLitModule(pl.LightningModule):
                 refs.extend(self.task.ids_to_text(row) for row in batch["tgt_out"])
 
     def decode(self, src: torch.Tensor, split: str = "test") -> torch.Tensor:
-        """Greedy or beam decoding as the task's decoding settings say (beam 1 = greedy)."""
+        """Greedy or beam decoding as the task's decoding settings say (beam 1 = greedy). The
+        output length is capped at the model's positions (``model.max_len`` - 1 after BOS),
+        said once per run, instead of failing at the first long source."""
         max_len = self.task.max_decode_len(src.size(1))
+        if max_len > self.max_positions - 1:
+            if not self._decode_cap_said:
+                self._decode_cap_said = True
+                print(f"nas-run: note: decoding stops at model.max_len - 1 = {self.max_positions - 1} tokens: a "
+                      f"{src.size(1)}-token source would allow {max_len} (task.max_len_a x length + task.max_len_b)",
+                      file=sys.stderr)
+            max_len = self.max_positions - 1
         dec = getattr(self.task, "decoding", None)
         beam = (self.task.valid_beam if split == "val" else dec["beam"]) if dec else 1
         if beam <= 1:

@@ -57,7 +57,23 @@ def build_task(cfg: DictConfig):
         raise UserError(f"task '{cfg.task.get('name', '?')}': {_unwrap(err)}") from err
 
 
+def check_lengths(task, model_max_len: int) -> None:
+    """Refuse, before training, evaluation sources longer than the model's positions (they
+    would stop the run at its first validation)."""
+    ids = getattr(task, "ids", None)
+    if not isinstance(ids, dict):
+        return
+    for split in ("valid", "test"):
+        if split in ids and ids[split][0]:
+            longest = max(len(s) for s in ids[split][0])
+            if longest > model_max_len:
+                raise UserError(f"the longest {split} source has {longest} tokens, more than model.max_len="
+                                f"{model_max_len} positions: raise model.max_len (e.g. model.max_len={longest + 64}) "
+                                f"or lower task.max_len to {model_max_len} (longer evaluation sources are cut to it)")
+
+
 def build_module(cfg: DictConfig, task) -> NasLitModule:
+    check_lengths(task, int(cfg.model.max_len))
     try:
         placement(cfg.attention)
         return NasLitModule(cfg.model, cfg.attention, cfg.optim, task, log_u_every=cfg.log_u_every)

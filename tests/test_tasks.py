@@ -351,3 +351,23 @@ def test_windows_line_endings_bom_and_gzip_files_are_read_as_plain_text(tmp_path
     with pytest.raises(DataError, match=r"valid.de not found \(nor valid.de.gz\)"):
         (messy / "valid.de").unlink()
         TranslationTask("x", "de", "en", path=str(messy), vocab_size=120, cache_dir=str(tmp_path / "c2")).setup()
+
+
+def test_sources_longer_than_the_model_refused_before_training_and_decoding_capped(tmp_path):
+    """Issue #18: a long evaluation source once crashed the first validation after minutes of training."""
+    data = write_parallel(tmp_path / "mt")
+    long = " ".join(["groß rot blau klein"] * 20) + "."
+    (data / "test.de").write_text((data / "test.de").read_text() + long + "\n")
+    (data / "test.en").write_text((data / "test.en").read_text() + "big.\n")
+    nas_run = str(Path(sys.executable).parent / "nas-run")
+    common = ["task=iwslt14", f"task.path={data}", "task.vocab_size=200", "task.max_tokens=1024", "task.num_workers=0",
+              "debug=fast", "logger=none", "progress_bar=false", "trainer.max_steps=4", "trainer.val_check_interval=2"]
+    proc = subprocess.run([nas_run, *common, "model.max_len=40", f"hydra.run.dir={tmp_path / 'a'}"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2 and "the longest test source has" in proc.stderr and "model.max_len=40" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "a" / "checkpoints").exists()
+    # sources fit, but max_len_a x length + max_len_b does not: decoding is capped, said once
+    ok = subprocess.run([nas_run, *common, "model.max_len=40", "task.max_len=40", "task.max_len_a=3",
+                         f"hydra.run.dir={tmp_path / 'b'}"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert ok.stderr.count("decoding stops at model.max_len - 1 = 39 tokens") == 1
