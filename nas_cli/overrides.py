@@ -44,7 +44,7 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
 
     if any(a.startswith(("--", "hydra.searchpath", "resume=")) for a in args):
         return  # another config source (resume=, --config-path, a search path): Hydra checks it
-    plain = [a for a in args if a not in ("-m", "--multirun") and "=" in a and not a.startswith("hydra.")]
+    plain = [a for a in args if a not in ("-m", "--multirun") and "=" in a and not a.startswith(("hydra.", "hydra/"))]
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
     except HydraException as err:
