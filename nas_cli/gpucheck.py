@@ -72,8 +72,7 @@ def _run(core, q, k, v, q_mask, k_mask, upstream, autocast_dtype=None):
     ctx = torch.autocast(device, dtype=autocast_dtype) if autocast_dtype is not None else _null()
     with ctx:
         out = core(q, k, v, q_mask=q_mask, k_mask=k_mask).out
-    (out.float() * upstream.float()).sum().backward() if out.dtype != torch.float64 else \
-        (out * upstream).sum().backward()
+    (out.to(upstream.dtype) * upstream).sum().backward()
     return [t.detach().double() for t in (out, q.grad, k.grad, v.grad)]
 
 
