@@ -37,7 +37,7 @@ SECTION = "## Diagnostics overhead"
 
 def nas_run_command() -> list[str]:
     exe = shutil.which("nas-run") or str(Path(sys.executable).parent / "nas-run")
-    return [exe] if Path(exe).exists() else [sys.executable, "-m", "nas_cli.cli"]
+    return [exe] if Path(exe).exists() else [sys.executable, "-m", "nas_cli.commands.nas_run"]
 
 
 def run_once(enabled: bool, run_dir: Path, steps: int, val_every: int, seed: int, extra: list[str]) -> dict:

@@ -22,6 +22,8 @@ from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 from .errors import UserError
 
+from .atomic import atomic_write
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Write checkpoints to a temporary file in the same directory, then rename.
@@ -31,15 +33,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint, path, storage_options=None):
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         checkpoint = _xla_to_cpu(checkpoint)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process: two writers never share it
         try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            atomic_write(path, lambda tmp: torch.save(checkpoint, tmp), fsync=True)
         except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
             code = _space_errno(err, path.parent, checkpoint)
             if code is None:
@@ -48,8 +44,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise UserError(f"cannot write checkpoint {path}: {os.strerror(code)} ({free / 2**20:,.0f} MiB free "
                             f"on that disk); the previous checkpoint is intact: free some space, then continue "
                             f"with nas-run resume={path.parent.parent}") from None
-        finally:
-            tmp.unlink(missing_ok=True)
 
     def load_checkpoint(self, path, map_location=None, weights_only=None):
         # always the restricted unpickler: checkpoints hold tensors and plain containers only

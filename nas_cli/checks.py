@@ -4,7 +4,9 @@
 (``RunGuard.on_run_start``) and again in each sweep job. It catches what would otherwise fail
 deep inside a run, or worse, run silently wrong: a number given as text (``model.heads=four``,
 ``seed=abc``), a learning rate <= 0, a batch size or token budget of 0, and a model too large
-for this machine's memory (estimated from the sizes, before anything is allocated).
+for this machine's memory (estimated from the sizes, before anything is allocated), and a
+scheme that cannot run with the model as configured (the attention plan's cross-group
+check, e.g. a ``pe_*`` scheme with ``model.positions`` not ``none``).
 """
 from __future__ import annotations
 
@@ -82,7 +84,24 @@ def check_config(cfg: DictConfig) -> None:
         if not ok(value):
             shown = f"'{value}'" if isinstance(value, str) else str(value)
             raise UserError(f"{key}={shown} is not valid: it must be {what} (e.g. {key}={_example(key, cfg)})")
+    check_attention(cfg)
     check_memory(cfg)
+
+
+def check_attention(cfg: DictConfig) -> None:
+    """The attention plan against the model and task: one line naming the option to change."""
+    from hydra.utils import get_class
+
+    from .attention import SchemeError
+    from .plan import AttentionPlan
+
+    if "attention" not in cfg or "model" not in cfg:
+        return
+    try:
+        lm = get_class(str(cfg.task._target_)).kind == "lm" if "task" in cfg else False
+        AttentionPlan.from_config(cfg.attention).check(cfg.model, lm=lm)
+    except SchemeError as err:
+        raise UserError(str(err)) from None
 
 
 def _example(key: str, cfg: DictConfig) -> str:

@@ -39,20 +39,18 @@ FORMS = (("encoder", "encoder", False, False), ("encoder+pad", "encoder", False,
 
 
 def scheme_names() -> list[str]:
-    from .registry import CONF_DIR
+    from .registry import available
 
-    return sorted(p.stem for p in (CONF_DIR / "attention").glob("*.yaml"))
+    return available("attention")
 
 
 def make_core(scheme: str, location: str, causal: bool, heads: int, d_head: int, seed: int = 0):
-    from omegaconf import OmegaConf
 
-    from .registry import CONF_DIR, make_core_factory
+    from .registry import make_core_factory, scheme_config
 
-    cfg = OmegaConf.load(CONF_DIR / "attention" / f"{scheme}.yaml")
+    cfg = scheme_config(scheme)
     core = make_core_factory(cfg, heads)(location, 0, causal)
-    if hasattr(core, "set_width"):
-        core.set_width(heads * d_head)
+    core.set_width(heads * d_head)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in core.parameters():

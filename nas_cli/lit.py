@@ -15,12 +15,15 @@ from omegaconf import DictConfig, OmegaConf
 from .decoding import beam_search
 from .errors import NonFiniteLoss
 from .model import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
-from .registry import make_core_factory, placement
+from .plan import AttentionPlan
 from .scale import gather_eval
 
 
-def build_model(model_cfg: DictConfig, attn_cfg: DictConfig, task) -> torch.nn.Module:
-    factory = make_core_factory(attn_cfg, int(model_cfg.heads), float(model_cfg.get("attention_dropout", 0.0)))
+def build_model(model_cfg: DictConfig, attention: AttentionPlan | DictConfig, task) -> torch.nn.Module:
+    """The model for ``task`` (seq2seq or LM) with the cores of ``attention`` (the job's plan,
+    or a composed ``attention`` node from which one is made)."""
+    plan = attention if isinstance(attention, AttentionPlan) else AttentionPlan.from_config(attention)
+    factory = plan.core_factory(int(model_cfg.heads), float(model_cfg.get("attention_dropout", 0.0)))
     common = dict(d_model=model_cfg.d_model, heads=model_cfg.heads, ffn=model_cfg.ffn, dropout=model_cfg.dropout,
                   norm_first=model_cfg.norm_first, positions=model_cfg.positions, max_len=model_cfg.max_len,
                   pad_id=task.pad_id)
@@ -66,18 +69,17 @@ def inverse_sqrt(warmup: int):
 
 
 class NasLitModule(pl.LightningModule):
-    def __init__(self, model_cfg: DictConfig, attn_cfg: DictConfig, optim_cfg: DictConfig, task,
+    def __init__(self, model_cfg: DictConfig, attention: AttentionPlan | DictConfig, optim_cfg: DictConfig, task,
                  log_u_every: int = 50):
         super().__init__()
         self.task = task
-        self.model = build_model(model_cfg, attn_cfg, task)
+        self.model = build_model(model_cfg, attention, task)
         self.max_positions = int(model_cfg.max_len)
         self._decode_cap_said = False
         self.optim_cfg = optim_cfg
         if getattr(self.model, "adaptive", False) and float(optim_cfg.label_smoothing):
             raise ValueError("optim.label_smoothing must be 0 with model.adaptive_softmax (the adaptive softmax "
                              "computes only the target's probability); add optim.label_smoothing=0")
-        self.placement = placement(attn_cfg)
         self.log_u_every = log_u_every
         # per split: hypotheses, references, item indices, per-item NLL sums and token counts
         self._eval_text: dict[str, tuple[list, list, list, list, list]] = {}

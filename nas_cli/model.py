@@ -15,62 +15,19 @@ from torch import nn
 from torch.nn import functional as F
 
 from .attention import AttentionCore
+from .positions import LearnedPositions, SinusoidalPositions, sinusoids
 
 CoreFactory = Callable[[str, int, bool], AttentionCore]
 LOCATIONS = ("encoder", "decoder", "cross")
 
 
-def sinusoids(positions: torch.Tensor, d_model: int) -> torch.Tensor:
-    """Vaswani et al. 2017 sinusoids of arbitrary (also negative, i.e. relative) positions:
-    (N,) integer or float positions -> (N, d_model) float32, [sin, cos] interleaved."""
-    pos = positions.to(torch.float32)[:, None]
-    inv = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32, device=pos.device)
-                    * (-math.log(10000.0) / d_model))
-    table = torch.zeros(pos.size(0), d_model, device=pos.device)
-    table[:, 0::2] = torch.sin(pos * inv)
-    table[:, 1::2] = torch.cos(pos * inv[: d_model // 2])
-    return table
-
-
-class SinusoidalPositions(nn.Module):
-    """Vaswani et al. 2017 fixed sinusoids, added to the scaled token embeddings."""
-
-    def __init__(self, d_model: int, max_len: int):
-        super().__init__()
-        self.register_buffer("table", sinusoids(torch.arange(max_len), d_model), persistent=False)
-
-    def forward(self, length: int) -> torch.Tensor:  # (T, d_model)
-        if length > self.table.size(0):
-            raise ValueError(f"sequence of length {length} exceeds model.max_len={self.table.size(0)}")
-        return self.table[:length]
-
-
-class LearnedPositions(nn.Module):
-    def __init__(self, d_model: int, max_len: int):
-        super().__init__()
-        self.table = nn.Embedding(max_len, d_model)
-        nn.init.normal_(self.table.weight, std=d_model**-0.5)
-
-    def forward(self, length: int) -> torch.Tensor:
-        if length > self.table.num_embeddings:
-            raise ValueError(f"sequence of length {length} exceeds model.max_len={self.table.num_embeddings}")
-        return self.table.weight[:length]
-
-
 class MultiHeadAttention(nn.Module):
     """Projections + head split around an attention core.
 
-    Optional hooks a core may declare (all off by default, see nas_cli/attention/kernel.py):
-
-    * ``tie_qk = True``: keys use the query projection (W_q = W_k, Tsai et al. 2019's
-      symmetric kernels); no ``k_proj`` is created, so the saved parameters are real.
-    * ``input_positions``: a subset of ``{"qk", "v"}``; sinusoids t of the query/key
-      positions (0..T-1 per sequence) are added to this layer's input before the q/k
-      (``"qk"``) or the value (``"v"``: v = (f + t) W_v, Tsai et al. Eq. 7) projection.
-      Used with ``model.positions=none`` by schemes that place positions themselves.
-    * ``set_width(d_model)``: called once here, so a core whose own parameters depend on
-      the model width (relative-position tables, additive scoring layers) creates them
-      before any optimizer exists.
+    Reads the core's declared contract (nas_cli/attention/base.py): ``tie_qk`` (no ``k_proj``
+    is created, so the saved parameters are real), ``input_positions`` (sinusoids t of the
+    query/key positions, 0..T-1 per sequence, added before the q/k or the value projection:
+    v = (f + t) W_v, Tsai et al. Eq. 7), ``uses_prev``, and calls ``set_width(d_model)`` once.
     """
 
     def __init__(self, d_model: int, heads: int, core: AttentionCore, dropout: float = 0.0):
@@ -78,13 +35,12 @@ class MultiHeadAttention(nn.Module):
         self.heads, self.d_head = heads, d_model // heads
         self.d_model = d_model
         self.q_proj = nn.Linear(d_model, d_model)
-        self.tie_qk = bool(getattr(core, "tie_qk", False))
+        self.tie_qk = bool(core.tie_qk)
         self.k_proj = None if self.tie_qk else nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        self.input_positions = frozenset(getattr(core, "input_positions", ()))
-        if hasattr(core, "set_width"):
-            core.set_width(d_model)
+        self.input_positions = frozenset(core.input_positions)
+        core.set_width(d_model)
         self.core = core
         self.dropout = nn.Dropout(dropout)
 
@@ -110,7 +66,7 @@ class MultiHeadAttention(nn.Module):
         """``prev``: the previous layer's AttentionOutput at the same location, handed to
         cores that declare ``uses_prev = True`` (cascades such as CODA / RealFormer)."""
         q, k, v = self.project(x_q, x_kv)
-        extra = {"prev": prev} if getattr(self.core, "uses_prev", False) else {}
+        extra = {"prev": prev} if self.core.uses_prev else {}
         res = self.core(q, k, v, q_mask=q_mask, k_mask=k_mask, need_weights=need_weights, **extra)
         b, _, t, _ = res.out.shape
         out = res.out.transpose(1, 2).reshape(b, t, self.heads * self.d_head)  # (B, T, C)
@@ -138,8 +94,7 @@ def _attention_step(mha: "MultiHeadAttention", x_q, memory, k_mask, cache: dict)
 
 def _can_step(mha: "MultiHeadAttention") -> bool:
     core = mha.core
-    return bool(getattr(core, "supports_step", False)) and not mha.input_positions and \
-        not getattr(core, "uses_prev", False)
+    return core.supports_step and not mha.input_positions and not core.uses_prev
 
 
 def reorder_cache(cache, index: torch.Tensor):

@@ -15,6 +15,7 @@ import difflib
 from pathlib import Path
 
 from .errors import UserError
+from .plan import LOCATIONS
 
 
 def _close(word: str, choices) -> str:
@@ -53,17 +54,21 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
     chosen, keys = [], []
     for o in parsed:
         key = o.key_or_group
-        if o.is_delete() or o.package or (o.is_add() and key.split(".")[0] not in CLOSED_SECTIONS):
+        if o.is_delete() or (o.is_add() and key.split(".")[0] not in CLOSED_SECTIONS):
+            continue
+        if o.package and key not in groups:
             continue
         if key in groups:
             options = [p.stem for p in (conf_dir / key).glob("*.yaml")]
             values = [v for v in _values(o) if v != "null"]
+            shown = o.package if key == "attention" and str(o.package).startswith("attention.") else \
+                key + (f"@{o.package}" if o.package else "")  # as typed: attention.decoder=<scheme>
             for value in values:
                 if value not in options:
-                    raise UserError(f"{key}={value}: no such choice{_close(value, options)} (choices: "
+                    raise UserError(f"{shown}={value}: no such choice{_close(value, options)} (choices: "
                                     f"{', '.join(sorted(options))})")
             if values:
-                chosen.append(f"{key}={values[0]}")
+                chosen.append(f"{key}{'@' + o.package if o.package else ''}={values[0]}")
         else:
             keys.append((o, key))
     if not keys:
@@ -77,6 +82,12 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
         node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
         if parent and node is None:
             top = parent.split(".")[0]
+            loc = parent.split(".")
+            if len(loc) == 2 and loc[0] == "attention" and loc[1] in LOCATIONS:
+                raise UserError(f"{key}: attention.{loc[1]} runs the scheme chosen with attention=...; to give it "
+                                f"options of its own, choose its scheme first: attention.{loc[1]}=<scheme> {key}=...")
+            if top in cfg:
+                raise UserError(f"{key}: '{parent}' is not a section of the config (see nas-run --cfg job)")
             raise UserError(f"{key}: there is no '{top}' section{_close(top, [*cfg.keys(), *groups])} "
                             f"(sections: {', '.join(sorted(str(k) for k in cfg.keys()))})")
         names = [str(k) for k in node.keys()] if hasattr(node, "keys") else []

@@ -4,13 +4,14 @@ override (``+logger.auth={token:...}``, ``+logger.api_key="a b"``, list values).
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import sys
 from pathlib import Path
 from typing import Iterator
 
 from omegaconf import OmegaConf
+
+from .atomic import atomic_write
 
 
 SECRET_PARTS = {"key", "apikey", "token", "secret", "secrets", "password", "passwd", "credential", "credentials"}
@@ -91,9 +92,7 @@ def redact_files(*paths: Path) -> None:
         data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
         clean = redact(data)
         if clean != data:
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            OmegaConf.save(OmegaConf.create(clean), tmp)
-            os.replace(tmp, path)
+            atomic_write(path, lambda tmp, clean=clean: OmegaConf.save(OmegaConf.create(clean), tmp))
 
 
 @contextlib.contextmanager

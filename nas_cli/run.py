@@ -1,6 +1,6 @@
 """One training job: composed config -> task, model, logger, trainer -> summary.
 
-Called by the Hydra entry point in :mod:`nas_cli.cli` once per job (also in multirun).
+Called by the Hydra entry point in :mod:`nas_cli.commands.nas_run` once per job (also in multirun).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import pytorch_lightning as pl
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.utilities import rank_zero_only
@@ -30,7 +30,8 @@ from .checkpoints import AtomicCheckpointIO, PeriodicCheckpoint  # noqa: F401  (
 from .errors import SignalStop, Stopped, UserError
 from .identity import config_id
 from .lit import NasLitModule
-from .registry import placement, scheme_tag
+from .loggers import wandb_run_id
+from .plan import AttentionPlan
 from .resume import (CHAINED, STOP_SIGNALS, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint,
                      continue_finished, pick_checkpoint)
 from .redaction import redact, redact_files, redacted_argv  # noqa: F401  (redact_files: used by the CLI)
@@ -72,11 +73,11 @@ def check_lengths(task, model_max_len: int) -> None:
                                 f"or lower task.max_len to {model_max_len} (longer evaluation sources are cut to it)")
 
 
-def build_module(cfg: DictConfig, task) -> NasLitModule:
+def build_module(cfg: DictConfig, task, plan: AttentionPlan | None = None) -> NasLitModule:
     check_lengths(task, int(cfg.model.max_len))
+    plan = plan or AttentionPlan.from_config(cfg.attention)
     try:
-        placement(cfg.attention)
-        return NasLitModule(cfg.model, cfg.attention, cfg.optim, task, log_u_every=cfg.log_u_every)
+        return NasLitModule(cfg.model, plan, cfg.optim, task, log_u_every=cfg.log_u_every)
     except (SchemeError, ValueError, InstantiationException) as err:
         raise UserError(_unwrap(err)) from err
 
@@ -112,32 +113,23 @@ def _compile_failure(err: BaseException) -> str | None:
     return f"{type(inner).__name__}: {lines[0] if lines else ''}"[:300]
 
 
-def make_logger(cfg: DictConfig, run_dir: Path, group: str, job_type: str, run_id: str | None = None):
-    """The configured Lightning logger. ``run_id``: the W&B run to continue (resume)."""
-    kind = cfg.logger.kind
-    tags = [f"task:{cfg.task.name}", f"scheme:{scheme_tag(cfg.attention)}", f"heads:{cfg.model.heads}",
-            f"cfg:{config_id(OmegaConf.to_container(cfg, resolve=True))}",
-            *[f"{loc}:{name}" for loc, name in placement(cfg.attention).items()], *cfg.logger.get("tags", [])]
-    if kind == "wandb":
-        from pytorch_lightning.loggers import WandbLogger
-
-        mode = cfg.logger.mode
-        if mode not in ("offline", "online", "disabled"):
-            raise UserError(f"logger.mode must be offline, online or disabled (got '{mode}')")
-        logger = WandbLogger(project=cfg.logger.project, entity=cfg.logger.get("entity"), name=run_dir.name,
-                             group=group, job_type=job_type, tags=tags[:64], save_dir=str(run_dir),
-                             offline=(mode == "offline"), mode=mode, config=public_config(cfg),
-                             id=run_id or _new_run_id(), resume="allow")
-        return logger
-    if kind == "csv":
-        from pytorch_lightning.loggers import CSVLogger
-
-        logger = CSVLogger(save_dir=str(run_dir), name="csv", version="")
-        logger.log_hyperparams(public_config(cfg))
-        return logger
-    if kind == "none":
-        return False
-    raise UserError(f"logger.kind must be wandb, csv or none (got '{kind}')")
+def make_logger(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str,
+                run_id: str | None = None):
+    """The logger of ``cfg.logger`` (its ``_target_``, nas_cli/loggers.py). ``run_id``: the
+    W&B run to continue (resume)."""
+    tags = [f"task:{cfg.task.name}", f"scheme:{plan.tag}", f"heads:{cfg.model.heads}",
+            f"cfg:{config_id(OmegaConf.to_container(cfg, resolve=True))}", *plan.wandb_tags(),
+            *cfg.logger.get("tags", [])]
+    options = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=True).items() if k not in ("tags", "group")}
+    if "_target_" not in options:
+        raise UserError("the logger config has no _target_; choose logger=wandb, csv or none")
+    target = options.pop("_target_")
+    try:  # called, not instantiate()d: the public config it receives holds _target_ keys of its own
+        factory = get_method(target)
+    except Exception as err:  # noqa: BLE001 - not importable: name it
+        raise UserError(f"logger._target_={target} cannot be imported ({_unwrap(err)})") from None
+    return factory(run_dir=run_dir, name=run_dir.name, group=group, job_type=job_type, tags=tags,
+                   hparams=public_config(cfg, plan), run_id=run_id or _new_run_id(), **options)
 
 
 def _new_run_id() -> str:
@@ -146,13 +138,14 @@ def _new_run_id() -> str:
 
 
 #: name parts that mark a config key as a secret (``logger.api_key``, ``access_token``, ``password``)
-def public_config(cfg: DictConfig) -> dict[str, Any]:
+def public_config(cfg: DictConfig, plan: AttentionPlan | None = None) -> dict[str, Any]:
     """The resolved config with anything that looks like a secret dropped, plus the
     attention placement spelled out per location."""
     data = redact(OmegaConf.to_container(cfg, resolve=True))
     data["config_id"] = config_id(OmegaConf.to_container(cfg, resolve=True))
-    data["scheme"] = scheme_tag(cfg.attention)
-    data["attention_placement"] = placement(cfg.attention)
+    plan = plan or AttentionPlan.from_config(cfg.attention)
+    data["scheme"] = plan.tag
+    data["attention_placement"] = plan.names()
     return data
 
 
@@ -229,6 +222,7 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
     warnings.filterwarnings("ignore", message=r".*sync_dist=True.*when logging on epoch level")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     check_trainer(cfg)
+    plan = AttentionPlan.from_config(cfg.attention)  # the one plan every part of this job reads
     identity = {"config": config_fingerprint(cfg), "group": group, "job_type": job_type,
                 "wandb_run_id": _saved_wandb_id(run_dir)}  # a run killed before its first checkpoint
     continued = continuing(run_dir) and (run_dir / "summary.json").is_file()
@@ -250,11 +244,11 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
     kept = continue_finished(run_dir) if continued and rank_zero_only.rank == 0 else None
     task = build_task(cfg)
     shard_and_resume(task, int(cfg.seed))
-    module = build_module(cfg, task)
+    module = build_module(cfg, task, plan)
     compiled = compile_model(module, cfg.get("compile", False))
-    logger = make_logger(cfg, run_dir, identity["group"], identity["job_type"], identity["wandb_run_id"])
-    if cfg.logger.kind == "wandb":
-        identity["wandb_run_id"] = logger._wandb_init["id"]
+    logger = make_logger(cfg, plan, run_dir, identity["group"], identity["job_type"], identity["wandb_run_id"])
+    if wandb_run_id(logger):
+        identity["wandb_run_id"] = wandb_run_id(logger)
         if rank_zero_only.rank == 0:
             atomic_write_text(run_dir / WANDB_ID_FILE, identity["wandb_run_id"])
         with redacted_argv():
@@ -308,8 +302,8 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
         atomic_write_json(run_dir / ITEMS_FILE, module.items["test"], indent=None)
     summary = {
         "task": cfg.task.name,
-        "scheme": scheme_tag(cfg.attention),
-        "placement": placement(cfg.attention),
+        "scheme": plan.tag,
+        "placement": plan.names(),
         "heads": int(cfg.model.heads),
         "d_model": int(cfg.model.d_model),
         "model": cfg.model.name,
@@ -333,7 +327,7 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
         "continued_from_summary": kept.name if kept else None,
     }
     if logger:
-        if hasattr(logger, "experiment") and cfg.logger.kind == "wandb":
+        if wandb_run_id(logger):
             run = logger.experiment
             for k, v in summary["test"].items():
                 run.summary[k] = v

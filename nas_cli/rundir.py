@@ -23,6 +23,8 @@ from typing import Any
 
 from .errors import UserError
 
+from .atomic import atomic_write_json, atomic_write_text  # noqa: F401  (the run directory's writers)
+
 #: set by ``nas-run resume=<dir>``: that directory may hold a finished run (to be trained longer)
 CONTINUE_ENV = "NAS_RUN_CONTINUE"
 LOCK_NAME = ".nas-run.lock"
@@ -34,21 +36,6 @@ def continuing(run_dir: Path) -> bool:
     """Was this process started by ``nas-run resume=<run_dir>``?"""
     target = os.environ.get(CONTINUE_ENV)
     return bool(target) and Path(target).resolve() == Path(run_dir).resolve()
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write_json(path: Path, data: Any, indent: int | None = 2) -> None:
-    atomic_write_text(path, json.dumps(data, indent=indent, default=str))
 
 
 def _me() -> dict[str, Any]:

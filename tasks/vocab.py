@@ -18,6 +18,8 @@ from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from nas_cli.atomic import atomic_write
+
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 UNK = 3
 
@@ -27,10 +29,7 @@ def default_cache_dir() -> Path:
 
 
 def _save_atomic(tok: Tokenizer, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tok.save(str(tmp))
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: tok.save(str(tmp)))
 
 
 def joint_bpe(texts: Iterable[str], vocab_size: int, cache: Path) -> tuple[Tokenizer, bool]:

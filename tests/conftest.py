@@ -15,9 +15,17 @@ torch.set_num_threads(1)
 
 
 def attention_schemes() -> list[str]:
-    return sorted(p.stem for p in (ROOT / "conf" / "attention").glob("*.yaml"))
+    from nas_cli.registry import available
+
+    return available("attention")
 
 
 @pytest.fixture(params=attention_schemes())
 def scheme(request):
     return request.param
+
+
+# the configs' ${nas.*} resolvers, registered as every entry point does (no import side effect)
+from nas_cli.resolvers import register_resolvers  # noqa: E402
+
+register_resolvers()

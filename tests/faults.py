@@ -43,7 +43,7 @@ elif where == "startup":
         fire()
         return before_task(cfg)
     run.build_task = build_task
-from nas_cli.cli import main
+from nas_cli.commands.nas_run import main
 sys.argv = ["nas-run", *sys.argv[1:]]
 main()
 """

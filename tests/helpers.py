@@ -1,10 +1,31 @@
-"""Shared helpers for tests: build cores straight from the registry files."""
+"""Shared helpers for tests: compose the real config, build cores straight from the registry."""
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from nas_cli.plan import location_alias
 from nas_cli.registry import CONF_DIR, make_core_factory
+
+
+def compose_cfg(*overrides: str, config_dir=CONF_DIR):
+    """The config ``nas-run <overrides>`` would run, composed by Hydra from the real config
+    folder (nas-run's short ``attention.<location>=<scheme>`` spelling included). Inside an
+    already initialized Hydra context (a module fixture), composes there."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    args = location_alias(list(overrides))
+    if GlobalHydra.instance().is_initialized():
+        return compose("config", overrides=args)
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return compose("config", overrides=args)
 
 
 def build_core(scheme: str, heads: int = 4, causal: bool = False, location: str = "encoder", **overrides):
@@ -12,8 +33,7 @@ def build_core(scheme: str, heads: int = 4, causal: bool = False, location: str 
     for k, v in overrides.items():
         cfg[k] = v
     core = make_core_factory(cfg, heads)(location, 0, causal)
-    if hasattr(core, "set_width"):  # width-dependent parameters, as MultiHeadAttention does; d_head 8 = qkv()'s
-        core.set_width(heads * 8)
+    core.set_width(heads * 8)  # width-dependent parameters, as MultiHeadAttention does; d_head 8 = qkv()'s
     torch.manual_seed(0)
     if hasattr(core, "u_logit"):  # make HNAS a genuine mixture with distinct heads
         with torch.no_grad():
@@ -29,3 +49,14 @@ def qkv(b=2, h=4, sq=7, sk=7, d=8, seed=0, dtype=torch.float64):
     return (torch.randn(b, h, sq, d, generator=g, dtype=dtype) * 1.5,
             torch.randn(b, h, sk, d, generator=g, dtype=dtype) * 1.5,
             torch.randn(b, h, sk, d, generator=g, dtype=dtype))
+
+
+#: the installed ``nas-run`` of this environment
+NAS_RUN = shutil.which("nas-run") or str(Path(sys.executable).parent / "nas-run")
+
+
+def nas_run(*args, cwd, timeout=300):
+    """The real ``nas-run`` command in a subprocess, logging to W&B as configured (offline)."""
+    env = {**os.environ, "WANDB_MODE": "", "NO_COLOR": "1"}
+    env.pop("WANDB_MODE")
+    return subprocess.run([NAS_RUN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)

@@ -26,7 +26,6 @@ from .base import AttentionCore, AttentionOutput, allowed_mask, masked_row_softm
 
 class Additive(AttentionCore):
     name = "additive"
-    needs_weights = True
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, layers: int = 2,
                  hidden: int | None = None, **kw):
@@ -36,6 +35,9 @@ class Additive(AttentionCore):
         if hidden is not None and int(hidden) < 1:
             raise ValueError(f"attention.hidden must be >= 1 or null (= d_head) (got {hidden})")
         self.layers = int(layers)
+        # one layer: the query's term is the same for every key and cancels in the softmax,
+        # so queries get no gradient (the blog post's point)
+        self.qk_gradients = self.layers == 2
         self.hidden = None if hidden is None else int(hidden)
         self.d_head: int | None = None
 

@@ -8,8 +8,8 @@ weights.
 
 Registration is by config: ``conf/attention/<name>.yaml`` names the class with
 ``_target_``. There is no central list; adding a scheme is one file here plus one
-YAML file there, and the contract tests in ``tests/test_attention_contract.py`` pick it
-up automatically.
+YAML file there, and the contract tests in ``tests/attention/test_attention_contract.py`` pick it
+up automatically, filtered by the capability flags the class declares.
 
 Mask conventions (used by every scheme):
 
@@ -183,26 +183,46 @@ def prefix_normalized_step(s: torch.Tensor, k_mask: torch.Tensor | None, state, 
 
 
 class AttentionCore(nn.Module):
-    """Base class of attention schemes.
+    """Base class of attention schemes: the contract between a scheme and the model.
 
-    Capability flags let the model refuse impossible combinations before training.
+    Every capability the model, the decoder or the runner reads is declared here with its
+    default; a scheme overrides the ones that differ, as a class attribute or, where an
+    option decides it (``KernelSmoother``'s ``positions``), in its ``__init__``, never later.
+    :meth:`nas_cli.plan.AttentionPlan.check` reads them before any data or W&B run exists.
     """
 
-    #: the scheme can run with a causal mask without leaking the future
+    #: short name of the scheme family, used in messages (the registry's names are the YAML files')
+    name: str = "attention"
+    #: the scheme can run in decoder self- and cross-attention (causal keys, queries
+    #: generated left to right) without letting a position see the future
     supports_causal: bool = True
-    #: the scheme has no cheaper path than materializing the weights
-    needs_weights: bool = True
+    #: the core implements :meth:`step` (one new query at a time, for fast decoding)
+    supports_step: bool = False
     #: forward() takes ``prev=`` (the previous layer's AttentionOutput at the same
     #: location, or None in the first layer): cross-layer state such as CODA's logits
     uses_prev: bool = False
+    #: queries and keys receive gradients (False: a scheme whose weights ignore the scores)
+    qk_gradients: bool = True
+    #: the weights are >= 0 (False: e.g. the linear or an odd-degree polynomial kernel)
+    nonnegative: bool = True
+    #: keys use the query projection (W_q = W_k, Tsai et al.'s symmetric kernels); the model
+    #: then creates no key projection
+    tie_qk: bool = False
+    #: subset of {"qk", "v"}: sinusoids of the positions are added to this layer's input
+    #: before the query/key or the value projection (Tsai et al. Eq. 7)
+    input_positions: frozenset = frozenset()
+    #: the scheme places positions itself, so the model must add none at its input
+    #: (``model.positions=none``; refused before training otherwise)
+    requires_no_input_positions: bool = False
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
-                 **_: Any):
+                 location: str = "?", layer: int = 0, **_: Any):
         super().__init__()
         self.heads = heads
         self.causal = causal
         self.prefix_queries = bool(causal or prefix_queries)
         self.dropout = dropout
+        self.location, self.layer = location, layer  # where the model uses it (for messages)
         if self.prefix_queries and not self.supports_causal:
             raise SchemeError(
                 f"attention scheme '{self.scheme_name()}' cannot be made causal; choose another "
@@ -211,7 +231,7 @@ class AttentionCore(nn.Module):
 
     @classmethod
     def scheme_name(cls) -> str:
-        return getattr(cls, "name", cls.__name__.lower())
+        return cls.name
 
     def weights_from_logits(self, logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
         """(B, H, Sq, Sk) scores -> (B, H, Sq, Sk) weights; rows of real queries sum to 1."""
@@ -235,8 +255,10 @@ class AttentionCore(nn.Module):
     def aux(self) -> dict[str, Any]:
         return {}
 
-    #: the core implements ``step`` (one new query at a time, for fast decoding)
-    supports_step: bool = False
+    def set_width(self, d_model: int) -> None:
+        """Called once by the model before any optimizer exists, so a core whose own
+        parameters depend on the model width (relative-position tables, additive scoring
+        layers) can create them. Default: nothing to create."""
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_mask: torch.Tensor | None, state: Any):
         """Incremental decoding: the newest query q (B, H, 1, D) against all keys so far

@@ -68,7 +68,6 @@ class HeadMixer(nn.Module):
 
 class CODA(AttentionCore):
     name = "coda"
-    needs_weights = True
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, cascade: str = "mlp",
                  noise_std: float = 1.0, alpha: int = 4, mlp_layers: int = 2, negative_slope: float = 0.2, **kw):

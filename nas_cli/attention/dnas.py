@@ -81,7 +81,6 @@ class DNAS(AttentionCore):
         self.impl = resolve_impl(impl, block_size)
         # query-block height of the efficient path (None: sized from the tile budget)
         self.block_size = None if block_size is None else int(block_size)
-        self.needs_weights = self.impl == "naive"
 
     def uses_naive(self, q, k) -> bool:
         if self.impl == "auto":

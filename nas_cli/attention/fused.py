@@ -19,7 +19,7 @@ as ``torch.nn.functional.dropout`` does on CPU (bernoulli_(1 - p) on a tensor li
 so a seeded run draws the same mask as the reference path. Under autocast (bf16-mixed) the
 autograd formula runs instead (its ops cast one by one); the backward is not differentiable
 again (no double backward).
-Values and gradients equal the autograd reference (tests/test_attention_fused.py).
+Values and gradients equal the autograd reference (tests/attention/test_attention_fused.py).
 """
 from __future__ import annotations
 

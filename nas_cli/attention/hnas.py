@@ -36,7 +36,6 @@ class HNAS(AttentionCore):
         self.impl = resolve_impl(impl, block_size)
         # query-block height of the efficient DNAS part (None: sized from the tile budget)
         self.block_size = None if block_size is None else int(block_size)
-        self.needs_weights = self.impl == "naive"
         u_init = float(u_init)
         if not 0.0 <= u_init <= 1.0:
             raise ValueError(f"attention.u_init must be in [0, 1] (got {u_init})")

@@ -54,7 +54,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import NonFiniteLoss
-from ..model import sinusoids
+from ..positions import sinusoids
 from .base import NEG_INF, AttentionCore, AttentionOutput, allowed_mask, masked_row_softmax, scaled_scores
 
 KERNELS = ("exp", "linear", "polynomial", "rbf")
@@ -87,16 +87,17 @@ class KernelSmoother(AttentionCore):
         self.kernel, self.positions = kernel, positions
         self.degree, self.max_distance = int(degree), int(max_distance)
         self.value_pe = bool(value_pe)
-        #: MultiHeadAttention hooks (nas_cli/model.py): W_q = W_k, and sinusoids at the input
+        # contract flags (nas_cli/attention/base.py) that follow the options: W_q = W_k,
+        # sinusoids at a layer's input, positions placed by the kernel itself
         self.tie_qk = bool(symmetric)
         self.input_positions = frozenset(
             (("qk",) if positions == "direct_sum_layer" else ()) + (("v",) if self.value_pe else ()))
+        self.requires_no_input_positions = positions != "direct_sum"
         #: exp/rbf are exp(logit): the smoother is a softmax. linear/polynomial are raw values.
         self.log_kernel = kernel in ("exp", "rbf")
-        #: capability flag read by the contract tests: weights can be negative
         self.nonnegative = not (kernel == "linear" or (kernel == "polynomial" and self.degree % 2 == 1))
         # fused scaled_dot_product_attention when no positional factor sits in the kernel
-        self.needs_weights = not (self.log_kernel and positions in ("direct_sum", "direct_sum_layer"))
+        self.fused = self.log_kernel and positions in ("direct_sum", "direct_sum_layer")
         #: incremental decoding (``step``): with a positional factor the step would need the
         #: query's position, which the model's step does not pass
         self.supports_step = positions == "direct_sum"
@@ -195,7 +196,7 @@ class KernelSmoother(AttentionCore):
         return w
 
     def _divergence_message(self, q, k) -> str:
-        where = f"{getattr(self, 'location', '?')} layer {getattr(self, 'layer', '?')}"
+        where = f"{self.location} layer {self.layer}"
         if not (bool(torch.isfinite(q).all()) and bool(torch.isfinite(k).all())):
             cause = "its queries/keys were already non-finite (the run diverged)"
         else:
@@ -206,7 +207,7 @@ class KernelSmoother(AttentionCore):
                 "choose attention.kernel=exp, rbf or polynomial (even degree), or lower optim.lr")
 
     def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
-        if not need_weights and not self.needs_weights:
+        if not need_weights and self.fused:
             return AttentionOutput(self._fused(q, k, v, q_mask, k_mask))
         allowed = allowed_mask(q_mask, k_mask, self.causal, q.size(-2), k.size(-2), q.device)
         if not self.nonnegative:

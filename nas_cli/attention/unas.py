@@ -15,7 +15,6 @@ from .base import AttentionCore, AttentionOutput, masked_row_softmax
 
 class UNAS(AttentionCore):
     name = "unas"
-    needs_weights = False
 
     def weights_from_logits(self, logits, allowed):
         return masked_row_softmax(logits, allowed)

@@ -35,9 +35,7 @@ line series. With ``logger=none`` only the files are written.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -47,6 +45,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
+from ..atomic import atomic_write_json
 from ..attention.additive import step_variation
 from .collector import AttentionDiagnostics, flatten_results, location_masks
 from .explained_away import DEFAULT_EPS
@@ -59,10 +58,7 @@ __all__ = ["DiagnosticsCallback", "location_scalars", "u_arrays", "write_json_at
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to a temporary file next to ``path``, then rename (readers never see half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(_finite_tree(data), indent=1, default=_json_default, allow_nan=False))
-    os.replace(tmp, path)
+    atomic_write_json(path, _finite_tree(data), indent=1, default=_json_default, allow_nan=False)
 
 
 def _json_default(o):

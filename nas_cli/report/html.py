@@ -257,9 +257,6 @@ def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[
 
 def write_html(path: str | Path, runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[str],
                title: str = "nas-report", by: Sequence[str] | None = None, verdicts=None) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_html(runs, groups, sources, title, by, verdicts), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    from ..atomic import atomic_write_text
+
+    return atomic_write_text(path, render_html(runs, groups, sources, title, by, verdicts))

@@ -1,0 +1,44 @@
+"""The one way nas-run writes a file that someone may read or that a crash may interrupt:
+into a temporary file next to it (named with the process id, so two writers never share
+one), then ``os.replace`` onto the final name. Readers see the old file or the new one,
+never half of either; a failed write leaves the old file as it was and no temporary behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+
+def temporary_name(path: Path) -> Path:
+    """``.<name>.<pid>.tmp`` beside ``path`` (hidden, and matched by ``*.tmp`` clean-ups)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None], fsync: bool = False) -> Path:
+    """Call ``write(tmp)`` to fill a temporary file, then move it onto ``path``.
+
+    ``fsync=True`` flushes the file to disk before the rename (checkpoints: a power loss
+    after the rename must not leave an empty file under the final name)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(path)
+    try:
+        write(tmp)
+        if fsync:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def atomic_write_json(path: str | Path, data: Any, indent: int | None = 2, **dump_kwargs) -> Path:
+    dump_kwargs.setdefault("default", str)
+    return atomic_write_text(path, json.dumps(data, indent=indent, **dump_kwargs))

@@ -1,0 +1,158 @@
+"""``nas-eval``: decode and score a split from a finished run's checkpoint(s).
+
+    nas-eval outputs/runs/multi30k/unas-h4/<time>                 # best checkpoint, test split
+    nas-eval <run dir> --average-last 5 --beam 5 --lenpen 0.6      # average the last 5 periodic checkpoints
+    nas-eval <run dir> --ckpt a.ckpt --ckpt b.ckpt --split valid   # average exactly these
+
+The model and task are rebuilt from the run's saved config (``.hydra/config.yaml``);
+``--set key=value`` overrides it (e.g. a new ``task.path``). Writes the metrics (and the
+sacreBLEU signature) to ``<run dir>/eval/<name>.json`` and the hypotheses to
+``<name>.hyp.txt``; nothing in the run is overwritten.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import UserError
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """Element-wise mean of the ``state_dict`` of several checkpoints (Vaswani et al. 2017).
+
+    Loaded with ``weights_only=True``; integer buffers are taken from the last checkpoint."""
+    if not paths:
+        raise UserError("no checkpoints to average")
+    total: dict[str, torch.Tensor] = {}
+    for p in paths:
+        try:
+            state = torch.load(p, map_location="cpu", weights_only=True)["state_dict"]
+        except Exception as err:  # a truncated or foreign file: say which
+            raise UserError(f"cannot read checkpoint {p}: {str(err).splitlines()[0]}") from None
+        if total and set(state) != set(total):
+            raise UserError(f"checkpoint {p} does not match the others (different parameters)")
+        for key, val in state.items():
+            if val.is_floating_point():
+                total[key] = total.get(key, 0) + val.double()
+            else:
+                total[key] = val
+    return {k: (v / len(paths)).to(torch.float32) if v.is_floating_point() else v for k, v in total.items()}
+
+
+def check_fingerprints(cfg, paths: list[Path]) -> None:
+    """Refuse checkpoints made with another model/attention/task/seed than the config rebuilt here
+    (a run directory whose config was replaced, or ``--ckpt`` from another run)."""
+    from ..resume import _state, config_fingerprint, load_safe
+
+    want = config_fingerprint(cfg)
+    for p in paths:
+        try:
+            got = _state(load_safe(p)).get("config")
+        except Exception:  # noqa: BLE001 - unreadable: average_checkpoints says so
+            continue
+        if got and got != want:
+            raise UserError(f"checkpoint {p} was trained with another configuration than this run's "
+                            ".hydra/config.yaml (with --set) describes (model, attention, task or seed differ); "
+                            "evaluate it from its own run directory")
+
+
+def periodic_checkpoints(run_dir: Path) -> list[Path]:
+    """Periodic checkpoints ``step<N>.ckpt`` of a run, oldest first."""
+    found = sorted((run_dir / "checkpoints").glob("step*.ckpt"), key=lambda p: int("".join(filter(str.isdigit, p.stem))))
+    return found
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="nas-eval", description=__doc__.split("\n")[0])
+    ap.add_argument("run_dir", type=Path, help="a nas-run run directory")
+    ap.add_argument("--ckpt", type=Path, action="append", help="checkpoint(s) to use (averaged if several)")
+    ap.add_argument("--average-last", type=int, default=0, help="average the last N periodic checkpoints")
+    ap.add_argument("--split", default="test", choices=["valid", "test"])
+    ap.add_argument("--beam", type=int, help="beam size (1 = greedy); default: the task's")
+    ap.add_argument("--lenpen", type=float, help="length penalty; default: the task's")
+    ap.add_argument("--name", help="output name under <run dir>/eval/ (default from the options)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override the saved config")
+    args = ap.parse_args(argv)
+    try:
+        result = evaluate(args)
+    except UserError as err:
+        Console(stderr=True).print(f"[bold red]nas-eval: error:[/] {err}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    table = Table(title=f"nas-eval {args.run_dir} ({args.split})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in result["metrics"].items():
+        table.add_row(k, f"{v:.4f}")
+    Console(width=120).print(table)
+    if result.get("bleu_signature"):
+        print(f"sacreBLEU signature: {result['bleu_signature']}")
+
+
+def evaluate(args) -> dict:
+    import pytorch_lightning as pl
+
+    from ..resolvers import register_resolvers
+    from ..run import build_module, build_task
+
+    register_resolvers()  # the saved config's ${nas.*} interpolations
+
+    run_dir = args.run_dir
+    cfg_path = run_dir / ".hydra" / "config.yaml"
+    if not cfg_path.is_file():
+        raise UserError(f"{run_dir} is not a nas-run run directory (no .hydra/config.yaml)")
+    cfg = OmegaConf.load(cfg_path)
+    try:
+        cfg.merge_with(OmegaConf.from_dotlist(args.set))
+    except Exception as err:
+        raise UserError(f"bad --set value: {err}") from None
+    if args.ckpt:
+        ckpts = list(args.ckpt)
+    elif args.average_last:
+        ckpts = periodic_checkpoints(run_dir)[-args.average_last:]
+        if len(ckpts) < args.average_last:
+            raise UserError(f"--average-last {args.average_last}: only {len(ckpts)} periodic checkpoints in "
+                            f"{run_dir / 'checkpoints'} (train with checkpoint.every_n_steps=N)")
+    else:
+        ckpts = [run_dir / "checkpoints" / "best.ckpt"]
+    for p in ckpts:
+        if not Path(p).is_file():
+            raise UserError(f"checkpoint {p} not found")
+    check_fingerprints(cfg, [Path(p) for p in ckpts])
+    task = build_task(cfg)
+    if args.beam is not None or args.lenpen is not None:
+        if not hasattr(task, "decoding"):
+            raise UserError(f"task '{task.name}' has no beam search (--beam/--lenpen apply to translation tasks)")
+        if args.beam is not None:
+            task.decoding["beam"] = task.valid_beam = args.beam
+        if args.lenpen is not None:
+            task.decoding["lenpen"] = args.lenpen
+    module = build_module(cfg, task)
+    module.load_state_dict(average_checkpoints([Path(p) for p in ckpts]))
+    trainer = pl.Trainer(accelerator=cfg.trainer.get("accelerator", "auto"), devices=1, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    loader = task.test_dataloader() if args.split == "test" else task.val_dataloader()
+    metrics = trainer.test(module, dataloaders=loader, verbose=False)[0]
+    name = args.name or f"{args.split}" + (f"-avg{len(ckpts)}" if len(ckpts) > 1 else "") + \
+        (f"-beam{args.beam}" if args.beam else "") + (f"-lenpen{args.lenpen}" if args.lenpen is not None else "")
+    out_dir = run_dir / "eval"
+    out_dir.mkdir(exist_ok=True)
+    result = {"split": args.split, "checkpoints": [str(p) for p in ckpts], "metrics": metrics,
+              "decoding": getattr(task, "decoding", None), "bleu_signature": getattr(task, "bleu_signature", None)}
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
+    if "test" in module.items:  # per-item outputs: nas-report can test this evaluation against others
+        (out_dir / f"{name}.items.json").write_text(json.dumps({**module.items["test"], "split": args.split}))
+    hyps = module.decoded.get("test", [])
+    if hyps:
+        (out_dir / f"{name}.hyp.txt").write_text("\n".join(hyps) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

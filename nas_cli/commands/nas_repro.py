@@ -1,0 +1,274 @@
+"""``nas-repro``: reproduce paper figures.
+
+    nas-repro mode-collapse --out DIR [--seed 0] [--steps 4] [--radius 0.1]
+
+writes Ding et al. Appendix E figures (Fig. 7 curves, Figs. 8/9 scatter panels for the
+Gaussian and the dot-product kernel) as PNGs plus ``mode_collapse.json`` with the numbers:
+cluster counts after ``steps`` steps for every case, the max |simulation - closed form|
+for Eqs. 13 and 14, and a small seed sweep of the cluster counts. No training.
+
+    nas-repro explained-away --out DIR [--steps 500] [--seed 1] [--heads 4] [--batches 4]
+                             [--set KEY=VALUE ...]
+
+trains UNAS and DNAS on the same data with the same seed (in process, ``logger=csv``,
+run directories ``DIR/unas`` and ``DIR/dnas``), analyses the encoder self-attention of
+``--batches`` validation batches at the end, and writes Ding et al. Fig. 1: the overlaid
+histograms of log_e(sum_i pi_ij) over keys (all encoder layers, and one figure per layer)
+with the -log Sk line of Theorem 2, plus ``explained_away.json`` with the numbers.
+``--set`` passes further Hydra overrides to both runs (e.g. ``--set task=sort``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..diagnostics import mode_collapse as mc
+
+CASES = {"unbalanced": (500, 50), "balanced": (225, 225)}  # Figs. 6/9 and Fig. 8
+
+
+def run_mode_collapse(out: str | Path, seed: int = 0, steps: int = 4, radius: float = 0.1,
+                      kernels: Sequence[str] = mc.KERNELS, sweep_seeds: int = 5) -> dict:
+    """Write the figures and JSON under ``out``; returns the JSON content."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    report: dict = {
+        "source": "Ding et al. 2020, Appendix E (Figs. 6-9, Eqs. 13-14)",
+        "settings": {"seed": seed, "steps": steps, "cluster_radius": radius,
+                     "data": "500 (or 225) points ~ N((1.8, 0.7), 0.1 I), 50 (or 225) ~ N((-1, -1), 0.1 I)"},
+        "notes": [
+            "kernel 'gaussian': weights exp(-|x_i - x_j|^2 / 2) (Eqs. 2/7 with uniform priors); "
+            "kernel 'dot': exp(x_i . x_j) (Eqs. 2/7 with the priors of Secs. 2.1/3.1, i.e. dot-product attention).",
+            "clusters: single-linkage groups of final positions within cluster_radius; points still moving "
+            "between modes appear as extra small clusters (see cluster_sizes and group_mean_distance_per_step).",
+        ],
+    }
+
+    checks = {k: mc.closed_form_check(kernel=k) for k in kernels}
+    report["closed_form"] = {
+        "max_abs_err_unas_eq13": max(c["max_abs_err_unas"] for c in checks.values()),
+        "max_abs_err_dnas_eq14": max(c["max_abs_err_dnas"] for c in checks.values()),
+        "dnas_ge_unas_everywhere": all(r["dnas_sim"] >= r["unas_sim"] - 1e-12
+                                       for c in checks.values() for r in c["rows"]),
+        "rows": checks[kernels[0]]["rows"],
+    }
+    r_grid = [0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
+    report["fig7_values"] = {
+        str(a): {"r": r_grid, "unas_eq13": mc.unas_distance(r_grid, a).tolist(),
+                 "dnas_eq14": mc.dnas_distance(r_grid, a).tolist(), "initial_2a": 2 * a}
+        for a in (0.5, 1.0)
+    }
+    files.append(mc.plot_distance_vs_r(out / "fig7_distance_vs_r.png"))
+
+    cases = {}
+    for kernel in kernels:
+        for name, (n0, n1) in CASES.items():
+            res = mc.simulate_case(n0, n1, seed=seed, steps=steps, kernel=kernel, radius=radius)
+            cases[f"{name}_{n0}_{n1}/{kernel}"] = res["summary"]
+            fig = "fig9" if name == "unbalanced" else "fig8"
+            files.append(mc.plot_scatter_steps(
+                res["trajectories"], res["labels"], out / f"{fig}_{name}_{kernel}.png",
+                title=f"{n0} red / {n1} blue, {kernel} kernel, seed {seed}"))
+    report["cases"] = cases
+    report["clusters_after_steps"] = {k: {s: v[s]["clusters"] for s in mc.SCHEMES} for k, v in cases.items()}
+
+    sweep = {}
+    for kernel in kernels:
+        for name, (n0, n1) in CASES.items():
+            per = {s: [] for s in mc.SCHEMES}
+            for sd in range(sweep_seeds):
+                summ = mc.simulate_case(n0, n1, seed=sd, steps=steps, kernel=kernel, radius=radius,
+                                        extra_steps=0, per_step=False)["summary"]
+                for s in mc.SCHEMES:
+                    per[s].append(summ[s]["clusters"])
+            sweep[f"{name}_{n0}_{n1}/{kernel}"] = per
+    report["seed_sweep_clusters"] = {"seeds": list(range(sweep_seeds)), **sweep}
+
+    report["files"] = [p.name for p in files] + ["mode_collapse.json"]
+    (out / "mode_collapse.json").write_text(json.dumps(report, indent=2, default=_json_default))
+    return report
+
+
+def explained_away_overrides(scheme: str, steps: int, seed: int, heads: int, batches: int,
+                             extra: Sequence[str] = ()) -> list[str]:
+    """Hydra overrides of one ``explained-away`` run: one validation, at the last step.
+
+    The short warm-up and higher peak LR (``EXPLAINED_AWAY_OPTIM``) let the tiny model learn
+    the task within a few hundred steps (reverse: ~95% exact match after 500); an ``extra``
+    override of the same key replaces them."""
+    base = [f"attention={scheme}", f"seed={seed}", f"model.heads={heads}", "logger=csv", "progress_bar=false",
+            "run_test=false", f"trainer.max_steps={steps}", "trainer.max_epochs=-1",
+            f"trainer.val_check_interval={steps}", "trainer.check_val_every_n_epoch=null",
+            "diagnostics.enabled=true", f"diagnostics.batches={batches}", "diagnostics.every_n_validations=1",
+            *EXPLAINED_AWAY_OPTIM]
+    given = {e.split("=", 1)[0].lstrip("+~") for e in extra}
+    return [o for o in base if o.split("=", 1)[0] not in given] + list(extra)
+
+
+EXPLAINED_AWAY_OPTIM = ("optim.warmup=100", "optim.lr=2e-3")
+
+
+def run_explained_away(out: str | Path, steps: int = 500, seed: int = 1, heads: int = 4, batches: int = 4,
+                       overrides: Sequence[str] = (), schemes: Sequence[str] = ("unas", "dnas")) -> dict:
+    """Train each scheme, then overlay their encoder histograms of log sum_i pi_ij (Ding et
+    al. Fig. 1). Writes ``fig1_encoder_log_mass.png`` (all layers), one
+    ``fig1_encoder_layer<i>.png`` per layer and ``explained_away.json``; returns the JSON."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import get_class
+
+    from ..plan import location_alias
+    from ..resolvers import register_resolvers
+    from ..registry import CONF_DIR
+    from ..run import train
+    from ..diagnostics.plots import plot_log_mass_histograms
+
+    register_resolvers()
+
+    if steps < 1 or batches < 1:
+        raise ValueError(f"--steps and --batches must be >= 1 (got {steps}, {batches})")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    per_scheme: dict[str, dict] = {}
+    layers: dict[str, list[dict]] = {}
+    for scheme in schemes:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=location_alias(
+                explained_away_overrides(scheme, steps, seed, heads, batches, overrides)))
+        if getattr(get_class(cfg.task._target_), "kind", "seq2seq") != "seq2seq":
+            raise ValueError("explained-away needs a seq2seq task (it looks at encoder self-attention)")
+        summary = train(cfg, out / scheme, group="repro-explained-away")
+        latest = json.loads((out / scheme / "diagnostics" / "latest.json").read_text())
+        enc = latest["locations"].get("encoder")
+        if not enc:
+            raise ValueError(f"{scheme}: no encoder self-attention diagnostics were written")
+        layers[scheme] = [e["explained_away"] for e in enc["layers"]]
+        counts = np.sum([np.asarray(e["counts"]).sum(0) for e in layers[scheme]], axis=0)
+        edges = np.asarray(layers[scheme][0]["bin_edges"])
+        below20 = counts[: int(np.searchsorted(edges, -20.0, side="right")) - 1].sum() / counts.sum()
+        per_scheme[scheme] = {
+            "run_dir": str(out / scheme),
+            "steps": summary["steps"],
+            "best_val": summary["best_val"],
+            "eps": layers[scheme][0]["eps"],
+            "n_keys_per_layer": [e["n_keys"] for e in layers[scheme]],
+            "explained_away_frac": enc.get("explained_away_frac"),
+            "explained_away_frac_per_layer": enc.get("explained_away_frac_per_layer"),
+            "fraction_log_mass_below_-20": float(below20),
+            "min_margin": enc.get("min_margin"),
+            "min_margin_per_layer": enc.get("min_margin_per_layer"),
+            "min_log_mass_per_layer": [min((v for v in e["min_log_mass"] if v is not None), default=None)
+                                       for e in layers[scheme]],
+            "entropy_mean": enc.get("entropy_mean"),
+            "jsd_mean": enc.get("jsd_mean"),
+            "counts_all_layers": counts.astype(int).tolist(),
+            "bin_edges": edges.tolist(),
+        }
+    edges = np.asarray(next(iter(layers.values()))[0]["bin_edges"])
+    sk_max = max(e["sk_max"] for ls in layers.values() for e in ls)
+    neg_log_sk = -float(np.log(sk_max))
+    # drop the empty low bins below the data, -log Sk and -20 (the paper's reference
+    # value), so mass near 0 is not squeezed into a sliver; dropped bins hold no keys
+    total = np.sum([per_scheme[s]["counts_all_layers"] for s in schemes], axis=0)
+    first = int(np.flatnonzero(total)[0]) if total.any() else 0
+    start = max(0, min(first, int(np.searchsorted(edges, min(neg_log_sk, -20.0))) - 1) - 4)
+    cut = edges[start:]
+    files = [plot_log_mass_histograms(
+        {s.upper(): np.asarray(per_scheme[s]["counts_all_layers"])[start:] for s in schemes},
+        out / "fig1_encoder_log_mass.png", bin_edges=cut, neg_log_sk=neg_log_sk,
+        title=f"encoder self-attention, all layers, after {steps} steps (Ding et al. Fig. 1)")]
+    for i in range(min(len(ls) for ls in layers.values())):
+        files.append(plot_log_mass_histograms(
+            {s.upper(): np.asarray(layers[s][i]["counts"])[:, start:] for s in schemes},
+            out / f"fig1_encoder_layer{i}.png", bin_edges=cut, neg_log_sk=neg_log_sk,
+            title=f"encoder self-attention, layer {i}, after {steps} steps"))
+    dnas = per_scheme.get("dnas")
+    report = {
+        "source": "Ding et al. 2020, Fig. 1 and Theorem 2 (encoder self-attention, non-causal)",
+        "settings": {"steps": steps, "seed": seed, "heads": heads, "validation_batches": batches,
+                     "overrides": list(overrides), "neg_log_sk_max": neg_log_sk},
+        "schemes": per_scheme,
+        "theorem2_holds_for_dnas": None if dnas is None else bool(
+            dnas["min_margin"] is not None and dnas["min_margin"] >= -1e-5 and dnas["explained_away_frac"] == 0),
+        "files": [p.name for p in files] + ["explained_away.json"],
+    }
+    (out / "explained_away.json").write_text(json.dumps(report, indent=2, default=_json_default))
+    return report
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serializable: {type(o)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nas-repro", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("mode-collapse", help="Ding et al. Appendix E: mode collapse under UNAS vs DNAS")
+    p.add_argument("--out", required=True, help="output directory (created if missing)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--radius", type=float, default=0.1, help="single-linkage radius for counting clusters")
+    p.add_argument("--sweep-seeds", type=int, default=5, help="seeds 0..N-1 for the cluster-count sweep (0: none)")
+    p.add_argument("--kernel", choices=mc.KERNELS, action="append",
+                   help="kernel(s) to run; default: all of " + ", ".join(mc.KERNELS))
+    e = sub.add_parser("explained-away",
+                       help="Ding et al. Fig. 1: train UNAS and DNAS, overlay encoder log sum_i pi_ij histograms")
+    e.add_argument("--out", required=True, help="output directory (created if missing)")
+    e.add_argument("--steps", type=int, default=500, help="training steps of each model")
+    e.add_argument("--seed", type=int, default=1)
+    e.add_argument("--heads", type=int, default=4)
+    e.add_argument("--batches", type=int, default=4, help="validation batches analysed at the end")
+    e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Hydra override for both runs (repeatable)")
+    args = parser.parse_args(argv)
+    if args.command == "explained-away":
+        import logging
+        import os
+        import warnings
+
+        from ..errors import UserError
+
+        os.environ.setdefault("WANDB_SILENT", "true")
+        warnings.filterwarnings("ignore", category=UserWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        for name in ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda",
+                     "lightning.fabric"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+        try:
+            rep = run_explained_away(args.out, steps=args.steps, seed=args.seed, heads=args.heads,
+                                     batches=args.batches, overrides=args.overrides)
+        except (UserError, ValueError) as err:
+            print(f"nas-repro: error: {err}", file=sys.stderr)
+            return 2
+        for scheme, r in rep["schemes"].items():
+            print(f"{scheme.upper()}: encoder keys explained away (sum_i pi_ij < {r['eps']:g}) "
+                  f"{100 * r['explained_away_frac']:.2f}%, below -20: {100 * r['fraction_log_mass_below_-20']:.2f}%, "
+                  f"min margin over -log Sk {r['min_margin']}, {r['best_val']['metric']} {r['best_val']['value']}")
+        print(f"wrote {', '.join(rep['files'])} to {args.out}")
+    if args.command == "mode-collapse":
+        kernels = tuple(args.kernel) if args.kernel else mc.KERNELS
+        rep = run_mode_collapse(args.out, seed=args.seed, steps=args.steps, radius=args.radius, kernels=kernels,
+                                sweep_seeds=args.sweep_seeds)
+        cf = rep["closed_form"]
+        print(f"Eq. 13 max |sim - closed form| = {cf['max_abs_err_unas_eq13']:.3g}; "
+              f"Eq. 14: {cf['max_abs_err_dnas_eq14']:.3g}")
+        for case, counts in rep["clusters_after_steps"].items():
+            per = ", ".join(f"{s.upper()} {n}" for s, n in counts.items())
+            print(f"{case}: clusters after {args.steps} steps {per}")
+        print(f"wrote {', '.join(rep['files'])} to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

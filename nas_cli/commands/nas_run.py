@@ -1,0 +1,306 @@
+"""Entry points only: compose config -> run -> report.
+
+``nas-run`` is a Hydra application; the config folder ships with the package, so it
+works from any working directory.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, read_write
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import Stopped, UserError
+from ..registry import CONF_DIR, CONF_PACKAGE
+from ..resolvers import register_resolvers
+from ..rundir import CONTINUE_ENV, continuing
+
+
+def _fmt(x, digits=2):
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}"
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, dict]] = ()) -> Table:
+    lines = [f"run files: {s['run_dir']}" for s in summaries]
+    lines += [f"failed: {d}: {f.get('reason', '?')}" for d, f in failed]
+    lines += [s["tested"]["line"] for s in summaries if len(summaries) == 1 and s.get("tested")]
+    table = Table(title=title, caption="\n".join(lines), caption_justify="left")
+    for col in ("task", "scheme", "heads", "params", "exact match", "BLEU", "test ppl", "tokens/s"):
+        table.add_column(col, no_wrap=True)
+    for s in summaries:
+        test = s.get("test", {})
+        em = test.get("test/exact_match")
+        table.add_row(s["task"], s["scheme"], str(s["heads"]), _fmt(s["parameters"]),
+                      "-" if em is None else f"{100 * em:.1f}%", _fmt(test.get("test/bleu")),
+                      _fmt(test.get("test/ppl"), 3), _fmt(s.get("tokens_per_s"), 0))
+    for d, _ in failed:
+        table.add_row(d.name, "[bold red]failed[/]", *["-"] * 6)
+    return table
+
+
+def _console() -> Console:
+    # logs and CI are not terminals: give tables room instead of rich's 80 columns
+    return Console() if sys.stdout.isatty() else Console(width=120)
+
+
+class SweepSummary(Callback):
+    """Hydra callback: after a multirun, print one table comparing every job, failed jobs
+    included (with their one-line reason); exit non-zero if any job failed."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from ..rundir import read_failed, release
+
+        root = Path(config.hydra.sweep.dir)
+        rows = [json.loads(p.read_text()) for p in sorted(root.glob("*/summary.json"))]
+        failed = [(p.parent, read_failed(p.parent)) for p in sorted(root.glob("*/failed.json"))]
+        failed = [(d, f) for d, f in failed if f and not (d / "summary.json").is_file()]
+        release(root)
+        if rows:
+            rows.sort(key=lambda s: (s["task"], s["scheme"], s["heads"]))
+        if rows or failed:
+            _console().print(summary_table(rows, f"nas-run sweep {root}", failed))
+        if failed:
+            _fail(f"{len(failed)} of {len(rows) + len(failed)} jobs failed (marked 'failed' above, reasons in "
+                  f"their failed.json)", code=1)
+
+
+def _fail(message: str, code: int = 2, kind: str = "error", color: str = "red"):
+    Console(stderr=True).print(f"[bold {color}]nas-run: {kind}:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+#: set when a sweep is launched again into its own directory: finished jobs are skipped
+SWEEP_CONTINUE_ENV = "NAS_RUN_SWEEP_CONTINUE"
+
+
+def _sweep_overrides(root: Path) -> list[str] | None:
+    """The task overrides of the sweep that made ``root`` (its multirun.yaml), None if unknown."""
+    try:
+        saved = OmegaConf.load(root / "multirun.yaml")
+        return [str(o) for o in saved.hydra.overrides.task]
+    except Exception:  # noqa: BLE001 - missing or damaged: cannot tell it is the same sweep
+        return None
+
+
+class RunGuard(Callback):
+    """Hydra callback, before Hydra writes anything: check the composed options (one line per
+    problem), never start in a directory that holds a finished run or sweep, and own the
+    directory (a lock: a second process in the same directory is refused)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        from ..checks import check_config
+        from ..rundir import acquire
+
+        run_dir = Path(str(config.hydra.run.dir))
+        try:
+            check_config(config)
+            if (run_dir / "summary.json").is_file() and not continuing(run_dir):
+                raise UserError(f"{run_dir} already holds a finished run (summary.json); nothing was overwritten: "
+                                "choose another hydra.run.dir, or train it longer with nas-run resume=<dir> "
+                                "trainer.max_steps=<more>")
+            acquire(run_dir)
+        except UserError as err:
+            _fail(str(err))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from ..checks import check_config
+        from ..rundir import acquire
+
+        root = Path(str(config.hydra.sweep.dir))
+        try:
+            check_config(config)
+            if any(root.glob("*/summary.json")) or any(root.glob("*/checkpoints")):
+                earlier = _sweep_overrides(root)
+                now = [str(o) for o in config.hydra.overrides.task]
+                if earlier != now:
+                    raise UserError(f"{root} holds a sweep of other overrides ({' '.join(earlier or ['?'])}); "
+                                    "nothing was overwritten: choose another hydra.sweep.dir, or repeat that sweep's "
+                                    "exact command to continue it")
+                os.environ[SWEEP_CONTINUE_ENV] = str(root.resolve())
+                done = len(list(root.glob("*/summary.json")))
+                Console(stderr=True).print(f"[bold yellow]nas-run: continuing the sweep in {root}:[/] {done} finished "
+                                           "job(s) are skipped, unfinished ones resume from their checkpoints",
+                                           highlight=False, soft_wrap=True)
+            acquire(root, "sweep")
+        except UserError as err:
+            _fail(str(err))
+
+
+def _spawns_processes(trainer_cfg) -> bool:
+    strategy = trainer_cfg.get("strategy", "auto")
+    name = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy)
+    return any(k in name.lower() for k in ("ddp", "fsdp", "deepspeed")) and str(trainer_cfg.get("devices")) != "1"
+
+
+def _as_single_run(hc, run_dir: Path) -> None:
+    """Lightning starts the other processes of a DDP job by running this command again with
+    ``hydra.run.dir`` set to Hydra's run directory. In a sweep, make that command this job alone
+    (its own overrides) in this job's directory."""
+    sys.argv = [sys.argv[0], *hc.overrides.task]
+    with read_write(hc):
+        hc.run.dir = str(run_dir)
+
+
+def _job(cfg: DictConfig):
+    from pytorch_lightning.utilities import rank_zero_only
+
+    from ..checks import check_config
+    from ..redaction import redact_files
+    from ..run import train  # heavy imports after Hydra has parsed the command line
+    from ..rundir import acquire, clear_failed, mark_failed, release
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    group = cfg.logger.get("group") or (Path(hc.sweep.dir).name if multirun else str(cfg.task.name))
+    if multirun:
+        if "joblib" in str(hc.launcher.get("_target_", "")) and _spawns_processes(cfg.trainer):
+            _fail("hydra/launcher=joblib runs each job in a worker process that cannot start DDP/FSDP processes; "
+                  "use one device per job (trainer.devices=1) or the basic launcher / hydra/launcher=slurm")
+        _as_single_run(hc, run_dir)
+    optuna = "optuna" in str(hc.sweeper.get("_target_", ""))
+    if optuna:
+        _check_validates(cfg.trainer)
+    if rank_zero_only.rank == 0 and hc.output_subdir is not None:
+        saved = run_dir / str(hc.output_subdir)
+        redact_files(saved / "config.yaml", saved / "hydra.yaml", saved / "overrides.yaml",
+                     *([Path(hc.sweep.dir) / "multirun.yaml"] if multirun else []))
+    try:
+        acquire(run_dir)  # a single run took it before Hydra wrote anything (RunGuard); a sweep job here
+    except UserError as err:  # another process owns it: write nothing there
+        _fail(str(err))
+    if multirun and (run_dir / "summary.json").is_file() and os.environ.get(SWEEP_CONTINUE_ENV):
+        release(run_dir)  # a continued sweep: this job finished in an earlier launch
+        summary = json.loads((run_dir / "summary.json").read_text())
+        Console(stderr=True).print(f"nas-run: {run_dir.name}: finished in an earlier launch of this sweep: skipped",
+                                   highlight=False, soft_wrap=True)
+        value = (summary.get("best_val") or {}).get("value")
+        return float("nan") if value is None else float(value)
+    try:
+        if continuing(run_dir):
+            record_resume(run_dir, list(hc.overrides.task))
+        clear_failed(run_dir)
+        check_config(cfg)  # again: a sweep's own values (model.heads=four,8) are only known per job
+        summary = train(cfg, run_dir, group, job_type="sweep" if multirun else "train")
+    except UserError as err:
+        mark_failed(run_dir, str(err))
+        release(run_dir)
+        if multirun:  # the other jobs still run; the sweep's table marks this one failed and the exit is non-zero
+            Console(stderr=True).print(f"[bold red]nas-run: job failed:[/] {run_dir.name}: {err}", highlight=False,
+                                       soft_wrap=True)
+            return float("nan")
+        _fail(str(err))
+    except Stopped as stop:
+        release(run_dir)
+        _fail(str(stop), stop.code, kind="stopped", color="yellow")
+    except Exception as err:  # noqa: BLE001 - an unexpected error: a sweep goes on with its other jobs
+        if not multirun:
+            raise
+        import traceback
+
+        reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        mark_failed(run_dir, reason, code=1)
+        (run_dir / "failed.traceback.txt").write_text(traceback.format_exc())
+        release(run_dir)
+        Console(stderr=True).print(f"[bold red]nas-run: job failed:[/] {run_dir.name}: {reason} (traceback in "
+                                   f"{run_dir / 'failed.traceback.txt'})", highlight=False, soft_wrap=True)
+        return float("nan")
+    release(run_dir)
+    if summary is None:  # another process of a multi-process run: rank 0 reports
+        return None
+    _console().print(summary_table([summary], "nas-run result"))
+    value = summary["best_val"]["value"]
+    if optuna and (value is None or math.isnan(value)):  # optuna cannot rank a trial without a value
+        _fail(f"sweep=optuna: the trial in {run_dir} has no {summary['best_val']['metric']} to optimize (no "
+              "validation ran); make it validate at least once (trainer.val_check_interval <= trainer.max_steps)")
+    return float("nan") if value is None else float(value)  # what a sweeper (optuna) optimizes
+
+
+def _check_validates(trainer_cfg) -> None:
+    """sweep=optuna optimizes the validation metric: refuse, before training, a trial that
+    would end before its first validation."""
+    steps, every = trainer_cfg.get("max_steps"), trainer_cfg.get("val_check_interval")
+    if (isinstance(steps, int) and steps > 0 and isinstance(every, int) and not isinstance(every, bool)
+            and every > steps):
+        _fail(f"sweep=optuna optimizes the validation metric, but trainer.val_check_interval={every} > "
+              f"trainer.max_steps={steps}: no trial would validate; set trainer.val_check_interval <= {steps}")
+
+
+@hydra.main(version_base="1.3", config_path=CONF_PACKAGE, config_name="config")
+def _hydra_entry(cfg: DictConfig):
+    return _job(cfg)
+
+
+def record_resume(run_dir: Path, overrides: list[str]) -> None:
+    """Append the overrides given with ``resume=`` (secrets masked) to ``.hydra/resumes.yaml``."""
+    import time
+
+    import yaml
+
+    from ..redaction import redact
+    from ..rundir import atomic_write_text
+
+    path = run_dir / ".hydra" / "resumes.yaml"
+    try:
+        done = yaml.safe_load(path.read_text()) if path.is_file() else []
+    except (OSError, yaml.YAMLError):
+        done = []
+    done = (done if isinstance(done, list) else []) + [
+        {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "overrides": [redact(o) for o in overrides]}]
+    atomic_write_text(path, yaml.safe_dump(done, sort_keys=False))
+
+
+def resume_argv(argv: list[str]) -> list[str]:
+    """``nas-run resume=<run dir> [key=value ...]`` -> Hydra arguments that run that directory's
+    saved config again, in that directory (nothing new is created; Hydra writes no new .hydra/).
+    Plain ``key=value`` overrides apply on top (e.g. ``trainer.max_steps=...``)."""
+    dirs = [a.split("=", 1)[1] for a in argv if a.startswith("resume=")]
+    if not dirs:
+        return argv
+    rest = [a for a in argv if not a.startswith("resume=")]
+    if len(dirs) > 1 or any(a in ("-m", "--multirun") for a in rest):
+        raise UserError("resume= takes one run directory and cannot be combined with -m")
+    from ..resume import check_resumable
+
+    run_dir = Path(dirs[0]).expanduser().resolve()
+    check_resumable(run_dir, rest)
+    os.environ[CONTINUE_ENV] = str(run_dir)
+    quoted = str(run_dir).replace("\\", "\\\\").replace("'", "\\'")
+    return ["--config-path", str(run_dir / ".hydra"), "--config-name", "config", *rest,
+            f"hydra.run.dir='{quoted}'", "hydra.output_subdir=null"]
+
+
+def main() -> None:
+    os.environ.setdefault("WANDB_SILENT", "true")
+    os.environ.setdefault("WANDB_DISABLE_GIT", "true")
+    for name in ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    register_resolvers()
+    try:
+        from ..overrides import check_overrides
+        from ..plan import location_alias
+
+        sys.argv = [sys.argv[0], *location_alias(sys.argv[1:])]  # attention.decoder=x: see nas_cli/plan.py
+        check_overrides(sys.argv[1:], CONF_DIR)  # typos: one line with the closest name, before Hydra
+        sys.argv = [sys.argv[0], *resume_argv(sys.argv[1:])]
+    except UserError as err:
+        _fail(str(err))
+    _hydra_entry()
+
+
+if __name__ == "__main__":
+    main()

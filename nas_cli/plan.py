@@ -1,0 +1,163 @@
+"""The attention plan: which scheme runs at each location, with which options, built once.
+
+Hydra composes it. ``attention=<scheme>`` picks the scheme of every location and puts its
+YAML (``_target_`` and options) at ``attention``; a location that runs another scheme is a
+second choice of the same config group placed at that location's package:
+
+    nas-run attention=hnas attention.decoder=unas attention.cross=unas
+
+``attention.<location>=<scheme>`` is nas-run's short spelling of Hydra's package override
+``attention@attention.<location>=<scheme>`` (rewritten by :func:`location_alias` before Hydra
+parses the command line), so that scheme's YAML is composed by Hydra too: it comes from the
+config search path (a user's ``hydra.searchpath`` folder included), command-line options reach
+it (``attention.decoder.dropout=0.1``), and the run's saved ``.hydra/config.yaml`` holds every
+option that built the model. Options given as ``attention.<option>`` apply to the locations
+that run the global choice.
+
+:class:`AttentionPlan` turns the composed ``attention`` node into ``{location: (scheme,
+options)}`` once per job; the model, the run-directory tag, W&B tags, summary.json and the
+report read it. Why not one group per location: the three locations would need three copies
+of every scheme YAML. Why not a plan read from disk by name: command-line options and user
+config folders would not reach a scheme named only at one location.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from .attention import AttentionCore, SchemeError
+from .model import LOCATIONS  # encoder self, decoder self (causal), cross
+
+#: keys of a composed ``attention`` node that are not constructor options
+_NOT_OPTIONS = {"name", *LOCATIONS}
+_SHORT = {"encoder": "enc", "decoder": "dec", "cross": "cross"}
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One location's scheme: its name and the keyword arguments of its core (``_target_`` included)."""
+
+    scheme: str
+    options: dict[str, Any]
+
+    @property
+    def core_class(self) -> type[AttentionCore]:
+        return get_class(str(self.options["_target_"]))
+
+
+class AttentionPlan:
+    """``{location: Placed}`` for the three locations of an encoder-decoder (a language
+    model uses ``decoder`` only)."""
+
+    def __init__(self, placed: dict[str, Placed]):
+        self.placed = placed
+
+    @classmethod
+    def from_config(cls, attn_cfg: DictConfig | dict) -> "AttentionPlan":
+        """From a composed ``attention`` node (or one scheme's YAML: that scheme everywhere).
+
+        A location is either absent (the global choice), a node with its own ``name`` and
+        ``_target_`` (composed by Hydra), or, in configs saved before the plan existed, a
+        scheme name (its options are then the global node's when the names agree, else its
+        packaged YAML's)."""
+        node = OmegaConf.create(attn_cfg) if isinstance(attn_cfg, dict) else attn_cfg
+        data = OmegaConf.to_container(node, resolve=True)
+        if "_target_" not in data:
+            raise SchemeError("the attention config has no _target_; choose a scheme with attention=<name>")
+        name = str(data.get("name") or data["_target_"].rsplit(".", 1)[-1].lower())
+        own = {k: v for k, v in data.items() if k not in _NOT_OPTIONS}
+        placed = {}
+        for loc in LOCATIONS:
+            value = data.get(loc)
+            if value is None or value == name:
+                placed[loc] = Placed(name, own)
+            elif isinstance(value, dict):
+                if "_target_" not in value:
+                    raise SchemeError(f"attention.{loc} has options but no scheme: choose one with "
+                                      f"attention.{loc}=<scheme> before setting attention.{loc}.<option>")
+                placed[loc] = Placed(str(value.get("name", loc)), {k: v for k, v in value.items()
+                                                                  if k not in _NOT_OPTIONS})
+            else:  # a scheme name (saved configs of earlier versions)
+                from .registry import scheme_config
+
+                legacy = OmegaConf.to_container(scheme_config(str(value)), resolve=True)
+                placed[loc] = Placed(str(value), {k: v for k, v in legacy.items() if k not in _NOT_OPTIONS})
+        return cls(placed)
+
+    # --- what runs where -------------------------------------------------------------
+    def names(self) -> dict[str, str]:
+        """{location: scheme name}."""
+        return {loc: p.scheme for loc, p in self.placed.items()}
+
+    @property
+    def tag(self) -> str:
+        """'dnas' when one scheme runs everywhere, else 'enc-hnas_dec-unas_cross-unas'."""
+        return tag_from_names(self.names())
+
+    def wandb_tags(self) -> list[str]:
+        return [f"{loc}:{name}" for loc, name in self.names().items()]
+
+    # --- building the cores -----------------------------------------------------------
+    def core(self, location: str, layer: int, causal: bool, heads: int, dropout: float = 0.0) -> AttentionCore:
+        """The core of one layer. ``causal`` is the key mask of self-attention; decoder self-
+        and cross-attention are built with ``prefix_queries=True``, so no scheme can aggregate
+        over future target queries (Ding et al.'s column step, Sinkhorn iterations)."""
+        return instantiate(self.placed[location].options, heads=heads, causal=causal, dropout=dropout,
+                           prefix_queries=causal or location in ("decoder", "cross"), location=location, layer=layer)
+
+    def core_factory(self, heads: int, dropout: float = 0.0) -> Callable[[str, int, bool], AttentionCore]:
+        """core_factory(location, layer, causal) -> AttentionCore, as the model takes it."""
+        return lambda location, layer, causal: self.core(location, layer, causal, heads, dropout)
+
+    # --- cross-group constraints, checked before any data or W&B run -----------------
+    def check(self, model_cfg: DictConfig, lm: bool) -> None:
+        """One line naming the option to change when a scheme cannot run with this model.
+
+        Builds one probe core per location (cheap: no width-dependent parameters yet), so
+        flags that follow a scheme's options (``attention.positions``) are the ones the
+        model will see."""
+        used = ("decoder",) if lm else LOCATIONS
+        positions = str(model_cfg.get("positions", "sinusoidal"))
+        for loc in used:
+            causal = loc == "decoder"
+            try:
+                core = self.core(loc, 0, causal, int(model_cfg.heads))
+            except SchemeError:
+                raise
+            except Exception as err:  # noqa: BLE001 - a bad option value: name the location
+                msg = str(err.__cause__ or err).strip().splitlines()[-1]
+                raise SchemeError(f"attention at {loc} ({self.placed[loc].scheme}): {msg}") from None
+            if core.requires_no_input_positions and positions != "none":
+                where = "attention" if self.placed[loc].scheme == self.placed["encoder"].scheme else f"attention.{loc}"
+                raise SchemeError(
+                    f"{where}={self.placed[loc].scheme} puts positions into the attention itself, but model.positions="
+                    f"{positions} adds them to the input too: add model.positions=none")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {loc: {"scheme": p.scheme, "options": p.options} for loc, p in self.placed.items()}
+
+
+def tag_from_names(names: dict[str, str]) -> str:
+    """{location: scheme} -> 'dnas' when one scheme runs everywhere, else per location."""
+    if len(set(names.values())) == 1:
+        return names["encoder"]
+    return "_".join(f"{_SHORT[loc]}-{names[loc]}" for loc in LOCATIONS)
+
+
+def tag_resolver(attn_node) -> str:
+    """``${nas.tag:${attention}}``: the scheme tag in run-directory names."""
+    return AttentionPlan.from_config(attn_node).tag
+
+
+_ALIAS = re.compile(r"^(attention)\.(encoder|decoder|cross)=(.*)$")
+
+
+def location_alias(args: list[str]) -> list[str]:
+    """``attention.decoder=unas`` -> ``attention@attention.decoder=unas`` (the Hydra package
+    override that composes the scheme's YAML at that location). Anything else is unchanged,
+    options of a location included (``attention.decoder.dropout=0.1``)."""
+    return [_ALIAS.sub(r"\1@\1.\2=\3", a) for a in args]

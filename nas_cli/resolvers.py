@@ -1,0 +1,57 @@
+"""The ``${nas.*:...}`` resolvers the configs use, registered by an explicit call.
+
+Every entry point (``nas-run``, ``nas-eval``, ``nas-repro``, ...) calls
+:func:`register_resolvers` before composing or loading a config; nothing registers them as
+a side effect of being imported.
+"""
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+
+def optuna_direction(target: str, mode=None) -> str:
+    """``sweep=optuna``: maximize or minimize, as the task chooses its best checkpoint
+    (``task.monitor_mode``, else the task class's default: max for BLEU/exact match, min for loss)."""
+    from hydra.utils import get_class
+
+    if mode not in ("min", "max"):
+        mode = get_class(str(target)).monitor_mode
+    return "maximize" if mode == "max" else "minimize"
+
+
+def _devices(devices) -> int | None:
+    try:
+        return int(devices) if int(devices) > 0 else None
+    except (TypeError, ValueError):  # "auto"
+        return None
+
+
+def slurm_tasks(devices) -> int:
+    """``hydra/launcher=slurm``: one SLURM task per device (Lightning takes its rank from SLURM)."""
+    return _devices(devices) or 1
+
+
+def slurm_gpus(accelerator, devices) -> int | None:
+    """GPUs to request per node: trainer.devices, none for CPU training."""
+    return None if str(accelerator) == "cpu" else _devices(devices)
+
+
+def scheme_tag(*args) -> str:
+    """``${nas.tag:${attention}}``: 'dnas', or 'enc-hnas_dec-unas_cross-unas' when locations differ.
+    (Configs of earlier versions pass the three location names instead.)"""
+    from .plan import tag_from_names, tag_resolver
+
+    if len(args) == 3:
+        return tag_from_names(dict(zip(("encoder", "decoder", "cross"), map(str, args))))
+    return tag_resolver(args[0])
+
+
+RESOLVERS = {"nas.tag": scheme_tag, "nas.direction": optuna_direction, "nas.slurm_tasks": slurm_tasks,
+             "nas.slurm_gpus": slurm_gpus}
+
+
+def register_resolvers() -> None:
+    """Register the ``nas.*`` resolvers (idempotent)."""
+    for name, fn in RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)

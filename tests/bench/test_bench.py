@@ -1,0 +1,190 @@
+"""``nas-bench attention`` at tiny sizes: output files, ratio columns, guards, bad options."""
+import json
+
+import pytest
+import torch
+
+from nas_cli.bench import attention as bench_attention
+from nas_cli.bench import train as bench_train
+from nas_cli.commands import nas_bench
+
+SCHEMES = ["unas", "unas-naive", "dnas", "dnas-naive", "hnas", "sinkhorn"]
+
+
+def run_bench(tmp_path, *extra):
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "benchmarks.md"
+    argv = ["attention", "--lengths", "32,64", "--heads", "2", "--d-head", "8", "--repeats", "1",
+            "--threads", "1", "--out-json", str(out_json), "--out-md", str(out_md), *extra]
+    threads = torch.get_num_threads()
+    try:
+        assert nas_bench.main(argv) == 0
+    finally:  # --threads changes the process-wide setting; leave it as it was
+        torch.set_num_threads(threads)
+    return json.loads(out_json.read_text()), out_md.read_text()
+
+
+def test_attention_bench_writes_every_scheme_with_ratios(tmp_path):
+    md_path = tmp_path / "benchmarks.md"
+    md_path.write_text("# Benchmarks\n\n## Training throughput\n\nkept table\n\n"
+                       f"{bench_attention.MD_SECTION}\n\nold table to replace\n\n## Later section\n\nalso kept\n")
+    data, md = run_bench(tmp_path, "--schemes", ",".join(SCHEMES), "--causal", "both")
+    results = data["results"]
+    assert len(results) == len(SCHEMES) * 2 * 2  # schemes x lengths x causal settings
+    assert {r["scheme"] for r in results} == set(SCHEMES)
+    for r in results:
+        assert r["status"] == "ok", r
+        assert r["time_ms"] > 0 and r["peak_bytes"] > 0
+        assert r["time_ratio"] > 0 and r["mem_ratio"] > 0
+        if r["scheme"] == "unas":
+            assert r["time_ratio"] == 1.0 and r["mem_ratio"] == 1.0
+    by = {(r["scheme"], r["length"], r["causal"]): r for r in results}
+    # the naive form holds (B, H, S, S) matrices: it needs more memory than fused SDPA
+    assert by[("dnas-naive", 64, False)]["peak_bytes"] > by[("unas", 64, False)]["peak_bytes"]
+    assert data["config"]["memory_method"] == "torch.profiler allocation records"
+    # markdown: our section replaced in place, the others kept
+    assert md.count(bench_attention.MD_SECTION) == 1 and "old table to replace" not in md
+    assert "kept table" in md and "## Later section\n\nalso kept" in md
+    assert md.index("## Training throughput") < md.index(bench_attention.MD_SECTION) < md.index("## Later section")
+    assert "| time / UNAS | memory / UNAS |" in md
+    rows = [line for line in md.splitlines() if line.startswith("| no ") or line.startswith("| yes ")]
+    assert len(rows) == len(results)
+    assert {row.split("|")[3].strip() for row in rows} == set(SCHEMES)
+
+
+def test_attention_bench_guard_records_too_slow_and_skips_longer(tmp_path):
+    data, md = run_bench(tmp_path, "--schemes", "dnas", "--max-seconds", "1e-9")
+    status = {(r["scheme"], r["length"]): r["status"] for r in data["results"]}
+    assert status == {("unas", 32): "too_slow", ("dnas", 32): "too_slow",
+                      ("unas", 64): "skipped", ("dnas", 64): "skipped"}
+    assert all(r["mem_ratio"] is None for r in data["results"])
+    assert "too_slow" in md and "skipped" in md
+
+
+def test_attention_bench_isolated_case(tmp_path):
+    """--isolate runs each case in a subprocess (python -m nas_cli.bench.attention) and reads its result back."""
+    data, _ = run_bench(tmp_path, "--schemes", "unas", "--lengths", "32", "--isolate")
+    [rec] = data["results"]
+    assert rec["scheme"] == "unas" and rec["status"] == "ok" and rec["peak_bytes"] > 0
+    assert rec["mem_ratio"] == 1.0 and data["config"]["isolate"] is True
+
+
+@pytest.mark.parametrize("bad", [
+    ["--schemes", "dnas,nope"],
+    ["--lengths", "32,abc"],
+    ["--lengths", "0"],
+    ["--dtype", "int8"],
+    ["--causal", "maybe"],
+    ["--repeats", "-1"],
+])
+def test_bad_options_exit_2_with_one_line_error(bad, capsys):
+    with pytest.raises(SystemExit) as exc:
+        nas_bench.main(["attention", *bad])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("nas-bench attention: error:")
+
+
+# --------------------------------------------------------------------------- nas-bench train
+
+TRAIN_LOOPS = ["reference", "unas", "dnas", "hnas", "dnas-naive"]
+
+
+def run_train_bench(tmp_path, *extra):
+    out_json, out_md = tmp_path / "bench_train.json", tmp_path / "benchmarks.md"
+    argv = ["train", "--model", "tiny", "--batch", "4", "--src-len", "8", "--steps", "2", "--warmup-steps", "1",
+            "--repeats", "1", "--vocab", "40", "--threads", "1", "--out-json", str(out_json), "--out-md", str(out_md),
+            *extra]
+    threads = torch.get_num_threads()
+    try:
+        assert nas_bench.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads(out_json.read_text()), out_md.read_text()
+
+
+def test_train_bench_rows_ratios_and_markdown(tmp_path):
+    md_path = tmp_path / "benchmarks.md"
+    md_path.write_text(f"# Benchmarks\n\n{bench_attention.MD_SECTION}\n\nattention table kept\n\n"
+                       f"{bench_train.TRAIN_MD_SECTION}\n\nold train table\n\n## Later section\n\nalso kept\n")
+    data, md = run_train_bench(tmp_path, "--schemes", "dnas,hnas,dnas-naive")
+    results = data["results"]
+    assert [r["loop"] for r in results] == TRAIN_LOOPS  # baselines first, then the schemes in order
+    tokens = 4 * (8 + 8)
+    for r in results:
+        assert r["status"] == "ok", r
+        assert r["src_len"] == r["tgt_len"] == 8 and r["steps_per_repeat"] == 3
+        assert r["tokens_per_s"] > 0 and len(r["repeat_tokens_per_s"]) == 1
+        # tokens/s and ms/step describe the same timed steps
+        assert r["tokens_per_s"] * r["ms_per_step"] / 1e3 == pytest.approx(tokens)
+    by = {r["loop"]: r for r in results}
+    # the reference is torch.nn.Transformer with nas-run's sizes: the same parameter count
+    assert by["reference"]["parameters"] == by["unas"]["parameters"] > 0
+    assert by["hnas"]["parameters"] == by["unas"]["parameters"] + 3 * 2 * 4  # u per location, layer, head
+    assert by["reference"]["time_ratio"] is None
+    assert by["unas"]["ratio_to"] == "reference" and by["unas"]["target"] == 1.05
+    assert by["unas"]["time_ratio"] == pytest.approx(by["reference"]["tokens_per_s"] / by["unas"]["tokens_per_s"])
+    for loop, target in (("dnas", 1.15), ("hnas", 1.25), ("dnas-naive", 1.15)):
+        assert by[loop]["ratio_to"] == "unas" and by[loop]["target"] == target
+        assert by[loop]["time_ratio"] == pytest.approx(by["unas"]["tokens_per_s"] / by[loop]["tokens_per_s"])
+        assert by[loop]["target_applies"] is False and by[loop]["met"] is None  # tiny model, length 8
+    assert data["config"]["threads"] == 1 and data["config"]["model"] == "tiny"
+    # markdown: our section replaced in place, the attention section and the rest kept
+    assert md.count(bench_train.TRAIN_MD_SECTION) == 1 and "old train table" not in md
+    assert "attention table kept" in md and "## Later section\n\nalso kept" in md
+    assert md.index(bench_attention.MD_SECTION) < md.index(bench_train.TRAIN_MD_SECTION) < md.index("## Later section")
+    assert "| src len | tgt len | loop | status | tokens/s | ms / step | time ratio | vs | target | met |" in md
+    rows = [line.split("|")[1:-1] for line in md.splitlines() if line.startswith("| 8 | 8 |")]
+    assert [c[2].strip() for c in rows] == ["reference (torch.nn.Transformer)", "nas-run unas", "nas-run dnas",
+                                            "nas-run hnas", "nas-run dnas-naive"]
+    ratios = {c[2].strip(): (c[6].strip(), c[7].strip(), c[8].strip(), c[9].strip()) for c in rows}
+    assert ratios["nas-run unas"] == (f"{by['unas']['time_ratio']:.3f}", "reference (torch.nn.Transformer)",
+                                      "<= 1.05", "n/a")
+    assert ratios["nas-run hnas"] == (f"{by['hnas']['time_ratio']:.3f}", "nas-run unas", "<= 1.25", "n/a")
+    assert ratios["reference (torch.nn.Transformer)"] == ("-", "-", "-", "-")
+
+
+def test_train_bench_other_precision_gets_its_own_section(tmp_path):
+    """A bf16-mixed run adds its own section (and JSON) next to the float32 table of the targets."""
+    md_path = tmp_path / "benchmarks.md"
+    md_path.write_text(f"# Benchmarks\n\n{bench_train.TRAIN_MD_SECTION}\n\nfloat32 table kept\n")
+    data, md = run_train_bench(tmp_path, "--schemes", "dnas", "--precision", "bf16-mixed")
+    assert data["config"]["precision"] == "bf16-mixed" and {r["status"] for r in data["results"]} == {"ok"}
+    assert "float32 table kept" in md
+    assert bench_train.train_md_section("cpu", "bf16-mixed") == "## End-to-end training (nas-bench train, cpu, bf16-mixed)"
+    assert md.index(bench_train.TRAIN_MD_SECTION + "\n") < md.index("## End-to-end training (nas-bench train, cpu, bf16-mixed)")
+    assert "bf16-mixed on" in md
+    assert bench_train.train_md_section("cpu", "32-true") == bench_train.TRAIN_MD_SECTION
+
+
+def test_train_targets_apply_only_to_the_issue_setting():
+    """met = yes/no only for CPU, model base, lengths 64-128; the ratio decides."""
+    rows = [{"src_len": s, "tgt_len": s, "loop": loop, "status": "ok", "tokens_per_s": tps}
+            for s in (64, 256) for loop, tps in (("reference", 1000.0), ("unas", 960.0), ("dnas", 800.0),
+                                                 ("hnas", 790.0))]
+    bench_train.add_train_ratios(rows, "base", "cpu")
+    by = {(r["src_len"], r["loop"]): r for r in rows}
+    assert by[(64, "unas")]["met"] is True  # 1000 / 960 = 1.042 <= 1.05
+    assert by[(64, "dnas")]["met"] is False  # 960 / 800 = 1.2 > 1.15
+    assert by[(64, "hnas")]["met"] is True  # 960 / 790 = 1.215 <= 1.25
+    assert all(by[(256, loop)]["met"] is None and not by[(256, loop)]["target_applies"]
+               for loop in ("unas", "dnas", "hnas"))
+    bench_train.add_train_ratios(rows, "base", "cuda")
+    assert all(r["met"] is None for r in rows)
+
+
+@pytest.mark.parametrize("bad", [
+    ["--schemes", "dnas,nope"],
+    ["--schemes", "unas-naive"],  # unas has no impl option
+    ["--model", "huge"],
+    ["--src-len", "0"],
+    ["--src-len", "8,16", "--tgt-len", "8,16,32"],
+    ["--src-len", "100000"],
+    ["--precision", "fp8"],
+    ["--warmup-steps", "-1"],
+])
+def test_train_bad_options_exit_2_with_one_line_error(bad, capsys):
+    with pytest.raises(SystemExit) as exc:
+        nas_bench.main(["train", "--model", "tiny", *bad])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("nas-bench train: error:")

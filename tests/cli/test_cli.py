@@ -1,0 +1,105 @@
+"""End-to-end: the installed ``nas-run`` command, real Lightning, real W&B (offline)."""
+import json
+
+import pytest
+import torch
+
+from nas_cli.wandb_offline import read_run
+
+from helpers import NAS_RUN, nas_run  # noqa: F401  (NAS_RUN: used below)
+
+
+def test_debug_run_from_another_directory_logs_to_offline_wandb(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = nas_run("debug=fast", "attention=hnas", "attention.u_init=0.2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["scheme"] == "hnas" and summary["heads"] == 4 and summary["steps"] == 20
+    assert "nas-run result" in proc.stdout and "exact match" in proc.stdout
+    # what W&B itself recorded (its offline transaction log)
+    wb = read_run(run_dir / "wandb")
+    assert wb["id"] == summary["wandb_run_id"]
+    assert wb["group"] == "reverse" and "scheme:hnas" in wb["tags"] and "heads:4" in wb["tags"]
+    assert wb["config"]["attention"]["u_init"] == 0.2
+    logged = set().union(*map(set, wb["history"]))
+    for key in ("train/loss", "train/token_acc", "lr", "val/loss", "val/ppl", "val/bleu", "val/exact_match",
+                "u/encoder/L0/h0", "u/decoder/L1/mean", "u/cross/L0/h3"):
+        assert key in logged, key
+    assert wb["summary"]["test/bleu"] == pytest.approx(summary["test"]["test/bleu"])
+    assert wb["summary"]["parameters"] == summary["parameters"]
+    first_u = next(h["u/encoder/L0/h0"] for h in wb["history"] if "u/encoder/L0/h0" in h)
+    assert first_u == pytest.approx(0.2, abs=0.01)
+    # the best checkpoint is complete and loadable with the safe loader
+    ckpt = torch.load(run_dir / summary["best_checkpoint"], weights_only=True)
+    assert "state_dict" in ckpt
+    assert not list(run_dir.rglob("*.tmp"))
+
+
+def test_multirun_one_wandb_run_per_job_in_one_group(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = nas_run("-m", "debug=fast", "trainer.max_steps=6", "run_test=false", "attention=unas,dnas", "model.heads=2,4",
+                   f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "summary.json").exists())
+    assert [p.name for p in jobs] == ["0_reverse_unas-h2", "1_reverse_unas-h4", "2_reverse_dnas-h2", "3_reverse_dnas-h4"]
+    runs = [read_run(p / "wandb") for p in jobs]
+    assert len({r["id"] for r in runs}) == 4
+    assert {r["group"] for r in runs} == {"sweep"}
+    assert {r["job_type"] for r in runs} == {"sweep"}
+    assert "nas-run sweep" in proc.stdout  # the comparison table after the sweep
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["attention.encoder=bogus"], "attention.encoder=bogus: no such choice (choices: additive, "),
+    (["model.heads=5"], "model.heads=5 must divide model.d_model=64"),
+    (["attention=hnas", "attention.u_init=3"], "attention.u_init must be in [0, 1]"),
+    (["optim.lr=inf", "trainer.max_steps=5"], "optim.lr=inf is not valid: it must be a number > 0"),
+    (["optim.lr=1e30", "trainer.max_steps=5"], "training loss became nan"),
+    (["logger.mode=sometimes"], "logger.mode must be offline, online or disabled"),
+])
+def test_bad_input_gives_one_clear_line(tmp_path, args, needle):
+    proc = nas_run("debug=fast", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["trainer.max_steps=-5"], "trainer.max_steps=-5 is not valid: it must be an integer"),
+    (["+trainer.foo=1"], "trainer.foo is not an option of Lightning's Trainer"),
+    (["trainer.precision=fp7"], "trainer.precision=fp7): Precision 'fp7' is invalid"),
+    pytest.param(["trainer=gpu"], "trainer.accelerator=gpu", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="needs a machine without a GPU")),
+])
+def test_bad_trainer_option_refused_before_anything_starts(tmp_path, args, needle):
+    """Lightning's own checks, as one line, before data, model, W&B run or checkpoint."""
+    run = tmp_path / "run"
+    proc = nas_run("debug=fast", *args, f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert needle in lines[-1] and lines[-1].startswith("nas-run: error:")
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (run / "wandb").exists() and not (run / "checkpoints").exists()
+
+
+def test_unknown_group_choice_lists_valid_options(tmp_path):
+    proc = nas_run("attention=bogus", cwd=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "attention=bogus: no such choice" in proc.stderr and "dnas" in proc.stderr and "sinkhorn" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["model.head=4"], "model.head is not an option; did you mean model.heads?"),
+    (["atention=dnas"], "atention is not an option; did you mean attention?"),
+    (["attention=dnass"], "attention=dnass: no such choice; did you mean dnas?"),
+    (["-m", "attention=unas,dnass"], "attention=dnass: no such choice; did you mean dnas?"),
+    (["+model.head=4"], "+model.head: nas-run does not read this key, so it would be ignored; did you mean model.heads?"),
+    (["modle.heads=4"], "there is no 'modle' section; did you mean model?"),
+])
+def test_typos_get_one_line_with_the_closest_name(tmp_path, args, needle):
+    proc = nas_run(*args, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()

@@ -1,0 +1,85 @@
+"""docs/extending.md, done as a user does it: the files it names, in a folder outside the
+package, run through the real ``nas-run`` with a few steps."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from datafiles import write_parallel
+
+ROOT = Path(__file__).resolve().parents[2]
+NAS_RUN = str(Path(sys.executable).with_name("nas-run"))
+GUIDE = (ROOT / "docs" / "extending.md").read_text()
+
+
+def _block(after: str, lang: str) -> str:
+    """The first fenced ``lang`` block after the line containing ``after`` in the guide."""
+    start = GUIDE.index(after)
+    match = re.compile(rf"```{lang}\n(.*?)```", re.S).search(GUIDE, start)
+    return match.group(1)
+
+
+def _nas_run(*args, cwd: Path, env_extra: dict | None = None):
+    env = {**os.environ, "WANDB_MODE": "offline", **(env_extra or {})}
+    return subprocess.run([NAS_RUN, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env,
+                          check=False)
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+FAST = ["debug=fast", "trainer.max_steps=6", "logger=csv", "progress_bar=false"]
+
+
+def test_a_new_scheme_is_one_python_file_and_one_yaml(tmp_path):
+    (tmp_path / "my_attention.py").write_text(_block("`my_attention.py`", "python"))
+    (tmp_path / "my_conf" / "attention").mkdir(parents=True)
+    (tmp_path / "my_conf" / "attention" / "uniform.yaml").write_text(_block("`my_conf/attention/uniform.yaml`", "yaml"))
+    search = f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]"
+    env = {"PYTHONPATH": str(tmp_path)}
+    everywhere = _nas_run(search, "attention=uniform", *FAST, f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path,
+                          env_extra=env)
+    assert everywhere.returncode == 0, everywhere.stderr[-3000:]
+    assert _summary(tmp_path / "a")["placement"] == {"encoder": "uniform", "decoder": "uniform", "cross": "uniform"}
+    cross = _nas_run(search, "attention.cross=uniform", *FAST, f"hydra.run.dir={tmp_path / 'b'}", cwd=tmp_path,
+                     env_extra=env)
+    assert cross.returncode == 0, cross.stderr[-3000:]
+    summary = _summary(tmp_path / "b")
+    assert summary["placement"] == {"encoder": "unas", "decoder": "unas", "cross": "uniform"}
+    assert summary["scheme"] == "enc-unas_dec-unas_cross-uniform"
+
+
+def test_the_uniform_scheme_of_the_guide_meets_the_contract(tmp_path, monkeypatch):
+    """The guide's scheme really is uniform, and declares that q and k get no gradient."""
+    import torch
+
+    (tmp_path / "my_attention.py").write_text(_block("`my_attention.py`", "python"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from my_attention import Uniform
+
+    core = Uniform(heads=2, causal=True).double()
+    q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    res = core(q, k, v, need_weights=True)
+    expected = torch.tril(torch.ones(5, 5, dtype=torch.float64)) / torch.arange(1, 6, dtype=torch.float64)[:, None]
+    torch.testing.assert_close(res.weights[0, 0], expected)  # causal and uniform: 1/(i+1) over keys <= i
+    res.out.sum().backward()
+    assert not core.qk_gradients and float(q.grad.abs().max()) == 0.0
+
+
+def test_a_new_translation_corpus_is_one_yaml(tmp_path):
+    data = write_parallel(tmp_path / "data", n=(80, 10, 10))
+    (tmp_path / "my_conf" / "task").mkdir(parents=True)
+    yaml = _block("`my_conf/task/my_pairs.yaml`", "yaml").replace("/data/my_pairs", str(data))
+    (tmp_path / "my_conf" / "task" / "my_pairs.yaml").write_text(yaml.replace("vocab_size: 8000", "vocab_size: 120"))
+    proc = _nas_run(f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "task=my_pairs", "attention=dnas", *FAST,
+                    "task.max_tokens=256", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+                    env_extra={"NAS_RUN_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = _summary(tmp_path / "run")
+    assert summary["task"] == "my_pairs" and summary["steps"] == 6
+    assert "test/bleu" in summary["test"]

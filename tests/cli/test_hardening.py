@@ -1,0 +1,302 @@
+"""Issue #17: what a fault-injection trial found, each with a test that failed before the fix.
+
+Faults are real: SIGKILL / SIGUSR1 / SIGUSR2 sent by the nas-run process to itself at a precise
+moment (tests/faults.py), two real processes in one directory, a real file-size limit."""
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from faults import run_with_fault
+from helpers import NAS_RUN, nas_run
+
+FAST = ("debug=fast", "progress_bar=false", "logger=csv")
+NAS_REPORT = str(Path(NAS_RUN).with_name("nas-report"))
+
+
+def ckpt_step(path: Path) -> int:
+    return int(torch.load(path, weights_only=True, map_location="cpu")["global_step"])
+
+
+def summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def one_line_error(proc, code: int = 2) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("nas-run:")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+# ---- checkpoints and what was tested ------------------------------------------------------------
+def test_sigkill_right_after_a_non_improving_validation_costs_at_most_n_steps(tmp_path):
+    # a learning rate of 1e-9: validation never improves after the first one (exact match stays 0)
+    run = tmp_path / "run"
+    proc = run_with_fault("kill@step:25", *FAST, "optim.lr=1e-9", "trainer.max_steps=100",
+                          "trainer.val_check_interval=10", "checkpoint.last_every_n_steps=10",
+                          f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert ckpt_step(run / "checkpoints" / "best.ckpt") == 10  # validations at 20 did not improve it
+    assert ckpt_step(run / "checkpoints" / "last.ckpt") >= 25 - 10  # the README's promise: at most N steps lost
+
+
+def test_the_last_steps_are_validated_and_the_tested_step_is_said(tmp_path):
+    run = tmp_path / "run"
+    proc = nas_run(*FAST, "trainer.max_steps=25", "trainer.val_check_interval=10", f"hydra.run.dir={run}",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (run / "diagnostics" / "step_25.json").is_file()  # a validation at the final step, not only 10 and 20
+    s = summary(run)
+    tested = s["tested"]
+    assert tested["checkpoint"] == "checkpoints/best.ckpt" and s["best_checkpoint"] == "checkpoints/best.ckpt"
+    assert tested["step"] == ckpt_step(run / "checkpoints" / "best.ckpt") and tested["step"] in (10, 20, 25)
+    assert f"tested checkpoint: step {tested['step']} of 25" in proc.stdout
+
+    none = tmp_path / "noval"
+    proc = nas_run(*FAST, "trainer.max_steps=5", "trainer.limit_val_batches=0", f"hydra.run.dir={none}",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary(none)["tested"]["line"] == "no validation ran: tested the final weights (step 5)"
+    assert "no validation ran: tested the final weights" in proc.stdout
+
+
+# ---- run directories -----------------------------------------------------------------------------
+def test_a_second_process_in_the_same_run_directory_is_refused_and_overwrites_nothing(tmp_path):
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    first = subprocess.Popen([NAS_RUN, *FAST, "trainer.max_steps=100000", "checkpoint.last_every_n_steps=5",
+                              f"hydra.run.dir={run}"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.time() + 120
+        while not (run / "checkpoints" / "last.ckpt").exists():
+            assert first.poll() is None, first.stderr.read()[-3000:]
+            assert time.time() < end
+            time.sleep(0.05)
+        config = (run / ".hydra" / "config.yaml").read_text()
+        second = nas_run(*FAST, "seed=9", f"hydra.run.dir={run}", cwd=tmp_path)
+        line = one_line_error(second)
+        assert f"{run} is in use by another nas-run run (PID {first.pid}" in line
+        assert (run / ".hydra" / "config.yaml").read_text() == config  # the refused run wrote nothing
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    # the owner is gone (SIGKILL left its lock behind): the directory can be resumed
+    target = ckpt_step(run / "checkpoints" / "last.ckpt") + 10
+    res = nas_run(f"resume={run}", f"trainer.max_steps={target}", cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert summary(run)["steps"] == target and not (run / ".nas-run.lock").exists()
+    assert not list(run.rglob("*.tmp"))
+
+
+def test_killed_during_the_final_test_relaunches_to_testing_in_a_moved_directory(tmp_path):
+    original = tmp_path / "original"
+    args = (*FAST, "trainer.max_steps=30", "trainer.val_check_interval=10")
+    proc = run_with_fault("kill@test", *args, f"hydra.run.dir={original}", cwd=tmp_path)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    diag = json.loads((original / "diagnostics" / "summary.json").read_text())
+    assert diag["locations"] and not (original / "summary.json").exists()
+    # the directory is moved (copied, the original deleted): it tests its own best.ckpt
+    moved = tmp_path / "moved"
+    shutil.copytree(original, moved)
+    shutil.rmtree(original)
+    again = nas_run(*args, f"hydra.run.dir={moved}", cwd=tmp_path)  # the same command (a SLURM requeue)
+    assert again.returncode == 0, again.stderr[-3000:]
+    s = summary(moved)
+    assert s["steps"] == 30 and s["resumed_from"] == "checkpoints/last.ckpt" and s["test"]
+    assert s["tested"]["checkpoint"] == "checkpoints/best.ckpt"
+    # the diagnostics written by the first process survive the resume that only tests
+    assert json.loads((moved / "diagnostics" / "summary.json").read_text())["locations"] == diag["locations"]
+
+
+@pytest.mark.parametrize("fault,phase", [("SIGUSR1@test", "testing"), ("SIGUSR2@startup", "startup")])
+def test_sigusr_outside_training_stops_with_one_line(tmp_path, fault, phase):
+    run = tmp_path / "run"
+    proc = run_with_fault(fault, *FAST, "trainer.max_steps=10", f"hydra.run.dir={run}", cwd=tmp_path)
+    name = fault.split("@")[0]
+    line = one_line_error(proc, code=128 + getattr(signal, name))
+    assert f"{name} during {phase}" in line and f"nas-run resume={run}" in line
+    assert not (run / "summary.json").exists()
+
+
+def test_a_kill_before_the_first_checkpoint_continues_the_same_wandb_run(tmp_path):
+    run = tmp_path / "run"
+    proc = run_with_fault("kill@step:0", "debug=fast", "progress_bar=false", "trainer.max_steps=10",
+                          f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == -signal.SIGKILL and not (run / "checkpoints" / "last.ckpt").exists()
+    first = {p.name.rsplit("-", 1)[1] for p in run.rglob("run-*.wandb")}
+    assert len(first) == 1
+    again = nas_run("debug=fast", "progress_bar=false", "trainer.max_steps=10", f"hydra.run.dir={run}",
+                    cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    ids = {p.name.rsplit("-", 1)[1] for p in run.rglob("run-*.wandb")}
+    assert ids == first and f"{summary(run)['wandb_run_id']}.wandb" in ids  # no orphan W&B run
+
+
+# ---- resume -------------------------------------------------------------------------------------
+def test_resume_refuses_fewer_steps_than_done_and_records_its_overrides(tmp_path):
+    run = tmp_path / "run"
+    proc = run_with_fault("kill@step:25", *FAST, "trainer.max_steps=40", "checkpoint.last_every_n_steps=10",
+                          f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == -signal.SIGKILL
+    line = one_line_error(nas_run(f"resume={run}", "trainer.max_steps=12", cwd=tmp_path))
+    assert "trainer.max_steps=12 is below the 20 steps this run has already trained" in line
+    assert not (run / "summary.json").exists()
+    ok = nas_run(f"resume={run}", "trainer.max_steps=40", "+logger.api_key=sk-SECRET-1", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    recorded = yaml.safe_load((run / ".hydra" / "resumes.yaml").read_text())
+    assert [r["overrides"] for r in recorded][-1] == ["trainer.max_steps=40", "+logger.api_key=***"]
+
+
+def test_a_finished_run_trains_longer_in_the_same_wandb_run(tmp_path):
+    run = tmp_path / "run"
+    first = nas_run("debug=fast", "progress_bar=false", "trainer.max_steps=20", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = summary(run)
+    same = nas_run(f"resume={run}", cwd=tmp_path)
+    assert "that run is complete (20 steps, summary.json); to train it longer pass trainer.max_steps=<more than 20>" \
+        in one_line_error(same)
+    longer = nas_run(f"resume={run}", "trainer.max_steps=30", cwd=tmp_path)
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    after = summary(run)
+    assert after["steps"] == 30 and after["continued_from_summary"] == "summary.step20.json"
+    assert json.loads((run / "summary.step20.json").read_text()) == before
+    assert after["wandb_run_id"] == before["wandb_run_id"]  # the W&B history continues
+    # nas-eval rebuilds the model from the config: one that does not match the checkpoint is refused
+    # (4 -> 2 heads keeps every parameter's shape: it would otherwise evaluate a different model silently)
+    ev = subprocess.run([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--set", "model.heads=2"],
+                        capture_output=True, text=True, cwd=tmp_path)
+    assert ev.returncode == 2 and "was trained with another configuration" in ev.stderr and "Traceback" not in ev.stderr
+
+
+def test_an_unsafe_newest_checkpoint_falls_back_to_an_older_one_with_one_whole_line(tmp_path):
+    run = tmp_path / "run"
+    proc = run_with_fault("kill@step:25", *FAST, "trainer.max_steps=30", "checkpoint.every_n_steps=10",
+                          f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == -signal.SIGKILL
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    last = run / "checkpoints" / "last.ckpt"
+    torch.save({"state_dict": {}, "loops": {}, "evil": Evil()}, last)
+    os.utime(last)  # the newest
+    res = nas_run(f"resume={run}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    warnings = [ln for ln in res.stderr.splitlines() if "is unreadable" in ln]
+    assert len(warnings) == 1, res.stderr[-3000:]
+    assert warnings[0].endswith("(refused by the safe loader: it holds objects other than tensors and plain "
+                                "containers); trying an older one")
+    assert summary(run)["resumed_from"] == "checkpoints/step20.ckpt" and not marker.exists()
+
+
+# ---- failures -----------------------------------------------------------------------------------
+def test_a_run_that_fails_before_training_is_marked_failed(tmp_path):
+    run = tmp_path / "run"
+    line = one_line_error(nas_run(*FAST, "task=iwslt14", f"task.path={tmp_path / 'nope'}", f"hydra.run.dir={run}",
+                                  cwd=tmp_path))
+    failed = json.loads((run / "failed.json").read_text())
+    assert failed["reason"] in line and "nope" in failed["reason"]
+    report = subprocess.run([NAS_REPORT, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert "1 failed, 0 unfinished" in report.stdout and "failed:" in report.stdout
+
+
+def test_a_failing_sweep_job_does_not_stop_the_others(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = nas_run("-m", *FAST, "trainer.max_steps=5", "model.heads=3,4", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "1 of 2 jobs failed" in proc.stderr and "Traceback" not in proc.stderr
+    assert "failed" in proc.stdout and "nas-run sweep" in proc.stdout
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert (jobs[1] / "summary.json").is_file()  # the job after the failing one ran
+    assert "model.heads=3" in json.loads((jobs[0] / "failed.json").read_text())["reason"]
+    report = subprocess.run([NAS_REPORT, str(sweep)], capture_output=True, text=True, cwd=tmp_path)
+    assert "1 failed, 0 unfinished" in report.stdout
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("model.heads=four", "model.heads='four' is not valid: it must be a positive integer"),
+    ("seed=abc", "seed='abc' is not valid: it must be an integer"),
+    ("optim.lr=-0.001", "optim.lr=-0.001 is not valid: it must be a number > 0"),
+    ("task.batch_size=0", "task.batch_size=0 is not valid"),
+    ("task=iwslt14 task.max_tokens=0", "task.max_tokens=0 is not valid"),
+    ("model.d_model=200000 model.ffn=800000", "the model is too large for this machine"),
+])
+def test_malformed_values_one_line_before_anything_is_created(tmp_path, override, needle):
+    run = tmp_path / "run"
+    line = one_line_error(nas_run(*FAST, *override.split(), f"hydra.run.dir={run}", cwd=tmp_path))
+    assert needle in line
+    assert not run.exists()
+
+
+def test_a_full_disk_while_saving_names_the_path_and_keeps_the_previous_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    proc = run_with_fault("kill@step:25", *FAST, "trainer.max_steps=40", "checkpoint.last_every_n_steps=10",
+                          f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == -signal.SIGKILL
+    last = run / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    limit = len(before) // 2  # no file of half a checkpoint's size can be written: as if the disk were full
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    res = subprocess.run([NAS_RUN, f"resume={run}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         preexec_fn=small_files, timeout=300)
+    line = one_line_error(res)
+    assert f"cannot write checkpoint {last}" in line and "MiB free on that disk" in line
+    assert last.read_bytes() == before and not list(run.rglob("*.tmp"))
+
+
+# ---- secrets ------------------------------------------------------------------------------------
+def test_secrets_in_nested_quoted_and_list_overrides_never_reach_files(tmp_path):
+    secrets = ["sk-NESTED-1", "sk QUOTED 2", "sk-LIST-3"]
+    run = tmp_path / "run"
+    proc = nas_run("debug=fast", "progress_bar=false", "trainer.max_steps=2", "run_test=false",
+                   "+logger.auth={token:sk-NESTED-1,user:me}", '+logger.api_key="sk QUOTED 2"',
+                   "+logger.access_token=[sk-LIST-3,x]", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".wandb" for p in files) and any(p.name == "overrides.yaml" for p in files)
+    for p in files:
+        data = p.read_bytes()
+        for secret in secrets:
+            assert secret.encode() not in data, (p, secret)
+    assert "user:me" in (run / ".hydra" / "overrides.yaml").read_text()  # only the secret part is masked
+
+
+# ---- resumable sweeps (issue #20) -------------------------------------------------------------
+def test_a_killed_sweep_launched_again_skips_finished_jobs_and_resumes_the_rest(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ("-m", *FAST, "trainer.max_steps=20,40", "checkpoint.last_every_n_steps=10", f"hydra.sweep.dir={sweep}")
+    killed = run_with_fault("kill@step:25", *args, cwd=tmp_path)  # job 0 (20 steps) finishes, job 1 dies at 25
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    first, second = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert (first / "summary.json").is_file() and not (second / "summary.json").exists()
+    finished = (first / "summary.json").read_bytes()
+
+    other = nas_run("-m", *FAST, "trainer.max_steps=20,30", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert "holds a sweep of other overrides" in one_line_error(other)
+
+    again = nas_run(*args, cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "continuing the sweep" in again.stderr and f"{first.name}: finished in an earlier launch" in again.stderr
+    assert (first / "summary.json").read_bytes() == finished  # not trained again
+    s = summary(second)
+    assert s["steps"] == 40 and s["resumed_from"] == "checkpoints/last.ckpt"

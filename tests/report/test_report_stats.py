@@ -1,0 +1,205 @@
+"""Issue #19: the statistics behind nas-report's comparisons, checked against independent
+references (scipy, sacreBLEU's own PairedTest, a hand-computed Holm example), and the
+comparison end to end: a real sweep, then ``nas-report --baseline ... --format latex --pivot``."""
+import json
+import math
+import random
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from nas_cli.report import stats
+from helpers import NAS_RUN, nas_run
+
+NAS_REPORT = str(Path(NAS_RUN).with_name("nas-report"))
+WORDS = "the a cat dog sat on mat ran far home big small red blue".split()
+
+
+def test_t_interval_matches_scipy():
+    vals = [31.2, 32.9, 30.4]
+    m, low, high, n = stats.t_interval(vals)
+    ref = st.t.interval(0.95, len(vals) - 1, loc=np.mean(vals), scale=st.sem(vals))
+    assert n == 3 and m == pytest.approx(np.mean(vals)) and (low, high) == pytest.approx(ref)
+    one = stats.t_interval([5.0])
+    assert one[0] == 5.0 and math.isnan(one[1]) and one[3] == 1  # no made-up interval for n = 1
+
+
+def test_holm_against_a_hand_computed_example():
+    # sorted: 0.005*4 = 0.02, 0.01*3 = 0.03, 0.03*2 = 0.06, 0.04*1 = 0.04 -> monotone: 0.06
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5]) == [0.5] and stats.holm([0.6, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def _sentences(n, seed):
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) for _ in range(n)]
+
+
+def _noisy(refs, keep, seed):
+    """Each reference word kept with probability ``keep``, else replaced."""
+    rng = random.Random(seed)
+    return [" ".join(w if rng.random() < keep else rng.choice(WORDS) for w in r.split()) for r in refs]
+
+
+def _items(hyps, refs, nll=None, tokens=None):
+    n = len(refs)
+    return {"hyps": hyps, "refs": refs, "exact": [int(h == r) for h, r in zip(hyps, refs)],
+            "nll": nll if nll is not None else [1.0] * n, "tokens": tokens if tokens is not None else [1] * n}
+
+
+def test_bleu_p_value_is_sacrebleus_paired_test_on_the_same_strings():
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    refs = _sentences(120, 0)
+    base, system = _noisy(refs, 0.6, 1), _noisy(refs, 0.75, 2)
+    c = stats.compare("test/bleu", [_items(base, refs)], [_items(system, refs)], [1], samples=300, trials=2000)
+    for test_type, n, got in (("ar", 2000, c.p), ("bs", 300, c.p_bs)):
+        _, scores = PairedTest([("baseline", base), ("system", system)], {"BLEU": BLEU()}, [refs],
+                               test_type=test_type, n_samples=n)()
+        assert got == pytest.approx(scores["BLEU"][1].p_value)
+    # the difference is corpus BLEU's, and the bootstrap interval contains it
+    assert c.diff == pytest.approx(BLEU().corpus_score(system, [refs]).score - BLEU().corpus_score(base, [refs]).score)
+    assert c.low < c.diff < c.high and c.p < 0.01 and c.verdict(True).startswith("better")
+
+
+def test_identical_systems_no_difference_and_a_system_better_everywhere_is_significant():
+    refs = _sentences(80, 3)
+    hyps = _noisy(refs, 0.7, 4)
+    nll = [float(len(r.split())) for r in refs]
+    tokens = [len(r.split()) for r in refs]
+    same = _items(hyps, refs, nll, tokens)
+    for metric in ("test/bleu", "test/exact_match", "test/ppl", "test/rouge1"):
+        c = stats.compare(metric, [same, same], [same, same], [1, 2], samples=200, trials=500)
+        assert c.p > 0.5 and c.low <= 0 <= c.high, metric
+        assert c.verdict(True).startswith("no significant difference (n=2")
+    better = _items(refs, refs, [x * 0.5 for x in nll], tokens)  # exact everywhere, half the NLL everywhere
+    for metric, higher in (("test/bleu", True), ("test/exact_match", True), ("test/ppl", False), ("test/rouge1", True)):
+        c = stats.compare(metric, [same], [better], [1], samples=200, trials=500)
+        assert c.p < 0.01, metric
+        assert c.verdict(higher).startswith("better"), metric
+
+
+def test_perplexity_interval_agrees_with_scipy_bootstrap():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(5, 30, size=200)
+    nll_a = tokens * rng.normal(4.0, 0.5, size=200)
+    nll_b = tokens * rng.normal(3.9, 0.5, size=200)
+    a = {"nll": nll_a.tolist(), "tokens": tokens.tolist()}
+    b = {"nll": nll_b.tolist(), "tokens": tokens.tolist()}
+    c = stats.compare("test/ppl", [a], [b], [1], samples=4000)
+
+    def diff(na, nb, t, axis=-1):
+        return np.exp(nb.sum(axis) / t.sum(axis)) - np.exp(na.sum(axis) / t.sum(axis))
+
+    ref = st.bootstrap((nll_a, nll_b, tokens.astype(float)), diff, paired=True, vectorized=True,
+                       n_resamples=4000, method="percentile", random_state=1).confidence_interval
+    assert c.diff == pytest.approx(diff(nll_a, nll_b, tokens.astype(float)))
+    assert c.low == pytest.approx(ref.low, abs=0.25 * (ref.high - ref.low))
+    assert c.high == pytest.approx(ref.high, abs=0.25 * (ref.high - ref.low))
+
+
+def test_exact_match_uses_mcnemar_on_discordant_items():
+    refs = [f"s{i}" for i in range(50)]
+    base = refs[:20] + ["x"] * 30  # 20 right
+    system = refs[:10] + ["x"] * 10 + refs[20:35] + ["x"] * 15  # 25 right: 15 only system, 10 only baseline
+    c = stats.compare("test/exact_match", [_items(base, refs)], [_items(system, refs)], [1], samples=100)
+    assert c.p == pytest.approx(st.binomtest(15, 25, 0.5).pvalue)
+
+
+# ---- end to end: a real sweep, then the report -----------------------------------------------------
+@pytest.fixture(scope="module")
+def compare_sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cmp")
+    sweep = root / "sweep"
+    proc = nas_run("-m", "task=sort", "attention=unas,dnas", "seed=1,2", "trainer.max_steps=40",
+                   "trainer.val_check_interval=20", "task.train_size=2000", "task.test_size=200",
+                   "progress_bar=false", "logger=csv",
+                   f"hydra.sweep.dir={sweep}", cwd=root, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sweep
+
+
+def report(*args, cwd):
+    return subprocess.run([NAS_REPORT, *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+def test_every_run_keeps_its_per_item_test_outputs(compare_sweep):
+    ids = {}
+    for job in sorted(p for p in compare_sweep.iterdir() if (p / "summary.json").exists()):
+        s = json.loads((job / "summary.json").read_text())
+        ids.setdefault(s["scheme"], set()).add(s["config_id"])
+        items = json.loads((job / "test_items.json").read_text())
+        test = json.loads((job / "summary.json").read_text())["test"]
+        assert items["n"] == len(items["hyps"]) == len(items["exact"]) == 200
+        assert sum(items["exact"]) / items["n"] == pytest.approx(test["test/exact_match"])
+        assert sum(items["nll"]) / sum(items["tokens"]) == pytest.approx(test["test/loss"], rel=1e-5)
+    # one config id per configuration, whatever the seed (W&B groups seeds by it)
+    assert len(ids["unas"]) == len(ids["dnas"]) == 1 and ids["unas"] != ids["dnas"]
+
+
+def test_report_against_a_baseline_as_latex_markdown_and_json(compare_sweep, tmp_path):
+    latex = report(compare_sweep, "--baseline", "scheme=unas", "--format", "latex", "--pivot", "scheme",
+                   "--samples", "200", cwd=tmp_path)
+    assert latex.returncode == 0, latex.stderr
+    assert "\\begin{tabular}" in latex.stdout and "unas (baseline)" in latex.stdout and "$\\pm$" in latex.stdout
+    assert "against the baseline unas h4" in latex.stdout and "Holm" in latex.stdout
+    js = report(compare_sweep, "--baseline", "scheme=unas", "--format", "json", "--samples", "200", cwd=tmp_path)
+    assert js.returncode == 0, js.stderr
+    tables = [json.loads(t) for t in js.stdout.replace("}\n{", "}\n\x00{").split("\x00")]
+    verdicts = tables[1]["rows"]
+    assert {v["metric"] for v in verdicts} >= {"exact_match", "bleu", "ppl"}
+    assert all(v["paired seeds"] == "1,2" for v in verdicts)
+    assert all(v["verdict"].startswith(("better", "worse", "no significant difference")) for v in verdicts)
+    md = report(compare_sweep, "--baseline", "scheme=unas", "--format", "markdown", "--metrics", "ppl",
+                "--samples", "100", cwd=tmp_path)
+    assert md.returncode == 0 and "| dnas h4 | ppl |" in md.stdout and "BLEU" not in md.stdout.split("**against")[0]
+
+
+def test_report_comparison_bad_input_one_line(compare_sweep, tmp_path):
+    bad = report(compare_sweep, "--baseline", "scheme=nope", cwd=tmp_path)
+    assert bad.returncode == 2 and "no group matches; the groups are: dnas h4; unas h4" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    for args, needle in ((["--format", "docx"], "--format docx: unknown"),
+                         (["--pivot", "colour"], "--pivot colour: not a column"),
+                         (["--baseline", "scheme=unas", "--metrics", "meteor"], "--metrics test/meteor: no paired test")):
+        proc = report(compare_sweep, *args, cwd=tmp_path)
+        assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, args
+    # a run without per-item outputs (made before they existed), and a run on another test set
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(compare_sweep, copy)
+    jobs = sorted(p for p in copy.iterdir() if (p / "summary.json").exists())
+    (jobs[0] / "test_items.json").unlink()
+    proc = report(copy, "--baseline", "scheme=unas", cwd=tmp_path)
+    assert proc.returncode == 2 and "lack" in proc.stderr and jobs[0].name in proc.stderr
+    shutil.copy(jobs[1] / "test_items.json", jobs[0] / "test_items.json")
+    items = json.loads((jobs[1] / "test_items.json").read_text())
+    items["refs_sha256"] = "0" * 64
+    (jobs[1] / "test_items.json").write_text(json.dumps(items))
+    proc = report(copy, "--baseline", "scheme=unas", cwd=tmp_path)
+    assert proc.returncode == 2 and "different test sets" in proc.stderr
+
+
+def test_nas_eval_results_are_rows_of_their_own_and_can_be_compared(compare_sweep, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(compare_sweep, copy)
+    job = sorted(p for p in copy.iterdir() if (p / "summary.json").exists())[0]
+    ev = subprocess.run([str(Path(NAS_RUN).with_name("nas-eval")), str(job), "--name", "again"],
+                        capture_output=True, text=True, cwd=tmp_path)
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    assert (job / "eval" / "again.items.json").is_file()
+    proc = report(copy, "--baseline", "scheme=unas", "--format", "json", "--metrics", "exact_match",
+                  "--samples", "50", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    main, verdicts = [json.loads(t) for t in proc.stdout.replace("}\n{", "}\n\x00{").split("\x00")]
+    assert any("[eval:again]" in r["scheme"] for r in main["rows"])
+    again = [v for v in verdicts["rows"] if "[eval:again]" in v["system"]]
+    # the same checkpoint evaluated again: identical outputs, no difference
+    assert len(again) == 1 and again[0]["verdict"].startswith("no significant difference") and again[0]["p"] == "1.000"
