@@ -319,6 +319,7 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
         "test": {k: float(v) for k, v in test.items()},
         "hnas_u": module.hnas_u(),
         "bleu_signature": getattr(task, "bleu_signature", None),
+        "bleu_tok_signature": getattr(task, "bleu_tok_signature", None),
         "data_timings": getattr(task, "timings", None),
         "run_dir": str(run_dir),
         "group": identity["group"],

@@ -11,10 +11,41 @@ Batches are dicts of LongTensors:
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import pytorch_lightning as pl
 import sacrebleu
 
 PAD, BOS, EOS = 0, 1, 2
+
+#: share of empty hypotheses above which an evaluation says so (a model that learned to stop at once)
+EMPTY_WARNING = 0.2
+
+
+def loader_workers(value) -> int:
+    """``task.num_workers``: a number, or ``auto`` = what this machine can spare: none on 1-2
+    cores (the training threads need them; PyTorch warns when workers exceed the cores), else
+    up to 4, one core left for the training process."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if str(value) == "auto":
+        return 0 if cores <= 2 else min(4, cores - 1)
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"task.num_workers must be auto or a number >= 0 (got '{value}')") from None
+    if n < 0:
+        raise ValueError(f"task.num_workers must be auto or a number >= 0 (got {n})")
+    return n
+
+
+def note(message: str) -> None:
+    print(f"nas-run: note: {message}", file=sys.stderr)
+
+
+def empty_share(hyps: list[str]) -> float:
+    """Fraction of hypotheses that are empty (after stripping whitespace)."""
+    return sum(not h.strip() for h in hyps) / len(hyps) if hyps else 0.0
 
 
 class Task(pl.LightningDataModule):
@@ -62,4 +93,4 @@ class Task(pl.LightningDataModule):
             return {}
         bleu = sacrebleu.corpus_bleu(hyps, [refs])
         exact = sum(h == r for h, r in zip(hyps, refs)) / len(hyps)
-        return {"bleu": bleu.score, "exact_match": exact}
+        return {"bleu": bleu.score, "exact_match": exact, "empty": empty_share(hyps)}

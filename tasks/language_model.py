@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .base import EOS, PAD, Task
+from .base import EOS, PAD, Task, loader_workers
 from .sources import DataError, check_dir, disk_split, fingerprint, hub_split, read_lines
 from .vocab import default_cache_dir, word_level
 
@@ -78,7 +78,7 @@ class LanguageModelTask(Task):
                  hf_config: str | None = None, columns: list[str] | None = None, splits: dict | None = None, hub_splits: dict | None = None,
                  tokens_per_sample: int = 256, context_window: int = 192, batch_size: int = 16,
                  eval_batch_size: int | None = None, max_vocab: int | None = None, cache_dir: str | None = None,
-                 num_workers: int = 0, seed: int = 1, monitor: str = "val/loss", monitor_mode: str = "min"):
+                 num_workers: int | str = 0, seed: int = 1, monitor: str = "val/loss", monitor_mode: str = "min"):
         super().__init__()
         self.name, self.source, self.path, self.hf_name, self.hf_config = name, source, path, hf_name, hf_config
         self.columns = list(columns) if columns else ["text"]
@@ -93,7 +93,7 @@ class LanguageModelTask(Task):
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size or batch_size)
         self.max_vocab = max_vocab
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-        self.num_workers, self.seed = int(num_workers), int(seed)
+        self.num_workers, self.seed = loader_workers(num_workers), int(seed)
         self.monitor, self.monitor_mode = monitor, monitor_mode
         self.streams: dict[str, np.ndarray] = {}
         self.tokenizer = None

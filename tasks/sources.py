@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -105,12 +106,39 @@ def disk_split(root: Path, split: str, columns: Sequence[str]) -> list[list[str]
     return _columns(dd[split], columns, f"task.path={root} split '{split}'")
 
 
+def hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers at all (one TCP connection, a few seconds at most),
+    unless HF_HUB_OFFLINE / HF_DATASETS_OFFLINE already say it must not be used."""
+    import socket
+
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") or \
+            os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0"):
+        return False
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def hub_split(name: str, config: str | None, split: str, columns: Sequence[str], cache_dir: str | None) -> list[list[str]]:
+    """A split of a hub dataset. Without network, only the local hub cache is tried (the
+    datasets library would otherwise retry for about 30 seconds before failing)."""
+    if not hub_reachable():
+        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    from datasets import config as hf_config
     from datasets import load_dataset
 
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    if offline:  # the library read its settings at import: tell it too
+        hf_config.HF_HUB_OFFLINE = hf_config.HF_DATASETS_OFFLINE = True
     try:
         ds = load_dataset(name, config, split=split, cache_dir=cache_dir)
     except Exception as err:  # network, unknown name, missing config: one line either way
+        if offline:
+            raise DataError(f"no network and no local copy of the Hugging Face dataset '{name}' ({config}) split "
+                            f"'{split}' in {cache_dir}: give the data as files with task.path=<dir> (or run once "
+                            "with network to cache it)") from None
         raise DataError(f"could not load Hugging Face dataset '{name}' ({config}) split '{split}': "
                         f"{str(err).splitlines()[0] if str(err) else type(err).__name__}; offline? use task.source=local "
                         "with task.path") from None

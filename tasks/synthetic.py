@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .base import BOS, EOS, PAD, Task
+from .base import BOS, EOS, PAD, Task, loader_workers
 
 SPECIALS = 3  # PAD, BOS, EOS
 ALPHABET = [f"{chr(97 + i % 26)}{i // 26 or ''}" for i in range(512)]  # a..z, a1..z1, ...
@@ -68,7 +68,7 @@ class SyntheticSeq2Seq(Task):
         self.name, self.op, self.symbols = name, op, symbols
         self.min_len, self.max_len = min_len, max_len
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
-        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, loader_workers(num_workers)
         self.splits: dict[str, _Pairs] = {}
 
     @property
@@ -122,7 +122,7 @@ class SyntheticLM(Task):
         self.inner = SyntheticSeq2Seq(name, "copy", symbols, min_len, max_len, train_size, val_size, test_size,
                                       batch_size, seed, num_workers)
         self.sep_id = SPECIALS + symbols
-        self.batch_size, self.num_workers = batch_size, num_workers
+        self.batch_size, self.num_workers = batch_size, loader_workers(num_workers)
 
     @property
     def src_vocab_size(self) -> int:

@@ -5,14 +5,23 @@ hub), is encoded with a joint BPE (``tasks.vocab``, cached), filtered by ``max_l
 (training only) and batched by ``max_tokens`` with length bucketing.
 
 Scores (each under its own name so numbers are never mixed up):
-* ``bleu``: sacreBLEU on detokenized output vs the raw references, signature recorded;
-* ``bleu_tok``: tokenized BLEU as the WMT14 en-de literature reports it: Moses-tokenized
-  hypotheses and references, compound splitting (``a-b`` -> ``a ##AT##-##AT## b``) when
-  ``compound_split`` is on, BLEU without further tokenization;
-* ``rouge1/rouge2/rougeL`` (summarization): F1 x 100 from the ``rouge-score`` package.
+* ``bleu``: sacreBLEU (13a) of the output against the references as the corpus ships them,
+  after ``task.detokenize``: ``none`` scores the text as it is; ``moses`` first detokenizes
+  hypotheses *and* references with the Moses detokenizer, unescaping HTML entities
+  (``&quot;`` -> ``"``) and joining ``@-@`` hyphens, which is what a pre-tokenized corpus
+  (WMT as many repositories ship it, IWSLT14 from fairseq's script) needs for the
+  detokenized sacreBLEU the literature reports; ``auto`` (the default) picks ``moses`` when
+  the references look Moses-tokenized (:func:`looks_pretokenized`) and says so once. The
+  signature saved with the score starts with ``detok:<none|moses>``;
+* ``bleu_tok``: tokenized BLEU as the WMT14 en-de literature reports it: the (detokenized)
+  text Moses-tokenized, entities kept as one token, compound splitting (``a-b`` -> ``a
+  ##AT##-##AT## b``) when ``compound_split`` is on, BLEU without further tokenization;
+* ``rouge1/rouge2/rougeL`` (summarization): F1 x 100 from the ``rouge-score`` package;
+* ``empty``: the share of empty hypotheses (warned about when above 20%).
 """
 from __future__ import annotations
 
+import random
 import re
 import time
 from functools import cached_property
@@ -23,12 +32,25 @@ import sacrebleu
 import torch
 from torch.utils.data import DataLoader
 
-from .base import BOS, EOS, PAD, Task
+from .base import BOS, EMPTY_WARNING, EOS, PAD, Task, empty_share, loader_workers, note
 from .batching import TokenBatchSampler
 from .sources import DataError, check_dir, disk_split, fingerprint, hub_split, local_parallel
 from .vocab import default_cache_dir, joint_bpe
 
 SPLITS = ("train", "valid", "test")
+DETOKENIZE = ("auto", "none", "moses")
+#: what Moses tokenization leaves behind: HTML entities, aggressive-hyphen marks, and
+#: punctuation split off words (" ," " ." at the end, " 's", " n't")
+_TOKENIZED = re.compile(r"&(quot|apos|amp|lt|gt|#91|#93);| @-@ | [,;:!?] | \.$| 's\b| n't\b")
+#: HTML entities stay one token in ``bleu_tok`` (Moses would split ``&quot;`` into ``& quot ;``)
+_ENTITY = r"&[a-z]+;|&#[0-9]+;"
+
+
+def looks_pretokenized(lines: list[str], share: float = 0.2) -> bool:
+    """Whether at least ``share`` of the (non-empty) lines carry marks of Moses tokenization.
+    Raw text has them rarely (a space before a comma is a typo); tokenized text in most lines."""
+    lines = [line for line in lines[:2000] if line.strip()]
+    return bool(lines) and sum(bool(_TOKENIZED.search(line)) for line in lines) >= share * len(lines)
 
 
 class _Indexed(torch.utils.data.Dataset):
@@ -67,7 +89,8 @@ class TranslationTask(Task):
                  eval_max_tokens: int | None = None, cache_dir: str | None = None, num_workers: int = 0,
                  seed: int = 1, beam: int = 5, lenpen: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
                  valid_beam: int = 1, compound_split: bool = False, moses_lang: str | None = None,
-                 monitor: str = "val/bleu", monitor_mode: str = "max", limit_train: int | None = None):
+                 monitor: str = "val/bleu", monitor_mode: str = "max", limit_train: int | None = None,
+                 detokenize: str = "auto", valid_subset: int | None = None, valid_subset_seed: int = 0):
         super().__init__()
         self.name, self.src_lang, self.tgt_lang = name, src_lang, tgt_lang
         self.source, self.path, self.hf_name, self.hf_config = source, path, hf_name, hf_config
@@ -79,7 +102,15 @@ class TranslationTask(Task):
         self.vocab_size, self.max_tokens, self.max_len = int(vocab_size), int(max_tokens), int(max_len)
         self.eval_max_tokens = int(eval_max_tokens or max_tokens)
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-        self.num_workers, self.seed = int(num_workers), int(seed)
+        self.num_workers, self.seed = loader_workers(num_workers), int(seed)
+        if detokenize not in DETOKENIZE:
+            raise DataError(f"task.detokenize must be one of {', '.join(DETOKENIZE)} (got '{detokenize}')")
+        self.detokenize = detokenize
+        if valid_subset is not None and int(valid_subset) < 1:
+            raise DataError(f"task.valid_subset must be a number of sentences >= 1, or null (got {valid_subset})")
+        self.valid_subset, self.valid_subset_seed = (None if valid_subset is None else int(valid_subset)), \
+            int(valid_subset_seed)
+        self._empty_said: set[str] = set()
         self.decoding = {"beam": int(beam), "lenpen": float(lenpen), "max_len_a": float(max_len_a),
                          "max_len_b": int(max_len_b)}
         self.valid_beam = int(valid_beam)
@@ -135,6 +166,8 @@ class TranslationTask(Task):
         for split in SPLITS:
             self.text[split] = self._load_text(split)
         self.timings["read_s"] = time.perf_counter() - t0
+        self._choose_detokenizer()
+        self._take_valid_subset()
         t0 = time.perf_counter()
         key = fingerprint(self._sources_fingerprint(), "bpe", self.vocab_size, self.src_lang, self.tgt_lang,
                           self.columns, self.limit_train)
@@ -146,6 +179,11 @@ class TranslationTask(Task):
             (line for side in (train_src, train_tgt) for line in side), self.vocab_size,
             self.cache_dir / "tokenizers" / f"bpe-{key}.json")
         self.timings["tokenizer_s"] = time.perf_counter() - t0
+        pairs = len(train_src)
+        if self.vocab_size > pairs:
+            note(f"task.vocab_size={self.vocab_size} is large for {pairs:,} training pairs: most of its subwords are "
+                 f"rare and poorly trained; a vocabulary of a few thousand (e.g. task.vocab_size="
+                 f"{max(1000, pairs // 4 // 1000 * 1000)}) usually works better on a corpus this small")
         t0 = time.perf_counter()
         for split in SPLITS:
             src, tgt = self.text[split]
@@ -162,6 +200,27 @@ class TranslationTask(Task):
                 enc_t = [t[: self.max_len - 1] for t in enc_t]
             self.ids[split] = (enc_s, enc_t)
         self.timings["encode_s"] = time.perf_counter() - t0
+
+    def _choose_detokenizer(self) -> None:
+        """``task.detokenize=auto``: Moses-detokenize for scoring when the evaluation references
+        look tokenized (said once); otherwise score the text as it is."""
+        if self.detokenize != "auto":
+            return
+        refs = self.text["test"][1] + self.text["valid"][1]
+        self.detokenize = "moses" if looks_pretokenized(refs) else "none"
+        if self.detokenize == "moses":
+            note(f"task '{self.name}': the references look Moses-tokenized (HTML entities, @-@, split-off "
+                 "punctuation): hypotheses and references are detokenized (Moses, entities unescaped) before "
+                 "sacreBLEU, as published scores are; task.detokenize=none scores the text as it is")
+
+    def _take_valid_subset(self) -> None:
+        """``task.valid_subset=N``: validate on N sentences drawn once with ``valid_subset_seed``
+        (the same ones for every run, whatever its seed), in the split's order."""
+        src, tgt = self.text["valid"]
+        if self.valid_subset is None or self.valid_subset >= len(src):
+            return
+        keep = sorted(random.Random(self.valid_subset_seed).sample(range(len(src)), self.valid_subset))
+        self.text["valid"] = ([src[i] for i in keep], [tgt[i] for i in keep])
 
     @property
     def src_vocab_size(self) -> int:
@@ -198,8 +257,20 @@ class TranslationTask(Task):
 
         return MosesTokenizer(lang=self.moses_lang)
 
+    @cached_property
+    def _moses_detok(self):
+        from sacremoses import MosesDetokenizer
+
+        return MosesDetokenizer(lang=self.moses_lang)
+
+    def detokenized(self, text: str) -> str:
+        """The text as sacreBLEU should see it (``task.detokenize``)."""
+        if self.detokenize != "moses":
+            return text
+        return self._moses_detok.detokenize(text.split(), unescape=True)
+
     def tokenized(self, text: str) -> str:
-        out = self._moses.tokenize(text, return_str=True, escape=False)
+        out = self._moses.tokenize(text, return_str=True, escape=False, protected_patterns=[_ENTITY])
         if self.compound_split:  # as in the WMT14 en-de literature (tensor2tensor's get_ende_bleu.sh)
             out = re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", out)
         return out
@@ -207,13 +278,26 @@ class TranslationTask(Task):
     def score(self, hyps: list[str], refs: list[str]) -> dict[str, float]:
         if not hyps:
             return {}
+        exact = sum(h == r for h, r in zip(hyps, refs)) / len(hyps)
+        hyps, refs = [self.detokenized(h) for h in hyps], [self.detokenized(r) for r in refs]
         metric = sacrebleu.BLEU()
         bleu = metric.corpus_score(hyps, [refs])
-        self.bleu_signature = str(metric.get_signature())
+        self.bleu_signature = f"detok:{self.detokenize}|" + str(metric.get_signature())
         tok = sacrebleu.corpus_bleu([self.tokenized(h) for h in hyps], [[self.tokenized(r) for r in refs]],
                                     tokenize="none")
-        exact = sum(h == r for h, r in zip(hyps, refs)) / len(hyps)
-        return {"bleu": bleu.score, "bleu_tok": tok.score, "exact_match": exact}
+        self.bleu_tok_signature = (f"detok:{self.detokenize}|moses-tok:{self.moses_lang}|entities:one-token|"
+                                   f"compound-split:{'yes' if self.compound_split else 'no'}|tok:none")
+        return {"bleu": bleu.score, "bleu_tok": tok.score, "exact_match": exact, "empty": self._empty(hyps)}
+
+    def _empty(self, hyps: list[str]) -> float:
+        """The share of empty hypotheses, and one warning per evaluation kind when it is high."""
+        share = empty_share(hyps)
+        kind = "test" if "test" in self.text and len(hyps) == len(self.text["test"][0]) else "validation"
+        if share > EMPTY_WARNING and kind not in self._empty_said:
+            self._empty_said.add(kind)
+            note(f"task '{self.name}': {share:.0%} of the {kind} hypotheses are empty (the model ends at once); "
+                 "its scores say little: train longer, or check the data and task.max_len")
+        return share
 
 
 class SummarizationTask(TranslationTask):
@@ -235,4 +319,4 @@ class SummarizationTask(TranslationTask):
         for h, r in zip(hyps, refs):
             for key, s in scorer.score(r, h).items():
                 totals[key] += s.fmeasure
-        return {k: 100 * v / len(hyps) for k, v in totals.items()}
+        return {**{k: 100 * v / len(hyps) for k, v in totals.items()}, "empty": self._empty(hyps)}

@@ -39,17 +39,28 @@ def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, di
     lines += [f"failed: {d}: {f.get('reason', '?')}" for d, f in failed]
     lines += [s["tested"]["line"] for s in summaries if len(summaries) == 1 and s.get("tested")]
     table = Table(title=title, caption="\n".join(lines), caption_justify="left")
-    for col in ("task", "scheme", "heads", "params", "exact match", "BLEU", "test ppl", "tokens/s"):
+    # each task's own test metrics: the columns that some run of this table has
+    metrics = [(key, head, digits) for key, head, digits in TEST_COLUMNS
+               if any(key in s.get("test", {}) for s in summaries)]
+    for col in ("task", "scheme", "heads", "params", *[head for _, head, _ in metrics], "tokens/s"):
         table.add_column(col, no_wrap=True)
     for s in summaries:
         test = s.get("test", {})
-        em = test.get("test/exact_match")
-        table.add_row(s["task"], s["scheme"], str(s["heads"]), _fmt(s["parameters"]),
-                      "-" if em is None else f"{100 * em:.1f}%", _fmt(test.get("test/bleu")),
-                      _fmt(test.get("test/ppl"), 3), _fmt(s.get("tokens_per_s"), 0))
+        cells = []
+        for key, _, digits in metrics:
+            v = test.get(key)
+            cells.append("-" if v is None else f"{100 * v:.1f}%" if digits == "%" else _fmt(v, digits))
+        table.add_row(s["task"], s["scheme"], str(s["heads"]), _fmt(s["parameters"]), *cells,
+                      _fmt(s.get("tokens_per_s"), 0))
     for d, _ in failed:
-        table.add_row(d.name, "[bold red]failed[/]", *["-"] * 6)
+        table.add_row(d.name, "[bold red]failed[/]", *["-"] * (len(metrics) + 3))
     return table
+
+
+#: test metrics in the console table, in this order, when a run of the table has them
+TEST_COLUMNS = (("test/exact_match", "exact match", "%"), ("test/bleu", "BLEU", 2), ("test/bleu_tok", "BLEU tok", 2),
+                ("test/rouge1", "ROUGE-1", 2), ("test/rouge2", "ROUGE-2", 2), ("test/rougeL", "ROUGE-L", 2),
+                ("test/ppl", "test ppl", 3), ("test/empty", "empty", "%"))
 
 
 def _console() -> Console:

@@ -44,7 +44,7 @@ def test_translation_local_end_to_end_and_nas_eval(tmp_path, cache):
     summary = train(cfg, run_dir, group="t")
     for key in ("test/bleu", "test/bleu_tok", "test/loss", "test/ppl"):
         assert key in summary["test"]
-    assert summary["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert summary["bleu_signature"].startswith("detok:none|nrefs:1|case:mixed|eff:no|tok:13a")  # raw text: scored as it is
     # periodic checkpoints, the last 3 kept
     steps = sorted(p.name for p in (run_dir / "checkpoints").glob("step*.ckpt"))
     assert steps == ["step10.ckpt", "step15.ckpt", "step20.ckpt"]
