@@ -412,9 +412,15 @@ def test_every_new_scheme_runs_in_a_multirun(tmp_path, monkeypatch):
     from helpers import nas_run
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the jobs' tiny models: see one_thread()
-    # Hydra's basic sweeper takes products only, so the schemes that put position into the
-    # kernel (model.positions=none) run in a second multirun
-    for extra, schemes in (([], NEW_SCHEMES), (["model.positions=none"], PE_SCHEMES)):
+    # every scheme of the registry; Hydra's basic sweeper takes products only, so the schemes
+    # that declare they place positions themselves (model.positions=none) run in a second multirun
+    from nas_cli.registry import available
+
+    schemes = available("attention")
+    own = [s for s in schemes if build_core(s).requires_no_input_positions]
+    plain = [s for s in schemes if s not in own]
+    assert set(PE_SCHEMES) <= set(own) and set(NEW_SCHEMES) <= set(plain)  # the flag says what the names say
+    for extra, schemes in (([], plain), (["model.positions=none"], own)):
         sweep = tmp_path / ("pe" if extra else "plain")
         proc = nas_run("-m", *SMALL, "logger=csv", *extra, f"attention={','.join(schemes)}",
                        f"hydra.sweep.dir={sweep}", cwd=tmp_path)

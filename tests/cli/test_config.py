@@ -1,4 +1,5 @@
 """Real Hydra composition of every task x attention scheme, and the pieces built from it."""
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,25 +20,25 @@ TASKS = available("task")
 
 
 
-@pytest.fixture(scope="session")
-def tiny_corpora(tmp_path_factory):
-    """Tiny generated data in every task's local layout (real data is used in test_tasks)."""
+def tiny_data_overrides(task_name: str, root: Path) -> list[str]:
+    """Tiny generated data in the layout the task's own config asks for (its kind, languages
+    and split names), and the options that shrink it: no list a new task must be added to."""
     from datafiles import write_lm, write_parallel
+    from hydra.utils import get_class
 
-    root = tmp_path_factory.mktemp("corpora")
-    write_parallel(root / "mt", splits=("train", "valid", "test", "val", "test_2016_flickr"), n=(60, 8, 8, 8, 8))
-    write_parallel(root / "mt", splits=("train", "valid", "test"), n=(60, 8, 8), src="en", tgt="de")
-    write_parallel(root / "giga", src="article", tgt="title", n=(60, 8, 8))
-    write_lm(root / "lm", n=(60, 10, 10))
-    return root
-
-
-DATA_OVERRIDES = {
-    **{name: ("mt", ["task.vocab_size=120", "task.max_tokens=256"]) for name in ("multi30k", "iwslt14", "wmt14")},
-    "gigaword": ("giga", ["task.vocab_size=120", "task.max_tokens=256"]),
-    "wikitext2": ("lm", ["task.tokens_per_sample=16", "task.context_window=8"]),
-    "wikitext103": ("lm", ["task.tokens_per_sample=16", "task.context_window=8"]),
-}
+    cfg = compose("config", overrides=[f"task={task_name}"]).task
+    if "path" not in cfg:  # built-in data
+        return []
+    where = root / task_name
+    if not where.exists():
+        if get_class(cfg._target_).kind == "lm":
+            write_lm(where, n=(60, 10, 10))
+        else:
+            splits = {"train": "train", "valid": "valid", "test": "test", **cfg.get("splits", {})}
+            write_parallel(where, splits=tuple(splits[k] for k in ("train", "valid", "test")), n=(60, 8, 8),
+                           src=cfg.src_lang, tgt=cfg.tgt_lang)
+    shrink = {"vocab_size": 120, "max_tokens": 256, "tokens_per_sample": 16, "context_window": 8}
+    return [f"task.path={where}", *[f"task.{k}={v}" for k, v in shrink.items() if k in cfg]]
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +51,11 @@ _TASKS: dict = {}
 
 
 @pytest.mark.parametrize("task_name", TASKS)
-def test_every_task_and_scheme_composes_and_runs_a_batch(task_name, scheme, tiny_corpora, hydra_ctx, monkeypatch):
-    monkeypatch.setenv("NAS_RUN_CACHE", str(tiny_corpora / "cache"))
-    extra = []
-    if task_name in DATA_OVERRIDES:
-        sub, extra = DATA_OVERRIDES[task_name]
-        extra = [f"task.path={tiny_corpora / sub}", *extra]
+def test_every_task_and_scheme_composes_and_runs_a_batch(task_name, scheme, tmp_path_factory, hydra_ctx,
+                                                         monkeypatch):
+    root = tmp_path_factory.getbasetemp() / "corpora"
+    monkeypatch.setenv("NAS_RUN_CACHE", str(root / "cache"))
+    extra = tiny_data_overrides(task_name, root)
     # a scheme that places positions itself declares it; the model then adds none at its input
     positions = ["model.positions=none"] if build_core(scheme).requires_no_input_positions else []
     cfg = compose("config", overrides=[f"task={task_name}", f"attention={scheme}", "debug=fast", *extra, *positions])

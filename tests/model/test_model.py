@@ -13,6 +13,13 @@ def factory(scheme, heads=4):
     return make_core_factory(OmegaConf.load(CONF_DIR / "attention" / f"{scheme}.yaml"), heads)
 
 
+def positions_for(scheme) -> str:
+    """The model's input positions a scheme allows (its declared flag, not its name)."""
+    from helpers import build_core
+
+    return "none" if build_core(scheme).requires_no_input_positions else "sinusoidal"
+
+
 @pytest.mark.parametrize("norm_first", [True, False])
 def test_lm_causal_no_leak(scheme, norm_first):
     torch.manual_seed(0)
@@ -92,19 +99,23 @@ def test_label_smoothed_loss_against_formula():
     assert n == 3
 
 
-@pytest.mark.parametrize("name", ["unas", "dnas", "hnas", "sinkhorn"])
-def test_incremental_decoding_equals_full_recompute(name):
-    """Cached keys/values and running column normalizers give the same tokens and scores
-    as re-running the decoder on the whole prefix."""
+def test_incremental_decoding_equals_full_recompute(scheme):
+    """Every scheme of the registry: where the decoder's cores declare ``supports_step``,
+    cached keys/values and running column normalizers give the same tokens and scores as
+    re-running the decoder on the whole prefix; elsewhere decoding falls back to it."""
     from nas_cli.decoding import beam_search
     torch.manual_seed(3)
-    m = Seq2SeqTransformer(25, 25, factory(name), encoder_layers=1, decoder_layers=2, **SIZES).eval()
-    assert m.can_step
+    m = Seq2SeqTransformer(25, 25, factory(scheme), encoder_layers=1, decoder_layers=2,
+                           **{**SIZES, "positions": positions_for(scheme)}).eval()
+    cores = [layer.self_attn.core for layer in m.decoder] + [layer.cross_attn.core for layer in m.decoder]
+    assert m.can_step == all(c.supports_step and not c.uses_prev and not c.input_positions for c in cores)
     src = torch.randint(3, 25, (4, 6))
     src[1, 4:] = 0  # padded source
     fast = m.greedy_decode(src, 1, 2, max_len=9)
     slow = m.greedy_decode(src, 1, 2, max_len=9, incremental=False)
     assert torch.equal(fast, slow)
+    if not m.can_step:
+        return
     # the step logits equal teacher forcing on the decoded prefix
     memory, memory_mask, _ = m.encode(src)
     cache, prefix = {}, torch.ones(4, 1, dtype=torch.long)
@@ -117,3 +128,38 @@ def test_incremental_decoding_equals_full_recompute(name):
     b, sb = beam_search(m, src, 1, 2, 0, beam=3, max_len=9, lenpen=0.6, incremental=False)
     assert torch.equal(a, b)
     torch.testing.assert_close(sa, sb, rtol=1e-5, atol=1e-5)
+
+
+def test_an_untrained_model_predicts_about_uniformly():
+    """At initialization the loss is a little above log V (the logits have variance about 1):
+    a wrongly scaled embedding or output layer is far from it."""
+    import math
+
+    torch.manual_seed(0)
+    vocab = 400
+    m = Seq2SeqTransformer(vocab, vocab, factory("unas"), encoder_layers=2, decoder_layers=2,
+                           share_embeddings=True, **{**SIZES, "d_model": 64}).eval()
+    src, tgt = torch.randint(3, vocab, (32, 12)), torch.randint(3, vocab, (32, 20))
+    logits, _ = m(src, tgt)
+    loss, _, _ = label_smoothed_nll(logits, torch.roll(tgt, -1, 1), pad_id=0)
+    # tied embeddings with std d^-1/2 after a LayerNorm: logits of variance ~1. Jensen: the
+    # log-partition is >= log V + the mean logit, so the loss is >= log V up to sampling noise;
+    # logits of variance v put it a few v/2 above (a mis-scaled output layer is far outside)
+    var = float(logits.var(dim=-1).mean())
+    assert 0.5 < var < 2.0
+    assert math.log(vocab) - 0.05 < float(loss) < math.log(vocab) + 2 * var
+
+def test_kernel_exp_equals_unas_through_a_whole_model():
+    """Tsai et al.: the exponential kernel with the positions summed at the input is standard
+    attention. Same weights, same logits, in an encoder-decoder and in a language model."""
+    torch.manual_seed(0)
+    unas = Seq2SeqTransformer(30, 30, factory("unas"), encoder_layers=2, decoder_layers=2, **SIZES).eval()
+    kexp = Seq2SeqTransformer(30, 30, factory("kernel_exp"), encoder_layers=2, decoder_layers=2, **SIZES).eval()
+    kexp.load_state_dict(unas.state_dict())
+    src, tgt = torch.randint(3, 30, (3, 9)), torch.randint(3, 30, (3, 7))
+    src[0, 6:] = 0
+    torch.testing.assert_close(kexp(src, tgt)[0], unas(src, tgt)[0], rtol=1e-5, atol=1e-5)
+    lm_u = DecoderOnlyLM(30, factory("unas"), decoder_layers=2, **SIZES).eval()
+    lm_k = DecoderOnlyLM(30, factory("kernel_exp"), decoder_layers=2, **SIZES).eval()
+    lm_k.load_state_dict(lm_u.state_dict())
+    torch.testing.assert_close(lm_k(src)[0], lm_u(src)[0], rtol=1e-5, atol=1e-5)
