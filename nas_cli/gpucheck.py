@@ -45,8 +45,8 @@ def scheme_names() -> list[str]:
 
 
 def make_core(scheme: str, location: str, causal: bool, heads: int, d_head: int, seed: int = 0):
-
-    from .registry import make_core_factory, scheme_config
+    from .registry import scheme_config
+    from .plan import make_core_factory
 
     cfg = scheme_config(scheme)
     core = make_core_factory(cfg, heads)(location, 0, causal)

@@ -54,7 +54,8 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
     chosen, keys = [], []
     for o in parsed:
         key = o.key_or_group
-        if o.is_delete() or (o.is_add() and key.split(".")[0] not in CLOSED_SECTIONS):
+        if o.is_delete() or (o.is_add() and (key.split(".")[0] not in CLOSED_SECTIONS
+                                              or key.startswith("diagnostics.metrics."))):  # a new plug-in
             continue
         if o.package and key not in groups:
             continue

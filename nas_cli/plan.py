@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .attention import AttentionCore, SchemeError
 from .model import LOCATIONS  # encoder self, decoder self (causal), cross
+from .registry import scheme_config
 
 #: keys of a composed ``attention`` node that are not constructor options
 _NOT_OPTIONS = {"name", *LOCATIONS}
@@ -82,8 +83,6 @@ class AttentionPlan:
                 placed[loc] = Placed(str(value.get("name", loc)), {k: v for k, v in value.items()
                                                                   if k not in _NOT_OPTIONS})
             else:  # a scheme name (saved configs of earlier versions)
-                from .registry import scheme_config
-
                 legacy = OmegaConf.to_container(scheme_config(str(value)), resolve=True)
                 placed[loc] = Placed(str(value), {k: v for k, v in legacy.items() if k not in _NOT_OPTIONS})
         return cls(placed)
@@ -139,6 +138,12 @@ class AttentionPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {loc: {"scheme": p.scheme, "options": p.options} for loc, p in self.placed.items()}
+
+
+def make_core_factory(attn_cfg: DictConfig | dict, heads: int, dropout: float = 0.0):
+    """core_factory(location, layer, causal) for ``attn_cfg`` (a composed ``attention`` node or
+    one scheme's YAML): shorthand for ``AttentionPlan.from_config(attn_cfg).core_factory``."""
+    return AttentionPlan.from_config(attn_cfg).core_factory(heads, dropout)
 
 
 def tag_from_names(names: dict[str, str]) -> str:

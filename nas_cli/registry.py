@@ -33,11 +33,3 @@ def scheme_config(name: str) -> DictConfig:
     if not path.is_file():
         raise SchemeError(f"unknown attention scheme '{name}'; valid choices: {', '.join(available('attention'))}")
     return OmegaConf.load(path)
-
-
-def make_core_factory(attn_cfg: DictConfig, heads: int, dropout: float = 0.0):
-    """core_factory(location, layer, causal) for ``attn_cfg`` (a composed ``attention`` node or
-    one scheme's YAML): shorthand for ``AttentionPlan.from_config(attn_cfg).core_factory``."""
-    from .plan import AttentionPlan
-
-    return AttentionPlan.from_config(attn_cfg).core_factory(heads, dropout)

@@ -4,8 +4,8 @@ i sums only over queries i' <= i, so it is a matrix c_ij rather than a per-key b
 
 Query blocks are processed in order with one carry per key and Sinkhorn stage (the log-sum-
 exp over all earlier rows); backward walks the blocks in reverse and recomputes each tile
-(see :mod:`nas_cli.attention.efficient` for the whole design and the non-prefix form, whose
-tile helpers this module shares).
+(see :mod:`nas_cli.attention.efficient` for the whole design and the non-prefix form; the
+tile helpers both use are in :mod:`nas_cli.attention.tiles`).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from .efficient import NEG, _no_autocast, _tile_mask, _work_dtype
+from .tiles import NEG, _no_autocast, _tile_mask, _work_dtype
 
 def _seeded_dropout(p: torch.Tensor, dropout_p: float, seed: int) -> torch.Tensor:
     """Dropout whose mask is a function of ``seed`` alone, so a block recomputed in

@@ -68,9 +68,9 @@ def valid_schemes() -> list[str]:
 
 def build_core(scheme: str, heads: int, causal: bool, d_head: int):
     """Core for ``scheme`` (``name`` or ``name-naive``) and a forward callable."""
-
     from ..attention.base import AttentionCore
-    from ..registry import make_core_factory, scheme_config
+    from ..registry import scheme_config
+    from ..plan import make_core_factory
 
     name, naive = (scheme[: -len("-naive")], True) if scheme.endswith("-naive") else (scheme, False)
     cfg = scheme_config(name)

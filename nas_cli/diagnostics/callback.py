@@ -46,9 +46,9 @@ import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
 from ..atomic import atomic_write_json
-from ..attention.additive import step_variation
 from .collector import AttentionDiagnostics, flatten_results, location_masks
 from .explained_away import DEFAULT_EPS
+from .metrics import LayerMetric, build_metrics
 
 #: log of the smallest positive float32: stands in for log 0 in logged scalars
 LOG_FLOAT32_TINY = math.log(float(np.finfo(np.float32).smallest_subnormal))
@@ -119,36 +119,21 @@ def u_arrays(hnas_u: dict[str, float]) -> dict[str, np.ndarray]:
     return out
 
 
-def location_scalars(layers: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-location summary of ``AttentionDiagnostics.compute()[loc]``: means over layers
-    (and heads) of the pair-mean JSD, explained-away fraction and entropy, the minimum
-    margin over -log Sk, plus the per-layer values."""
-    jsd = [e["jsd_mean"] for e in layers if "jsd_mean" in e]
-    ea = [e["explained_away"] for e in layers if "explained_away" in e]
+def location_scalars(layers: list[dict[str, Any]], metrics: list[LayerMetric] | None = None) -> dict[str, Any]:
+    """Per-location summary of ``AttentionDiagnostics.compute()[loc]``: every metric's
+    ``location_scalars`` (default metrics when none are given). Where a layer's weights were
+    not probability distributions, the distribution metrics' keys read None, with a note."""
+    metrics = metrics if metrics is not None else AttentionDiagnostics().metrics
     out: dict[str, Any] = {"layers": len(layers)}
-    if any(e.get("signed_weights") for e in layers):
-        out.update(note=SIGNED_NOTE, jsd_mean=None, explained_away_frac=None, entropy_mean=None, min_margin=None)
-        jsd, ea = [], []
-    if jsd:
-        out["jsd_mean"] = _finite(np.mean(jsd))
-        out["jsd_mean_per_layer"] = [_finite(v) for v in jsd]
-    if ea:
-        frac = [_finite(np.mean(s.fraction_explained_away)) for s in ea]
-        ent = [_finite(np.mean(s.entropy)) for s in ea]
-        margin = [float(np.min(s.min_margin)) for s in ea]
-        out.update(explained_away_frac=_mean_or_none(frac), explained_away_frac_per_layer=frac,
-                   entropy_mean=_mean_or_none(ent), entropy_per_layer=ent,
-                   min_margin=_finite(min(margin)), min_margin_per_layer=[_finite(m) for m in margin],
-                   neg_log_sk=_finite(min(s.neg_log_sk for s in ea)))
-    var = [float(np.mean(e["step_variation"])) for e in layers if "step_variation" in e]
-    if var:
-        out["step_variation"] = float(np.mean(var))
-        out["step_variation_per_layer"] = var
+    signed = any(e.get("signed_weights") for e in layers)
+    if signed:
+        out["note"] = SIGNED_NOTE
+    for m in metrics:
+        if signed and m.distributions_only:
+            out.update({k: None for k in m.null_scalars})
+        else:
+            out.update(m.location_scalars(layers))
     return out
-
-
-def _mean_or_none(values: list[float | None]) -> float | None:
-    return None if any(v is None for v in values) else float(np.mean(values))
 
 
 class DiagnosticsCallback(pl.Callback):
@@ -166,7 +151,7 @@ class DiagnosticsCallback(pl.Callback):
     """
 
     def __init__(self, run_dir: str | Path, batches: int = 2, every_n_validations: int = 1,
-                 eps: float = DEFAULT_EPS, plots: str = "end", **kw: Any):
+                 eps: float = DEFAULT_EPS, plots: str = "end", metrics: dict[str, Any] | None = None, **kw: Any):
         super().__init__()
         if int(batches) < 1 or int(every_n_validations) < 1:
             raise ValueError("diagnostics.batches and diagnostics.every_n_validations must be >= 1 "
@@ -180,13 +165,13 @@ class DiagnosticsCallback(pl.Callback):
         self.every = int(every_n_validations)
         self.eps = float(eps)
         self.plots = plots
-        self.diag = AttentionDiagnostics(eps=self.eps)
+        self.metrics = build_metrics(metrics, self.eps)  # diagnostics.metrics: the plug-ins (metrics.py)
+        self.diag = AttentionDiagnostics(metrics=self.metrics)
         self._validations = 0
         self._analysed = 0
         self._disabled = False
         self._active = False
         self._samples = 0
-        self._step_var: dict[int, list] = {}
         self.seconds = 0.0  # wall time spent here in all (recompute, statistics, files, plots)
         self.seconds_end = 0.0  # of which at the end of fit (plots, W&B images): once per run
         self.last: dict[str, Any] | None = None  # results of the last analysed validation
@@ -214,7 +199,6 @@ class DiagnosticsCallback(pl.Callback):
         self._validations += 1
         self.diag.reset()
         self._samples = 0
-        self._step_var: dict[int, list] = {}  # cross layer -> [sum over samples (H,), samples]
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if trainer.world_size > 1 or not self._active or batch_idx >= self.batches or dataloader_idx != 0:
@@ -246,14 +230,11 @@ class DiagnosticsCallback(pl.Callback):
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if self._active and trainer.world_size > 1:
             self._analyse_whole_split(pl_module)
-        if not self._active or not (self.diag.jsd or self.diag.ea):
+        if not self._active or not self.diag.seen:
             return
         t0 = time.perf_counter()
         step = int(trainer.global_step)
         results = self.diag.compute()
-        for i, (total, n) in self._step_var.items():
-            if n and "cross" in results and i < len(results["cross"]):
-                results["cross"][i]["step_variation"] = np.asarray(total) / n  # (H,)
         self.last, self.last_step = results, step
         self._analysed += 1
         if self._has_u:
@@ -296,7 +277,9 @@ class DiagnosticsCallback(pl.Callback):
             "seconds": self.seconds,
             "seconds_validations": self.seconds - self.seconds_end,
             "seconds_end": self.seconds_end,
-            "locations": {loc: location_scalars(layers) for loc, layers in (self.last or {}).items()},
+            "locations": {loc: location_scalars(layers, self.metrics) for loc, layers in (self.last or {}).items()},
+            # what nas-report shows as columns: {key: [label, format]}, declared by the metrics
+            "columns": {k: list(v) for m in self.metrics for k, v in m.columns.items()},
             "u_history": [{"step": s, "u": {loc: _finite_list(a) for loc, a in u.items()}}
                           for s, u in self.u_history],
             "files": sorted(p.name for p in files),
@@ -323,13 +306,6 @@ class DiagnosticsCallback(pl.Callback):
                 masks = location_masks(src != pad, tgt_in != pad)
                 self._samples += src.size(0)
             self.diag.update(attn, masks)
-            for i, res in enumerate(attn.get("cross", [])):
-                q_mask = masks["cross"][0]
-                var = step_variation(res.weights.double(), q_mask)  # (B, H)
-                valid = q_mask.any(-1)
-                acc = self._step_var.setdefault(i, [0.0, 0])
-                acc[0] = acc[0] + var[valid].sum(0).cpu().numpy()
-                acc[1] += int(valid.sum())
         finally:
             model.train(was_training)
 
@@ -341,15 +317,11 @@ class DiagnosticsCallback(pl.Callback):
             self.u_history[-1] = (step, u)
 
     def _scalars(self, results) -> dict[str, float]:
-        flat = flatten_results(results, "diag", per_head_entropy=True)
+        flat = flatten_results(results, "diag", self.metrics, per_head_entropy=True)
         for loc, layers in results.items():
-            for i, e in enumerate(layers):
-                if "step_variation" in e:
-                    flat[f"diag/{loc}/layer{i}/step_variation"] = float(np.mean(e["step_variation"]))
-            loc_s = location_scalars(layers)
-            for key in ("jsd_mean", "explained_away_frac", "min_margin", "entropy_mean", "step_variation"):
-                if loc_s.get(key) is not None:
-                    flat[f"diag/{loc}/{key}"] = loc_s[key]
+            for key, value in location_scalars(layers, self.metrics).items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "layers":
+                    flat[f"diag/{loc}/{key}"] = value
         # loggers cannot all take -inf (a key whose float32 weights all underflowed to 0): log the
         # float32 floor log(smallest subnormal) instead; NaN (weights that are not probabilities,
         # e.g. a linear kernel's negative ones) is left out
@@ -362,35 +334,17 @@ class DiagnosticsCallback(pl.Callback):
             entries = []
             for e in layers:
                 entry: dict[str, Any] = {"signed_weights": True} if e.get("signed_weights") else {}
-                if "jsd" in e:
-                    entry["jsd"] = _finite_list(e["jsd"])
-                    entry["jsd_mean"] = e["jsd_mean"]
-                if "explained_away" in e:
-                    entry["explained_away"] = e["explained_away"].to_dict()
-                    entry["entropy"] = _finite_list(e["explained_away"].entropy)
-                if "step_variation" in e:
-                    entry["step_variation"] = _finite_list(e["step_variation"])
+                for m in self.metrics:
+                    entry.update(m.layer_json(e))
                 entries.append(entry)
-            locs[loc] = {"layers": entries, **{k: v for k, v in location_scalars(layers).items() if k != "layers"}}
+            scalars = location_scalars(layers, self.metrics)
+            locs[loc] = {"layers": entries, **{k: v for k, v in scalars.items() if k != "layers"}}
         u = u_arrays(pl_module.hnas_u()) if hasattr(pl_module, "hnas_u") else {}
         return {"step": step, "validation": self._validations, "batches": self.batches, "samples": self._samples,
                 "eps": self.eps, "locations": locs, "u": {loc: _finite_list(a) for loc, a in u.items()}}
 
     def _write_plots(self, results) -> list[Path]:
-        from .plots import plot_jsd_heatmaps, plot_log_mass_histograms
-
-        files = []
-        for loc, layers in results.items():
-            mats = [e["jsd"] for e in layers if "jsd" in e]
-            if mats:
-                files.append(plot_jsd_heatmaps(mats, self.dir / f"jsd_{loc}.png",
-                                               suptitle=f"head JSD, {loc} attention, step {self.last_step}"))
-            hists = {f"layer {i}": e["explained_away"] for i, e in enumerate(layers) if "explained_away" in e}
-            if hists:
-                files.append(plot_log_mass_histograms(
-                    hists, self.dir / f"explained_away_{loc}.png",
-                    title=f"{loc} attention: log sum_i pi_ij per key, step {self.last_step}"))
-        return files
+        return [path for m in self.metrics for path in m.figures(results, self.dir, self.last_step)]
 
     def _plot_u(self) -> Path:
         from .plots import plot_u_trajectories
@@ -403,18 +357,11 @@ class DiagnosticsCallback(pl.Callback):
                                    title="HNAS u per layer and head (1 = DNAS, 0 = UNAS)")
 
     # ---- W&B extras ----------------------------------------------------------------------
-    @staticmethod
-    def _wandb_histograms(logger, results, step: int) -> None:
-        import wandb
-
+    def _wandb_histograms(self, logger, results, step: int) -> None:
         data = {}
-        for loc, layers in results.items():
-            for i, e in enumerate(layers):
-                if "explained_away" in e:
-                    s = e["explained_away"]
-                    counts = np.asarray(s.counts).sum(0)  # heads summed: (n_bins,)
-                    data[f"diag/{loc}/layer{i}/log_mass_hist"] = wandb.Histogram(
-                        np_histogram=(counts.tolist(), np.asarray(s.bin_edges).tolist()))
+        for m in self.metrics:  # metrics with W&B histograms of their own (explained away)
+            if hasattr(m, "wandb_histograms"):
+                data.update(m.wandb_histograms(results))
         if data:
             logger.log_metrics(data, step=step)
 

@@ -14,8 +14,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from .explained_away import DEFAULT_EPS, ExplainedAwayAccumulator
-from .jsd import JSDAccumulator, mean_pair_jsd
+from .explained_away import DEFAULT_EPS
+from .metrics import ExplainedAway, HeadJSD, LayerMetric, StepVariation
 
 __all__ = ["location_masks", "AttentionDiagnostics", "collect_u"]
 
@@ -39,8 +39,9 @@ def collect_u(attn: Mapping[str, Sequence[Any]]) -> dict[str, np.ndarray]:
 
 
 class AttentionDiagnostics:
-    """Accumulate head-JSD (CODA) and explaining-away statistics (Ding et al.) over
-    validation batches for every location and layer.
+    """Feed every location's and layer's attention weights to the diagnostics plug-ins
+    (:mod:`.metrics`; default: head JSD, explained-away and, in cross-attention, step variation)
+    over validation batches, and gather their results.
 
     Usage per validation batch:
         logits, attn = model(src, tgt_in, need_weights=True)
@@ -49,17 +50,19 @@ class AttentionDiagnostics:
     """
 
     def __init__(self, eps: float = DEFAULT_EPS, bin_edges: np.ndarray | None = None,
-                 jsd: bool = True, explained_away: bool = True):
+                 jsd: bool = True, explained_away: bool = True, metrics: Sequence[LayerMetric] | None = None):
+        if metrics is None:
+            metrics = [m for m, on in ((HeadJSD(), jsd), (ExplainedAway(eps=eps, bin_edges=bin_edges), explained_away),
+                                       (StepVariation(), True)) if on]
+        self.metrics = list(metrics)
         self.eps = eps
-        self.bin_edges = bin_edges
-        self.do_jsd = jsd
-        self.do_ea = explained_away
         self.reset()
 
     def reset(self) -> None:
-        self.jsd: dict[tuple[str, int], JSDAccumulator] = {}
-        self.ea: dict[tuple[str, int], ExplainedAwayAccumulator] = {}
+        for m in self.metrics:
+            m.reset()
         self.signed: set[tuple[str, int]] = set()  # layers whose weights had negative entries
+        self.seen: set[tuple[str, int]] = set()
 
     @torch.no_grad()
     def update(self, attn: Mapping[str, Sequence[Any]], masks: Mapping[str, Masks]) -> None:
@@ -70,58 +73,43 @@ class AttentionDiagnostics:
                 if w is None:
                     raise ValueError(f"{loc} layer {i} returned no weights: call the model with need_weights=True")
                 key = (loc, i)
+                self.seen.add(key)
                 if bool((w < 0).any()):  # e.g. a linear kernel: not a distribution over keys
                     self.signed.add(key)
-                if self.do_jsd:
-                    self.jsd.setdefault(key, JSDAccumulator()).update(w, q_mask, k_mask)
-                if self.do_ea:
-                    acc = self.ea.setdefault(key, ExplainedAwayAccumulator(self.eps, self.bin_edges))
-                    acc.update(w, q_mask, k_mask)
+                for m in self.metrics:
+                    if m.wants(loc):
+                        m.update(loc, i, w, q_mask, k_mask)
 
     def compute(self) -> dict[str, list[dict[str, Any]]]:
-        """{location: [per layer {"jsd": (H, H) tensor, "jsd_mean": float,
-        "explained_away": ExplainedAwayStats}]} (keys present for what was enabled). JSD and
-        explained-away assume probability distributions over keys: a layer that produced a
-        negative weight gets only {"signed_weights": True}."""
-        keys = sorted(set(self.jsd) | set(self.ea), key=lambda k: (k[0], k[1]))
+        """{location: [per layer {key: value} from every metric]}. A layer that produced a
+        negative weight gets ``{"signed_weights": True}`` instead of the results of the metrics
+        that assume probability distributions (JSD, explained away)."""
+        per_metric = [(m, m.compute()) for m in self.metrics]
         out: dict[str, list[dict[str, Any]]] = {}
-        for loc, i in keys:
-            entry: dict[str, Any] = {}
-            if (loc, i) in self.signed:  # not distributions: report that, not meaningless numbers
-                out.setdefault(loc, []).append({"signed_weights": True})
-                continue
-            if (loc, i) in self.jsd:
-                m = self.jsd[(loc, i)].compute()
-                entry["jsd"] = m
-                entry["jsd_mean"] = mean_pair_jsd(m)
-            if (loc, i) in self.ea:
-                entry["explained_away"] = self.ea[(loc, i)].compute()
+        for loc, i in sorted(self.seen, key=lambda k: (k[0], k[1])):
+            key = (loc, i)
+            entry: dict[str, Any] = {"signed_weights": True} if key in self.signed else {}
+            for m, results in per_metric:
+                if key in results and not (key in self.signed and m.distributions_only):
+                    entry.update(results[key])
             out.setdefault(loc, []).append(entry)
         return out
 
     def scalars(self, prefix: str = "diag") -> dict[str, float]:
-        """Flat {name: float} for loggers: per location and layer the mean head JSD, the
-        explained-away fraction, the minimum margin over -log Sk and the mean entropy
-        (each averaged over heads; the margin is the minimum over heads)."""
-        return flatten_results(self.compute(), prefix)
+        """Flat {name: float} for loggers: every metric's per-layer scalars."""
+        return flatten_results(self.compute(), prefix, self.metrics)
 
 
-def flatten_results(results: dict, prefix: str = "diag", per_head_entropy: bool = False) -> dict[str, float]:
-    """{location: [per-layer results]} (AttentionDiagnostics.compute) -> flat {name: float}:
-    mean head JSD, explained-away fraction, minimum margin over -log Sk, mean entropy
-    (and, if asked, the entropy of every head)."""
+def flatten_results(results: dict, prefix: str = "diag", metrics: Sequence[LayerMetric] | None = None,
+                    per_head_entropy: bool = False) -> dict[str, float]:
+    """{location: [per-layer results]} -> flat {prefix/location/layer<i>/key: float} from each
+    metric's ``layer_scalars`` (default metrics when none are given)."""
+    metrics = metrics if metrics is not None else AttentionDiagnostics().metrics
     flat: dict[str, float] = {}
     for loc, layers in results.items():
         for i, e in enumerate(layers):
-            base = f"{prefix}/{loc}/layer{i}"
-            if "jsd_mean" in e:
-                flat[f"{base}/jsd_mean"] = e["jsd_mean"]
-            if "explained_away" in e:
-                s = e["explained_away"]
-                flat[f"{base}/explained_away_frac"] = float(np.mean(s.fraction_explained_away))
-                flat[f"{base}/min_log_mass_margin"] = float(np.min(s.min_margin))
-                flat[f"{base}/entropy"] = float(np.mean(s.entropy))
-                if per_head_entropy:
-                    for h, v in enumerate(np.asarray(s.entropy).tolist()):
-                        flat[f"{base}/entropy/h{h}"] = float(v)
+            for m in metrics:
+                for key, value in m.layer_scalars(e).items():
+                    if per_head_entropy or "/h" not in key:
+                        flat[f"{prefix}/{loc}/layer{i}/{key}"] = value
     return flat

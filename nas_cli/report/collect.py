@@ -166,7 +166,8 @@ class Run:
         """A number by report name: 'parameters', 'tokens_per_s', 'steps', 'best_val',
         'jsd', 'explained_away', a summary["test"] key ('test/bleu'), or
         'jsd:<location>' / 'explained_away:<location>' / 'entropy:<location>' /
-        'min_margin:<location>' / 'step_variation:cross'."""
+        'min_margin:<location>' / 'step_variation:cross', or any per-location diagnostics
+        scalar as 'diag:<key>' (mean over locations) / 'diag:<key>:<location>'."""
         s = self.summary or {}
         if name in ("parameters", "tokens_per_s", "steps", "fit_seconds"):
             return _num(s.get(name))
@@ -179,16 +180,29 @@ class Run:
         locs = self.diag_locations()
         key = {"jsd": "jsd_mean", "explained_away": "explained_away_frac", "entropy": "entropy_mean",
                "min_margin": "min_margin", "step_variation": "step_variation"}
-        base, _, loc = name.partition(":")
-        if base in key:
-            if loc:
-                return _num(locs.get(loc, {}).get(key[base]))
-            vals = [_num(v.get(key[base])) for v in locs.values()]
-            vals = [v for v in vals if v is not None]
-            if not vals:
-                return None
-            return min(vals) if base == "min_margin" else sum(vals) / len(vals)
-        raise KeyError(name)
+        if name.startswith("diag:"):  # any per-location scalar a diagnostics plug-in wrote: diag:<key>[:<loc>]
+            _, base, loc = (name.split(":") + [""])[:3]
+        else:
+            base, _, loc = name.partition(":")
+            if base not in key:
+                raise KeyError(name)
+            base = key[base]
+        if loc:
+            return _num(locs.get(loc, {}).get(base))
+        vals = [_num(v.get(base)) for v in locs.values()]
+        vals = [v for v in vals if v is not None]
+        if not vals:
+            return None
+        return min(vals) if base == "min_margin" else sum(vals) / len(vals)
+
+    def diag_columns(self) -> dict[str, tuple[str, str]]:
+        """{key: (label, format)}: the per-location scalars the run's diagnostics plug-ins asked
+        nas-report to show (runs of earlier versions: head JSD and explained away)."""
+        cols = (self.diagnostics or {}).get("columns")
+        if cols is None:
+            cols = {"jsd_mean": ["JSD", "p3"], "explained_away_frac": ["expl. away", "pct"]} if self.diag_locations() \
+                else {}
+        return {k: (v[0], v[1]) for k, v in cols.items()}
 
     @property
     def best_val_metric(self) -> str | None:

@@ -221,10 +221,13 @@ def columns(groups: Sequence[Group]) -> list[Column]:
     for key, title, _ in TEST_METRICS:
         if any(r.value(key) is not None for r in runs):
             cols.append(num(title, key, "pct" if key == "test/exact_match" else "p3" if key == "test/ppl" else "p2"))
-    if any(r.value("jsd") is not None for r in runs):
-        cols.append(num("JSD", "jsd", "p3"))
-    if any(r.value("explained_away") is not None for r in runs):
-        cols.append(num("expl. away", "explained_away", "pct"))
+    declared: dict[str, tuple[str, str]] = {}  # the diagnostics columns the runs' plug-ins declared
+    for r in runs:
+        for key, spec in r.diag_columns().items():
+            declared.setdefault(key, spec)
+    for key, (label, fmt) in declared.items():
+        if any(r.value(f"diag:{key}") is not None for r in runs):
+            cols.append(num(label, f"diag:{key}", fmt))
     if any(r.tested in ("no validation",) or r.value("steps") == 0 for r in runs):
         cols.append(Column("tested", lambda g: g.common(lambda r: "untrained" if r.value("steps") == 0 else r.tested)))
     cols.append(num("tokens/s", "tokens_per_s", "int"))

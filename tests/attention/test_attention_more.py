@@ -16,7 +16,8 @@ from nas_cli.attention.kernel import KernelDiverged, KernelSmoother
 from nas_cli.errors import NonFiniteLoss, UserError
 from nas_cli.model import MultiHeadAttention, Seq2SeqTransformer
 from nas_cli.positions import sinusoids
-from nas_cli.registry import CONF_DIR, make_core_factory
+from nas_cli.registry import CONF_DIR
+from nas_cli.plan import make_core_factory
 
 NEW_SCHEMES = ["kernel_exp", "kernel_linear", "kernel_poly", "kernel_rbf", "coda", "coda_cs", "realformer",
                "additive", "additive_1layer"]

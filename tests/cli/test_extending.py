@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from datafiles import write_parallel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,6 +27,8 @@ def _block(after: str, lang: str) -> str:
 
 def _nas_run(*args, cwd: Path, env_extra: dict | None = None):
     env = {**os.environ, "WANDB_MODE": "offline", **(env_extra or {})}
+    if env_extra and "PYTHONPATH" in env_extra and os.environ.get("PYTHONPATH"):  # keep the caller's too
+        env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
     return subprocess.run([NAS_RUN, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env,
                           check=False)
 
@@ -83,3 +87,30 @@ def test_a_new_translation_corpus_is_one_yaml(tmp_path):
     summary = _summary(tmp_path / "run")
     assert summary["task"] == "my_pairs" and summary["steps"] == 6
     assert "test/bleu" in summary["test"]
+
+
+def test_a_new_diagnostic_is_one_python_file_and_one_config_entry(tmp_path):
+    """The guide's metric runs as a plug-in, its numbers equal a direct computation on what
+    the run wrote, and nas-report shows its column without knowing it."""
+    (tmp_path / "my_metrics.py").write_text(_block("`my_metrics.py`", "python"))
+    entry = re.search(r"'(\+diagnostics\.metrics\.max_weight=[^']+)'", GUIDE).group(1)
+    run = tmp_path / "run"
+    proc = _nas_run(entry, *FAST, "trainer.val_check_interval=6", "trainer.max_epochs=-1",
+                    f"hydra.run.dir={run}", cwd=tmp_path, env_extra={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    latest = json.loads((run / "diagnostics" / "latest.json").read_text())
+    for loc, data in latest["locations"].items():
+        per_layer = [e["max_weight"] for e in data["layers"]]
+        assert all(0 < v <= 1 for v in per_layer)
+        assert data["max_weight"] == pytest.approx(sum(per_layer) / len(per_layer))
+        assert "jsd_mean" in data  # the default metrics still run
+    summary = json.loads((run / "diagnostics" / "summary.json").read_text())
+    assert summary["columns"]["max_weight"] == ["max weight", "p3"]
+    report = subprocess.run([str(Path(NAS_RUN).with_name("nas-report")), str(run), "--format", "csv"],
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert report.returncode == 0, report.stderr[-2000:]
+    import csv
+
+    header, row = list(csv.reader(report.stdout.strip().splitlines()))[:2]
+    mean = sum(d["max_weight"] for d in summary["locations"].values()) / len(summary["locations"])
+    assert float(row[header.index("max weight")]) == pytest.approx(mean, abs=1e-3)

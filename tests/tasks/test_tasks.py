@@ -15,7 +15,7 @@ from datafiles import MULTI30K, WIKITEXT2, write_lm, write_parallel
 from nas_cli.decoding import beam_search
 from nas_cli.commands.nas_eval import average_checkpoints
 from nas_cli.model import Seq2SeqTransformer
-from nas_cli.registry import make_core_factory
+from nas_cli.plan import make_core_factory
 from nas_cli.run import train
 from tasks.batching import TokenBatchSampler
 from tasks.language_model import LanguageModelTask, eval_windows, train_windows
