@@ -23,3 +23,13 @@ class SignalStop(Exception):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = int(signum)
+
+
+def unwrap(err: Exception) -> str:
+    """The first line of the error a user should read: Hydra's InstantiationException wraps
+    the real one (a scheme's or task's ValueError) in its ``__cause__``."""
+    from hydra.errors import InstantiationException
+
+    while isinstance(err, InstantiationException) and err.__cause__ is not None:
+        err = err.__cause__
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -23,28 +23,23 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.utilities import rank_zero_only
-from pytorch_lightning.utilities.exceptions import MisconfigurationException, SIGTERMException
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from .attention import SchemeError
 from .checkpoints import AtomicCheckpointIO, PeriodicCheckpoint  # noqa: F401  (AtomicCheckpointIO: re-exported)
 from .errors import SignalStop, Stopped, UserError
+from .errors import unwrap as _unwrap
 from .identity import config_id
 from .lit import NasLitModule
 from .loggers import wandb_run_id
 from .plan import AttentionPlan
+from .trainer import _compile_failure, _trainer_kwargs, check_trainer, compile_model
 from .resume import (CHAINED, STOP_SIGNALS, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint,
                      continue_finished, pick_checkpoint)
 from .redaction import redact, redact_files, redacted_argv  # noqa: F401  (redact_files: used by the CLI)
 from .rundir import atomic_write_json, atomic_write_text, continuing
 from .scale import StepSeed, shard_and_resume
 from .schedule import ValidateAtEnd
-
-
-def _unwrap(err: Exception) -> str:
-    while isinstance(err, InstantiationException) and err.__cause__ is not None:
-        err = err.__cause__
-    msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return msg
 
 
 def build_task(cfg: DictConfig):
@@ -80,37 +75,6 @@ def build_module(cfg: DictConfig, task, plan: AttentionPlan | None = None) -> Na
         return NasLitModule(cfg.model, plan, cfg.optim, task, log_u_every=cfg.log_u_every)
     except (SchemeError, ValueError, InstantiationException) as err:
         raise UserError(_unwrap(err)) from err
-
-
-def compile_model(module: NasLitModule, setting) -> str | None:
-    """``compile=true`` (inductor) or ``compile=<torch.compile backend>``: compile the model's
-    forward in place with ``nn.Module.compile``, so parameter names, checkpoints and
-    ``nas-eval`` stay as they are. Returns the backend, or None for ``compile=false``."""
-    if not setting:  # false / null
-        return None
-    backend = "inductor" if setting is True else str(setting)
-    try:
-        import torch._dynamo
-
-        known = torch._dynamo.list_backends(exclude_tags=())
-    except Exception as err:  # noqa: BLE001 - any import/platform failure is the same user-facing problem
-        raise UserError(f"compile={setting}: torch.compile is unavailable here ({_unwrap(err)}); "
-                        "run with compile=false") from err
-    if backend not in known:
-        raise UserError(f"compile={setting}: unknown torch.compile backend; use compile=true (inductor), "
-                        f"compile=false, or one of {', '.join(known)}")
-    module.model.compile(backend=backend)
-    return backend
-
-
-def _compile_failure(err: BaseException) -> str | None:
-    """One line describing a torch.compile failure (None if ``err`` is not one)."""
-    exc = getattr(getattr(torch, "_dynamo", None), "exc", None)
-    if exc is None or not isinstance(err, exc.TorchDynamoException):
-        return None
-    inner = getattr(err, "inner_exception", None) or err.__cause__ or err
-    lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
-    return f"{type(inner).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def make_logger(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str,
@@ -156,40 +120,6 @@ def count_parameters(module: torch.nn.Module) -> int:
 
 def _warn(message: str) -> None:
     print(f"nas-run: warning: {message}", file=sys.stderr)
-
-
-def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    if isinstance(tcfg.get("strategy"), dict):  # e.g. trainer=fsdp: {_target_: nas_cli.scale.fsdp_strategy, ...}
-        try:
-            tcfg["strategy"] = instantiate(cfg.trainer.strategy)
-        except InstantiationException as err:
-            raise UserError(f"trainer.strategy: {_unwrap(err)}") from err
-    # nas-run shards the data itself (nas_cli.scale): no DistributedSampler, nothing padded or repeated
-    tcfg["use_distributed_sampler"] = False
-    return tcfg
-
-
-def check_trainer(cfg: DictConfig) -> None:
-    """Refuse a trainer configuration Lightning would reject (accelerator not on this machine,
-    unknown precision, negative max_steps, an option Trainer does not have) with one line,
-    before any data, model, W&B run or checkpoint is made: build a throwaway Trainer."""
-    kwargs = _trainer_kwargs(cfg)
-    try:
-        pl.Trainer(**kwargs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False)
-    except TypeError as err:
-        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(err))
-        if not unknown:
-            raise
-        raise UserError(f"trainer.{unknown.group(1)} is not an option of Lightning's Trainer; remove it "
-                        "(see conf/trainer/*.yaml for the options nas-run uses)") from None
-    except (MisconfigurationException, ValueError, ModuleNotFoundError, RuntimeError) as err:
-        where = ", ".join(f"trainer.{k}={cfg.trainer.get(k)}" for k in ("accelerator", "devices", "strategy", "precision")
-                          if k in cfg.trainer and not isinstance(cfg.trainer.get(k), DictConfig))
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"Lightning rejects the trainer configuration ({where}): {first}; fix the trainer.* "
-                        "option it names, or pick a trainer preset this machine has (e.g. trainer=cpu)") from None
 
 
 def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -> dict[str, Any] | None:

@@ -1,0 +1,81 @@
+"""The Lightning Trainer as a run gets it: its keyword arguments from ``cfg.trainer``, a check
+that Lightning accepts them (before any data, model or W&B run exists), and ``compile=``."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+from .errors import UserError
+from .errors import unwrap as _unwrap
+
+
+def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    if isinstance(tcfg.get("strategy"), dict):  # e.g. trainer=fsdp: {_target_: nas_cli.scale.fsdp_strategy, ...}
+        try:
+            tcfg["strategy"] = instantiate(cfg.trainer.strategy)
+        except InstantiationException as err:
+            raise UserError(f"trainer.strategy: {_unwrap(err)}") from err
+    # nas-run shards the data itself (nas_cli.scale): no DistributedSampler, nothing padded or repeated
+    tcfg["use_distributed_sampler"] = False
+    return tcfg
+
+
+def check_trainer(cfg: DictConfig) -> None:
+    """Refuse a trainer configuration Lightning would reject (accelerator not on this machine,
+    unknown precision, negative max_steps, an option Trainer does not have) with one line,
+    before any data, model, W&B run or checkpoint is made: build a throwaway Trainer."""
+    kwargs = _trainer_kwargs(cfg)
+    try:
+        pl.Trainer(**kwargs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False)
+    except TypeError as err:
+        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+        if not unknown:
+            raise
+        raise UserError(f"trainer.{unknown.group(1)} is not an option of Lightning's Trainer; remove it "
+                        "(see conf/trainer/*.yaml for the options nas-run uses)") from None
+    except (MisconfigurationException, ValueError, ModuleNotFoundError, RuntimeError) as err:
+        where = ", ".join(f"trainer.{k}={cfg.trainer.get(k)}" for k in ("accelerator", "devices", "strategy", "precision")
+                          if k in cfg.trainer and not isinstance(cfg.trainer.get(k), DictConfig))
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"Lightning rejects the trainer configuration ({where}): {first}; fix the trainer.* "
+                        "option it names, or pick a trainer preset this machine has (e.g. trainer=cpu)") from None
+
+
+def compile_model(module, setting) -> str | None:
+    """``compile=true`` (inductor) or ``compile=<torch.compile backend>``: compile the model's
+    forward in place with ``nn.Module.compile``, so parameter names, checkpoints and
+    ``nas-eval`` stay as they are. Returns the backend, or None for ``compile=false``."""
+    if not setting:  # false / null
+        return None
+    backend = "inductor" if setting is True else str(setting)
+    try:
+        import torch._dynamo
+
+        known = torch._dynamo.list_backends(exclude_tags=())
+    except Exception as err:  # noqa: BLE001 - any import/platform failure is the same user-facing problem
+        raise UserError(f"compile={setting}: torch.compile is unavailable here ({_unwrap(err)}); "
+                        "run with compile=false") from err
+    if backend not in known:
+        raise UserError(f"compile={setting}: unknown torch.compile backend; use compile=true (inductor), "
+                        f"compile=false, or one of {', '.join(known)}")
+    module.model.compile(backend=backend)
+    return backend
+
+
+def _compile_failure(err: BaseException) -> str | None:
+    """One line describing a torch.compile failure (None if ``err`` is not one)."""
+    exc = getattr(getattr(torch, "_dynamo", None), "exc", None)
+    if exc is None or not isinstance(err, exc.TorchDynamoException):
+        return None
+    inner = getattr(err, "inner_exception", None) or err.__cause__ or err
+    lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
+    return f"{type(inner).__name__}: {lines[0] if lines else ''}"[:300]
