@@ -99,9 +99,28 @@ def check_attention(cfg: DictConfig) -> None:
         return
     try:
         lm = get_class(str(cfg.task._target_)).kind == "lm" if "task" in cfg else False
-        AttentionPlan.from_config(cfg.attention).check(cfg.model, lm=lm)
+        plan = AttentionPlan.from_config(cfg.attention)
+        plan.check(cfg.model, lm=lm)
     except SchemeError as err:
         raise UserError(str(err)) from None
+    check_flex(plan, cfg)
+
+
+def check_flex(plan, cfg: DictConfig) -> None:
+    """``attention.impl=flex`` trains only where FlexAttention has a backward pass (CUDA)."""
+    flex = [loc for loc, p in plan.placed.items() if p.options.get("impl") == "flex"]
+    if not flex:
+        return
+    import torch
+
+    from .attention.flex import flex_unavailable
+
+    accel = str((cfg.get("trainer") or {}).get("accelerator", "auto"))
+    device = "cuda" if accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available()) else "cpu"
+    why = flex_unavailable(device, training=True)
+    if why:
+        raise UserError(f"attention.impl=flex ({', '.join(flex)}): {why}; use attention.impl=auto (the chunked "
+                        "exact path, same values and gradients) or train on a GPU (trainer=gpu)")
 
 
 def _example(key: str, cfg: DictConfig) -> str:

@@ -39,16 +39,22 @@ FORMS = (("encoder", "encoder", False, False), ("encoder+pad", "encoder", False,
 
 
 def scheme_names() -> list[str]:
-    from .registry import available
+    """Every scheme of the registry, plus ``<name>-flex`` (attention.impl=flex, FlexAttention)
+    for the schemes with an ``impl`` option."""
+    from .registry import available, scheme_config
 
-    return available("attention")
+    names = available("attention")
+    return names + [f"{n}-flex" for n in names if "impl" in scheme_config(n)]
 
 
 def make_core(scheme: str, location: str, causal: bool, heads: int, d_head: int, seed: int = 0):
     from .registry import scheme_config
     from .plan import make_core_factory
 
-    cfg = scheme_config(scheme)
+    flex = scheme.endswith("-flex")
+    cfg = scheme_config(scheme[: -len("-flex")] if flex else scheme)
+    if flex:
+        cfg.impl = "flex"
     core = make_core_factory(cfg, heads)(location, 0, causal)
     core.set_width(heads * d_head)
     g = torch.Generator().manual_seed(seed)
@@ -111,7 +117,10 @@ def check_numerics(device: str, dtypes: list[str], schemes: list[str] | None = N
             upstream = upstream.to(device)
             try:
                 base = make_core(scheme, location, causal, h, d).to(device)
-                ref = _run(copy.deepcopy(base).double(), q, k, v, q_mask, k_mask, upstream)
+                ref_core = copy.deepcopy(base).double()
+                if hasattr(ref_core, "impl"):  # the reference is the materialized formula
+                    ref_core.impl = "naive"
+                ref = _run(ref_core, q, k, v, q_mask, k_mask, upstream)
             except Exception as err:  # noqa: BLE001 - recorded, not raised: the table shows every case
                 rows.append(_row(scheme, form, "float64", None, None, None, f"reference failed: {_short(err)}"))
                 continue

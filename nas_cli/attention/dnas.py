@@ -54,6 +54,22 @@ def resolve_impl(impl: str, block_size) -> str:
         raise ValueError(f"{err}, or auto (picks one per sequence length)") from None
 
 
+def flex_applies(core, q, k, need_weights: bool) -> bool:
+    """Whether this call goes through FlexAttention (nas_cli/attention/flex.py): ``impl=flex``,
+    or ``impl=auto`` on CUDA from AUTO_NAIVE_BELOW on, for the encoder form (no prefix
+    normalization) without attention dropout in training, where FlexAttention can run it. The
+    other cases keep the chunked path, which gives the same values and gradients."""
+    from .flex import flex_unavailable
+
+    if core.impl not in ("flex", "auto") or core.prefix_queries or need_weights:
+        return False
+    if core.training and core.dropout > 0:
+        return False
+    if core.impl == "auto" and (q.device.type != "cuda" or max(q.size(-2), k.size(-2)) < AUTO_NAIVE_BELOW):
+        return False
+    return flex_unavailable(q.device, torch.is_grad_enabled() and q.requires_grad) is None
+
+
 def auto_uses_naive(q: torch.Tensor, k: torch.Tensor, prefix: bool = False, iterations: int = 1) -> bool:
     """``impl=auto``: the naive formula for short sequences (max(Sq, Sk) < AUTO_NAIVE_BELOW),
     where its few large ops beat the chunked passes, in every form (``prefix`` and
@@ -83,7 +99,7 @@ class DNAS(AttentionCore):
         self.block_size = None if block_size is None else int(block_size)
 
     def uses_naive(self, q, k) -> bool:
-        if self.impl == "auto":
+        if self.impl in ("auto", "flex"):  # flex where it does not apply: as auto
             return auto_uses_naive(q, k, self.prefix_queries, self.iterations)
         return self.impl == "naive"
 
@@ -94,6 +110,10 @@ class DNAS(AttentionCore):
     def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
         if need_weights:
             return super().forward(q, k, v, q_mask, k_mask, need_weights)
+        if flex_applies(self, q, k, need_weights):
+            from .flex import dnas_flex
+
+            return AttentionOutput(dnas_flex(q, k, v, q_mask, k_mask, self.iterations), None, self.aux())
         if self.uses_naive(q, k):
             if self.iterations != 1:
                 return super().forward(q, k, v, q_mask, k_mask, need_weights)

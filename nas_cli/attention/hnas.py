@@ -22,7 +22,7 @@ from torch import nn
 
 from .base import (AttentionCore, AttentionOutput, allowed_mask, doubly_normalized_logits, masked_row_softmax,
                    prefix_normalized_step, scaled_scores)
-from .dnas import auto_uses_naive, resolve_impl
+from .dnas import auto_uses_naive, flex_applies, resolve_impl
 from .efficient import hnas_attention
 from .fused import doubly_normalized_attention
 
@@ -58,6 +58,10 @@ class HNAS(AttentionCore):
     def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
         if need_weights:
             return super().forward(q, k, v, q_mask, k_mask, need_weights)
+        if flex_applies(self, q, k, need_weights):
+            from .flex import hnas_flex
+
+            return AttentionOutput(hnas_flex(q, k, v, self.u, q_mask, k_mask), None, self.aux())
         if self.uses_naive(q, k):  # the naive formula with a hand-derived backward (same values and gradients)
             allowed = allowed_mask(q_mask, k_mask, self.causal, q.size(-2), k.size(-2), q.device)
             out = doubly_normalized_attention(q, k, v, allowed, self.prefix_queries, u=self.u,
@@ -68,7 +72,7 @@ class HNAS(AttentionCore):
         return AttentionOutput(out, None, self.aux())
 
     def uses_naive(self, q, k) -> bool:
-        if self.impl == "auto":
+        if self.impl in ("auto", "flex"):  # flex where it does not apply: as auto
             return auto_uses_naive(q, k, self.prefix_queries)
         return self.impl == "naive"
 

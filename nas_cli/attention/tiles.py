@@ -13,7 +13,7 @@ NEG = -1e30
 #: Backward holds about 2 tiles (non-prefix) or 4 (prefix DNAS) at a time, so at B=1, H=8,
 #: S=8192 the extra memory over SDPA is ~16-32 MiB; a larger tile is faster, not exact-er.
 TILE_ELEMENTS = 2**21
-IMPLS = ("efficient", "naive")
+IMPLS = ("efficient", "naive", "flex")  # flex: PyTorch FlexAttention, encoder form (attention/flex.py)
 
 
 def check_impl(impl: str) -> str:

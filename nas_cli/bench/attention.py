@@ -56,14 +56,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def valid_schemes() -> list[str]:
     """Registry names, plus ``<name>-naive`` where a naive reference path exists (the
-    schemes with an ``impl`` option, and UNAS's eager formula)."""
-
+    schemes with an ``impl`` option, and UNAS's eager formula) and ``<name>-flex``
+    (FlexAttention, attention/flex.py) for the schemes with an ``impl`` option."""
     from ..registry import available, scheme_config
 
     names = available("attention")
     naive = [f"{n}-naive" for n in names
              if n == BASELINE or "impl" in scheme_config(n)]
-    return names + naive
+    flex = [f"{n}-flex" for n in names if "impl" in scheme_config(n)]
+    return names + naive + flex
 
 
 def build_core(scheme: str, heads: int, causal: bool, d_head: int):
@@ -72,10 +73,11 @@ def build_core(scheme: str, heads: int, causal: bool, d_head: int):
     from ..registry import scheme_config
     from ..plan import make_core_factory
 
-    name, naive = (scheme[: -len("-naive")], True) if scheme.endswith("-naive") else (scheme, False)
+    name, _, variant = scheme.partition("-")
+    naive = variant == "naive"
     cfg = scheme_config(name)
     if "impl" in cfg:  # the plain name times the efficient path, whatever the config default (auto)
-        cfg.impl = "naive" if naive else "efficient"
+        cfg.impl = variant if variant in ("naive", "flex") else "efficient"
     # non-causal: encoder self-attention (full column sums); causal: decoder self-attention
     core = make_core_factory(cfg, heads)("decoder" if causal else "encoder", 0, causal)
     core.set_width(heads * d_head)  # width-dependent parameters, as MultiHeadAttention sets them

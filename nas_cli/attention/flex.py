@@ -1,0 +1,112 @@
+"""DNAS / HNAS / Sinkhorn-k with PyTorch FlexAttention (``attention.impl=flex``), encoder form.
+
+Notation as in ``docs/PAPERS.md`` section 1: s_ij = q_i . k_j / sqrt(d_head).
+
+* **DNAS** takes two FlexAttention passes. The first is the column log-sum-exp
+  c_j = LSE_i s_ij over real queries. It is the row LSE of the *swapped* problem, with the
+  keys as queries and the queries as keys (``return_lse``, which is differentiable). The
+  second is attention with ``score_mod`` adding -c_j. Its row softmax is DNAS's row step
+  (Ding et al.).
+* **Sinkhorn-k** alternates k column and row passes in vector form:
+  log pi_ij = s_ij - C_j - R_i, with C_j = LSE_i (s_ij - R_i) (swapped problem, score_mod -R)
+  and R_i = LSE_j (s_ij - C_j). The output pass uses bias -C_j, like DNAS.
+* **HNAS** mixes the DNAS output with plain softmax attention, per head by u.
+
+Padding is a ``mask_mod``. A query that is padding takes no part in any column sum, and a
+key that is padding takes no part in any row. Gradients flow through the LSE and through the
+captured bias, so they are exact. FlexAttention's gradients need CUDA (PyTorch has no CPU
+backward). On the CPU it runs forward only, which the tests use to check the values.
+
+The prefix form (decoder self- and cross-attention) is not a per-key bias: the normalizer
+of query i sums only over queries i' <= i. It keeps the chunked PyTorch path
+(:mod:`.efficient_prefix`), and so does every case FlexAttention cannot take.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+def flex_unavailable(device: torch.device | str, training: bool) -> str | None:
+    """None when FlexAttention can run this (device, training) case, else the reason."""
+    device = torch.device(device)
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return f"this torch ({torch.__version__}) has no FlexAttention (torch >= 2.5 has)"
+    if training and device.type != "cuda":
+        return "FlexAttention has no backward pass on the CPU (PyTorch); it trains on CUDA only"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(device_type: str):
+    """flex_attention, compiled on CUDA (the fused kernel); eager elsewhere (a reference)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device_type == "cuda":
+        return torch.compile(flex_attention, dynamic=False)
+    return flex_attention
+
+
+def _attend(q, k, v, bias=None, bias_dim: str = "k", allowed=None, lse: bool = False):
+    """softmax_j(s_ij - bias) v_j over the keys ``allowed`` admits (B, Sk bool, or None).
+    ``bias`` (B, H, n) is indexed by the key (``bias_dim="k"``). Returns the output, and the
+    row log-sum-exp (B, H, Sq) of the biased scores when ``lse``."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    score_mod = None
+    if bias is not None:
+        def score_mod(score, b, h, qi, kj):
+            return score - bias[b, h, kj]
+
+    block_mask = None
+    if allowed is not None:
+        def mask_mod(b, h, qi, kj):
+            return allowed[b, kj]
+
+        block_mask = create_block_mask(mask_mod, q.size(0), None, q.size(-2), k.size(-2), device=q.device)
+    with warnings.catch_warnings():  # the CPU path warns that it is not compiled: it is a reference there
+        warnings.simplefilter("ignore")
+        res = _kernel(q.device.type)(q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=lse)
+    return res
+
+
+def column_lse(q, k, q_mask=None, row_bias=None):
+    """c_j = LSE_i (s_ij - row_bias_i) over real queries i: (B, H, Sk), as the row LSE of the
+    swapped problem (keys as queries, queries as keys). The values are a dummy (the queries)."""
+    _, lse = _attend(k, q, q, bias=row_bias, allowed=q_mask, lse=True)
+    # flex's LSE is of the scaled scores q.k / sqrt(d), the same s_ij as the naive formula
+    return lse
+
+
+def dnas_flex(q, k, v, q_mask=None, k_mask=None, iterations: int = 1) -> torch.Tensor:
+    """Doubly normalized attention (``iterations`` = 1) or Sinkhorn-k, encoder form: (B, H, Sq, Dv)."""
+    qf, kf, vf = q, k, v
+    col = column_lse(qf, kf, q_mask)  # C for R = 0: DNAS's c_j
+    for _ in range(iterations - 1):
+        # R_i = LSE_j (s_ij - C_j) over real keys, then C_j = LSE_i (s_ij - R_i) over real queries
+        _, row = _attend(qf, kf, kf, bias=col, allowed=k_mask, lse=True)
+        col = column_lse(qf, kf, q_mask, row_bias=row)
+    col = torch.where(torch.isfinite(col), col, torch.zeros_like(col))  # padded keys: masked below anyway
+    out = _attend(qf, kf, vf, bias=col, allowed=k_mask)
+    if q_mask is not None:  # outputs at padded queries are zero, as in the other paths
+        out = out * q_mask[:, None, :, None].to(out.dtype)
+    return out
+
+
+def softmax_flex(q, k, v, q_mask=None, k_mask=None) -> torch.Tensor:
+    out = _attend(q, k, v, allowed=k_mask)
+    if q_mask is not None:
+        out = out * q_mask[:, None, :, None].to(out.dtype)
+    return out
+
+
+def hnas_flex(q, k, v, u, q_mask=None, k_mask=None) -> torch.Tensor:
+    """u_h * DNAS + (1 - u_h) * UNAS per head, u (H,)."""
+    dn = dnas_flex(q, k, v, q_mask, k_mask)
+    un = softmax_flex(q, k, v, q_mask, k_mask)
+    w = u.to(dn.dtype)[None, :, None, None]
+    return w * dn + (1 - w) * un

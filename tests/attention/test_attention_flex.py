@@ -1,0 +1,91 @@
+"""attention.impl=flex (FlexAttention, encoder form): values against the naive formulas on the
+CPU (forward: PyTorch has no CPU backward for it), the dispatch of impl=flex / impl=auto,
+and the one-line refusal to train with it where it cannot. Gradients are checked on a GPU
+by ``nas-bench gpu-check``; the GPU test here skips without one."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import build_core, compose_cfg, qkv
+from nas_cli.attention import dnas as dnas_mod
+from nas_cli.attention.flex import dnas_flex, flex_unavailable, hnas_flex
+
+pytest.importorskip("torch.nn.attention.flex_attention")
+
+
+def _masks(b=2, sq=7, sk=7):
+    q_mask = torch.ones(b, sq, dtype=torch.bool)
+    k_mask = torch.ones(b, sk, dtype=torch.bool)
+    q_mask[1, 5:] = False
+    k_mask[1, 4:] = False
+    return q_mask, k_mask
+
+
+@pytest.mark.parametrize("scheme", ["dnas", "sinkhorn", "hnas"])
+def test_flex_forward_equals_the_naive_formula(scheme):
+    q, k, v = qkv(sq=7, sk=9)
+    q_mask, k_mask = _masks(sq=7, sk=9)
+    ref_core = build_core(scheme, impl="naive").double()
+    ref = ref_core(q, k, v, q_mask=q_mask, k_mask=k_mask, need_weights=True).out
+    if scheme == "hnas":
+        out = hnas_flex(q, k, v, ref_core.u.detach(), q_mask, k_mask)
+    else:
+        out = dnas_flex(q, k, v, q_mask, k_mask, iterations=ref_core.iterations)
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    assert (out[1, :, 5:] == 0).all()  # padded queries give zero
+
+
+def test_impl_flex_dispatches_on_the_cpu_for_evaluation_and_falls_back_elsewhere(monkeypatch):
+    calls = []
+    import nas_cli.attention.flex as flex
+
+    real = flex.dnas_flex
+    monkeypatch.setattr(flex, "dnas_flex", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v = qkv(sq=6, sk=6)
+    enc = build_core("dnas", impl="flex").double()
+    with torch.no_grad():
+        out = enc(q, k, v).out
+    assert calls == [1]
+    torch.testing.assert_close(out, build_core("dnas", impl="naive").double()(q, k, v).out)
+    # the prefix form (decoder) is not a per-key bias: the chunked path, same values
+    dec = build_core("dnas", impl="flex", causal=True, location="decoder").double()
+    with torch.no_grad():
+        dec(q, k, v)
+    assert calls == [1]
+    # training on the CPU (gradients): FlexAttention has no CPU backward, the chunked path runs
+    qg = q.clone().requires_grad_()
+    enc(qg, k, v).out.sum().backward()
+    assert calls == [1] and qg.grad is not None
+
+
+def test_impl_auto_picks_flex_only_on_cuda_from_the_naive_threshold():
+    core = build_core("dnas", impl="auto").double()
+    q, k, _ = qkv(sq=dnas_mod.AUTO_NAIVE_BELOW, sk=dnas_mod.AUTO_NAIVE_BELOW)
+    assert not dnas_mod.flex_applies(core, q, k, need_weights=False)  # CPU
+    assert flex_unavailable("cpu", training=True) is not None
+    assert flex_unavailable("cpu", training=False) is None
+
+
+def test_training_with_impl_flex_on_the_cpu_is_refused_before_anything_runs():
+    from nas_cli.checks import check_config
+    from nas_cli.errors import UserError
+
+    cfg = compose_cfg("attention=dnas", "attention.impl=flex", "trainer.accelerator=cpu")
+    with pytest.raises(UserError, match=r"attention.impl=flex \(encoder, decoder, cross\): FlexAttention has no "
+                                        r"backward pass on the CPU.*attention.impl=auto"):
+        check_config(cfg)
+    check_config(compose_cfg("attention=dnas", "attention.impl=auto", "trainer.accelerator=cpu"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's backward needs CUDA; none here")
+def test_flex_gradients_equal_the_naive_formula_on_cuda():
+    q, k, v = (t.cuda().float().requires_grad_() for t in qkv(sq=64, sk=80, dtype=torch.float32))
+    q_mask, k_mask = (m.cuda() for m in _masks(sq=64, sk=80))
+    out = dnas_flex(q, k, v, q_mask, k_mask)
+    ref = build_core("dnas", impl="naive").cuda()(q, k, v, q_mask=q_mask, k_mask=k_mask, need_weights=True).out
+    g = torch.randn_like(out)
+    got = torch.autograd.grad((out * g).sum(), (q, k, v))
+    want = torch.autograd.grad((ref * g).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
