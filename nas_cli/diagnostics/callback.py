@@ -49,6 +49,8 @@ from ..atomic import atomic_write_json
 from .collector import AttentionDiagnostics, flatten_results, location_masks
 from .explained_away import DEFAULT_EPS
 from .metrics import LayerMetric, build_metrics
+from .metrics import finite as _finite
+from .metrics import finite_list as _finite_list
 
 #: log of the smallest positive float32: stands in for log 0 in logged scalars
 LOG_FLOAT32_TINY = math.log(float(np.finfo(np.float32).smallest_subnormal))
@@ -83,21 +85,6 @@ def _finite_tree(data: Any) -> Any:
 #: why a location's JSD / explained-away read null
 SIGNED_NOTE = ("attention weights with negative entries (e.g. attention.kernel=linear): JSD and explained-away "
                "assume probability distributions over keys and are undefined (null)")
-
-
-def _finite(x) -> float | None:
-    """float, with NaN and +-inf written as None (JSON has no infinities)."""
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
-def _finite_list(a) -> list:
-    if isinstance(a, torch.Tensor):
-        a = a.detach().cpu().double().numpy()
-    a = np.asarray(a, dtype=float)
-    if a.ndim == 0:
-        return _finite(a)
-    return [_finite_list(x) if a.ndim > 1 else _finite(x) for x in a]
 
 
 def u_arrays(hnas_u: dict[str, float]) -> dict[str, np.ndarray]:
