@@ -16,11 +16,12 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import sys
 from pathlib import Path
 from typing import Sequence
 
 from nas_cli.errors import UserError
+
+from .base import note
 
 
 class DataError(UserError):
@@ -67,7 +68,7 @@ def read_lines(path: Path, what: str) -> list[str]:
         fixed.append(f"converted Windows line endings (CRLF) to \\n ({crlf} lines)" if crlf
                      else "converted old Mac line endings (CR) to \\n")
     if fixed:
-        print(f"nas-run: note: {path}: {'; '.join(fixed)}", file=sys.stderr)
+        note(f"{path}: {'; '.join(fixed)}")
     return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
 
 

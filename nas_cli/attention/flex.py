@@ -27,14 +27,20 @@ import functools
 
 import torch
 
+
 def flex_unavailable(device: torch.device | str, training: bool) -> str | None:
-    """None when FlexAttention can run this (device, training) case, else the reason."""
-    device = torch.device(device)
+    """None when FlexAttention can run this (device, training) case, else the reason.
+    (Asked on every forward of a core with impl=auto/flex: the answer is cached.)"""
+    return _unavailable(torch.device(device).type, bool(training))
+
+
+@functools.lru_cache(maxsize=None)
+def _unavailable(device_type: str, training: bool) -> str | None:
     try:
         from torch.nn.attention import flex_attention  # noqa: F401
     except ImportError:
         return f"this torch ({torch.__version__}) has no FlexAttention (torch >= 2.5 has)"
-    if training and device.type != "cuda":
+    if training and device_type != "cuda":
         return "FlexAttention has no backward pass on the CPU (PyTorch); it trains on CUDA only"
     return None
 
