@@ -32,8 +32,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="compare every other group with this one (field=value[,...], e.g. scheme=unas or "
                         "placement.encoder=unas,heads=4): difference with 95%% CI, paired significance test on the "
                         "test set, Holm-adjusted, and a verdict")
-    p.add_argument("--metrics", metavar="NAMES", help="comma-separated test metrics to compare/show "
-                                                       "(bleu, chrf, exact_match, ppl, rouge1, rouge2, rougeL)")
+    p.add_argument("--metrics", metavar="NAMES", help="comma-separated metrics to compare/show: test metrics (bleu, "
+                                                       "chrf, exact_match, ppl, rouge1, rouge2, rougeL; paired on the "
+                                                       "test set) and attention diagnostics (jsd, explained_away, "
+                                                       "min_margin, entropy, step_variation, also as jsd:encoder; "
+                                                       "paired t-test over seeds)")
     p.add_argument("--format", default="rich", metavar="FMT", help="rich (default), markdown, latex, csv or json")
     p.add_argument("--pivot", metavar="FIELD", help="spread the values of FIELD (scheme, heads, task) into columns, "
                                                      "one table cell per metric: mean ± CI (†: differs from the "
@@ -86,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       trials=10 * max(10, args.samples))
             verdicts = (verdict_table(compared, baseline), method_note(compared), baseline)
             marked = {(id(r.group), r.comparison.metric): not r.comparison.verdict(r.higher_is_better)
-                      .startswith("no significant") for r in compared}
+                      .startswith("no ") for r in compared}
     except CompareError as err:
         return _fail(str(err))
 
@@ -119,14 +122,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             sys.stdout.write(render(args.format, title, vh, vr, note))
     head, rows = unfinished_rows(runs)
-    if rows and args.format == "rich":
+    if rows:  # failed and unfinished runs are listed in every format, never dropped silently
         failed = sum(row[1].startswith("failed") for row in rows)
-        t = Table(title=f"runs without results: {failed} failed, {len(rows) - failed} unfinished (no summary.json)")
-        for h in head:
-            t.add_column(h)
-        for row in rows:
-            t.add_row(*row)
-        console.print(t)
+        title = f"runs without results: {failed} failed, {len(rows) - failed} unfinished (no summary.json)"
+        if args.format == "rich":
+            t = Table(title=title)
+            for h in head:
+                t.add_column(h)
+            for row in rows:
+                t.add_row(*row)
+            console.print(t)
+        else:
+            sys.stdout.write(render(args.format, title, head, rows))
     if args.html:
         from ..report.html import write_html
 
@@ -141,15 +148,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _mark(head, rows, groups, marked, baseline):
     """† after the metric cells that differ significantly from the baseline; the baseline's row says so."""
-    from ..report.collect import TEST_METRICS
+    from ..report.compare import metric_title
 
-    title_of = {k: t for k, t, _ in TEST_METRICS}
     out = []
     for g, row in zip(groups, rows):
         row = list(row)
         for (gid, metric), sig in marked.items():
-            if gid == id(g) and sig and title_of.get(metric) in head:
-                row[head.index(title_of[metric])] += " †"
+            if gid == id(g) and sig and metric_title(metric) in head:
+                row[head.index(metric_title(metric))] += " †"
         if baseline is not None and g is baseline and "scheme" in head:
             row[head.index("scheme")] += " (baseline)"
         out.append(row)

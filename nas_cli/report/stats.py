@@ -18,6 +18,10 @@
   - perplexity, ROUGE: the paired bootstrap above, two-sided (twice the smaller tail beyond 0).
 
   Identical outputs give p = 1 (sacreBLEU would report 1/(trials+1) for a zero difference).
+* **Against a baseline, over seeds** (:func:`compare_seeds`): for numbers a run has once, not per
+  test item (head JSD, explained-away share, the log-mass margin: the attention diagnostics), the
+  paired differences over seeds get a Student-t interval and a paired t-test (scipy's
+  ``ttest_rel``, n - 1 degrees of freedom); one paired seed gives the difference and no test.
 * :func:`holm`: Holm's step-down adjustment when several groups are compared with one baseline.
 
 The verdict calls a difference significant only when the (Holm-adjusted) p-value is below 0.05
@@ -144,9 +148,17 @@ class Comparison:
     p_bs: float | None = None  # sacreBLEU's paired bootstrap p (BLEU/chrF)
     p_adj: float | None = None  # after Holm
 
-    def verdict(self, higher_is_better: bool, alpha: float = 0.05) -> str:
+    def verdict(self, higher_is_better: bool | None, alpha: float = 0.05) -> str:
+        """'better'/'worse' (or 'higher'/'lower' for a number with no better direction, such as
+        head diversity) with p, or 'no significant difference' with n, the interval and p."""
         p = self.p_adj if self.p_adj is not None else self.p
         n = len(self.seeds)
+        if math.isnan(p):
+            return f"no test (n={n}: a test over seeds needs at least 2 paired seeds)"
+        if higher_is_better is None:
+            if p < alpha and self.diff != 0 and (self.low > 0 or self.high < 0):
+                return f"{'higher' if self.diff > 0 else 'lower'} ({_p(p, 'p')})"
+            return f"no significant difference (n={n}, CI {self.low:+.3g}..{self.high:+.3g}, {_p(p, 'p')})"
         # significant only if the test on the test items says so AND the interval, which also
         # resamples the seeds, excludes 0: a test-set p-value alone ignores seed-to-seed variation
         if p < alpha and self.diff != 0 and (self.low > 0 or self.high < 0):
@@ -229,3 +241,24 @@ def _sacrebleu_tests(metric: str, base: Sequence[dict], system: Sequence[dict], 
                                n_samples=n)()
         out.append(float(scores[name][1].p_value))
     return out[0], out[1]
+
+
+def compare_seeds(metric: str, base: Sequence[float], system: Sequence[float], seeds: Sequence[int],
+                  level: float = 0.95) -> Comparison:
+    """Compare a run-level number over paired seeds (``base[i]``, ``system[i]`` share ``seeds[i]``):
+    the mean paired difference, its Student-t interval and the paired t-test's two-sided p
+    (NaN interval and p with one pair; p = 1 when every difference is 0)."""
+    from scipy import stats as sps
+
+    b, s = np.asarray(base, dtype=np.float64), np.asarray(system, dtype=np.float64)
+    d = s - b
+    test = f"paired t-test over seeds ({len(d) - 1} df)"
+    if len(d) < 2:
+        low = high = p = math.nan
+    elif not np.any(d != d[0]):  # equal differences: no spread, the t statistic is undefined
+        low = high = float(d[0])
+        p = 1.0 if d[0] == 0 else 0.0
+    else:
+        _, low, high, _ = t_interval(d.tolist(), level)
+        p = float(sps.ttest_rel(s, b).pvalue)
+    return Comparison(metric, list(seeds), float(b.mean()), float(s.mean()), float(d.mean()), low, high, p, test)

@@ -194,6 +194,11 @@ def test_report_groups_runs_that_differ_only_by_seed(seed_sweep, report, tmp_pat
     cols, rows = _table(proc.stdout)
     assert sorted(r[cols.index("seed")] for r in rows) == ["1", "2"]
     assert "0 failed, 1 unfinished (no summary.json)" in proc.stdout and str(tmp_path / "killed") in proc.stdout
+    # the markdown export (what goes into a paper's notes) lists it too: no run is dropped silently
+    md = run_cmd(NAS_REPORT, str(seed_sweep), str(tmp_path), "--format", "markdown", cwd=tmp_path)
+    assert md.returncode == 0, md.stderr
+    assert "**runs without results: 0 failed, 1 unfinished (no summary.json)**" in md.stdout
+    assert f"| {tmp_path / 'killed'} | unfinished |" in md.stdout
 
 
 def test_offline_wandb_history_holds_diagnostics(seed_sweep):

@@ -27,6 +27,27 @@ def test_t_interval_matches_scipy():
     assert one[0] == 5.0 and math.isnan(one[1]) and one[3] == 1  # no made-up interval for n = 1
 
 
+def test_run_level_numbers_compared_over_seeds_as_scipys_paired_t_test():
+    # head JSD of a baseline and a system at three seeds: scipy's ttest_rel is the reference
+    base, system = [3.86, 3.71, 4.02], [4.94, 4.60, 5.31]
+    c = stats.compare_seeds("jsd", base, system, [1, 2, 3])
+    ref = st.ttest_rel(system, base)
+    low, high = ref.confidence_interval(0.95)
+    assert c.p == pytest.approx(ref.pvalue) and (c.low, c.high) == pytest.approx((low, high))
+    assert c.diff == pytest.approx(np.mean(np.subtract(system, base))) and c.seeds == [1, 2, 3]
+    assert c.verdict(None).startswith("higher (p=") and "2 df" in c.test
+    # no better direction: a lower number is "lower", not "worse"; noise is not a difference
+    assert stats.compare_seeds("jsd", system, base, [1, 2, 3]).verdict(None).startswith("lower")
+    noisy = stats.compare_seeds("jsd", [3.0, 4.0, 5.0], [3.5, 3.6, 5.2], [1, 2, 3])
+    assert noisy.p == pytest.approx(st.ttest_rel([3.5, 3.6, 5.2], [3.0, 4.0, 5.0]).pvalue)
+    assert noisy.verdict(None).startswith("no significant difference (n=3")
+    # one pair: the difference, and no made-up interval or test; equal runs: p = 1
+    one = stats.compare_seeds("jsd", [3.0], [4.0], [1])
+    assert one.diff == 1.0 and math.isnan(one.low) and math.isnan(one.p)
+    assert one.verdict(None).startswith("no test (n=1")
+    assert stats.compare_seeds("jsd", [3.0, 4.0], [3.0, 4.0], [1, 2]).p == 1.0
+
+
 def test_holm_against_a_hand_computed_example():
     # sorted: 0.005*4 = 0.02, 0.01*3 = 0.03, 0.03*2 = 0.06, 0.04*1 = 0.04 -> monotone: 0.06
     assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
@@ -157,6 +178,35 @@ def test_report_against_a_baseline_as_latex_markdown_and_json(compare_sweep, tmp
     md = report(compare_sweep, "--baseline", "scheme=unas", "--format", "markdown", "--metrics", "ppl",
                 "--samples", "100", cwd=tmp_path)
     assert md.returncode == 0 and "| dnas h4 | ppl |" in md.stdout and "BLEU" not in md.stdout.split("**against")[0]
+
+
+def test_report_compares_attention_diagnostics_over_seeds(compare_sweep, tmp_path):
+    proc = report(compare_sweep, "--baseline", "scheme=unas", "--format", "json", "--samples", "50",
+                  "--metrics", "bleu,jsd,min_margin:encoder", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    tables = [json.loads(t) for t in proc.stdout.replace("}\n{", "}\n\x00{").split("\x00")]
+    rows = {v["metric"]: v for v in tables[1]["rows"]}
+    assert [v["metric"] for v in tables[1]["rows"]] == ["bleu", "jsd", "min_margin:encoder"]  # the order asked for
+    # the numbers compared are the runs' own diagnostics, read here from their files
+    per_run = {}
+    for job in (p for p in compare_sweep.iterdir() if (p / "summary.json").exists()):
+        s = json.loads((job / "summary.json").read_text())
+        locs = json.loads((job / "diagnostics" / "summary.json").read_text())["locations"]
+        per_run[(s["scheme"], s["seed"])] = (np.mean([v["jsd_mean"] for v in locs.values()]),
+                                             locs["encoder"]["min_margin"])
+    for k, metric in enumerate(("jsd", "min_margin:encoder")):
+        base = [per_run[("unas", seed)][k] for seed in (1, 2)]
+        system = [per_run[("dnas", seed)][k] for seed in (1, 2)]
+        row = rows[metric]
+        assert row["paired seeds"] == "1,2" and float(row["system mean"]) == pytest.approx(np.mean(system), rel=1e-3)
+        ref = st.ttest_rel(system, base)
+        assert row["p"] == ("<0.001" if ref.pvalue < 0.001 else f"{ref.pvalue:.3f}")
+        assert row["verdict"].startswith(("higher", "lower", "no significant difference (n=2"))
+    assert "paired t-test over seeds (1 df)" in tables[1]["caption"]
+    # a location the runs do not have: one line naming the run
+    bad = report(compare_sweep, "--baseline", "scheme=unas", "--metrics", "jsd:nowhere", cwd=tmp_path)
+    assert bad.returncode == 2 and "--metrics jsd:nowhere: run" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_report_comparison_bad_input_one_line(compare_sweep, tmp_path):
