@@ -253,3 +253,26 @@ def test_nas_eval_results_are_rows_of_their_own_and_can_be_compared(compare_swee
     again = [v for v in verdicts["rows"] if "[eval:again]" in v["system"]]
     # the same checkpoint evaluated again: identical outputs, no difference
     assert len(again) == 1 and again[0]["verdict"].startswith("no significant difference") and again[0]["p"] == "1.000"
+
+
+def test_study_claims_table_reads_nas_reports_comparison(compare_sweep, tmp_path):
+    """benchmarks/study_report.py (docs/study.md's generated claims table) decides each claim from
+    nas-report's own comparison: the DNAS row carries nas-report's difference and Holm p."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "study_report.py"
+    spec = importlib.util.spec_from_file_location("study_report", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = mod.claims_section(str(compare_sweep), None)
+    dnas = next(line for line in text.splitlines() if line.startswith("| DNAS is on par"))
+    proc = report(compare_sweep, "--baseline", "scheme=unas", "--format", "json", "--metrics", "bleu",
+                  "--samples", "1000", cwd=tmp_path)
+    verdict = [json.loads(t) for t in proc.stdout.replace("}\n{", "}\n\x00{").split("\x00")][1]["rows"][0]
+    diff = float(verdict["difference [95% CI]"].split()[0])
+    assert f"{diff:+.2f} [" in dnas and f"p(Holm)={verdict['p (Holm)']}" in dnas
+    expected = ("consistent: no significant difference" if verdict["verdict"].startswith("no significant")
+                else "yes, and DNAS better" if verdict["verdict"].startswith("better") else "no: DNAS worse")
+    assert expected in dnas
+    # schemes the sweep did not run are said to be not run, never left blank
+    assert "| CODA beats the Transformer (Zheng et al.) | +1.1 BLEU on IWSLT14 de-en (35.6 vs 34.5) | not run |" in text
