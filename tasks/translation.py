@@ -283,8 +283,9 @@ class TranslationTask(Task):
         metric = sacrebleu.BLEU()
         bleu = metric.corpus_score(hyps, [refs])
         self.bleu_signature = f"detok:{self.detokenize}|" + str(metric.get_signature())
+        # force: this score is tokenized on purpose (sacreBLEU would warn that 100 lines end in " .")
         tok = sacrebleu.corpus_bleu([self.tokenized(h) for h in hyps], [[self.tokenized(r) for r in refs]],
-                                    tokenize="none")
+                                    tokenize="none", force=True)
         self.bleu_tok_signature = (f"detok:{self.detokenize}|moses-tok:{self.moses_lang}|entities:one-token|"
                                    f"compound-split:{'yes' if self.compound_split else 'no'}|tok:none")
         return {"bleu": bleu.score, "bleu_tok": tok.score, "exact_match": exact, "empty": self._empty(hyps)}

@@ -90,6 +90,22 @@ def test_bleu_tok_keeps_entities_as_one_token(tmp_path):
     assert task.detokenized("he said &quot; yes &quot; , a well @-@ known dog .") == 'he said "yes", a well-known dog.'
 
 
+def test_tokenized_bleu_raises_no_forgot_to_detokenize_warning(tmp_path, caplog):
+    # tok. BLEU scores Moses-tokenized text on purpose: sacreBLEU's "forgot to detokenize" warning
+    # (100+ lines ending in " .") would tell the user something false at every validation
+    task = _task(tmp_path, detokenize="none")
+    refs = [f"A {w} sat on the mat." for w in WORDS_EN * 8][:120]  # plain text, as sacreBLEU wants it
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        out = task.score(refs, refs)
+    assert out["bleu_tok"] == pytest.approx(100.0) and len(refs) >= 100
+    assert not [r for r in caplog.records if "detokenize" in r.getMessage()]
+    tokenized = [task.tokenized(r) for r in refs]
+    assert all(t.endswith(" .") for t in tokenized)
+    with caplog.at_level("WARNING", logger="sacrebleu"):  # the check is real: unforced, sacreBLEU warns
+        sacrebleu.corpus_bleu(tokenized, [tokenized], tokenize="none")
+    assert [r for r in caplog.records if "detokenize" in r.getMessage()]
+
+
 def test_detokenize_none_scores_the_text_as_it_is(tmp_path):
     write_tokenized(tmp_path / "d", n=(40, 6, 6))
     task = _task(tmp_path / "d", detokenize="none", cache_dir=str(tmp_path / "cache"))
