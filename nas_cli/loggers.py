@@ -21,9 +21,15 @@ def wandb(run_dir: Path, name: str, group: str, job_type: str, tags: list[str], 
 
     if mode not in ("offline", "online", "disabled"):
         raise UserError(f"logger.mode must be offline, online or disabled (got '{mode}')")
-    return WandbLogger(project=project, entity=entity, name=name, group=group, job_type=job_type,
-                       tags=tags[:64], save_dir=str(run_dir), offline=(mode == "offline"), mode=mode,
-                       config=hparams, id=run_id, resume="allow")
+    logger = WandbLogger(project=project, entity=entity, name=name, group=group, job_type=job_type,
+                         tags=tags[:64], save_dir=str(run_dir), offline=(mode == "offline"), mode=mode,
+                         config=hparams, id=run_id, resume="allow")
+    # Lightning always passes wandb's deprecated `anonymous` setting (None), and wandb then warns at
+    # every run that it "has no effect": leave it out, as wandb asks
+    init = getattr(logger, "_wandb_init", None)
+    if isinstance(init, dict) and init.get("anonymous") is None:
+        init.pop("anonymous", None)
+    return logger
 
 
 def csv(run_dir: Path, hparams: dict[str, Any], **_: Any):

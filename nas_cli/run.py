@@ -150,6 +150,8 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
     run_dir.mkdir(parents=True, exist_ok=True)
     # evaluation metrics are gathered over all processes by nas-run itself (scale.gather_eval)
     warnings.filterwarnings("ignore", message=r".*sync_dist=True.*when logging on epoch level")
+    # Lightning's own use of a torch pytree API that torch 2.13 deprecates: nothing a user can act on
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     check_trainer(cfg)
     plan = AttentionPlan.from_config(cfg.attention)  # the one plan every part of this job reads

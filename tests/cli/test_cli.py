@@ -16,6 +16,8 @@ def test_debug_run_from_another_directory_logs_to_offline_wandb(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["scheme"] == "hnas" and summary["heads"] == 4 and summary["steps"] == 20
     assert "nas-run result" in proc.stdout and "exact match" in proc.stdout
+    # no warnings a user cannot act on (Lightning's deprecated W&B setting and pytree call)
+    assert "anonymous setting" not in proc.stderr and "LeafSpec" not in proc.stderr
     # what W&B itself recorded (its offline transaction log)
     wb = read_run(run_dir / "wandb")
     assert wb["id"] == summary["wandb_run_id"]
