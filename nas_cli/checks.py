@@ -30,6 +30,8 @@ def _is_num(v: Any) -> bool:
 #: key -> (test, what the value must be); keys absent from the config (another task's) are skipped
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": (_is_int, "an integer"),
+    "threads": (lambda v: v is None or (_is_int(v) and v > 0), "a positive integer (CPU threads) or null "
+                "(torch's default)"),
     "model.heads": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "model.d_model": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "model.ffn": (lambda v: _is_int(v) and v > 0, "a positive integer"),

@@ -12,9 +12,10 @@ import hashlib
 import json
 from typing import Any
 
-#: config keys that never split a group: the seed (what groups average over) and settings
-#: that change only what is logged or saved, not what is trained
-IGNORED_KEYS = ("seed", "progress_bar", "log_u_every", "logger", "diagnostics", "run_test", "checkpoint")
+#: config keys that never split a group: the seed (what groups average over), settings that
+#: change only what is logged or saved, and the CPU thread count (it changes round-off, not the setup)
+IGNORED_KEYS = ("seed", "progress_bar", "log_u_every", "logger", "diagnostics", "run_test", "checkpoint",
+                "threads")
 
 
 def ignored(key: str) -> bool:

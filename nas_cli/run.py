@@ -33,7 +33,7 @@ from .identity import config_id
 from .lit import NasLitModule
 from .loggers import wandb_run_id
 from .plan import AttentionPlan
-from .trainer import _compile_failure, _trainer_kwargs, check_trainer, compile_model
+from .trainer import _compile_failure, _trainer_kwargs, check_trainer, compile_model, environment, set_threads
 from .resume import (CHAINED, STOP_SIGNALS, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint,
                      continue_finished, pick_checkpoint)
 from .redaction import redact, redact_files, redacted_argv  # noqa: F401  (redact_files: used by the CLI)
@@ -154,6 +154,7 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     check_trainer(cfg)
+    set_threads(cfg)
     plan = AttentionPlan.from_config(cfg.attention)  # the one plan every part of this job reads
     identity = {"config": config_fingerprint(cfg), "group": group, "job_type": job_type,
                 "wandb_run_id": _saved_wandb_id(run_dir)}  # a run killed before its first checkpoint
@@ -256,6 +257,7 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
         "run_dir": str(run_dir),
         "group": identity["group"],
         "processes": int(trainer.world_size),
+        "environment": environment(trainer, cfg),
         "resumed_from": os.path.relpath(resume[0], run_dir) if resume else None,
         "continued_from_summary": kept.name if kept else None,
     }

@@ -2,6 +2,8 @@
 that Lightning accepts them (before any data, model or W&B run exists), and ``compile=``."""
 from __future__ import annotations
 
+import os
+import platform
 import re
 from typing import Any
 
@@ -26,6 +28,24 @@ def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     # nas-run shards the data itself (nas_cli.scale): no DistributedSampler, nothing padded or repeated
     tcfg["use_distributed_sampler"] = False
     return tcfg
+
+
+def set_threads(cfg: DictConfig) -> None:
+    """``threads=N``: torch's CPU threads for this process (null leaves torch's default)."""
+    if cfg.get("threads") is not None:
+        torch.set_num_threads(int(cfg.threads))
+
+
+def environment(trainer: pl.Trainer, cfg: DictConfig) -> dict[str, Any]:
+    """What a deterministic run's numbers also depend on, recorded in summary.json: the same
+    seed gives the same numbers again only with the same torch build, device and CPU threads."""
+    device = "cpu"
+    if trainer.strategy.root_device.type == "cuda":
+        device = torch.cuda.get_device_name(trainer.strategy.root_device)
+    return {"torch": torch.__version__, "lightning": pl.__version__, "python": platform.python_version(),
+            "machine": platform.machine(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+            "device": device, "precision": str(trainer.precision),
+            "deterministic": bool(cfg.trainer.get("deterministic", False))}
 
 
 def check_trainer(cfg: DictConfig) -> None:

@@ -11,9 +11,14 @@ from helpers import NAS_RUN, nas_run  # noqa: F401  (NAS_RUN: used below)
 
 def test_debug_run_from_another_directory_logs_to_offline_wandb(tmp_path):
     run_dir = tmp_path / "run"
-    proc = nas_run("debug=fast", "attention=hnas", "attention.u_init=0.2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    proc = nas_run("debug=fast", "attention=hnas", "attention.u_init=0.2", "threads=1", f"hydra.run.dir={run_dir}",
+                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
+    # what the numbers also depend on: threads=1 was applied, and the torch build is recorded
+    env = summary["environment"]
+    assert env["threads"] == 1 and env["torch"] == torch.__version__ and env["device"] == "cpu"
+    assert env["deterministic"] is False and env["precision"] == "32-true"
     assert summary["scheme"] == "hnas" and summary["heads"] == 4 and summary["steps"] == 20
     assert "nas-run result" in proc.stdout and "exact match" in proc.stdout
     # no warnings a user cannot act on (Lightning's deprecated W&B setting and pytree call)
@@ -105,3 +110,18 @@ def test_typos_get_one_line_with_the_closest_name(tmp_path, args, needle):
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
+
+
+def test_thread_count_does_not_split_a_group_but_the_setup_does():
+    from omegaconf import OmegaConf
+
+    from helpers import compose_cfg
+    from nas_cli.identity import config_id
+
+    def cid(*overrides):
+        return config_id(OmegaConf.to_container(compose_cfg(*overrides), resolve=True))
+
+    base = cid("attention=dnas")
+    assert cid("attention=dnas", "threads=1") == cid("attention=dnas", "threads=2") == base
+    assert cid("attention=dnas", "seed=7") == base  # seeds are what a group averages over
+    assert cid("attention=dnas", "model.heads=2") != base and cid("attention=unas") != base

@@ -233,6 +233,7 @@ def test_a_failing_sweep_job_does_not_stop_the_others(tmp_path):
     ("seed=abc", "seed='abc' is not valid: it must be an integer"),
     ("optim.lr=-0.001", "optim.lr=-0.001 is not valid: it must be a number > 0"),
     ("task.batch_size=0", "task.batch_size=0 is not valid"),
+    ("threads=0", "threads=0 is not valid: it must be a positive integer (CPU threads) or null"),
     ("task=iwslt14 task.max_tokens=0", "task.max_tokens=0 is not valid"),
     ("model.d_model=200000 model.ffn=800000", "the model is too large for this machine"),
 ])
