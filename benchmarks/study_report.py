@@ -172,7 +172,10 @@ def _verdict_text(row) -> str:
 
 def durations(root: str) -> list[str]:
     runs = sorted((r for r in find_runs([root]) if r.finished), key=lambda r: (r.seed or 0, r.scheme))
-    out = ["| run | scheme | seed | updates | training time | resumed |", "|---|---|---|---:|---:|---|"]
+    out = ["**training time of each run** (wall clock of `trainer.fit`, `fit_seconds`: two jobs shared the 2-core "
+           "CPU, time a job was paused counts, and a resumed run counts only its part after the resume; not the "
+           "preset's speed, which is measured in *Setup*)", "",
+           "| run | scheme | seed | updates | training time | resumed |", "|---|---|---|---:|---:|---|"]
     for r in runs:
         s = r.summary or {}
         minutes = (s.get("fit_seconds") or 0) / 60
@@ -185,8 +188,7 @@ def results_section(roots: list[tuple[str, str]]) -> str | None:
     report = shutil.which("nas-report") or str(Path(sys.executable).with_name("nas-report"))
     lines = [RESULTS, "", f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `python benchmarks/study_report.py`; "
              "each block is `nas-report <sweep> --baseline scheme=unas --metrics <metrics> --format markdown`, "
-             "then each run's training time (`fit_seconds` of its summary.json; two runs shared the 2-core CPU, "
-             "one thread each).", ""]
+             "then each run's training time.", ""]
     for root, metrics in roots:
         proc = subprocess.run([report, root, "--baseline", "scheme=unas", "--metrics", metrics, "--format", "markdown"],
                               capture_output=True, text=True, check=False)
