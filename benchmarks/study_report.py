@@ -8,7 +8,8 @@
 
 The hand-written parts of the page are kept.
 
-    python benchmarks/study_report.py --multi30k outputs/study/multi30k [--wikitext2 outputs/study/wikitext2]
+    python benchmarks/study_report.py --multi30k outputs/study/multi30k [more sweep dirs] \
+        [--wikitext2 outputs/study/wikitext2 ...]
 """
 from __future__ import annotations
 
@@ -60,10 +61,16 @@ def _significant(row) -> int:
     return 1 if v.startswith("higher") else -1 if v.startswith("lower") else 0
 
 
-def _load(root: str | None, metrics: list[str]):
-    if root is None or not Path(root).is_dir():
+def _roots(root) -> list[str]:
+    """One sweep directory or several (a sweep of more schemes run later, reported together)."""
+    roots = [root] if isinstance(root, str) else list(root or [])
+    return [r for r in roots if Path(r).is_dir()]
+
+
+def _load(root, metrics: list[str]):
+    if not _roots(root):
         return {}, {}
-    groups = group_runs(find_runs([root]))
+    groups = group_runs(find_runs(_roots(root)))
     by_scheme = {g.common(lambda r: r.scheme): g for g in groups}
     if "unas" not in by_scheme or len(groups) < 2:
         return by_scheme, {}
@@ -75,7 +82,8 @@ def _n_note(row) -> str:
     return f"not significant at this n (n={len(row.comparison.seeds)})"
 
 
-def claims_section(mt_root: str | None, lm_root: str | None) -> str:
+def claims_section(mt_root, lm_root) -> str:
+    """The claims table from the Multi30k and WikiText-2 sweep directories (a path or a list)."""
     g, cmp = _load(mt_root, ["test/bleu", "test/ppl", "jsd", "min_margin", "explained_away"])
     lg, lcmp = _load(lm_root, ["test/ppl", "jsd", "min_margin"])
     lines = [CLAIMS, "",
@@ -170,8 +178,8 @@ def _verdict_text(row) -> str:
     return _n_note(row) if v.startswith(("no significant", "no test")) else v
 
 
-def durations(root: str) -> list[str]:
-    runs = sorted((r for r in find_runs([root]) if r.finished), key=lambda r: (r.seed or 0, r.scheme))
+def durations(roots: list[str]) -> list[str]:
+    runs = sorted((r for r in find_runs(roots) if r.finished), key=lambda r: (r.seed or 0, r.scheme))
     out = ["**training time of each run** (wall clock of `trainer.fit`, `fit_seconds`: two jobs shared the 2-core "
            "CPU, time a job was paused counts, and a resumed run counts only its part after the resume; not the "
            "preset's speed, which is measured in *Setup*)", "",
@@ -184,26 +192,26 @@ def durations(root: str) -> list[str]:
     return out
 
 
-def results_section(roots: list[tuple[str, str]]) -> str | None:
+def results_section(roots: list[tuple[list[str], str]]) -> str | None:
     report = shutil.which("nas-report") or str(Path(sys.executable).with_name("nas-report"))
     lines = [RESULTS, "", f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `python benchmarks/study_report.py`; "
              "each block is `nas-report <sweep> --baseline scheme=unas --metrics <metrics> --format markdown`, "
              "then each run's training time.", ""]
-    for root, metrics in roots:
-        proc = subprocess.run([report, root, "--baseline", "scheme=unas", "--metrics", metrics, "--format", "markdown"],
+    for dirs, metrics in roots:
+        proc = subprocess.run([report, *dirs, "--baseline", "scheme=unas", "--metrics", metrics, "--format", "markdown"],
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr)
             return None
-        lines += [f"### `{Path(root).name}` (`--metrics {metrics}`)", "",
-                  proc.stdout.strip().replace("**nas-report**\n\n", ""), "", *durations(root), ""]
+        lines += [f"### {', '.join(f'`{Path(d).name}`' for d in dirs)} (`--metrics {metrics}`)", "",
+                  proc.stdout.strip().replace("**nas-report**\n\n", ""), "", *durations(dirs), ""]
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="study_report.py", description="write docs/study.md's generated sections")
-    p.add_argument("--multi30k", default="outputs/study/multi30k")
-    p.add_argument("--wikitext2", default=None)
+    p.add_argument("--multi30k", nargs="+", default=["outputs/study/multi30k"], help="Multi30k sweep directories")
+    p.add_argument("--wikitext2", nargs="+", default=None, help="WikiText-2 sweep directories")
     p.add_argument("--out", default=str(ROOT / "docs" / "study.md"))
     args = p.parse_args(argv)
     roots = [(args.multi30k, MT_METRICS)] + ([(args.wikitext2, LM_METRICS)] if args.wikitext2 else [])
