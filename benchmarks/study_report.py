@@ -55,12 +55,6 @@ def _p(p: float) -> str:
     return "-" if p is None or math.isnan(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
 
 
-def _significant(row) -> int:
-    """+1 / -1: the system's number is significantly higher / lower than the baseline's; 0: not."""
-    v = row.comparison.verdict(None)
-    return 1 if v.startswith("higher") else -1 if v.startswith("lower") else 0
-
-
 def _roots(root) -> list[str]:
     """One sweep directory or several (a sweep of more schemes run later, reported together)."""
     roots = [root] if isinstance(root, str) else list(root or [])
@@ -115,7 +109,7 @@ def claims_section(mt_root, lm_root) -> str:
     # 2. ... while explaining away fewer keys
     r = cmp.get(("dnas", "min_margin"))
     if r is not None:
-        holds = _significant(r) > 0 and all((run.value("min_margin") or 0) >= -1e-6 for run in g["dnas"].runs)
+        holds = r.comparison.direction() > 0 and all((run.value("min_margin") or 0) >= -1e-6 for run in g["dnas"].runs)
         ea = cmp.get(("dnas", "explained_away"))
         row("... while explaining away fewer keys (Ding et al. Fig. 1, Theorem 2)",
             "under UNAS most keys' log mass < -20; under DNAS every key >= -log Sk",
@@ -141,7 +135,7 @@ def claims_section(mt_root, lm_root) -> str:
     if r is not None:
         present = [s for s in ("coda", "coda_cs", "realformer") if s in g]
         missing = [s for s in ("coda_cs", "realformer") if s not in g]
-        direction = _significant(r)
+        direction = r.comparison.direction()
         verdict = ("yes for CODA > Transformer" if direction > 0 else "no: CODA lower here" if direction < 0
                    else _n_note(r))
         row("Head diversity: CODA > CODA-CS > RealFormer > Transformer (Zheng et al. Table 4)",

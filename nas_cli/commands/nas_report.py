@@ -88,8 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             compared = compare_groups(groups, baseline, metrics, samples=max(10, args.samples),
                                       trials=10 * max(10, args.samples))
             verdicts = (verdict_table(compared, baseline), method_note(compared), baseline)
-            marked = {(id(r.group), r.comparison.metric): not r.comparison.verdict(r.higher_is_better)
-                      .startswith("no ") for r in compared}
+            marked = {(id(r.group), r.comparison.metric): r.comparison.direction() != 0 for r in compared}
     except CompareError as err:
         return _fail(str(err))
 

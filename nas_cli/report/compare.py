@@ -132,10 +132,15 @@ def compare_groups(groups: Sequence[Group], baseline: Group, metrics: Sequence[s
             c = stats.compare(m, [items[id(b)] for b, _ in pairs], [items[id(s)] for _, s in pairs],
                               [s.seed for _, s in pairs], samples=samples, trials=trials)
             found.append(Row(g, c, spec.higher_is_better))
-        for row, p in zip(found, stats.holm([r.comparison.p for r in found])):
-            row.comparison.p_adj = p
-        rows.extend(found)
+        rows.extend(_holm(found))
     return rows
+
+
+def _holm(found: list[Row]) -> list[Row]:
+    """Holm-adjust one metric's p-values over the groups compared with the baseline."""
+    for row, p in zip(found, stats.holm([r.comparison.p for r in found])):
+        row.comparison.p_adj = p
+    return found
 
 
 def _checked_items(involved: Sequence[Run], metrics: Sequence[str]) -> dict[int, dict]:
@@ -188,9 +193,7 @@ def _compare_run_metric(metric: str, baseline: Group, others: Sequence[Group]) -
             values.append(v)
         c = stats.compare_seeds(metric, values[0::2], values[1::2], [s.seed for _, s in pairs])
         found.append(Row(g, c, None))
-    for row, p in zip(found, stats.holm([r.comparison.p for r in found])):
-        row.comparison.p_adj = p
-    return found
+    return _holm(found)
 
 
 def verdict_table(rows: Sequence[Row], baseline: Group) -> tuple[list[str], list[list[str]]]:

@@ -148,6 +148,15 @@ class Comparison:
     p_bs: float | None = None  # sacreBLEU's paired bootstrap p (BLEU/chrF)
     p_adj: float | None = None  # after Holm
 
+    def direction(self, alpha: float = 0.05) -> int:
+        """+1 / -1: the system's number is significantly higher / lower than the baseline's; 0: not
+        (or no test). Significant only if the (Holm-adjusted) p says so AND the interval, which also
+        resamples the seeds, excludes 0: a test-set p-value alone ignores seed-to-seed variation."""
+        p = self.p_adj if self.p_adj is not None else self.p
+        if math.isnan(p) or not (p < alpha and self.diff != 0 and (self.low > 0 or self.high < 0)):
+            return 0
+        return 1 if self.diff > 0 else -1
+
     def verdict(self, higher_is_better: bool | None, alpha: float = 0.05) -> str:
         """'better'/'worse' (or 'higher'/'lower' for a number with no better direction, such as
         head diversity) with p, or 'no significant difference' with n, the interval and p."""
@@ -155,16 +164,12 @@ class Comparison:
         n = len(self.seeds)
         if math.isnan(p):
             return f"no test (n={n}: a test over seeds needs at least 2 paired seeds)"
-        if higher_is_better is None:
-            if p < alpha and self.diff != 0 and (self.low > 0 or self.high < 0):
-                return f"{'higher' if self.diff > 0 else 'lower'} ({_p(p, 'p')})"
+        d = self.direction(alpha)
+        if d == 0:
             return f"no significant difference (n={n}, CI {self.low:+.3g}..{self.high:+.3g}, {_p(p, 'p')})"
-        # significant only if the test on the test items says so AND the interval, which also
-        # resamples the seeds, excludes 0: a test-set p-value alone ignores seed-to-seed variation
-        if p < alpha and self.diff != 0 and (self.low > 0 or self.high < 0):
-            better = (self.diff > 0) == higher_is_better
-            return f"{'better' if better else 'worse'} ({_p(p, 'p')})"
-        return f"no significant difference (n={n}, CI {self.low:+.3g}..{self.high:+.3g}, {_p(p, 'p')})"
+        if higher_is_better is None:
+            return f"{'higher' if d > 0 else 'lower'} ({_p(p, 'p')})"
+        return f"{'better' if (d > 0) == higher_is_better else 'worse'} ({_p(p, 'p')})"
 
 
 def _p(p: float, name: str = "") -> str:
