@@ -255,15 +255,39 @@ def test_nas_eval_results_are_rows_of_their_own_and_can_be_compared(compare_swee
     assert len(again) == 1 and again[0]["verdict"].startswith("no significant difference") and again[0]["p"] == "1.000"
 
 
-def test_study_claims_table_reads_nas_reports_comparison(compare_sweep, tmp_path):
-    """benchmarks/study_report.py (docs/study.md's generated claims table) decides each claim from
-    nas-report's own comparison: the DNAS row carries nas-report's difference and Holm p."""
+def _study_report():
     import importlib.util
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "study_report.py"
     spec = importlib.util.spec_from_file_location("study_report", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_study_ordering_claim_holds_only_if_every_link_does():
+    """An ordering claim (CODA > CODA-CS > RealFormer > Transformer) is decided link by link with
+    the paired t-test over seeds; one link not significant, or reversed, and the order does not hold."""
+    mod = _study_report()
+    up = stats.compare_seeds("jsd", [3.8, 3.7, 3.9], [4.9, 4.7, 5.1], [1, 2, 3])  # clearly higher
+    flat = stats.compare_seeds("jsd", [3.8, 3.7, 3.9], [3.7, 3.9, 3.8], [1, 2, 3])  # noise
+    holds, words = mod.chain([("A", "B", up), ("B", "C", up)])
+    assert holds and words.startswith("A > B: yes (+1.10 [")
+    holds, words = mod.chain([("A", "B", up), ("B", "C", flat)])
+    assert not holds and "B > C: not significant" in words
+    # a link read the other way round: the baseline is the claimed winner
+    down = mod._flip(up)
+    assert (down.diff, down.low, down.high) == pytest.approx((-up.diff, -up.high, -up.low)) and down.direction() == -1
+    holds, words = mod.chain([("A", "B", up), ("B", "C", down)])
+    assert not holds and "B > C: no, reversed (-1.10" in words
+    holds, words = mod.chain([("A", "B", up), ("B", "C", None)])
+    assert not holds and "B > C: not run" in words
+
+
+def test_study_claims_table_reads_nas_reports_comparison(compare_sweep, tmp_path):
+    """benchmarks/study_report.py (docs/study.md's generated claims table) decides each claim from
+    nas-report's own comparison: the DNAS row carries nas-report's difference and Holm p."""
+    mod = _study_report()
     text = mod.claims_section(str(compare_sweep), None)
     dnas = next(line for line in text.splitlines() if line.startswith("| DNAS is on par"))
     proc = report(compare_sweep, "--baseline", "scheme=unas", "--format", "json", "--metrics", "bleu",
