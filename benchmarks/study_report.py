@@ -24,7 +24,7 @@ from pathlib import Path
 
 from nas_cli.bench.markdown import write_markdown
 from nas_cli.report.collect import find_runs
-from nas_cli.report.compare import compare_groups, select_baseline
+from nas_cli.report.compare import compare_groups, load_items, select_baseline
 from nas_cli.report.table import Group, group_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,9 +206,13 @@ def claims_section(mt_root, lm_root) -> str:
         v = r.comparison.verdict(False)
         v = ("DNAS lower perplexity" if v.startswith("better") else "DNAS higher perplexity" if v.startswith("worse")
              else _n_note(r))
+        m = lcmp.get(("dnas", "min_margin"))
         row("Causal DNAS (prefix-normalized, new in nas-run) in a language model", "no paper measured it",
-            f"WikiText-2 test ppl: UNAS {_ci(lg.get('unas'), 'test/ppl')}, DNAS {_ci(lg['dnas'], 'test/ppl')}",
-            _diff(r), v)
+            f"WikiText-2 test ppl (paired over {_blocks(lg)} test blocks): UNAS {_ci(lg.get('unas'), 'test/ppl')}, "
+            f"DNAS {_ci(lg['dnas'], 'test/ppl')}"
+            + (f"; smallest log mass over the -log Sk floor: UNAS {_ci(lg['unas'], 'min_margin')}, DNAS "
+               f"{_ci(lg['dnas'], 'min_margin')}" if m else ""),
+            _diff(r) + (f"; floor margin {_diff(m)}" if m else ""), v)
     return "\n".join(lines) + "\n"
 
 
@@ -216,6 +220,12 @@ def _flip(c):
     """A comparison read the other way round (baseline minus system): for a link whose claimed
     winner is the baseline."""
     return dataclasses.replace(c, diff=-c.diff, low=-c.high, high=-c.low, base_mean=c.sys_mean, sys_mean=c.base_mean)
+
+
+def _blocks(groups: dict) -> str:
+    """How many test items (blocks, for a language model) the runs were scored on."""
+    items = load_items(groups["unas"].runs[0]) if "unas" in groups else None
+    return f"{items['n']:,}" if items and "n" in items else "the"
 
 
 def _verdict_text(row) -> str:
