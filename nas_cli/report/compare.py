@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -215,8 +216,21 @@ def _num(x: float) -> str:
     return f"{x:.4g}"
 
 
+def _tests_in_words(tests: set[str]) -> str:
+    """One metric's tests in one phrase: groups with different numbers of paired seeds differ only
+    in the t-test's degrees of freedom ("paired t-test over seeds (1 or 2 df, ...)")."""
+    found = [re.fullmatch(r"(.*) \((\d+) df\)", t) for t in sorted(tests)]
+    if len(tests) > 1 and all(found) and len({f.group(1) for f in found}) == 1:
+        dfs = sorted({int(f.group(2)) for f in found})
+        return f"{found[0].group(1)} ({' or '.join(map(str, dfs))} df: one less than the paired seeds)"
+    return " / ".join(sorted(tests))
+
+
 def method_note(rows: Sequence[Row]) -> str:
-    tests = sorted({f"{metric_name(r.comparison.metric)}: {r.comparison.test}" for r in rows})
+    by_metric: dict[str, set[str]] = {}
+    for r in rows:
+        by_metric.setdefault(metric_name(r.comparison.metric), set()).add(r.comparison.test)
+    tests = sorted(f"{m}: {_tests_in_words(t)}" for m, t in by_metric.items())
     kinds = {is_run_metric(r.comparison.metric) for r in rows}
     ci = []
     if False in kinds:

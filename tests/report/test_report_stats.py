@@ -300,3 +300,14 @@ def test_study_claims_table_reads_nas_reports_comparison(compare_sweep, tmp_path
     assert expected in dnas
     # schemes the sweep did not run are said to be not run, never left blank
     assert "| CODA beats the Transformer (Zheng et al.) | +1.1 BLEU on IWSLT14 de-en (35.6 vs 34.5) | not run |" in text
+
+
+def test_method_note_names_each_metrics_test_once():
+    """Groups with different numbers of paired seeds get t-tests with different degrees of
+    freedom: the note says the test once per metric, with the degrees of freedom it used."""
+    from nas_cli.report.compare import _tests_in_words
+
+    assert _tests_in_words({"paired t-test over seeds (1 df)", "paired t-test over seeds (2 df)"}) == (
+        "paired t-test over seeds (1 or 2 df: one less than the paired seeds)")
+    assert _tests_in_words({"paired t-test over seeds (2 df)"}) == "paired t-test over seeds (2 df)"
+    assert _tests_in_words({"b test", "a test"}) == "a test / b test"
