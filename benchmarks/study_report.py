@@ -253,7 +253,7 @@ def results_section(roots: list[tuple[list[str], str]]) -> str | None:
              "each block is `nas-report <sweep> --baseline scheme=unas --metrics <metrics> --format markdown`, "
              "then each run's training time.", ""]
     for dirs, metrics in roots:
-        runs = find_runs([d for d in dirs if Path(d).is_dir()]) if any(Path(d).is_dir() for d in dirs) else []
+        runs = find_runs(_roots(dirs)) if _roots(dirs) else []
         if not any(r.finished for r in runs):
             lines += [f"### {', '.join(f'`{Path(d).name}`' for d in dirs)}", "",
                       f"No finished run yet ({len(runs)} started, still running or interrupted).", ""]
