@@ -50,8 +50,10 @@ def item_outputs(task, index: list[int], nll: list[float], tokens: list[int], hy
 
     out = {"task": task.name, "kind": task.kind, "n": len(index), "index": index, "nll": nll, "tokens": tokens}
     if hyps is not None and refs is not None:
-        out.update(hyps=hyps, refs=refs, exact=[int(h == r) for h, r in zip(hyps, refs)],
-                   refs_sha256=hashlib.sha256("\n".join(refs).encode()).hexdigest())
+        exact = [int(h == r) for h, r in zip(hyps, refs)]  # on the decoded text, as the task's exact match
+        scored_hyps, scored_refs = task.scored_text(hyps, refs)
+        out.update(hyps=scored_hyps, refs=scored_refs, exact=exact, text="as scored",
+                   refs_sha256=hashlib.sha256("\n".join(scored_refs).encode()).hexdigest())
     else:
         out["refs_sha256"] = hashlib.sha256(" ".join(map(str, tokens)).encode()).hexdigest()  # LM: the blocks' sizes
     return out
@@ -256,7 +258,7 @@ class NasLitModule(pl.LightningModule):
                                          [row_n[i] for i in order], [hyps[i] for i in order] if hyps else None,
                                          [refs[i] for i in order] if refs else None)
         if hyps:
-            self.decoded[split] = self.items[split]["hyps"]
+            self.decoded[split] = [hyps[i] for i in order]
         for key, val in (self.task.score(hyps, refs) if hyps else {}).items():
             metrics[f"{split}/{key}"] = float(val)
         self.log_dict(metrics, batch_size=1)

@@ -86,6 +86,13 @@ class Task(pl.LightningDataModule):
     def max_decode_len(self, src_len: int) -> int:
         return src_len + 10
 
+    def scored_text(self, hyps: list[str], refs: list[str]) -> tuple[list[str], list[str]]:
+        """The hypotheses and references exactly as :meth:`score` hands them to sacreBLEU (here:
+        as they are). ``test_items.json`` keeps this text, so that nas-report's per-item tests
+        are about the very BLEU the run reports. A task that rewrites text before scoring
+        (detokenization) overrides it."""
+        return hyps, refs
+
     def score(self, hyps: list[str], refs: list[str]) -> dict[str, float]:
         """Corpus-level quality of decoded outputs. sacreBLEU on the text as given, and
         exact-match accuracy (the fraction of outputs identical to the reference)."""

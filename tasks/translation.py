@@ -269,6 +269,10 @@ class TranslationTask(Task):
             return text
         return self._moses_detok.detokenize(text.split(), unescape=True)
 
+    def scored_text(self, hyps: list[str], refs: list[str]) -> tuple[list[str], list[str]]:
+        """The text sacreBLEU scores: hypotheses and references after ``task.detokenize``."""
+        return [self.detokenized(h) for h in hyps], [self.detokenized(r) for r in refs]
+
     def tokenized(self, text: str) -> str:
         out = self._moses.tokenize(text, return_str=True, escape=False, protected_patterns=[_ENTITY])
         if self.compound_split:  # as in the WMT14 en-de literature (tensor2tensor's get_ende_bleu.sh)
@@ -279,7 +283,7 @@ class TranslationTask(Task):
         if not hyps:
             return {}
         exact = sum(h == r for h, r in zip(hyps, refs)) / len(hyps)
-        hyps, refs = [self.detokenized(h) for h in hyps], [self.detokenized(r) for r in refs]
+        hyps, refs = self.scored_text(hyps, refs)
         metric = sacrebleu.BLEU()
         bleu = metric.corpus_score(hyps, [refs])
         self.bleu_signature = f"detok:{self.detokenize}|" + str(metric.get_signature())

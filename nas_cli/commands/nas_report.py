@@ -41,7 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pivot", metavar="FIELD", help="spread the values of FIELD (scheme, heads, task) into columns, "
                                                      "one table cell per metric: mean ± CI (†: differs from the "
                                                      "baseline, p < 0.05 after Holm)")
-    p.add_argument("--samples", type=int, default=1000, help="bootstrap resamples (default 1000; AR trials: 10x)")
+    p.add_argument("--samples", type=int, default=1000, help="bootstrap resamples of the test items (default 1000; "
+                                                              "approximate randomization: up to 10x as many trials)")
+    p.add_argument("--detect", metavar="DELTA", help="plan seeds: how many seeds per scheme would detect a true "
+                                                     "difference of DELTA (in the metric's units) with 80%% power, "
+                                                     "at the spread observed so far; DELTA for every metric, or "
+                                                     "metric=DELTA[,...] (bleu=0.5,ppl=0.2)")
+    p.add_argument("--no-item-tests", action="store_true", help="skip the per-seed comparisons on the test items "
+                                                                "(question b); the verdicts over seeds are kept")
     return p
 
 
@@ -73,25 +80,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(err))
 
     console = Console() if sys.stdout.isatty() else Console(width=200)
-    from ..report.compare import CompareError, compare_groups, method_note, metrics_for, select_baseline, verdict_table
-    from ..report.formats import FORMATS, pivot, render
+    from ..report.compare import (ITEM_NOTE, CompareError, compare_groups, item_records, item_table, method_note,
+                                  metrics_for, parse_detect, select_baseline, verdict_records, verdict_table)
+    from ..report.formats import FORMATS, csv_sections, group_records, json_document, pivot, render
     from ..report.table import table_rows
 
     if args.format not in FORMATS:
         return _fail(f"--format {args.format}: unknown; use one of {', '.join(FORMATS)}")
     wanted = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
-    verdicts, marked = None, {}
+    verdicts, marked, compared = None, {}, []
     try:
         metrics = metrics_for(groups, wanted) if (args.baseline or wanted) else []
+        if args.detect and not args.baseline:
+            raise CompareError("--detect plans seeds for a comparison: add --baseline, e.g. --baseline scheme=unas")
         if args.baseline:
             baseline = select_baseline(groups, args.baseline)
+            detect = parse_detect(args.detect, metrics)
             compared = compare_groups(groups, baseline, metrics, samples=max(10, args.samples),
-                                      trials=10 * max(10, args.samples))
+                                      trials=10 * max(10, args.samples), item_tests=not args.no_item_tests,
+                                      detect=detect)
             verdicts = (verdict_table(compared, baseline), method_note(compared), baseline)
             marked = {(id(r.group), r.comparison.metric): r.comparison.direction() != 0 for r in compared}
     except CompareError as err:
         return _fail(str(err))
 
+    notes = _notes(groups, compared)
+    sections = []  # (key, title, head, rows, caption, records)
     if groups:
         head, rows = table_rows(groups)
         rows = _mark(head, rows, groups, marked, verdicts[2] if verdicts else None)
@@ -100,49 +114,76 @@ def main(argv: Sequence[str] | None = None) -> int:
             metric_titles = {t for _, t, _ in TEST_METRICS}
             idx = [i for i, h in enumerate(head) if h not in metric_titles or h in keep_titles]
             head, rows = [head[i] for i in idx], [[r[i] for i in idx] for r in rows]
-        caption = _caption(groups, by) + ("; †: differs from the baseline (p < 0.05, Holm)" if verdicts else "")
+        caption = _caption(groups, by) + ("; †: differs from the baseline over seeds (p < 0.05, Holm)"
+                                          if verdicts else "")
         if args.pivot:
             values = [h for h in head if h in {t for _, t, _ in TEST_METRICS}]
             if args.pivot not in head:
                 return _fail(f"--pivot {args.pivot}: not a column of this table; use one of "
                              f"{', '.join(h for h in head if h in ('task', 'scheme', 'heads', 'config'))}")
             head, rows = pivot(head, rows, args.pivot, values, ["task", "scheme", "heads", "config"])
-        if args.format == "rich" and not args.pivot:
-            console.print(rich_table(groups, args.title, by, rows=(head, rows), caption=caption))
-        elif args.format == "rich":
-            console.print(_rich(args.title, head, rows, caption))
-        else:
-            sys.stdout.write(render(args.format, args.title, head, rows, caption))
+        sections.append(("runs", args.title, head, rows, caption, group_records(groups)))
     if verdicts:
         (vh, vr), note, baseline = verdicts
-        title = f"against the baseline {baseline.label}"
-        if args.format == "rich":
-            console.print(_rich(title, vh, vr, note))
-        else:
-            sys.stdout.write(render(args.format, title, vh, vr, note))
+        sections.append(("comparison", f"across seeds (the verdict): against the baseline {baseline.label}", vh, vr,
+                         note, verdict_records(compared)))
+        ih, ir = item_table(compared)
+        if ir:
+            sections.append(("test_set", f"on this test set, per trained model (supporting detail): against "
+                             f"{baseline.label}", ih, ir, ITEM_NOTE, item_records(compared)))
     head, rows = unfinished_rows(runs)
     if rows:  # failed and unfinished runs are listed in every format, never dropped silently
         failed = sum(row[1].startswith("failed") for row in rows)
         title = f"runs without results: {failed} failed, {len(rows) - failed} unfinished (no summary.json)"
-        if args.format == "rich":
-            t = Table(title=title)
-            for h in head:
-                t.add_column(h)
-            for row in rows:
-                t.add_row(*row)
-            console.print(t)
-        else:
-            sys.stdout.write(render(args.format, title, head, rows))
+        sections.append(("unfinished", title, head, rows, "", [dict(zip(head, r)) for r in rows]))
+
+    if args.format == "json":
+        sys.stdout.write(json_document(args.title, sections, notes, verdicts[2].label if verdicts else None))
+    elif args.format == "csv":
+        sys.stdout.write(csv_sections(sections))
+    else:
+        for key, title, head, rows, caption, _ in sections:
+            if args.format != "rich":
+                sys.stdout.write(render(args.format, title, head, rows, caption) + "\n")
+            elif key == "runs" and not args.pivot:
+                console.print(rich_table(groups, title, by, rows=(head, rows), caption=caption))
+            else:
+                console.print(_rich(title, head, rows, caption))
+        for line in notes:
+            if args.format == "rich":
+                console.print(f"note: {line}", highlight=False, soft_wrap=True)
+            else:
+                sys.stdout.write(f"note: {line}\n")
     if args.html:
         from ..report.html import write_html
 
         try:
             path = write_html(args.html, runs, groups, args.paths, title=args.title, by=by,
-                              verdicts=verdicts[:2] if verdicts else None)
+                              verdicts=verdicts[:2] if verdicts else None,
+                              items=(item_table(compared), ITEM_NOTE) if compared else None, notes=notes)
         except OSError as err:
             return _fail(f"cannot write {args.html}: {err.strerror or err}")
-        console.print(f"HTML report: {path}")
+        (console.print if args.format == "rich" else lambda m: print(m, file=sys.stderr))(f"HTML report: {path}")
     return 0
+
+
+def _notes(groups, compared) -> list[str]:
+    """One line each: replicates counted once, runs without per-item outputs."""
+    out = []
+    repeats = [pair for g in groups for pair in g.repeats]
+    if repeats:
+        listed = "; ".join(f"{dup.path} repeats {kept.path}" for dup, kept in repeats[:3])
+        more = f" and {len(repeats) - 3} more" if len(repeats) > 3 else ""
+        out.append(f"{len(repeats)} run(s) repeat the config and seed of another run and are counted once, as one "
+                   f"seed ({listed}{more})")
+    if compared:
+        from ..report.compare import without_items
+
+        missing = without_items(compared, groups)
+        if missing:
+            out.append(f"{len(missing)} run(s) have no per-item test outputs (test_items.json), so no test-set detail: "
+                       f"{', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else ""))
+    return out
 
 
 def _mark(head, rows, groups, marked, baseline):

@@ -100,6 +100,7 @@ class Run:
     failure: dict | None = None  # failed.json: the one-line reason a run stopped on bad input or an error
     variant: str | None = None  # a nas-eval result of this run (eval/<name>.json): its own row
     items_path: Path | None = None  # per-item test outputs (test_items.json, or eval/<name>.items.json)
+    source: str | None = None  # the PATH it was found under (nas-report's --group-by source)
 
     @property
     def finished(self) -> bool:
@@ -256,6 +257,7 @@ def _is_run_dir(path: Path) -> bool:
 def find_runs(paths: Iterable[str | Path]) -> list[Run]:
     """Every run directory at or below ``paths`` (finished and unfinished), sorted by path,
     each listed once. Raises FileNotFoundError for a path that does not exist."""
+    paths = list(paths)
     found: dict[Path, Run] = {}
     for p in paths:
         root = Path(p)
@@ -273,7 +275,15 @@ def find_runs(paths: Iterable[str | Path]) -> list[Run]:
                 dirnames[:] = []  # a run directory holds no further runs
                 continue
             dirnames[:] = sorted(n for n in dirnames if n not in _SKIP_DIRS)
+    for run in found.values():
+        run.source = next((str(p) for p in paths if _under(run.path, p)), None)
     return [r for k in sorted(found) for r in (found[k], *eval_variants(found[k]))]
+
+
+def _under(path: Path, root) -> bool:
+    root = Path(root)
+    root = (root.parent if root.is_file() else root).resolve()
+    return path.resolve() == root or root in path.resolve().parents
 
 
 def eval_variants(run: Run) -> list[Run]:
@@ -291,6 +301,6 @@ def eval_variants(run: Run) -> list[Run]:
         summary = {**run.summary, "test": data["metrics"], "tested": {"checkpoint": ",".join(
             Path(c).name for c in data.get("checkpoints", [])) or "?", "step": None}}
         out.append(Run(path=run.path, summary=summary, config=run.config, diagnostics=run.diagnostics,
-                       latest=run.latest, variant=f"eval:{path.stem}",
+                       latest=run.latest, variant=f"eval:{path.stem}", source=run.source,
                        items_path=path.with_name(f"{path.stem}.items.json")))
     return out

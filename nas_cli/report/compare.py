@@ -2,12 +2,14 @@
 
 A selector is ``field=value[,field=value...]`` over the grouping fields of
 :func:`~nas_cli.report.table.field_value` (``scheme=unas``, ``placement.encoder=unas,heads=4``);
-it must match exactly one group. A test metric's comparison reads the runs' per-item test
-outputs (``test_items.json``, written by every run since issue #19); a run-level number (the
-attention diagnostics: ``jsd``, ``explained_away``, ``min_margin``, ``entropy``,
-``step_variation``, each also as ``<name>:<location>``, or any ``diag:<key>[:<location>]``) is
-compared over the paired seeds. Both are computed by :mod:`nas_cli.report.stats`; with several
-groups the p-values of each metric are Holm-adjusted.
+it must match exactly one group. Two questions, answered separately (:mod:`nas_cli.report.stats`):
+
+(a) **across seeds**, the verdict: each run's own number (the test metrics of summary.json, or a
+    run-level diagnostic: ``jsd``, ``explained_away``, ``min_margin``, ``entropy``,
+    ``step_variation``, each also as ``<name>:<location>``, or any ``diag:<key>[:<location>]``),
+    paired by seed, Holm-adjusted over the groups per metric;
+(b) **on this test set, per trained model**: for each paired seed, the two runs' per-item test
+    outputs (``test_items.json``) compared item by item: supporting detail, never the verdict.
 """
 from __future__ import annotations
 
@@ -90,20 +92,28 @@ def load_items(run: Run) -> dict | None:
 
 
 def metrics_for(groups: Sequence[Group], wanted: Sequence[str] | None) -> list[str]:
-    """The metrics to test: ``--metrics`` (test metrics as in summary.json, with or without
+    """The metrics to compare: ``--metrics`` (test metrics as in summary.json, with or without
     ``test/``, and run-level diagnostics, see :data:`RUN_METRICS`) or every test metric the runs
-    report that nas-report can resample."""
+    report (the table's columns)."""
+    runs = [r for g in groups for r in g.runs]
+    reported = {k for r in runs for k in ((r.summary or {}).get("test") or {})}
     if wanted:
         names = [w if w.startswith("test/") or is_run_metric(w) else f"test/{w}" for w in wanted]
-        unknown = [n for n in names if n not in stats.METRICS and not is_run_metric(n)]
+        unknown = [n for n in names if not is_run_metric(n) and n not in stats.METRICS and n not in reported]
         if unknown:
-            raise CompareError(f"--metrics {','.join(unknown)}: no paired test for it; choose from "
-                               f"{', '.join(m.split('/')[1] for m in stats.METRICS)} (test set) or "
-                               f"{', '.join(RUN_METRICS)} (attention diagnostics, over seeds; also "
+            raise CompareError(f"--metrics {','.join(unknown)}: no run reports it; choose from "
+                               f"{', '.join(sorted(m.split('/')[1] for m in reported | set(stats.METRICS)))} "
+                               f"(test set) or {', '.join(RUN_METRICS)} (attention diagnostics; also "
                                "<name>:<location> and diag:<key>)")
         return names
-    return [m for m, _, _ in TEST_METRICS if m in stats.METRICS
-            and any(r.value(m) is not None for g in groups for r in g.runs)]
+    return [m for m, _, _ in TEST_METRICS if any(r.value(m) is not None for r in runs)]
+
+
+def higher_is_better(metric: str) -> bool | None:
+    """True/False for the test metrics with a better direction; None for the diagnostics."""
+    if metric in stats.METRICS:
+        return stats.METRICS[metric].higher_is_better
+    return {k: h for k, _, h in TEST_METRICS}.get(metric)
 
 
 @dataclass
@@ -113,28 +123,102 @@ class Row:
     higher_is_better: bool | None  # None: a number with no better direction (the diagnostics)
 
 
+def parse_detect(text: str | None, metrics: Sequence[str]) -> dict[str, float]:
+    """``--detect 0.5`` (every metric) or ``--detect bleu=1,ppl=0.2``: the differences to plan for."""
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, eq, value = part.rpartition("=")
+        try:
+            delta = float(value)
+        except ValueError:
+            raise CompareError(f"--detect {text}: expected a number (0.5) or metric=number[,...] (bleu=1,ppl=0.2)")
+        if not eq:
+            out.update({m: delta for m in metrics})
+            continue
+        key = name if name.startswith("test/") or is_run_metric(name) else f"test/{name}"
+        if key not in metrics:
+            raise CompareError(f"--detect {name}: not among the compared metrics "
+                               f"({', '.join(metric_name(m) for m in metrics)})")
+        out[key] = delta
+    if any(not (d > 0) for d in out.values()):
+        raise CompareError(f"--detect {text}: a difference to detect must be positive")
+    return out
+
+
 def compare_groups(groups: Sequence[Group], baseline: Group, metrics: Sequence[str],
-                   samples: int = stats.BOOTSTRAP_SAMPLES, trials: int = stats.AR_TRIALS) -> list[Row]:
+                   samples: int = stats.BOOTSTRAP_SAMPLES, trials: int = stats.AR_TRIALS,
+                   item_tests: bool = True, detect: dict[str, float] | None = None) -> list[Row]:
+    """Every other group against ``baseline``, per metric (in the order asked for): the verdict
+    over seeds (:func:`~nas_cli.report.stats.compare_seeds`, paired by seed; Welch's t when the
+    groups share fewer than 2 seeds), Holm-adjusted over the groups; and, for the test metrics
+    with per-item outputs, each paired seed's two runs compared on the test items (question b)."""
     others = [g for g in groups if g is not baseline]
     if not others:
         raise CompareError("--baseline: there is no other group to compare with it")
     involved = [r for g in [baseline, *others] for r in g.runs]
-    test_metrics = [m for m in metrics if not is_run_metric(m)]
-    items = _checked_items(involved, test_metrics) if test_metrics else {}
+    item_metrics = [m for m in metrics if m in stats.METRICS] if item_tests else []
+    items = _checked_items(involved, item_metrics) if item_metrics else {}
+    cache: dict[tuple[int, str], object] = {}
     rows: list[Row] = []
-    for m in metrics:  # in the order asked for
-        if is_run_metric(m):
-            rows.extend(_compare_run_metric(m, baseline, others))
-            continue
-        spec = stats.METRICS[m]
+    for m in metrics:
         found = []
         for g in others:
-            pairs = _pairs(baseline, g)
-            c = stats.compare(m, [items[id(b)] for b, _ in pairs], [items[id(s)] for _, s in pairs],
-                              [s.seed for _, s in pairs], samples=samples, trials=trials)
-            found.append(Row(g, c, spec.higher_is_better))
+            c = _over_seeds(m, baseline, g)
+            c.detect = (detect or {}).get(m)
+            if m in item_metrics:
+                c.items = _item_level(m, _pairs(baseline, g), items, cache, samples, trials)
+            found.append(Row(g, c, higher_is_better(m)))
         rows.extend(_holm(found))
     return rows
+
+
+def _values(metric: str, runs: Sequence[Run]) -> list[float]:
+    out = []
+    for run in runs:
+        try:
+            v = run.value(metric)
+        except KeyError:
+            v = None
+        if v is None:
+            what = ("attention diagnostics off, or no such location/key" if is_run_metric(metric)
+                    else "its task does not report it")
+            raise CompareError(f"--metrics {metric_name(metric)}: run {run.path} has no such value ({what}); "
+                               "compare runs that have it")
+        out.append(v)
+    return out
+
+
+def _over_seeds(metric: str, baseline: Group, group: Group) -> stats.Comparison:
+    """Question (a): the runs' own numbers, paired by seed where the groups share 2 or more seeds."""
+    pairs = _pairs(baseline, group)
+    if len(pairs) >= stats.MIN_SEEDS or (pairs and (baseline.n < 2 or group.n < 2)):
+        values = _values(metric, [r for pair in pairs for r in pair])
+        return stats.compare_seeds(metric, values[0::2], values[1::2], [s.seed for _, s in pairs])
+    return stats.compare_unpaired(metric, _values(metric, baseline.runs), _values(metric, group.runs),
+                                  group.seeds)
+
+
+def _item_level(metric: str, pairs, items, cache, samples: int, trials: int) -> list[stats.ItemComparison]:
+    spec = stats.METRICS[metric]
+    out = []
+    for b, s in pairs:
+        if items.get(id(b)) is None or items.get(id(s)) is None:
+            continue
+        got = []
+        for run in (b, s):
+            key = (id(run), metric)
+            if key not in cache:
+                try:
+                    cache[key] = spec.stats(items[id(run)])
+                except (KeyError, TypeError, ValueError):  # no decoded text (e.g. a language model)
+                    cache[key] = None
+            got.append(cache[key])
+        if got[0] is None or got[1] is None or got[0].shape != got[1].shape:
+            continue
+        out.append(stats.compare_items(metric, got[0], got[1], seed=s.seed, samples=samples, trials=trials))
+    return out
 
 
 def _holm(found: list[Row]) -> list[Row]:
@@ -145,71 +229,100 @@ def _holm(found: list[Row]) -> list[Row]:
 
 
 def _checked_items(involved: Sequence[Run], metrics: Sequence[str]) -> dict[int, dict]:
-    """Every run's per-item test outputs, refused with one line when missing or from another test set."""
+    """Every run's per-item test outputs (None where a run has none: it gets no test-set
+    detail); refused with one line when runs were tested on different test sets."""
     items = {id(r): load_items(r) for r in involved}
-    missing = [str(r.path) for r in involved if items[id(r)] is None]
-    if missing:
-        raise CompareError(f"paired tests need per-item test outputs ({ITEMS_FILE}), which these runs lack (made "
-                           f"before nas-run wrote them, or run_test=false): {', '.join(missing[:5])}"
-                           + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
     prints = {}
     for r in involved:
-        prints.setdefault(items[id(r)].get("refs_sha256"), []).append(str(r.path))
+        if items[id(r)] is not None:
+            prints.setdefault(items[id(r)].get("refs_sha256"), []).append(str(r.path))
     if len(prints) > 1:
         a, b = list(prints.values())[:2]
         raise CompareError(f"runs were tested on different test sets or references: {a[0]} and {b[0]} (reference "
                            "fingerprints differ); compare runs of one test set")
-    for m in metrics:
-        if stats.needs_text(m) or m == "test/exact_match":
-            lacking = [str(r.path) for r in involved if "hyps" not in items[id(r)]]
-            if lacking:
-                raise CompareError(f"{metric_name(m)}: these runs have no decoded test outputs to test it on: "
-                                   f"{', '.join(lacking[:5])}")
     return items
 
 
+def without_items(rows: Sequence[Row], groups: Sequence[Group]) -> list[str]:
+    """Runs that got no test-set detail (no test_items.json: made before nas-run wrote them, or
+    run_test=false)."""
+    runs = [r for g in groups for r in g.runs]
+    missing = [str(r.path) for r in runs if load_items(r) is None]
+    return missing if any(r.comparison.metric in stats.METRICS for r in rows) else []
+
+
 def _pairs(baseline: Group, group: Group) -> list:
-    base_by_seed = {r.seed: r for r in baseline.runs}
-    pairs = [(base_by_seed[r.seed], r) for r in sorted(group.runs, key=lambda r: r.seed or 0)
-             if r.seed in base_by_seed]
-    if not pairs:
-        raise CompareError(f"{group.label} and the baseline share no seed (baseline seeds "
-                           f"{baseline.seeds}, this group {group.seeds}); run both with the same seed=... values")
-    return pairs
+    base_by_seed = {r.seed: r for r in baseline.runs if r.seed is not None}
+    return [(base_by_seed[r.seed], r) for r in sorted(group.runs, key=lambda r: r.seed or 0)
+            if r.seed in base_by_seed]
 
 
-def _compare_run_metric(metric: str, baseline: Group, others: Sequence[Group]) -> list[Row]:
-    found = []
-    for g in others:
-        pairs = _pairs(baseline, g)
-        values = []
-        for run in (r for pair in pairs for r in pair):
-            try:
-                v = run.value(metric)
-            except KeyError:
-                v = None
-            if v is None:
-                raise CompareError(f"--metrics {metric}: run {run.path} has no such value (attention diagnostics "
-                                   "off, or no such location/key); compare runs that have it")
-            values.append(v)
-        c = stats.compare_seeds(metric, values[0::2], values[1::2], [s.seed for _, s in pairs])
-        found.append(Row(g, c, None))
-    return _holm(found)
+def _ci(low: float, high: float) -> str:
+    return "(no interval)" if math.isnan(low) else f"[{low:+.3g}, {high:+.3g}]"
+
+
+def _seeds(c: stats.Comparison) -> str:
+    if c.paired:
+        return ",".join(map(str, c.seeds))
+    return f"unpaired: {c.n_sys} vs {c.n_base}"
 
 
 def verdict_table(rows: Sequence[Row], baseline: Group) -> tuple[list[str], list[list[str]]]:
-    head = ["system", "metric", "paired seeds", "baseline", "system mean", "difference [95% CI]", "p",
-            "p (Holm)", "verdict"]
+    """Question (a), one row per system and metric: the verdict over seeds."""
+    planning = any(r.comparison.detect for r in rows)
+    head = ["system", "metric", "seeds", "baseline", "system mean", "difference [95% CI]", "p", "p (Holm)",
+            "verdict", "detectable (80%)"] + (["seeds for ±detect"] if planning else [])
     out = []
     for r in rows:
         c = r.comparison
-        name = metric_name(c.metric)
-        out.append([r.group.label, name, ",".join(map(str, c.seeds)), _num(c.base_mean), _num(c.sys_mean),
-                    f"{c.diff:+.3g} " + ("(no interval)" if math.isnan(c.low) else f"[{c.low:+.3g}, {c.high:+.3g}]"),
-                    "-" if math.isnan(c.p) else stats._p(c.p),
-                    stats._p(c.p_adj) if c.p_adj is not None and not math.isnan(c.p_adj) else "-",
-                    c.verdict(r.higher_is_better)])
+        det = c.detectable()
+        row = [r.group.label, metric_name(c.metric), _seeds(c), _num(c.base_mean), _num(c.sys_mean),
+               f"{c.diff:+.3g} " + _ci(c.low, c.high), "-" if math.isnan(c.p) else stats._p(c.p),
+               stats._p(c.p_adj) if c.p_adj is not None and not math.isnan(c.p_adj) else "-",
+               c.verdict(r.higher_is_better), "-" if math.isnan(det) else f"±{det:.3g}"]
+        if planning:
+            need = c.needed()
+            row.append("-" if c.detect is None else f"±{c.detect:g}: " + ("?" if need is None else str(need)))
+        out.append(row)
     return head, out
+
+
+def verdict_records(rows: Sequence[Row]) -> list[dict]:
+    """Question (a) with numbers as numbers (JSON, CSV)."""
+    out = []
+    for r in rows:
+        c = r.comparison
+        need = c.needed()
+        out.append({"system": r.group.label, "metric": metric_name(c.metric), "paired": c.paired,
+                    "seeds": c.seeds, "n_baseline": c.n_base, "n_system": c.n_sys,
+                    "baseline_mean": c.base_mean, "system_mean": c.sys_mean, "difference": c.diff,
+                    "ci_low": _nan(c.low), "ci_high": _nan(c.high), "p": _nan(c.p),
+                    "p_holm": _nan(c.p_adj if c.p_adj is not None else math.nan),
+                    "direction": c.direction(), "verdict": c.verdict(r.higher_is_better), "test": c.test,
+                    "detectable_80": _nan(c.detectable()), "detect": c.detect, "seeds_for_detect": need})
+    return out
+
+
+def item_table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
+    """Question (b), one row per system, metric and paired seed: the two runs on the test items."""
+    head = ["system", "metric", "seed", "baseline", "system", "difference [95% CI, items]", "p (items)", "test"]
+    out = []
+    for r in rows:
+        for it in r.comparison.items:
+            out.append([r.group.label, metric_name(it.metric), str(it.seed), _num(it.base), _num(it.system),
+                        f"{it.diff:+.3g} " + _ci(it.low, it.high), stats._p(it.p), it.test])
+    return head, out
+
+
+def item_records(rows: Sequence[Row]) -> list[dict]:
+    return [{"system": r.group.label, "metric": metric_name(it.metric), "seed": it.seed, "baseline": it.base,
+             "system_score": it.system, "difference": it.diff, "ci_low": it.low, "ci_high": it.high, "p": it.p,
+             "test": it.test, "differing_items": it.differing}
+            for r in rows for it in r.comparison.items]
+
+
+def _nan(x: float | None) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
 def _num(x: float) -> str:
@@ -227,16 +340,25 @@ def _tests_in_words(tests: set[str]) -> str:
 
 
 def method_note(rows: Sequence[Row]) -> str:
+    """What the verdict table answers, and how."""
     by_metric: dict[str, set[str]] = {}
     for r in rows:
         by_metric.setdefault(metric_name(r.comparison.metric), set()).add(r.comparison.test)
     tests = sorted(f"{m}: {_tests_in_words(t)}" for m, t in by_metric.items())
-    kinds = {is_run_metric(r.comparison.metric) for r in rows}
-    ci = []
-    if False in kinds:
-        ci.append("test metrics: a paired bootstrap that resamples the paired seeds and the test items together")
-    if True in kinds:
-        ci.append("attention diagnostics (one number per run): a Student-t interval of the paired differences")
-    return ("Paired by seed; difference = mean over paired seeds of (system - baseline); 95% CI, "
-            + "; ".join(ci) + "; p-values: " + "; ".join(tests)
-            + "; Holm-adjusted over the groups compared with the baseline, per metric.")
+    small = min((r.comparison.n for r in rows), default=0)
+    return ("Across seeds (the verdict): does the system beat the baseline when training is repeated? Unit: the "
+            "seed, each run's own number (the table's cell). Paired by seed; difference = mean over paired seeds of "
+            "(system - baseline) with a 95% Student-t interval; p-values: " + "; ".join(tests)
+            + f"; Holm-adjusted over the groups compared with the baseline, per metric. A verdict needs at least "
+            f"{stats.MIN_SEEDS} seeds in both groups"
+            + ("; below 6 seeds it rests on the t-test's assumption of roughly normal seed-level differences "
+               "(no distribution-free test over fewer than 6 seeds can reach p < 0.05)" if small < 6 else "")
+            + ". detectable (80%): the smallest true difference this many seeds detect with 80% power at the "
+            "observed spread (an estimate from few seeds: treat it as rough).")
+
+
+ITEM_NOTE = ("On this test set, per trained model (supporting detail, not a verdict over seeds): each paired seed's "
+             "two runs compared on the same test items. 95% CI: paired bootstrap over the items; p: approximate "
+             "randomization with ties counted (exact when at most 16 items differ) for BLEU, chrF, perplexity and "
+             "ROUGE, McNemar's exact test for exact match. These say whether one trained model beats another on "
+             "these sentences, nothing about another seed.")

@@ -200,7 +200,8 @@ def _diag_rows(groups: Sequence[Group]) -> tuple[list[str], list[list[str]]]:
 
 
 def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[str],
-                title: str = "nas-report", by: Sequence[str] | None = None, verdicts=None) -> str:
+                title: str = "nas-report", by: Sequence[str] | None = None, verdicts=None, items=None,
+                notes: Sequence[str] = ()) -> str:
     grouping = "runs that differ only by seed" if by is None else f"runs with equal {', '.join(by)}"
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<p class="note">{len([r for r in runs if r.finished])} finished run(s) in {len(groups)} row(s) '
@@ -214,7 +215,13 @@ def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[
                   "sum_i pi_ij &lt; eps (Ding et al. 2020), mean over locations.</p>"]
         if verdicts:
             (vh, vr), note = verdicts
-            parts += ["<h2>Against the baseline</h2>", _table(vh, vr), f'<p class="note">{html.escape(note)}</p>']
+            parts += ["<h2>Across seeds (the verdict): against the baseline</h2>", _table(vh, vr),
+                      f'<p class="note">{html.escape(note)}</p>']
+        if items and items[0][1]:
+            (ih, ir), inote = items
+            parts += ["<h2>On this test set, per trained model (supporting detail, not a verdict)</h2>",
+                      _table(ih, ir), f'<p class="note">{html.escape(inote)}</p>']
+        parts += [f'<p class="note">note: {html.escape(line)}</p>' for line in notes]
         dh, dr = _diag_rows(groups)
         if dr:
             parts += ["<h2>Attention diagnostics per location</h2>", _table(dh, dr),
@@ -256,7 +263,8 @@ def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[
 
 
 def write_html(path: str | Path, runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[str],
-               title: str = "nas-report", by: Sequence[str] | None = None, verdicts=None) -> Path:
+               title: str = "nas-report", by: Sequence[str] | None = None, verdicts=None, items=None,
+               notes: Sequence[str] = ()) -> Path:
     from ..atomic import atomic_write_text
 
-    return atomic_write_text(path, render_html(runs, groups, sources, title, by, verdicts))
+    return atomic_write_text(path, render_html(runs, groups, sources, title, by, verdicts, items, notes))

@@ -1,46 +1,55 @@
-"""Uncertainty for nas-report: intervals over seeds, paired tests on the test set, Holm.
+"""Uncertainty for nas-report: two questions, answered separately.
 
-* **Over seeds** (:func:`t_interval`): the mean of a group's runs with a 95% Student-t interval,
-  mean ± t(0.975, n-1) · s / sqrt(n). With 2-5 seeds a bootstrap over seeds has too few distinct
-  resamples to be trusted, the t interval is the standard choice; with n = 1 there is no interval.
-* **Against a baseline, on the test set** (:func:`compare`): runs are paired by seed (seeds
-  both groups have). The difference is the mean over paired seeds of (system − baseline). Its 95%
-  interval comes from a *hierarchical paired bootstrap*: each of ``samples`` draws resamples the
-  paired seeds and the test items (the same items for both systems and every seed) and recomputes
-  each corpus-level metric from per-item statistics (BLEU and chrF from sacreBLEU's sufficient
-  statistics, perplexity from per-item NLL sums and token counts, ROUGE and exact match as means
-  over items). Its p-value:
+**(a) Across seeds: does the scheme help when training is repeated?** (the verdict)
+The unit is the trained model (the seed). Each run's number is the one its table cell shows
+(``summary.json``: corpus BLEU, perplexity, ...; or a diagnostic). :func:`compare_seeds`
+pairs the runs by seed and gives the mean paired difference, its Student-t interval and the
+paired t-test (n - 1 degrees of freedom); :func:`compare_unpaired` is Welch's t for groups that
+share fewer than two seeds. A verdict needs at least :data:`MIN_SEEDS` seeds in both groups:
+one seed says nothing about seed-to-seed variation. Below 6 seeds no distribution-free test
+over seeds can reach p < 0.05 (a sign-flip test's smallest p is 2^(1-n)), so a verdict at
+n = 2-5 rests on the t-test's assumption that the seed-level differences are roughly normal.
+The verdict calls a difference significant when the Holm-adjusted p (over the groups compared
+with one baseline, per metric) is below 0.05. Simulated with no true effect at 2, 3, 5 and 10
+seeds its false-positive rate is at most 5% (``tests/report/test_calibration.py``,
+``benchmarks/calibration.py``); :func:`power` and :func:`seeds_needed` say what a sweep can detect.
 
-  - BLEU, chrF: sacreBLEU's paired approximate randomization (``sacrebleu.significance.PairedTest``,
-    10,000 trials) on the paired seeds' test sets concatenated (items = seed × sentence); sacreBLEU's
-    paired bootstrap (1,000) is reported beside it;
-  - exact match: McNemar's exact test (binomial test on the discordant items, pooled over seeds);
-  - perplexity, ROUGE: the paired bootstrap above, two-sided (twice the smaller tail beyond 0).
+**(b) On this test set, per trained model: is this model better than that one on these
+sentences?** (supporting detail, never a verdict over seeds)
+:func:`compare_items` compares two runs of one seed on their per-item test outputs:
 
-  Identical outputs give p = 1 (sacreBLEU would report 1/(trials+1) for a zero difference).
-* **Against a baseline, over seeds** (:func:`compare_seeds`): for numbers a run has once, not per
-  test item (head JSD, explained-away share, the log-mass margin: the attention diagnostics), the
-  paired differences over seeds get a Student-t interval and a paired t-test (scipy's
-  ``ttest_rel``, n - 1 degrees of freedom); one paired seed gives the difference and no test.
-* :func:`holm`: Holm's step-down adjustment when several groups are compared with one baseline.
+- BLEU, chrF, perplexity, ROUGE: paired approximate randomization with ties counted,
+  p = (1 + #{|d*| >= |d|}) / (R + 1); exact (every swap pattern enumerated) when at most
+  :data:`EXACT_MAX` items differ, else R random swap patterns, stopping early (Besag and
+  Clifford 1991) once :data:`SEQUENTIAL_H` patterns were at least as extreme;
+- exact match: McNemar's exact test (binomial test on the discordant items);
+- an interval: the paired bootstrap over test items (percentile, 95%).
 
-The verdict calls a difference significant only when the (Holm-adjusted) p-value is below 0.05
-**and** the 95% interval excludes 0: the paired tests on pooled test items treat every
-(seed, item) pair as independent, while the interval also resamples the seeds, so requiring both
-keeps seed-to-seed variation from being mistaken for an effect.
+Every resample is a sum of per-item sufficient statistics (sacreBLEU's for BLEU and chrF, the
+NLL sum and token count for perplexity), extracted once per run and resampled as a matrix
+product; the corpus score of a sum is computed the way sacreBLEU computes it.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
-#: default numbers of resamples (as sacreBLEU's defaults)
+#: default numbers of resamples
 BOOTSTRAP_SAMPLES = 1000
 AR_TRIALS = 10000
 SEED = 12345
+#: a verdict over seeds needs at least this many seeds in both groups
+MIN_SEEDS = 2
+#: approximate randomization enumerates every swap pattern when at most this many items differ
+EXACT_MAX = 16
+#: ... and otherwise stops once this many random patterns were at least as extreme
+SEQUENTIAL_H = 50
+#: the power the "detectable difference" is computed at
+POWER = 0.8
+ALPHA = 0.05
 
 
 def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float, int] | None:
@@ -72,7 +81,198 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return out
 
 
-# ---- per-item statistics and corpus scores ---------------------------------------------------------
+# ---- power: what a number of seeds can detect --------------------------------------------------------
+def power(delta: float, se: float, df: float, alpha: float = ALPHA) -> float:
+    """Power of a two-sided t-test at level ``alpha`` for a true difference ``delta`` when the
+    estimate's standard error is ``se`` with ``df`` degrees of freedom: the noncentral t's tail
+    mass beyond the critical value, integrated over the chi-distributed spread estimate (scipy's
+    ``nct`` gives NaN far in the tail at 1-2 df; this integral does not)."""
+    from scipy import integrate, stats
+
+    if not (se > 0 and df >= 1):
+        return math.nan
+    crit = float(stats.t.ppf(1 - alpha / 2, df))
+    nc = abs(delta) / se
+    root = math.sqrt(df)
+
+    def mass(s: float) -> float:  # s = estimated sd / true sd, s * sqrt(df) ~ chi(df)
+        return (stats.norm.cdf(nc - crit * s) + stats.norm.cdf(-nc - crit * s)) * stats.chi.pdf(s * root, df) * root
+
+    got, _ = integrate.quad(mass, 0, math.inf, limit=200)
+    return min(1.0, max(0.0, float(got)))
+
+
+def detectable(se: float, df: float, target: float = POWER, alpha: float = ALPHA) -> float:
+    """The smallest true difference a two-sided t-test detects with probability ``target``."""
+    from scipy import optimize
+
+    if not (se > 0 and df >= 1):
+        return math.nan
+    hi = se
+    while power(hi, se, df, alpha) < target:
+        hi *= 2
+    return float(optimize.brentq(lambda d: power(d, se, df, alpha) - target, 0.0, hi, xtol=1e-10 * hi))
+
+
+def seeds_needed(delta: float, sd: float, paired: bool = True, target: float = POWER, alpha: float = ALPHA,
+                 sd_other: float | None = None, cap: int = 1000) -> int | None:
+    """Seeds (per group) for power ``target`` at a true difference ``delta``: paired, ``sd`` is
+    the spread of the paired differences (t-test, n - 1 df); unpaired, the two groups' spreads
+    (Welch, equal group sizes). None when more than ``cap`` would be needed or no spread is known."""
+    if not (sd > 0) or delta == 0:
+        return None
+    for n in range(MIN_SEEDS, cap + 1):
+        if paired:
+            se, df = sd / math.sqrt(n), n - 1
+        else:
+            s2 = sd_other if sd_other is not None else sd
+            se = math.sqrt((sd ** 2 + s2 ** 2) / n)
+            df = _welch_df(sd, s2, n, n)
+        if power(delta, se, df, alpha) >= target:
+            return n
+    return None
+
+
+def _welch_df(s1: float, s2: float, n1: int, n2: int) -> float:
+    a, b = s1 ** 2 / n1, s2 ** 2 / n2
+    if a + b == 0:
+        return float(n1 + n2 - 2)
+    return (a + b) ** 2 / (a ** 2 / (n1 - 1) + b ** 2 / (n2 - 1))
+
+
+# ---- question (a): over seeds ---------------------------------------------------------------------------
+@dataclass
+class Comparison:
+    """One metric of one group against the baseline, over seeds (the verdict)."""
+
+    metric: str
+    seeds: list  # the paired seeds (paired), or every seed of the system group (unpaired)
+    base_mean: float
+    sys_mean: float
+    diff: float  # mean over paired seeds of (system - baseline); unpaired: difference of the means
+    low: float
+    high: float
+    p: float
+    test: str  # what gave p, in words
+    p_adj: float | None = None  # after Holm
+    n_base: int = 0
+    n_sys: int = 0
+    paired: bool = True
+    se: float = math.nan  # standard error of ``diff``
+    df: float = math.nan
+    sd: float = math.nan  # spread of the paired differences (paired) or of the baseline group (unpaired)
+    sd_other: float | None = None  # unpaired: the system group's spread
+    detect: float | None = None  # a difference the user asked about (--detect)
+    items: list = field(default_factory=list)  # question (b): ItemComparison per paired seed
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds) if self.paired else min(self.n_base, self.n_sys)
+
+    @property
+    def testable(self) -> bool:
+        return not math.isnan(self.p)
+
+    def direction(self, alpha: float = ALPHA) -> int:
+        """+1 / -1: the system's number is significantly higher / lower than the baseline's over
+        seeds (Holm-adjusted p below ``alpha``); 0: not, or no test (fewer than 2 seeds)."""
+        p = self.p_adj if self.p_adj is not None else self.p
+        if math.isnan(p) or not (p < alpha and self.diff != 0):
+            return 0
+        return 1 if self.diff > 0 else -1
+
+    def detectable(self) -> float:
+        """The smallest true difference this comparison detects with 80% power at the observed spread."""
+        return detectable(self.se, self.df)
+
+    def needed(self, delta: float | None = None) -> int | None:
+        """Seeds per group for 80% power at ``delta`` (default: ``--detect``), at the observed spread."""
+        delta = self.detect if delta is None else delta
+        if delta is None:
+            return None
+        return seeds_needed(delta, self.sd, self.paired, sd_other=self.sd_other)
+
+    def verdict(self, higher_is_better: bool | None, alpha: float = ALPHA) -> str:
+        """'better'/'worse' (or 'higher'/'lower' for a number with no better direction, such as
+        head diversity) with p, or 'no significant difference' with n, the interval and p, or
+        'no verdict' when a group has fewer than :data:`MIN_SEEDS` seeds."""
+        p = self.p_adj if self.p_adj is not None else self.p
+        if math.isnan(p):
+            return (f"no verdict (n={self.n}: a verdict over seeds needs at least {MIN_SEEDS} "
+                    f"{'paired ' if self.paired else ''}seeds in both groups)")
+        d = self.direction(alpha)
+        if d == 0:
+            ci = "" if math.isnan(self.low) else f", CI {self.low:+.3g}..{self.high:+.3g}"
+            return f"no significant difference (n={self.n}{ci}, {_p(p, 'p')})"
+        if higher_is_better is None:
+            return f"{'higher' if d > 0 else 'lower'} ({_p(p, 'p')})"
+        return f"{'better' if (d > 0) == higher_is_better else 'worse'} ({_p(p, 'p')})"
+
+
+def _p(p: float, name: str = "") -> str:
+    if name:
+        return f"{name}<0.001" if p < 0.001 else f"{name}={p:.3f}"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def compare_seeds(metric: str, base: Sequence[float], system: Sequence[float], seeds: Sequence,
+                  level: float = 0.95) -> Comparison:
+    """Paired over seeds (``base[i]``, ``system[i]`` share ``seeds[i]``): the mean paired
+    difference, its Student-t interval and the paired t-test's two-sided p (scipy's
+    ``ttest_rel``, n - 1 df). One pair: the difference, no interval, no test. Differences without
+    spread (all equal): p = 1 when they are 0, else the exact sign-flip p 2^(1-n), which no
+    parametric assumption is needed for (0.5 at 2 seeds: no verdict below 6 seeds)."""
+    from scipy import stats as sps
+
+    b, s = np.asarray(base, dtype=np.float64), np.asarray(system, dtype=np.float64)
+    d = s - b
+    n = len(d)
+    test = f"paired t-test over seeds ({n - 1} df)"
+    sd = float(d.std(ddof=1)) if n > 1 else math.nan
+    se, df = (sd / math.sqrt(n), n - 1) if n > 1 else (math.nan, math.nan)
+    if n < MIN_SEEDS:
+        low = high = p = math.nan
+    elif not np.any(d != d[0]):  # equal differences: no spread, the t statistic is undefined
+        low = high = float(d[0])
+        p = 1.0 if d[0] == 0 else 2.0 ** (1 - n)
+        test = ("no difference at any seed" if d[0] == 0
+                else f"sign-flip test over seeds (equal differences at all {n} seeds)")
+    else:
+        _, low, high, _ = t_interval(d.tolist(), level)
+        p = float(sps.ttest_rel(s, b).pvalue)
+    return Comparison(metric, list(seeds), float(b.mean()), float(s.mean()), float(d.mean()), low, high, p, test,
+                      n_base=n, n_sys=n, paired=True, se=se, df=df, sd=sd)
+
+
+def compare_unpaired(metric: str, base: Sequence[float], system: Sequence[float], seeds: Sequence = (),
+                     level: float = 0.95) -> Comparison:
+    """Groups that share fewer than 2 seeds: difference of the means, Welch's interval and
+    t-test (scipy's ``ttest_ind(equal_var=False)``); no test unless both groups have 2 runs."""
+    from scipy import stats as sps
+
+    b, s = np.asarray(base, dtype=np.float64), np.asarray(system, dtype=np.float64)
+    nb, ns = len(b), len(s)
+    diff = float(s.mean() - b.mean())
+    test = "Welch's t-test over seeds (unpaired: the groups share fewer than 2 seeds)"
+    c = Comparison(metric, list(seeds), float(b.mean()), float(s.mean()), diff, math.nan, math.nan, math.nan,
+                   test, n_base=nb, n_sys=ns, paired=False)
+    if nb < MIN_SEEDS or ns < MIN_SEEDS:
+        return c
+    sb, ss = float(b.std(ddof=1)), float(s.std(ddof=1))
+    c.sd, c.sd_other = sb, ss
+    c.se = math.sqrt(sb ** 2 / nb + ss ** 2 / ns)
+    if c.se == 0:
+        c.low = c.high = diff
+        c.p = 1.0 if diff == 0 else math.nan  # no spread at all: nothing to test against
+        return c
+    c.df = _welch_df(sb, ss, nb, ns)
+    half = float(sps.t.ppf(0.5 + level / 2, c.df)) * c.se
+    c.low, c.high = diff - half, diff + half
+    c.p = float(sps.ttest_ind(s, b, equal_var=False).pvalue)
+    return c
+
+
+# ---- per-item statistics and corpus scores -------------------------------------------------------------
 @dataclass
 class Metric:
     """How one test metric is computed from per-item statistics of one run."""
@@ -80,8 +280,10 @@ class Metric:
     name: str  # summary key, e.g. test/bleu
     higher_is_better: bool
     stats: Callable[[dict], np.ndarray]  # items -> (n_items, k) statistics
-    score: Callable[[np.ndarray], float]  # summed statistics (k,) -> corpus score
-    test: str  # "ar" | "mcnemar" | "bootstrap"
+    score: Callable[[np.ndarray], float]  # summed statistics (k,) -> corpus score (the reference)
+    vscore: Callable[[np.ndarray], np.ndarray]  # (..., k) summed statistics -> (...) scores, vectorized
+    test: str  # "ar" | "mcnemar"
+    integer: bool = True  # statistics are counts (exact in float32 sums)
 
 
 def _sacre(kind: str):
@@ -102,6 +304,41 @@ def _sacre_score(kind: str) -> Callable[[np.ndarray], float]:
     return lambda total: float(metric._compute_score_from_stats(list(total)).score)
 
 
+def bleu_from_stats(s: np.ndarray) -> np.ndarray:
+    """sacreBLEU's corpus BLEU (default: exp smoothing, 4-grams) of summed statistics
+    ``[sys_len, ref_len, correct_1..4, total_1..4]`` along the last axis, vectorized."""
+    s = np.asarray(s, dtype=np.float64)
+    sys_len, ref_len = s[..., 0], s[..., 1]
+    correct, total = s[..., 2:6], s[..., 6:10]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bp = np.where(sys_len < ref_len, np.where(sys_len > 0, np.exp(1 - ref_len / sys_len), 0.0), 1.0)
+        zero = correct == 0
+        smooth = 2.0 ** np.cumsum(zero, axis=-1)  # exp smoothing: 2, 4, 8 ... over the orders without matches
+        prec = np.where(zero, 100.0 / (smooth * total), 100.0 * correct / total)
+        logs = np.log(prec)
+        mean_log = (((logs[..., 0] + logs[..., 1]) + logs[..., 2]) + logs[..., 3]) / 4
+        score = bp * np.exp(mean_log)
+    dead = (total == 0).any(-1) | ~(correct > 0).any(-1)  # sacreBLEU: no matches or an order without n-grams
+    return np.where(dead, 0.0, score)
+
+
+def chrf_from_stats(s: np.ndarray, order: int = 6, beta: int = 2) -> np.ndarray:
+    """sacreBLEU's chrF (character 6-grams, beta 2, effective-order averaging) of summed statistics
+    ``[hyp, ref, match] x order`` along the last axis, vectorized."""
+    s = np.asarray(s, dtype=np.float64)
+    hyp, ref, match = s[..., 0::3][..., :order], s[..., 1::3][..., :order], s[..., 2::3][..., :order]
+    factor = beta ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        prec = np.where(hyp > 0, match / hyp, 1e-16)
+        rec = np.where(ref > 0, match / ref, 1e-16)
+        eff = (hyp > 0) & (ref > 0)
+        count = eff.sum(-1)
+        avg_p = np.where(count > 0, (prec * eff).sum(-1) / np.maximum(count, 1), 0.0)
+        avg_r = np.where(count > 0, (rec * eff).sum(-1) / np.maximum(count, 1), 0.0)
+        score = 100 * (1 + factor) * avg_p * avg_r / (factor * avg_p + avg_r)
+    return np.where(avg_p + avg_r > 0, score, 0.0)
+
+
 def _rouge_stats(key: str) -> Callable[[dict], np.ndarray]:
     def stats(items: dict) -> np.ndarray:
         from rouge_score import rouge_scorer
@@ -116,16 +353,24 @@ def _mean_score(total: np.ndarray) -> float:
     return float(total[0] / max(total[1], 1))
 
 
+def _vmean(total: np.ndarray) -> np.ndarray:
+    return total[..., 0] / np.maximum(total[..., 1], 1)
+
+
+def _vppl(total: np.ndarray) -> np.ndarray:
+    return np.exp(np.minimum(total[..., 0] / np.maximum(total[..., 1], 1), 50))
+
+
 METRICS: dict[str, Metric] = {
-    "test/bleu": Metric("test/bleu", True, _sacre_stats("bleu"), _sacre_score("bleu"), "ar"),
-    "test/chrf": Metric("test/chrf", True, _sacre_stats("chrf"), _sacre_score("chrf"), "ar"),
+    "test/bleu": Metric("test/bleu", True, _sacre_stats("bleu"), _sacre_score("bleu"), bleu_from_stats, "ar"),
+    "test/chrf": Metric("test/chrf", True, _sacre_stats("chrf"), _sacre_score("chrf"), chrf_from_stats, "ar"),
     "test/exact_match": Metric("test/exact_match", True,
                                lambda it: np.stack([np.asarray(it["exact"], float), np.ones(len(it["exact"]))], 1),
-                               _mean_score, "mcnemar"),
+                               _mean_score, _vmean, "mcnemar"),
     "test/ppl": Metric("test/ppl", False,
                        lambda it: np.stack([np.asarray(it["nll"], float), np.asarray(it["tokens"], float)], 1),
-                       lambda t: float(math.exp(min(t[0] / max(t[1], 1), 50))), "bootstrap"),
-    **{f"test/{k}": Metric(f"test/{k}", True, _rouge_stats(k), _mean_score, "bootstrap")
+                       lambda t: float(math.exp(min(t[0] / max(t[1], 1), 50))), _vppl, "ar", integer=False),
+    **{f"test/{k}": Metric(f"test/{k}", True, _rouge_stats(k), _mean_score, _vmean, "ar", integer=False)
        for k in ("rouge1", "rouge2", "rougeL")},
 }
 
@@ -134,136 +379,120 @@ def needs_text(metric: str) -> bool:
     return metric in ("test/bleu", "test/chrf") or metric.startswith("test/rouge")
 
 
+# ---- question (b): one seed's two models on the test set ----------------------------------------------
 @dataclass
-class Comparison:
+class ItemComparison:
+    """Two runs of one seed compared on their test items (not a verdict over seeds)."""
+
     metric: str
-    seeds: list[int]  # paired seeds
-    base_mean: float
-    sys_mean: float
-    diff: float  # mean over paired seeds of (system - baseline)
-    low: float
+    seed: object
+    base: float
+    system: float
+    diff: float
+    low: float  # paired bootstrap over the items
     high: float
     p: float
-    test: str  # what gave p, in words
-    p_bs: float | None = None  # sacreBLEU's paired bootstrap p (BLEU/chrF)
-    p_adj: float | None = None  # after Holm
-
-    def direction(self, alpha: float = 0.05) -> int:
-        """+1 / -1: the system's number is significantly higher / lower than the baseline's; 0: not
-        (or no test). Significant only if the (Holm-adjusted) p says so AND the interval, which also
-        resamples the seeds, excludes 0: a test-set p-value alone ignores seed-to-seed variation."""
-        p = self.p_adj if self.p_adj is not None else self.p
-        if math.isnan(p) or not (p < alpha and self.diff != 0 and (self.low > 0 or self.high < 0)):
-            return 0
-        return 1 if self.diff > 0 else -1
-
-    def verdict(self, higher_is_better: bool | None, alpha: float = 0.05) -> str:
-        """'better'/'worse' (or 'higher'/'lower' for a number with no better direction, such as
-        head diversity) with p, or 'no significant difference' with n, the interval and p."""
-        p = self.p_adj if self.p_adj is not None else self.p
-        n = len(self.seeds)
-        if math.isnan(p):
-            return f"no test (n={n}: a test over seeds needs at least 2 paired seeds)"
-        d = self.direction(alpha)
-        if d == 0:
-            return f"no significant difference (n={n}, CI {self.low:+.3g}..{self.high:+.3g}, {_p(p, 'p')})"
-        if higher_is_better is None:
-            return f"{'higher' if d > 0 else 'lower'} ({_p(p, 'p')})"
-        return f"{'better' if (d > 0) == higher_is_better else 'worse'} ({_p(p, 'p')})"
+    test: str
+    differing: int = 0  # items whose statistics differ between the two runs
 
 
-def _p(p: float, name: str = "") -> str:
-    if name:
-        return f"{name}<0.001" if p < 0.001 else f"{name}={p:.3f}"
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
+def _chunks(total: int, size: int):
+    done = 0
+    while done < total:
+        yield min(size, total - done)
+        done += size
 
 
-def compare(metric: str, base: Sequence[dict], system: Sequence[dict], seeds: Sequence[int],
-            samples: int = BOOTSTRAP_SAMPLES, trials: int = AR_TRIALS, seed: int = SEED) -> Comparison:
-    """Compare paired runs' per-item test outputs (``base[i]`` and ``system[i]`` share ``seeds[i]``)."""
+def ar_test(vscore: Callable[[np.ndarray], np.ndarray], base: np.ndarray, system: np.ndarray, trials: int,
+            rng: np.random.Generator, exact_max: int = EXACT_MAX, h: int = SEQUENTIAL_H,
+            dtype=np.float64) -> tuple[float, str, int]:
+    """Paired approximate randomization, ties counted: (p, how, differing items). Each trial
+    swaps each item's two statistics rows with probability 1/2 and recomputes the difference of
+    corpus scores; p counts the trials with |d*| >= |d| (within round-off). Items with equal rows
+    cannot change anything and are left out. At most ``exact_max`` differing items: every one of
+    the 2^k swap patterns (the exact permutation p). Otherwise ``trials`` random patterns,
+    p = (1 + count) / (trials + 1), stopping at the ``h``-th pattern at least as extreme
+    (Besag-Clifford: p = h / patterns drawn), which is as valid and much faster when p is large."""
+    base = np.asarray(base, dtype=np.float64)
+    system = np.asarray(system, dtype=np.float64)
+    sb, ss = base.sum(0), system.sum(0)
+    observed = float(vscore(ss) - vscore(sb))
+    delta = base - system  # swapping item i moves delta[i] into the system's sum and out of the baseline's
+    keep = np.any(delta != 0, axis=1)
+    delta = delta[keep]
+    k = int(keep.sum())
+    if k == 0:
+        return 1.0, "no item differs", 0
+    tol = 1e-9 * max(1.0, abs(observed))
+
+    def extreme(masks: np.ndarray) -> np.ndarray:
+        moved = masks.astype(dtype) @ delta.astype(dtype)
+        d = vscore(ss + moved) - vscore(sb - moved)
+        return np.abs(d) >= abs(observed) - tol
+
+    if k <= exact_max:
+        patterns = ((np.arange(2 ** k)[:, None] >> np.arange(k)) & 1).astype(np.float64)
+        count = int(extreme(patterns).sum())
+        return count / 2 ** k, f"exact permutation test ({k} differing items, all {2 ** k} swap patterns)", k
+    count = drawn = 0
+    for size in _chunks(trials, 1000):
+        masks = rng.integers(0, 2, size=(size, k), dtype=np.int8)
+        hits = extreme(masks)
+        cum = np.cumsum(hits)
+        if count + cum[-1] >= h:  # the h-th extreme pattern is in this chunk
+            at = int(np.searchsorted(cum, h - count)) + 1
+            return h / (drawn + at), (f"approximate randomization, ties counted (stopped after {h} of "
+                                      f"{drawn + at} patterns at least as extreme)"), k
+        count += int(cum[-1])
+        drawn += size
+    return (count + 1) / (drawn + 1), f"approximate randomization, ties counted ({drawn} trials)", k
+
+
+def bootstrap_interval(vscore: Callable[[np.ndarray], np.ndarray], base: np.ndarray, system: np.ndarray,
+                       samples: int, rng: np.random.Generator, level: float = 0.95,
+                       dtype=np.float64) -> tuple[float, float]:
+    """Percentile interval of score(system) - score(baseline) over ``samples`` resamples of the
+    items (the same items for both: paired), as count vectors times the statistics matrices."""
+    n = base.shape[0]
+    both = np.concatenate([system, base], axis=1).astype(dtype)
+    kdim = system.shape[1]
+    out = []
+    for size in _chunks(samples, 250):
+        idx = rng.integers(0, n, size=(size, n))
+        flat = (idx + (np.arange(size) * n)[:, None]).ravel()
+        counts = np.bincount(flat, minlength=size * n).reshape(size, n).astype(dtype)
+        sums = counts @ both
+        out.append(vscore(sums[:, :kdim].astype(np.float64)) - vscore(sums[:, kdim:].astype(np.float64)))
+    boot = np.concatenate(out)
+    a = (1 - level) / 2 * 100
+    low, high = np.percentile(boot, [a, 100 - a])
+    return float(low), float(high)
+
+
+def compare_items(metric: str, base_stats: np.ndarray, system_stats: np.ndarray, seed=None,
+                  samples: int = BOOTSTRAP_SAMPLES, trials: int = AR_TRIALS, rng_seed: int = SEED,
+                  base_items: dict | None = None, system_items: dict | None = None) -> ItemComparison:
+    """Two runs of one seed on the same test items, from their per-item statistics
+    (``Metric.stats``): the corpus scores as sacreBLEU computes them, the difference, a paired
+    bootstrap interval over the items, and the item-level p (AR with ties, or McNemar)."""
     spec = METRICS[metric]
-    b_stats = [spec.stats(it) for it in base]
-    s_stats = [spec.stats(it) for it in system]
-    b_scores = [spec.score(st.sum(0)) for st in b_stats]
-    s_scores = [spec.score(st.sum(0)) for st in s_stats]
-    diffs = [s - b for s, b in zip(s_scores, b_scores)]
-    diff = float(np.mean(diffs))
-
-    rng = np.random.default_rng(seed)
-    k, n_items = len(seeds), b_stats[0].shape[0]
-    boot = np.empty(samples)
-    for t in range(samples):
-        pick = rng.integers(0, k, size=k)  # seeds, with replacement
-        idx = rng.integers(0, n_items, size=n_items)  # test items, the same for both systems
-        boot[t] = np.mean([spec.score(s_stats[j][idx].sum(0)) - spec.score(b_stats[j][idx].sum(0)) for j in pick])
-    low, high = (float(x) for x in np.percentile(boot, [2.5, 97.5]))
-
-    identical = all(_same(a, b, metric) for a, b in zip(base, system))
-    p_bs = None
-    if identical:
-        p, test = 1.0, "identical outputs"
-    elif spec.test == "ar":
-        p, p_bs = _sacrebleu_tests(metric, base, system, trials, samples)
-        test = f"sacreBLEU paired approximate randomization ({trials} trials)"
-    elif spec.test == "mcnemar":
-        p = _mcnemar(base, system)
-        test = "McNemar exact test (discordant items, pooled over seeds)"
+    rng = np.random.default_rng([rng_seed, abs(hash(str(seed))) % (2 ** 31)])
+    b, s = spec.score(base_stats.sum(0)), spec.score(system_stats.sum(0))
+    dtype = np.float32 if spec.integer and max(base_stats.sum(0).max(), system_stats.sum(0).max()) < 2 ** 23 \
+        else np.float64
+    low, high = bootstrap_interval(spec.vscore, base_stats, system_stats, samples, rng, dtype=dtype)
+    if spec.test == "mcnemar":
+        p, differing = _mcnemar(base_stats[:, 0], system_stats[:, 0])
+        test = "McNemar exact test (discordant items)"
     else:
-        p = float(min(1.0, 2 * min((boot <= 0).mean(), (boot >= 0).mean())))
-        p = max(p, 1.0 / (samples + 1))
-        test = f"paired bootstrap over seeds and test items ({samples} resamples)"
-    return Comparison(metric, list(seeds), float(np.mean(b_scores)), float(np.mean(s_scores)), diff, low, high,
-                      float(p), test, p_bs)
+        p, test, differing = ar_test(spec.vscore, base_stats, system_stats, trials, rng, dtype=dtype)
+    return ItemComparison(metric, seed, b, s, s - b, low, high, float(p), test, differing)
 
 
-def _same(a: dict, b: dict, metric: str) -> bool:
-    if needs_text(metric) or metric == "test/exact_match":
-        return a.get("hyps") == b.get("hyps")
-    return a.get("nll") == b.get("nll")
-
-
-def _mcnemar(base: Sequence[dict], system: Sequence[dict]) -> float:
+def _mcnemar(base: np.ndarray, system: np.ndarray) -> tuple[float, int]:
     from scipy import stats
 
-    b = np.concatenate([np.asarray(it["exact"], int) for it in base])
-    s = np.concatenate([np.asarray(it["exact"], int) for it in system])
-    only_s, only_b = int(((s == 1) & (b == 0)).sum()), int(((s == 0) & (b == 1)).sum())
+    only_s, only_b = int(((system == 1) & (base == 0)).sum()), int(((system == 0) & (base == 1)).sum())
     if only_s + only_b == 0:
-        return 1.0
-    return float(stats.binomtest(only_s, only_s + only_b, 0.5).pvalue)
-
-
-def _sacrebleu_tests(metric: str, base: Sequence[dict], system: Sequence[dict], trials: int, samples: int):
-    """sacreBLEU's own paired tests on the paired seeds' outputs concatenated: (p AR, p bootstrap)."""
-    from sacrebleu.significance import PairedTest
-
-    refs = [r for it in base for r in it["refs"]]
-    named = [("baseline", [h for it in base for h in it["hyps"]]), ("system", [h for it in system for h in it["hyps"]])]
-    out = []
-    for test_type, n in (("ar", trials), ("bs", samples)):
-        name = "BLEU" if metric == "test/bleu" else "chrF"
-        _, scores = PairedTest(named, {name: _sacre(metric.split("/")[1])}, [refs], test_type=test_type,
-                               n_samples=n)()
-        out.append(float(scores[name][1].p_value))
-    return out[0], out[1]
-
-
-def compare_seeds(metric: str, base: Sequence[float], system: Sequence[float], seeds: Sequence[int],
-                  level: float = 0.95) -> Comparison:
-    """Compare a run-level number over paired seeds (``base[i]``, ``system[i]`` share ``seeds[i]``):
-    the mean paired difference, its Student-t interval and the paired t-test's two-sided p
-    (NaN interval and p with one pair; p = 1 when every difference is 0)."""
-    from scipy import stats as sps
-
-    b, s = np.asarray(base, dtype=np.float64), np.asarray(system, dtype=np.float64)
-    d = s - b
-    test = f"paired t-test over seeds ({len(d) - 1} df)"
-    if len(d) < 2:
-        low = high = p = math.nan
-    elif not np.any(d != d[0]):  # equal differences: no spread, the t statistic is undefined
-        low = high = float(d[0])
-        p = 1.0 if d[0] == 0 else 0.0
-    else:
-        _, low, high, _ = t_interval(d.tolist(), level)
-        p = float(sps.ttest_rel(s, b).pvalue)
-    return Comparison(metric, list(seeds), float(b.mean()), float(s.mean()), float(d.mean()), low, high, p, test)
+        return 1.0, 0
+    return float(stats.binomtest(only_s, only_s + only_b, 0.5).pvalue), only_s + only_b

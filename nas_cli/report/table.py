@@ -20,7 +20,7 @@ __all__ = ["Group", "group_runs", "field_value", "columns", "table_rows", "rich_
 from ..identity import IGNORED_KEYS, identity
 
 #: fields read from summary.json / the run itself rather than from the config
-RUN_FIELDS = ("task", "scheme", "heads", "seed", "model", "d_model", "steps", "parameters")
+RUN_FIELDS = ("task", "scheme", "heads", "seed", "model", "d_model", "steps", "parameters", "source")
 
 
 class BadField(ValueError):
@@ -39,6 +39,8 @@ def field_value(run: Run, name: str) -> Any:
         return run.heads
     if name == "seed":
         return run.seed
+    if name == "source":
+        return run.source
     if name == "variant":
         return run.variant
     if name.startswith("placement."):
@@ -63,6 +65,8 @@ class Group:
     runs: list[Run]
     key: tuple
     distinct: dict[str, Any] = field(default_factory=dict)  # config keys that tell apart look-alike rows
+    repeats: list = field(default_factory=list)  # (set-aside run, the run it repeats): one replicate, kept once
+    fields: dict[str, Any] = field(default_factory=dict)  # --group-by fields other than task, scheme, heads
 
     @property
     def n(self) -> int:
@@ -98,7 +102,7 @@ class Group:
 
     @property
     def label(self) -> str:
-        extra = " ".join(f"{k}={v}" for k, v in self.distinct.items())
+        extra = " ".join(f"{k}={v}" for k, v in {**self.fields, **self.distinct}.items())
         variant = self.common(lambda r: r.variant)
         return (f"{self.common(lambda r: r.scheme)} h{self.common(lambda r: r.heads)}" + (f" {extra}" if extra else "")
                 + (f" [{variant}]" if variant != "-" else ""))
@@ -130,8 +134,32 @@ def group_runs(runs: Sequence[Run], by: Sequence[str] | None = None) -> list[Gro
         groups.setdefault(key, Group(runs=[], key=key)).runs.append(r)
     out = sorted(groups.values(), key=lambda g: (g.common(lambda r: r.task), g.common(lambda r: r.scheme),
                                                   g.runs[0].heads or 0, str(g.key)))
+    for g in out:  # within a row, a run that repeats another's config and seed is the same replicate
+        g.runs, g.repeats = distinct_replicates(g.runs)
+        if by:
+            g.fields = {b: field_value(g.runs[0], b) for b in by if b not in ("task", "scheme", "heads", "run", "seed")}
     _mark_distinct(out)
     return out
+
+
+def distinct_replicates(runs: Sequence[Run]) -> tuple[list[Run], list[tuple[Run, Run]]]:
+    """Runs that repeat another run's config *and* seed are one replicate, not two seeds: keep the
+    first (by path) and return the others as (set-aside run, the run it repeats). Runs without a
+    seed are all kept."""
+    kept: dict[tuple, Run] = {}
+    out, repeats = [], []
+    for r in sorted(runs, key=lambda r: str(r.path)):
+        if r.seed is None:
+            out.append(r)
+            continue
+        key = (_default_key(r), repr(r.seed))
+        if key in kept:
+            repeats.append((r, kept[key]))
+        else:
+            kept[key] = r
+            out.append(r)
+    order = {id(r): i for i, r in enumerate(runs)}
+    return sorted(out, key=lambda r: order[id(r)]), repeats
 
 
 def _identity(run: Run) -> dict[str, Any]:
@@ -207,6 +235,8 @@ def columns(groups: Sequence[Group]) -> list[Column]:
             Column("scheme", lambda g: g.common(lambda r: r.scheme)
                    + (f" [{g.common(lambda r: r.variant)}]" if g.common(lambda r: r.variant) != "-" else "")),
             Column("heads", lambda g: g.common(lambda r: r.heads))]
+    for name in dict.fromkeys(k for g in groups for k in g.fields):  # --group-by fields beyond task/scheme/heads
+        cols.append(Column(name, lambda g, name=name: str(g.fields.get(name, "-"))))
     if any(g.distinct for g in groups):
         cols.append(Column("config", lambda g: " ".join(f"{k}={v}" for k, v in g.distinct.items()) or "-"))
     if grouped:

@@ -67,12 +67,17 @@ def test_bleu_of_a_tokenized_corpus_is_detokenized_sacrebleu(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["bleu_signature"].startswith("detok:moses|nrefs:1")
     items = json.loads((run / "test_items.json").read_text())
+    # test_items.json keeps the text as scored (detokenized), so nas-report tests the BLEU the table shows
+    raw = [l.rstrip("\n") for l in (data / "test.en").read_text(encoding="utf-8").splitlines()]
     detok = MosesDetokenizer(lang="en")
-    hyps = [detok.detokenize(h.split(), unescape=True) for h in items["hyps"]]
-    refs = [detok.detokenize(r.split(), unescape=True) for r in items["refs"]]
-    assert any("&quot;" in r for r in items["refs"]) and not any("&quot;" in r for r in refs)
-    expected = sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert any("&quot;" in r for r in raw) and not any("&quot;" in r for r in items["refs"])
+    assert items["refs"] == [detok.detokenize(r.split(), unescape=True) for r in raw[:len(items["refs"])]]
+    expected = sacrebleu.corpus_bleu(items["hyps"], [items["refs"]]).score
     assert summary["test"]["test/bleu"] == pytest.approx(expected, abs=1e-4)
+    from nas_cli.report.stats import METRICS
+
+    bleu = METRICS["test/bleu"]
+    assert bleu.score(bleu.stats(items).sum(0)) == summary["test"]["test/bleu"]  # exactly: the same number
     assert "test/empty" in summary["test"] and "BLEU tok" in proc.stdout
 
 
