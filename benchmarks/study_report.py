@@ -8,8 +8,14 @@
 
 The hand-written parts of the page are kept.
 
-    python benchmarks/study_report.py --multi30k outputs/study/multi30k [more sweep dirs] \
-        [--wikitext2 outputs/study/wikitext2 ...]
+    python benchmarks/study_report.py        # the committed runs in benchmarks/study/
+    python benchmarks/study_report.py --multi30k benchmarks/study/multi30k [more sweep dirs] \
+        [--wikitext2 benchmarks/study/wikitext2 ...]
+
+The study's sweeps write their run directories into ``benchmarks/study/`` (hydra.sweep.dir);
+what the pages need (summary.json, test_items.json, diagnostics, the composed config) is kept in
+git there, checkpoints and W&B files are not (benchmarks/study/.gitignore), so a fresh checkout
+regenerates the page and the same sweep command resumes with the finished runs skipped.
 """
 from __future__ import annotations
 
@@ -103,7 +109,10 @@ def chain(links: list[tuple[str, str, object]]) -> tuple[bool, str]:
 
 
 def _n_note(row) -> str:
-    return f"not significant at this n (n={len(row.comparison.seeds)})"
+    c = row.comparison
+    if not c.testable:
+        return f"no verdict yet (n={c.n}: fewer than 2 seeds)"
+    return f"not significant at this n (n={c.n}; detectable with 80% power: ±{c.detectable():.2g})"
 
 
 def claims_section(mt_root, lm_root) -> str:
@@ -113,10 +122,11 @@ def claims_section(mt_root, lm_root) -> str:
     lines = [CLAIMS, "",
              f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `python benchmarks/study_report.py`. Cells: mean ± "
              "half-width of the 95% Student-t interval over seeds (n runs); *difference* is the system minus UNAS "
-             "paired by seed with its 95% interval (BLEU and perplexity: paired bootstrap over seeds and test "
-             "items; diagnostics: Student-t over the paired seeds) and the Holm-adjusted p of nas-report's test. "
-             "A claim *holds* only where that comparison is significant in the claimed direction (or, for "
-             "'on par', where it is not significant).", "",
+             "paired by seed with its 95% Student-t interval over the paired seeds and the Holm-adjusted p of "
+             "nas-report's verdict (a paired t-test over seeds, the question *does it help when training is "
+             "repeated?*; see docs/comparing.md). A claim *holds* only where that comparison is significant in the "
+             "claimed direction (or, for 'on par', where it is not significant); with fewer than 2 seeds there is "
+             "no verdict.", "",
              "| claim (paper) | paper's number | nas-run here | difference vs UNAS | holds here? |",
              "|---|---|---|---|---|"]
 
@@ -131,8 +141,9 @@ def claims_section(mt_root, lm_root) -> str:
     else:
         v, c = r.comparison.verdict(True), r.comparison
         bound = max(abs(c.low), abs(c.high))
-        verdict = (f"consistent: no significant difference (n={len(c.seeds)}); the interval rules out differences "
-                   f"larger than {bound:.1f} BLEU" if v.startswith("no significant")
+        verdict = (f"consistent: no significant difference (n={len(c.seeds)}); over seeds the interval rules out "
+                   f"differences larger than {bound:.1f} BLEU" if v.startswith("no significant")
+                   else f"no verdict (n={len(c.seeds)})" if v.startswith("no verdict")
                    else "yes, and DNAS better here" if v.startswith("better") else "no: DNAS worse here")
         row("DNAS is on par with UNAS (Ding et al.; the paper has no translation task)", PAR,
             f"BLEU: UNAS {_ci(g.get('unas'), 'test/bleu')}, DNAS {_ci(g['dnas'], 'test/bleu')}", _diff(r), verdict)
@@ -230,7 +241,7 @@ def _blocks(groups: dict) -> str:
 
 def _verdict_text(row) -> str:
     v = row.comparison.verdict(None)
-    return _n_note(row) if v.startswith(("no significant", "no test")) else v
+    return _n_note(row) if v.startswith(("no significant", "no verdict")) else v
 
 
 def durations(roots: list[str]) -> list[str]:
@@ -270,8 +281,11 @@ def results_section(roots: list[tuple[list[str], str]]) -> str | None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="study_report.py", description="write docs/study.md's generated sections")
-    p.add_argument("--multi30k", nargs="+", default=["outputs/study/multi30k"], help="Multi30k sweep directories")
-    p.add_argument("--wikitext2", nargs="+", default=None, help="WikiText-2 sweep directories")
+    study = ROOT / "benchmarks" / "study"
+    p.add_argument("--multi30k", nargs="+", default=[str(study / d) for d in ("multi30k", "multi30k_zheng",
+                                                                              "multi30k_tsai")],
+                   help="Multi30k sweep directories (default: the committed ones)")
+    p.add_argument("--wikitext2", nargs="+", default=[str(study / "wikitext2")], help="WikiText-2 sweep directories")
     p.add_argument("--out", default=str(ROOT / "docs" / "study.md"))
     args = p.parse_args(argv)
     roots = [(args.multi30k, MT_METRICS)] + ([(args.wikitext2, LM_METRICS)] if args.wikitext2 else [])

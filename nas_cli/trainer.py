@@ -27,6 +27,10 @@ def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
             raise UserError(f"trainer.strategy: {_unwrap(err)}") from err
     # nas-run shards the data itself (nas_cli.scale): no DistributedSampler, nothing padded or repeated
     tcfg["use_distributed_sampler"] = False
+    if isinstance(tcfg.get("max_steps"), int) and tcfg["max_steps"] > 0:
+        # a step budget takes precedence, as conf/trainer/default.yaml promises: the epoch limit would
+        # otherwise stop the run first (and "resume with more steps" would train nothing)
+        tcfg["max_epochs"] = -1
     return tcfg
 
 

@@ -244,10 +244,14 @@ class Run:
 def load_run(run_dir: str | Path) -> Run:
     run_dir = Path(run_dir)
     diag = run_dir / "diagnostics"
-    return Run(path=run_dir, summary=_read_json(run_dir / "summary.json"), config=_read_config(run_dir),
-               items_path=run_dir / "test_items.json",
+    summary = _read_json(run_dir / "summary.json")
+    failure = _read_json(run_dir / "failed.json")
+    if summary is None and (run_dir / "summary.json").is_file():  # there, but not a JSON object: say so
+        failure = {"reason": f"corrupt summary.json ({run_dir / 'summary.json'} is not readable JSON): restore it "
+                             "or run the job again"}
+    return Run(path=run_dir, summary=summary, config=_read_config(run_dir), items_path=run_dir / "test_items.json",
                diagnostics=_read_json(diag / "summary.json"), latest=_read_json(diag / "latest.json"),
-               failure=_read_json(run_dir / "failed.json"))
+               failure=failure)
 
 
 def _is_run_dir(path: Path) -> bool:

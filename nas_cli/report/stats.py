@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Sequence
 
 import numpy as np
@@ -84,34 +85,49 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 # ---- power: what a number of seeds can detect --------------------------------------------------------
 def power(delta: float, se: float, df: float, alpha: float = ALPHA) -> float:
     """Power of a two-sided t-test at level ``alpha`` for a true difference ``delta`` when the
-    estimate's standard error is ``se`` with ``df`` degrees of freedom: the noncentral t's tail
-    mass beyond the critical value, integrated over the chi-distributed spread estimate (scipy's
-    ``nct`` gives NaN far in the tail at 1-2 df; this integral does not)."""
-    from scipy import integrate, stats
+    estimate's standard error is ``se`` with ``df`` degrees of freedom: the noncentral t's mass
+    beyond the critical values (scipy's ``nct``; where it loses its way far in the tail, at 1-2 df,
+    the same mass integrated over the chi-distributed spread estimate)."""
+    from scipy import stats
 
     if not (se > 0 and df >= 1):
         return math.nan
     crit = float(stats.t.ppf(1 - alpha / 2, df))
     nc = abs(delta) / se
+    got = float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+    if not (math.isfinite(got) and 0.0 <= got <= 1.0 + 1e-9):
+        got = _power_integral(nc, crit, df)
+    return min(1.0, max(0.0, got))
+
+
+def _power_integral(nc: float, crit: float, df: float) -> float:
+    from scipy import integrate, stats
+
     root = math.sqrt(df)
 
     def mass(s: float) -> float:  # s = estimated sd / true sd, s * sqrt(df) ~ chi(df)
         return (stats.norm.cdf(nc - crit * s) + stats.norm.cdf(-nc - crit * s)) * stats.chi.pdf(s * root, df) * root
 
     got, _ = integrate.quad(mass, 0, math.inf, limit=200)
-    return min(1.0, max(0.0, float(got)))
+    return float(got)
 
 
 def detectable(se: float, df: float, target: float = POWER, alpha: float = ALPHA) -> float:
-    """The smallest true difference a two-sided t-test detects with probability ``target``."""
-    from scipy import optimize
-
+    """The smallest true difference a two-sided t-test detects with probability ``target``:
+    the noncentrality reaching that power at ``df`` (computed once per df) times ``se``."""
     if not (se > 0 and df >= 1):
         return math.nan
-    hi = se
-    while power(hi, se, df, alpha) < target:
+    return _noncentrality(float(df), target, alpha) * se
+
+
+@lru_cache(maxsize=256)
+def _noncentrality(df: float, target: float, alpha: float) -> float:
+    from scipy import optimize
+
+    hi = 1.0
+    while power(hi, 1.0, df, alpha) < target:
         hi *= 2
-    return float(optimize.brentq(lambda d: power(d, se, df, alpha) - target, 0.0, hi, xtol=1e-10 * hi))
+    return float(optimize.brentq(lambda d: power(d, 1.0, df, alpha) - target, 0.0, hi, xtol=1e-10 * hi))
 
 
 def seeds_needed(delta: float, sd: float, paired: bool = True, target: float = POWER, alpha: float = ALPHA,
@@ -238,8 +254,12 @@ def compare_seeds(metric: str, base: Sequence[float], system: Sequence[float], s
         test = ("no difference at any seed" if d[0] == 0
                 else f"sign-flip test over seeds (equal differences at all {n} seeds)")
     else:
+        import warnings
+
         _, low, high, _ = t_interval(d.tolist(), level)
-        p = float(sps.ttest_rel(s, b).pvalue)
+        with warnings.catch_warnings():  # nearly equal differences: scipy warns of round-off, the p is still right
+            warnings.simplefilter("ignore", RuntimeWarning)
+            p = float(sps.ttest_rel(s, b).pvalue)
     return Comparison(metric, list(seeds), float(b.mean()), float(s.mean()), float(d.mean()), low, high, p, test,
                       n_base=n, n_sys=n, paired=True, se=se, df=df, sd=sd)
 
@@ -289,13 +309,27 @@ class Metric:
 def _sacre(kind: str):
     from sacrebleu.metrics import BLEU, CHRF
 
-    return BLEU() if kind == "bleu" else CHRF()
+    return BLEU(force=True) if kind == "bleu" else CHRF()  # force: the text is scored as the run scored it
+
+
+#: sacreBLEU metrics with their references' n-grams cached, by (kind, the references' fingerprint):
+#: every run of a sweep is scored against the same references, which are processed once
+_WITH_REFS: dict[tuple[str, str], object] = {}
 
 
 def _sacre_stats(kind: str) -> Callable[[dict], np.ndarray]:
     def stats(items: dict) -> np.ndarray:
-        metric = _sacre(kind)
-        return np.asarray(metric._extract_corpus_statistics(items["hyps"], [items["refs"]]), dtype=np.float64)
+        import hashlib
+
+        refs = items["refs"]
+        key = (kind, hashlib.sha256("\n".join(refs).encode()).hexdigest())
+        metric = _WITH_REFS.get(key)
+        if metric is None:
+            metric = _sacre(kind)
+            metric._ref_cache = metric._cache_references([refs])
+            _WITH_REFS.clear()  # one test set at a time (nas-report refuses a mix)
+            _WITH_REFS[key] = metric
+        return np.asarray(metric._extract_corpus_statistics(items["hyps"], None), dtype=np.float64)
     return stats
 
 

@@ -301,3 +301,18 @@ def test_a_killed_sweep_launched_again_skips_finished_jobs_and_resumes_the_rest(
     assert (first / "summary.json").read_bytes() == finished  # not trained again
     s = summary(second)
     assert s["steps"] == 40 and s["resumed_from"] == "checkpoints/last.ckpt"
+
+
+def test_max_steps_lifts_the_epoch_limit_and_resuming_trains_exactly_the_steps_asked(tmp_path):
+    """Issue #34 (1): 640 examples at batch 64 are 10 steps an epoch, so the default 8 epochs end at
+    80 steps; trainer.max_steps=100 must train 100, and resuming with max_steps=130 exactly 30 more."""
+    run = tmp_path / "run"
+    common = ("progress_bar=false", "logger=csv", "model=tiny", "task.train_size=640", "task.val_size=64",
+              "task.test_size=64", "trainer.val_check_interval=null", "trainer.check_val_every_n_epoch=4",
+              "diagnostics.enabled=false")
+    first = nas_run(*common, "trainer.max_steps=100", f"hydra.run.dir={run}", cwd=tmp_path, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert summary(run)["steps"] == 100
+    longer = nas_run(f"resume={run}", "trainer.max_steps=130", cwd=tmp_path, timeout=600)
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert summary(run)["steps"] == 130 and ckpt_step(run / "checkpoints" / "last.ckpt") == 130

@@ -463,3 +463,18 @@ def test_method_note_names_each_metrics_test_once():
         "paired t-test over seeds (1 or 2 df: one less than the paired seeds)")
     assert _tests_in_words({"paired t-test over seeds (2 df)"}) == "paired t-test over seeds (2 df)"
     assert _tests_in_words({"b test", "a test"}) == "a test / b test"
+
+
+def test_a_corrupt_summary_is_named_not_called_unfinished(compare_sweep, tmp_path):
+    """Issue #34 (5): a summary.json that is not JSON is reported as corrupt, with its path."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(compare_sweep, copy)
+    job = sorted(p for p in copy.iterdir() if (p / "summary.json").exists())[0]
+    (job / "summary.json").write_text('{"task": "sort", "tes')
+    proc = report(copy, "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["unfinished"]["rows"]
+    assert len(rows) == 1 and rows[0]["status"].startswith("failed: corrupt summary.json")
+    assert str(job / "summary.json") in rows[0]["status"]
