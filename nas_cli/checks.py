@@ -109,12 +109,19 @@ def check_attention(cfg: DictConfig) -> None:
 
 
 def check_flex(plan, cfg: DictConfig) -> None:
-    """``attention.impl=flex`` trains only where FlexAttention has a backward pass (CUDA)."""
+    """``attention.impl=flex`` trains only where FlexAttention has a backward pass (CUDA), is not
+    deterministic (its captured-bias gradients are accumulated with atomics on CUDA), and takes
+    only the encoder form: the prefix-normalized locations (decoder, cross-attention) keep the
+    chunked path, which the run says once."""
     flex = [loc for loc, p in plan.placed.items() if p.options.get("impl") == "flex"]
     if not flex:
         return
     import torch
 
+    if bool((cfg.get("trainer") or {}).get("deterministic", False)):
+        raise UserError(f"attention.impl=flex ({', '.join(flex)}) is not deterministic (FlexAttention accumulates "
+                        "the gradients of the column normalizer with atomics on CUDA); with trainer.deterministic="
+                        "true use attention.impl=auto (the chunked exact path), or drop trainer.deterministic")
     from .attention.flex import flex_unavailable
 
     accel = str((cfg.get("trainer") or {}).get("accelerator", "auto"))
@@ -123,6 +130,14 @@ def check_flex(plan, cfg: DictConfig) -> None:
     if why:
         raise UserError(f"attention.impl=flex ({', '.join(flex)}): {why}; use attention.impl=auto (the chunked "
                         "exact path, same values and gradients) or train on a GPU (trainer=gpu)")
+    prefix = [loc for loc in flex if loc in ("decoder", "cross")]
+    if prefix:
+        import sys
+
+        print(f"nas-run: note: attention.impl=flex: {', '.join(prefix)} attention is prefix-normalized (each "
+              "query's column sums run over the queries before it), which FlexAttention cannot express; "
+              f"{'it uses' if len(prefix) == 1 else 'they use'} the chunked exact path (same values and gradients)",
+              file=sys.stderr)
 
 
 def _example(key: str, cfg: DictConfig) -> str:

@@ -63,10 +63,16 @@ def _attend(q, k, v, bias=None, bias_dim: str = "k", allowed=None, lse: bool = F
 
     from torch.nn.attention.flex_attention import create_block_mask
 
-    score_mod = None
-    if bias is not None:
+    # Always a score_mod, never the same tensor as keys and values: a None score_mod on some calls
+    # and aliased k/v crashed torch._dynamo after a few shapes ('NoneType' object is not subscriptable)
+    if bias is None:
+        def score_mod(score, b, h, qi, kj):
+            return score
+    else:
         def score_mod(score, b, h, qi, kj):
             return score - bias[b, h, kj]
+    if v is k or v is q:
+        v = v.detach().clone()  # a dummy (the output is not used): its own storage
 
     block_mask = None
     if allowed is not None:

@@ -89,3 +89,42 @@ def test_flex_gradients_equal_the_naive_formula_on_cuda():
     want = torch.autograd.grad((ref * g).sum(), (q, k, v))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+
+
+def test_flex_survives_a_loop_of_changing_shapes():
+    """Issue #30: after a few calls with different shapes, FlexAttention crashed inside
+    torch._dynamo ('NoneType' object is not subscriptable) when the same tensor was passed as
+    keys and values and score_mod was sometimes None. Every shape here must give the float64
+    formula's values, with or without padding, for DNAS, Sinkhorn-3 and HNAS."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [(2, 7, 9), (3, 5, 6), (1, 130, 77), (3, 140, 140), (2, 16, 33), (4, 11, 11), (3, 140, 61)]
+    cores = {s: build_core(s, impl="naive").double() for s in ("dnas", "sinkhorn", "hnas")}
+    for i, (b, sq, sk) in enumerate(shapes):
+        q, k, v = (torch.randn(b, 4, n, 8, generator=g, dtype=torch.float64) for n in (sq, sk, sk))
+        masks = (None, None) if i % 2 else _masks(b, sq, sk) if b > 1 else (None, None)
+        for scheme, core in cores.items():
+            ref = core(q, k, v, q_mask=masks[0], k_mask=masks[1], need_weights=True).out
+            if scheme == "hnas":
+                out = hnas_flex(q, k, v, core.u.detach(), *masks)
+            else:
+                out = dnas_flex(q, k, v, *masks, iterations=core.iterations)
+            torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9, msg=f"{scheme} at {b}x{sq}x{sk}")
+
+
+def test_impl_flex_is_refused_when_deterministic_and_says_once_where_it_falls_back(monkeypatch, capsys):
+    """Issue #30: deterministic training cannot take FlexAttention (atomics in its backward); where it
+    can train (CUDA: simulated here by saying it is available), the prefix-normalized locations
+    keep the chunked path and the run says so in one note."""
+    import nas_cli.attention.flex as flex
+    from nas_cli.checks import check_config
+    from nas_cli.errors import UserError
+
+    with pytest.raises(UserError, match=r"attention.impl=flex \(encoder, decoder, cross\) is not deterministic.*"
+                                        r"attention.impl=auto"):
+        check_config(compose_cfg("attention=dnas", "attention.impl=flex", "trainer.deterministic=true"))
+    monkeypatch.setattr(flex, "flex_unavailable", lambda device, training: None)
+    check_config(compose_cfg("attention=dnas", "attention.impl=flex"))
+    err = capsys.readouterr().err
+    assert err.count("nas-run: note: attention.impl=flex: decoder, cross attention is prefix-normalized") == 1
+    check_config(compose_cfg("attention=dnas", "attention.impl=flex", "attention.decoder=unas", "attention.cross=unas"))
+    assert "prefix-normalized" not in capsys.readouterr().err  # the encoder alone: nothing falls back
