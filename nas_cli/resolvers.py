@@ -32,8 +32,12 @@ def slurm_tasks(devices) -> int:
 
 
 def slurm_gpus(accelerator, devices) -> int | None:
-    """GPUs to request per node: trainer.devices, none for CPU training."""
-    return None if str(accelerator) == "cpu" else _devices(devices)
+    """GPUs to request per node: trainer.devices when the trainer asks for GPUs
+    (``trainer.accelerator=gpu``/``cuda``, as trainer=gpu and trainer=ddp do), else none. The
+    default ``auto`` asks for none: what the submitting machine has says nothing about the
+    cluster's nodes, and a job meant for the CPU must not hold a GPU (or fail on a CPU
+    partition with "Invalid generic resource")."""
+    return _devices(devices) if str(accelerator) in ("gpu", "cuda") else None
 
 
 def scheme_tag(*args) -> str:

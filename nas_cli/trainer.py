@@ -35,9 +35,15 @@ def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
 
 
 def set_threads(cfg: DictConfig) -> None:
-    """``threads=N``: torch's CPU threads for this process (null leaves torch's default)."""
+    """``threads=N``: torch's CPU threads for this process. null: ``OMP_NUM_THREADS`` when set,
+    else the CPUs SLURM allotted the task (``SLURM_CPUS_PER_TASK``), else torch's default (one per
+    core of the machine, which on a shared cluster node is more than the job may use)."""
     if cfg.get("threads") is not None:
         torch.set_num_threads(int(cfg.threads))
+        return
+    allotted = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if not os.environ.get("OMP_NUM_THREADS") and allotted.isdigit() and int(allotted) > 0:
+        torch.set_num_threads(int(allotted))
 
 
 def environment(trainer: pl.Trainer, cfg: DictConfig) -> dict[str, Any]:

@@ -275,6 +275,15 @@ def record_resume(run_dir: Path, overrides: list[str]) -> None:
     atomic_write_text(path, yaml.safe_dump(done, sort_keys=False))
 
 
+def multirun_first(argv: list[str]) -> list[str]:
+    """``-m``/``--multirun`` wherever it was typed (``nas-run trainer=ddp hydra/launcher=slurm -m seed=1,2,3``):
+    Hydra's parser takes it only before the overrides, so it is moved to the front."""
+    flags = [a for a in argv if a in ("-m", "--multirun")]
+    if not flags:
+        return argv
+    return ["-m", *[a for a in argv if a not in ("-m", "--multirun")]]
+
+
 def resume_argv(argv: list[str]) -> list[str]:
     """``nas-run resume=<run dir> [key=value ...]`` -> Hydra arguments that run that directory's
     saved config again, in that directory (nothing new is created; Hydra writes no new .hydra/).
@@ -305,6 +314,7 @@ def main() -> None:
         from ..overrides import check_overrides
         from ..plan import location_alias
 
+        sys.argv = [sys.argv[0], *multirun_first(sys.argv[1:])]
         sys.argv = [sys.argv[0], *location_alias(sys.argv[1:])]  # attention.decoder=x: see nas_cli/plan.py
         check_overrides(sys.argv[1:], CONF_DIR)  # typos: one line with the closest name, before Hydra
         sys.argv = [sys.argv[0], *resume_argv(sys.argv[1:])]

@@ -80,6 +80,34 @@ def test_ddp_two_cpu_processes_one_wandb_run_metrics_equal_single_process(tmp_pa
 
 
 # ---- launchers and sweepers ---------------------------------------------------------------------
+def test_threads_follow_the_cpus_slurm_allotted(monkeypatch):
+    """Issue #28 (6): threads=null takes SLURM_CPUS_PER_TASK (unless OMP_NUM_THREADS says otherwise)."""
+    from nas_cli.trainer import set_threads
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+        torch.set_num_threads(2)
+        set_threads(OmegaConf.create({"threads": None}))
+        assert torch.get_num_threads() == 1
+        set_threads(OmegaConf.create({"threads": 2}))  # an explicit threads=N wins
+        assert torch.get_num_threads() == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        set_threads(OmegaConf.create({"threads": None}))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_multirun_flag_is_moved_to_the_front():
+    from nas_cli.commands.nas_run import multirun_first
+
+    assert multirun_first(["trainer=ddp", "hydra/launcher=slurm", "-m", "seed=1,2,3"]) == [
+        "-m", "trainer=ddp", "hydra/launcher=slurm", "seed=1,2,3"]
+    assert multirun_first(["seed=1", "--multirun"]) == ["-m", "seed=1"] and multirun_first(["seed=1"]) == ["seed=1"]
+
+
 def test_slurm_launcher_submits_what_the_config_says(tmp_path, monkeypatch):
     """Compose hydra/launcher=slurm, run the real submitit launcher up to the sbatch file."""
     import submitit.slurm.slurm as slurm
@@ -90,6 +118,11 @@ def test_slurm_launcher_submits_what_the_config_says(tmp_path, monkeypatch):
             "hydra.launcher.partition=gpu-long", "hydra.launcher.account=proj42", "hydra.launcher.timeout_min=600",
             "hydra.launcher.cpus_per_task=6", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
         cpu = compose("config", return_hydra_config=True, overrides=["hydra/launcher=slurm", "trainer=cpu"])
+        default = compose("config", return_hydra_config=True, overrides=["hydra/launcher=slurm"])
+        one_gpu = compose("config", return_hydra_config=True, overrides=["hydra/launcher=slurm", "trainer=gpu"])
+    # issue #28 (1): the default trainer (accelerator auto) asks SLURM for no GPU; trainer=gpu for its devices
+    assert default.hydra.launcher.gpus_per_node is None and default.hydra.launcher.tasks_per_node == 1
+    assert one_gpu.hydra.launcher.gpus_per_node == 1
     launcher_cfg = cfg.hydra.launcher
     assert launcher_cfg.nodes == 2 and launcher_cfg.tasks_per_node == 8 and launcher_cfg.gpus_per_node == 8
     assert cpu.hydra.launcher.gpus_per_node is None and cpu.hydra.launcher.tasks_per_node == 1
@@ -115,8 +148,8 @@ def test_slurm_launcher_submits_what_the_config_says(tmp_path, monkeypatch):
 
 
 def test_joblib_and_optuna_sweeps_and_no_overwrite(tmp_path):
-    # joblib: two jobs in parallel worker processes, one W&B run each in one group
-    proc = nas_run("-m", *TINY, "trainer.max_steps=6", "run_test=false", "hydra/launcher=joblib",
+    # joblib: two jobs in parallel worker processes, one W&B run each in one group; -m anywhere (issue #28, 3)
+    proc = nas_run(*TINY, "trainer.max_steps=6", "run_test=false", "hydra/launcher=joblib", "-m",
                    "hydra.launcher.n_jobs=2", "attention=unas,dnas", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # optuna: 3 trials, maximizing the reverse task's val/exact_match
@@ -125,8 +158,8 @@ def test_joblib_and_optuna_sweeps_and_no_overwrite(tmp_path):
                   "hydra.sweep.dir=never", cwd=tmp_path)
     assert bad.returncode == 2 and "trainer.val_check_interval=10 > trainer.max_steps=6" in bad.stderr
     assert "Traceback" not in bad.stderr and not list((tmp_path / "never").rglob("*.ckpt"))
-    proc2 = nas_run("-m", *TINY, "trainer.max_steps=6", "trainer.val_check_interval=3", "run_test=false",
-                    "sweep=optuna", "hydra.sweeper.n_trials=3", cwd=tmp_path, timeout=600)
+    proc2 = nas_run(*TINY, "trainer.max_steps=6", "trainer.val_check_interval=3", "run_test=false",
+                    "sweep=optuna", "hydra.sweeper.n_trials=3", "--multirun", cwd=tmp_path, timeout=600)
     assert proc2.returncode == 0, proc2.stderr[-3000:]
     sweeps = sorted((tmp_path / "outputs" / "sweeps").iterdir())
     assert len(sweeps) == 2  # a second sweep into the same output root gets its own directory
