@@ -96,6 +96,8 @@ class PeriodicCheckpoint(pl.Callback):
         self._last_saved = step
         trainer.save_checkpoint(self.dirpath / f"step{step}.ckpt", weights_only=False)
         if trainer.is_global_zero:
-            found = sorted(self.dirpath.glob("step*.ckpt"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else -1)
+            # only the files this callback names (step<digits>.ckpt): a user's step_best.ckpt is not ours
+            found = sorted((p for p in self.dirpath.glob("step*.ckpt") if p.stem[4:].isdigit()),
+                           key=lambda p: int(p.stem[4:]))
             for old in found[: -self.keep]:
                 old.unlink(missing_ok=True)

@@ -92,6 +92,8 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
             raise UserError(f"{key}: there is no '{top}' section{_close(top, [*cfg.keys(), *groups])} "
                             f"(sections: {', '.join(sorted(str(k) for k in cfg.keys()))})")
         names = [str(k) for k in node.keys()] if hasattr(node, "keys") else []
+        if parent == "attention":  # the per-location choices (attention.decoder=<scheme>) are not keys until chosen
+            names += list(LOCATIONS)
         found = difflib.get_close_matches(leaf, sorted(set(names + ([] if parent else list(groups)))), n=1, cutoff=0.6)
         hint = f"; did you mean {f'{parent}.' if parent else ''}{found[0]}?" if found else ""
         if o.is_add():

@@ -284,6 +284,35 @@ def multirun_first(argv: list[str]) -> list[str]:
     return ["-m", *[a for a in argv if a not in ("-m", "--multirun")]]
 
 
+def check_output_dirs(argv: list[str]) -> None:
+    """``hydra.run.dir=`` / ``hydra.sweep.dir=`` that cannot be created: one line, before Hydra
+    (which would print its own traceback). The check creates the directory and removes what it
+    created, so nothing is left behind."""
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or key.lstrip("+~") not in ("hydra.run.dir", "hydra.sweep.dir") or "${" in value:
+            continue
+        path = Path(value.strip("'\"")).expanduser()
+        missing = []
+        probe = path
+        while not probe.exists() and probe != probe.parent:
+            missing.append(probe)
+            probe = probe.parent
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+                raise PermissionError(13, "not a writable directory")
+        except OSError as err:
+            raise UserError(f"{key}={value}: cannot create or write the directory ({err.strerror or err}); "
+                            "choose a directory you can write") from None
+        finally:
+            for made in missing:  # the directories this check created, deepest first
+                try:
+                    made.rmdir()
+                except OSError:
+                    break
+
+
 def resume_argv(argv: list[str]) -> list[str]:
     """``nas-run resume=<run dir> [key=value ...]`` -> Hydra arguments that run that directory's
     saved config again, in that directory (nothing new is created; Hydra writes no new .hydra/).
@@ -317,6 +346,7 @@ def main() -> None:
         sys.argv = [sys.argv[0], *multirun_first(sys.argv[1:])]
         sys.argv = [sys.argv[0], *location_alias(sys.argv[1:])]  # attention.decoder=x: see nas_cli/plan.py
         check_overrides(sys.argv[1:], CONF_DIR)  # typos: one line with the closest name, before Hydra
+        check_output_dirs(sys.argv[1:])
         sys.argv = [sys.argv[0], *resume_argv(sys.argv[1:])]
     except UserError as err:
         _fail(str(err))

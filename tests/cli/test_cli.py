@@ -99,6 +99,7 @@ def test_unknown_group_choice_lists_valid_options(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["model.head=4"], "model.head is not an option; did you mean model.heads?"),
+    (["attention.decoer=dnas"], "attention.decoer is not an option; did you mean attention.decoder?"),
     (["atention=dnas"], "atention is not an option; did you mean attention?"),
     (["attention=dnass"], "attention=dnass: no such choice; did you mean dnas?"),
     (["-m", "attention=unas,dnass"], "attention=dnass: no such choice; did you mean dnas?"),

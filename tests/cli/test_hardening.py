@@ -316,3 +316,28 @@ def test_max_steps_lifts_the_epoch_limit_and_resuming_trains_exactly_the_steps_a
     longer = nas_run(f"resume={run}", "trainer.max_steps=130", cwd=tmp_path, timeout=600)
     assert longer.returncode == 0, longer.stderr[-3000:]
     assert summary(run)["steps"] == 130 and ckpt_step(run / "checkpoints" / "last.ckpt") == 130
+
+
+def test_an_unwritable_run_directory_is_one_line(tmp_path):
+    """Issue #34 (6): hydra.run.dir that cannot be made gave Hydra's traceback; now one line, exit 2."""
+    line = one_line_error(nas_run("debug=fast", "hydra.run.dir=/proc/x/run", cwd=tmp_path))
+    assert "hydra.run.dir=/proc/x/run: cannot create or write the directory" in line
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    line = one_line_error(nas_run("-m", "debug=fast", f"hydra.sweep.dir={blocked}/sweep", "seed=1", cwd=tmp_path))
+    assert f"hydra.sweep.dir={blocked}/sweep" in line
+
+
+def test_checkpoint_rotation_deletes_only_its_own_files(tmp_path):
+    """Issue #34 (8): keep_last removed every step*.ckpt in the directory, a user's own too."""
+    run = tmp_path / "run"
+    first = nas_run(*FAST, "trainer.max_steps=20", "checkpoint.every_n_steps=5", "checkpoint.keep_last=2",
+                    f"hydra.run.dir={run}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    mine = run / "checkpoints" / "step_best.ckpt"
+    shutil.copy(run / "checkpoints" / "step20.ckpt", mine)
+    longer = nas_run(f"resume={run}", "trainer.max_steps=30", cwd=tmp_path)
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert mine.is_file()
+    assert sorted(p.name for p in (run / "checkpoints").glob("step*.ckpt")) == ["step25.ckpt", "step30.ckpt",
+                                                                                 "step_best.ckpt"]
