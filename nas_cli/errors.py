@@ -5,6 +5,11 @@ class UserError(Exception):
     """A configuration or input problem; the message names the option or file and the fix."""
 
 
+class Refused(UserError):
+    """A resume refused before anything ran (another configuration, fewer steps than done): the run
+    directory must be left exactly as it was."""
+
+
 class NonFiniteLoss(UserError):
     """Training produced a NaN or infinite loss."""
 

@@ -27,7 +27,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from .attention import SchemeError
 from .checkpoints import AtomicCheckpointIO, PeriodicCheckpoint  # noqa: F401  (AtomicCheckpointIO: re-exported)
-from .errors import SignalStop, Stopped, UserError
+from .errors import Refused, SignalStop, Stopped, UserError
 from .errors import unwrap as _unwrap
 from .identity import config_id
 from .lit import NasLitModule
@@ -163,11 +163,11 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
     if resume is not None:
         state = resume[1]
         if state.get("config", identity["config"]) != identity["config"]:
-            raise UserError(f"{run_dir} holds a checkpoint of a different configuration (model, attention, task or "
+            raise Refused(f"{run_dir} holds a checkpoint of a different configuration (model, attention, task or "
                             "seed differ); continue it with nas-run resume=<dir>, or use a new hydra.run.dir")
         done, limit = int(state.get("global_step", 0)), int(cfg.trainer.max_steps)
         if 0 < limit < done:
-            raise UserError(f"trainer.max_steps={limit} is below the {done} steps this run has already trained "
+            raise Refused(f"trainer.max_steps={limit} is below the {done} steps this run has already trained "
                             f"(checkpoint {resume[0].name}); pass trainer.max_steps >= {done}")
         identity.update({k: state[k] for k in ("group", "job_type", "wandb_run_id") if state.get(k)})
         if rank_zero_only.rank == 0:  # what a killed process was writing when it died (the directory is ours)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import Stopped, UserError
+from ..errors import Refused, Stopped, UserError
 from ..registry import CONF_DIR, CONF_PACKAGE
 from ..resolvers import register_resolvers
 from ..rundir import CONTINUE_ENV, continuing
@@ -201,12 +201,26 @@ def _job(cfg: DictConfig):
                                    highlight=False, soft_wrap=True)
         value = (summary.get("best_val") or {}).get("value")
         return float("nan") if value is None else float(value)
+    kept = {p: (p.read_bytes() if p.is_file() else None)  # what a refused resume must leave as it was
+            for p in (run_dir / ".hydra" / "resumes.yaml", run_dir / "failed.json")}
     try:
         if continuing(run_dir):
             record_resume(run_dir, list(hc.overrides.task))
         clear_failed(run_dir)
         check_config(cfg)  # again: a sweep's own values (model.heads=four,8) are only known per job
         summary = train(cfg, run_dir, group, job_type="sweep" if multirun else "train")
+    except Refused as err:  # nothing ran: put back what this attempt touched, write nothing
+        for path, data in kept.items():
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(data)
+        release(run_dir)
+        if multirun:
+            Console(stderr=True).print(f"[bold red]nas-run: job refused:[/] {run_dir.name}: {err}", highlight=False,
+                                       soft_wrap=True)
+            return float("nan")
+        _fail(str(err))
     except UserError as err:
         mark_failed(run_dir, str(err))
         release(run_dir)

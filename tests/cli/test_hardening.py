@@ -150,9 +150,16 @@ def test_resume_refuses_fewer_steps_than_done_and_records_its_overrides(tmp_path
     proc = run_with_fault("kill@step:25", *FAST, "trainer.max_steps=40", "checkpoint.last_every_n_steps=10",
                           f"hydra.run.dir={run}", cwd=tmp_path)
     assert proc.returncode == -signal.SIGKILL
+    def files():  # the lock left by the killed process is taken over and released: not a record
+        return {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "wandb" not in p.parts
+                and p.name != ".nas-run.lock"}
+
+    before = files()
     line = one_line_error(nas_run(f"resume={run}", "trainer.max_steps=12", cwd=tmp_path))
     assert "trainer.max_steps=12 is below the 20 steps this run has already trained" in line
     assert not (run / "summary.json").exists()
+    # issue #34 (7): a refusal writes nothing (no failed.json, no resumes.yaml entry)
+    assert files() == before
     ok = nas_run(f"resume={run}", "trainer.max_steps=40", "+logger.api_key=sk-SECRET-1", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-3000:]
     recorded = yaml.safe_load((run / ".hydra" / "resumes.yaml").read_text())
