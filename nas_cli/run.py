@@ -222,7 +222,13 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
     # tokens of all processes (a collective: every process runs it)
     train_tokens = float(trainer.strategy.reduce(torch.tensor(float(module.train_tokens)), reduce_op="sum"))
     best = ckpt.best_model_path or None
-    tested = tested_checkpoint(best, run_dir, task.monitor, _float(ckpt.best_model_score), int(trainer.global_step))
+    unreadable = unreadable_checkpoint(best) if best and cfg.run_test else None
+    if unreadable:  # truncated, or refused by the safe loader: the final weights are tested instead, said once
+        _warn(f"{best} is unreadable ({unreadable}); testing the final weights (step {int(trainer.global_step)}) "
+              "instead")
+        best = None
+    tested = tested_checkpoint(best, run_dir, task.monitor, _float(ckpt.best_model_score), int(trainer.global_step),
+                               why=f"best checkpoint unreadable ({unreadable})" if unreadable else None)
     phase["name"] = "testing"
     try:
         test = trainer.test(module, datamodule=task, ckpt_path=best, verbose=False,
@@ -305,11 +311,24 @@ def _saved_wandb_id(run_dir: Path) -> str | None:
     return text if re.fullmatch(r"[a-z0-9]{1,64}", text) else None
 
 
-def tested_checkpoint(best: str | None, run_dir: Path, metric: str, value: float | None, final_step: int) -> dict:
+def unreadable_checkpoint(path: str) -> str | None:
+    """None when ``path`` loads with the safe loader as a checkpoint with weights, else why not."""
+    from .resume import _reason, load_safe
+
+    try:
+        if "state_dict" not in load_safe(Path(path)):
+            return "no weights in it"
+    except Exception as err:  # noqa: BLE001 - truncated, corrupt or holding objects the safe loader refuses
+        return _reason(err)
+    return None
+
+
+def tested_checkpoint(best: str | None, run_dir: Path, metric: str, value: float | None, final_step: int,
+                      why: str | None = None) -> dict:
     """Which weights the test uses, said plainly (also the console line and summary.json)."""
     if not best:
         return {"checkpoint": None, "step": final_step, "metric": metric, "value": None,
-                "line": f"no validation ran: tested the final weights (step {final_step})"}
+                "line": f"{why or 'no validation ran'}: tested the final weights (step {final_step})"}
     try:
         step = int(torch.load(best, map_location="cpu", weights_only=True, mmap=True).get("global_step", -1))
     except Exception:  # noqa: BLE001 - the test itself will say what is wrong with the file

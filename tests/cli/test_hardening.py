@@ -348,3 +348,28 @@ def test_checkpoint_rotation_deletes_only_its_own_files(tmp_path):
     assert mine.is_file()
     assert sorted(p.name for p in (run / "checkpoints").glob("step*.ckpt")) == ["step25.ckpt", "step30.ckpt",
                                                                                  "step_best.ckpt"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "unsafe"])
+def test_resuming_to_the_test_with_an_unreadable_best_checkpoint_tests_the_final_weights(tmp_path, damage):
+    """Issue #34 (4): killed when the final test starts, then best.ckpt damaged: the resume tests the
+    final weights with one warning line (no traceback), and summary.json says which weights."""
+    run = tmp_path / "run"
+    proc = run_with_fault("kill@test", *FAST, "trainer.max_steps=20", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == -signal.SIGKILL
+    best = run / "checkpoints" / "best.ckpt"
+    if damage == "truncated":
+        best.write_bytes(best.read_bytes()[:1000])
+    else:
+        class Evil:
+            def __reduce__(self):
+                return (print, ("unsafe",))
+
+        torch.save({"state_dict": {}, "x": Evil()}, best)
+    done = nas_run(f"resume={run}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    warned = [ln for ln in done.stderr.splitlines() if "best.ckpt is unreadable" in ln]
+    assert len(warned) == 1 and "testing the final weights (step 20)" in warned[0]
+    tested = summary(run)["tested"]
+    assert tested["checkpoint"] is None and tested["step"] == 20 and "best checkpoint unreadable" in tested["line"]
