@@ -14,13 +14,22 @@ from omegaconf import OmegaConf
 from .atomic import atomic_write
 
 
-SECRET_PARTS = {"key", "apikey", "token", "secret", "secrets", "password", "passwd", "credential", "credentials"}
+#: a key is a secret when a word of its last name contains one of these (``*key*``, ``*secret*``, ...)
+SECRET_WORDS = ("key", "secret", "password", "passwd", "credential")
+
+
+def _secret_word(w: str) -> bool:
+    return (any(s in w for s in SECRET_WORDS) or w.endswith("token")  # hf_token, accessToken; not detokenize
+            or w in ("auth", "authorization", "bearer"))
 
 
 def is_secret(key: str) -> bool:
-    """``logger.api_key``, ``accessToken``, ``password`` are; ``max_tokens`` and ``monkey`` are not."""
+    """The documented rule, at every depth: a key whose last name has a word containing key, secret,
+    password or credential, or ending in token (``logger.api_key``, ``keys``, ``authkey``,
+    ``accessToken``, ``hf_token``, ``password``), or named auth; ``max_tokens`` and
+    ``detokenize`` are not."""
     last = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(key).rsplit(".", 1)[-1]).lower()
-    return bool(SECRET_PARTS.intersection(re.split(r"[^a-z0-9]+", last.lstrip("+~"))))
+    return any(_secret_word(w) for w in re.split(r"[^a-z0-9]+", last.lstrip("+~")) if w)
 
 
 _KEY = re.compile(r"([+~]{0,2}[A-Za-z_][\w.@/-]*)\s*([=:])\s*")

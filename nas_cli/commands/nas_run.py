@@ -177,7 +177,11 @@ def _job(cfg: DictConfig):
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
-    group = cfg.logger.get("group") or (Path(hc.sweep.dir).name if multirun else str(cfg.task.name))
+    from ..redaction import redact
+
+    # the W&B group is written to summary.json, the checkpoints and the W&B run: a secret typed into it
+    # (logger.group="api_key=...") is masked there as in .hydra/
+    group = redact(str(cfg.logger.get("group") or (Path(hc.sweep.dir).name if multirun else str(cfg.task.name))))
     if multirun:
         if "joblib" in str(hc.launcher.get("_target_", "")) and _spawns_processes(cfg.trainer):
             _fail("hydra/launcher=joblib runs each job in a worker process that cannot start DDP/FSDP processes; "

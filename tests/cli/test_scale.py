@@ -312,7 +312,9 @@ def test_secrets_never_reach_files(tmp_path):
     env_key = {"WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567"}
     os.environ.update(env_key)
     try:
+        # issue #34 (3): plural and compound names, and a secret inside another key's string value
         proc = nas_run(*TINY, "trainer.max_steps=4", f"+logger.api_key={secret}", f"+hf_token={secret}",
+                       f"+logger.keys=[{secret},x]", f"+logger.authkey={secret}", f'logger.group="api_key={secret}"',
                        f"hydra.run.dir={run}", cwd=tmp_path)
     finally:
         os.environ.pop("WANDB_API_KEY")
