@@ -124,10 +124,15 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def mark_failed(run_dir: Path, reason: str, code: int = 2) -> None:
+    """Write ``failed.json`` with the one-line reason; best effort: on a full disk (the usual reason a
+    run fails there) the reason is still printed, and the failure is not made worse by a traceback."""
     if not is_rank_zero() or not Path(run_dir).is_dir():
         return
-    atomic_write_json(Path(run_dir) / FAILED_NAME, {"reason": reason, "exit_code": code,
-                                                   "time": time.strftime("%Y-%m-%d %H:%M:%S")})
+    try:
+        atomic_write_json(Path(run_dir) / FAILED_NAME, {"reason": reason, "exit_code": code,
+                                                       "time": time.strftime("%Y-%m-%d %H:%M:%S")})
+    except OSError:
+        pass
 
 
 def clear_failed(run_dir: Path) -> None:

@@ -373,3 +373,29 @@ def test_resuming_to_the_test_with_an_unreadable_best_checkpoint_tests_the_final
     assert len(warned) == 1 and "testing the final weights (step 20)" in warned[0]
     tested = summary(run)["tested"]
     assert tested["checkpoint"] is None and tested["step"] == 20 and "best checkpoint unreadable" in tested["line"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 20 MB tmpfs with about 4 MB free (root only; skipped elsewhere)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        (mnt / "fill").write_bytes(b"\0" * (16 * 2 ** 20))
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_disk_is_one_line_and_exit_2(small_disk, tmp_path):
+    """Issue #34 (2): on a full disk the message was built, then writing failed.json raised again
+    (74 lines of traceback, 374 with W&B, exit 1). Now one line, exit 2, the checkpoint intact."""
+    run = small_disk / "run"
+    proc = nas_run("debug=fast", "trainer.max_steps=40", f"hydra.run.dir={run}", cwd=tmp_path)
+    line = one_line_error(proc)
+    assert "No space left on device" in line and f"nas-run resume={run}" in line
+    assert len([ln for ln in proc.stderr.splitlines() if ln.strip()]) == 1
+    assert torch.load(run / "checkpoints" / "best.ckpt", weights_only=True, map_location="cpu")["state_dict"]
