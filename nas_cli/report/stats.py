@@ -226,9 +226,11 @@ class Comparison:
 
 
 def _p(p: float, name: str = "") -> str:
+    """'<0.001', '0.123', or four decimals near 0.05 (0.0497 is not shown as 0.050)."""
+    text = "<0.001" if p < 0.001 else f"{p:.4f}" if 0.045 <= p < 0.055 else f"{p:.3f}"
     if name:
-        return f"{name}<0.001" if p < 0.001 else f"{name}={p:.3f}"
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
+        return f"{name}{text}" if text.startswith("<") else f"{name}={text}"
+    return text
 
 
 def compare_seeds(metric: str, base: Sequence[float], system: Sequence[float], seeds: Sequence,

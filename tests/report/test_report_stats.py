@@ -478,3 +478,41 @@ def test_a_corrupt_summary_is_named_not_called_unfinished(compare_sweep, tmp_pat
     rows = json.loads(proc.stdout)["unfinished"]["rows"]
     assert len(rows) == 1 and rows[0]["status"].startswith("failed: corrupt summary.json")
     assert str(job / "summary.json") in rows[0]["status"]
+
+
+STUDY = Path(__file__).resolve().parents[2] / "benchmarks" / "study"
+
+
+@pytest.mark.skipif(not (STUDY / "sort").is_dir(), reason="the committed sort sweep (benchmarks/aa_check.py) is absent")
+def test_the_3_seed_sort_sweep_gets_the_verdicts_of_a_paired_t_test_over_seeds(tmp_path):
+    """Issue #35: on this real sweep the old report called 6 of 6 comparisons 'better'. The verdict is
+    now scipy's paired t-test over the runs' own numbers, Holm over the two schemes, nothing else."""
+    proc = report(STUDY / "sort", "--baseline", "scheme=unas", "--metrics", "exact_match,bleu,ppl", "--format",
+                  "json", "--no-item-tests", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["comparison"]["rows"]
+    values = {}
+    for s in (json.loads(p.read_text()) for p in (STUDY / "sort").glob("*/summary.json")):
+        for m in ("exact_match", "bleu", "ppl"):
+            values.setdefault((s["scheme"], m), {})[s["seed"]] = s["test"][f"test/{m}"]
+    for m in ("exact_match", "bleu", "ppl"):
+        ps = {sys: st.ttest_rel([values[(sys, m)][k] for k in (1, 2, 3)], [values[("unas", m)][k] for k in (1, 2, 3)])
+              for sys in ("dnas", "hnas")}
+        holm = dict(zip(ps, stats.holm([r.pvalue for r in ps.values()])))
+        for r in (r for r in rows if r["metric"] == m):
+            sys = r["system"].split()[0]
+            assert r["p"] == pytest.approx(ps[sys].pvalue) and r["p_holm"] == pytest.approx(holm[sys])
+            expected = 0 if holm[sys] >= 0.05 else int(np.sign(ps[sys].statistic))
+            assert r["direction"] == expected
+
+
+@pytest.mark.skipif(not (STUDY / "sort_aa").is_dir(), reason="the committed A/A runs (benchmarks/aa_check.py) are absent")
+def test_a_a_on_trained_runs_gets_no_verdict(tmp_path):
+    """One configuration at seeds 1-3 and 4-6, two sweep directories: no metric may differ."""
+    first, second = STUDY / "sort_aa" / "first", STUDY / "sort_aa" / "second"
+    proc = report(first, second, "--group-by", "source", "--baseline", f"source={first}", "--format", "json",
+                  "--metrics", "exact_match,bleu,ppl,jsd", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["comparison"]["rows"]
+    assert len(rows) == 4 and all(r["direction"] == 0 and not r["paired"] for r in rows)
+    assert all(r["verdict"].startswith("no significant difference (n=3") for r in rows)
