@@ -226,6 +226,10 @@ def _job(cfg: DictConfig):
             return float("nan")
         _fail(str(err))
     except UserError as err:
+        if not multirun and _only_this_invocation(run_dir):  # refused before anything ran: leave nothing behind
+            release(run_dir)
+            _remove_empty_run(run_dir)
+            _fail(str(err))
         mark_failed(run_dir, str(err))
         release(run_dir)
         if multirun:  # the other jobs still run; the sweep's table marks this one failed and the exit is non-zero
@@ -291,6 +295,31 @@ def record_resume(run_dir: Path, overrides: list[str]) -> None:
     done = (done if isinstance(done, list) else []) + [
         {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "overrides": [redact(o) for o in overrides]}]
     atomic_write_text(path, yaml.safe_dump(done, sort_keys=False))
+
+
+#: what a run directory holds before training starts (Hydra's files, the log, the lock)
+_BEFORE_TRAINING = {".hydra", "nas_run.log", ".nas-run.lock", "failed.json"}
+
+
+def _only_this_invocation(run_dir: Path) -> bool:
+    """The run directory holds nothing but what this command wrote before training (a refusal of a
+    bad value: README's "stop before anything is made")."""
+    try:
+        return run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= _BEFORE_TRAINING
+    except OSError:
+        return False
+
+
+def _remove_empty_run(run_dir: Path) -> None:
+    import shutil
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    parent, stop = run_dir.parent, Path.cwd().resolve()
+    for _ in range(4):  # outputs/runs/<task>/<scheme>-h<heads>/<time>: the folders made for it, if now empty
+        if parent.resolve() == stop or not parent.is_dir() or any(parent.iterdir()):
+            break
+        parent.rmdir()
+        parent = parent.parent
 
 
 def multirun_first(argv: list[str]) -> list[str]:

@@ -70,6 +70,12 @@ def test_bad_input_gives_one_clear_line(tmp_path, args, needle):
     assert needle in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert not (tmp_path / "run" / "summary.json").exists()
+    if "nan" not in needle:  # refused before training (issue #34, 8): no run directory left behind
+        assert not (tmp_path / "run").exists()
+    # ... and with the default run directory, no folder under outputs/ either
+    if args == ["model.heads=5"]:
+        again = nas_run("debug=fast", *args, cwd=tmp_path)
+        assert again.returncode == 2 and not (tmp_path / "outputs").exists()
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -87,7 +93,7 @@ def test_bad_trainer_option_refused_before_anything_starts(tmp_path, args, needl
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert needle in lines[-1] and lines[-1].startswith("nas-run: error:")
     assert "Traceback" not in proc.stderr + proc.stdout
-    assert not (run / "wandb").exists() and not (run / "checkpoints").exists()
+    assert not run.exists()  # nothing made (issue #34, 8)
 
 
 def test_unknown_group_choice_lists_valid_options(tmp_path):
