@@ -170,10 +170,10 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
             raise Refused(f"trainer.max_steps={limit} is below the {done} steps this run has already trained "
                             f"(checkpoint {resume[0].name}); pass trainer.max_steps >= {done}")
         identity.update({k: state[k] for k in ("group", "job_type", "wandb_run_id") if state.get(k)})
-        if rank_zero_only.rank == 0:  # what a killed process was writing when it died (the directory is ours)
-            for tmp in (run_dir / "checkpoints").glob("*.tmp"):
-                tmp.unlink(missing_ok=True)
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    if rank_zero_only.rank == 0:  # what a killed process was writing when it died (the directory is ours),
+        for tmp in (run_dir / "checkpoints").glob("*.tmp"):  # even when no checkpoint was ever finished
+            tmp.unlink(missing_ok=True)
     kept = continue_finished(run_dir) if continued and rank_zero_only.rank == 0 else None
     task = build_task(cfg)
     shard_and_resume(task, int(cfg.seed))

@@ -399,3 +399,20 @@ def test_a_full_disk_is_one_line_and_exit_2(small_disk, tmp_path):
     assert "No space left on device" in line and f"nas-run resume={run}" in line
     assert len([ln for ln in proc.stderr.splitlines() if ln.strip()]) == 1
     assert torch.load(run / "checkpoints" / "best.ckpt", weights_only=True, map_location="cpu")["state_dict"]
+
+
+def test_a_half_written_first_checkpoint_is_cleaned_up_on_resume(tmp_path):
+    """Issue #34 (8): killed during the first last.ckpt write, the temp file stayed forever (the
+    clean-up ran only when some checkpoint could be resumed)."""
+    run = tmp_path / "run"
+    proc = run_with_fault("kill@step:3", *FAST, "trainer.max_steps=20", "checkpoint.last_every_n_steps=0",
+                          f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == -signal.SIGKILL
+    assert not list((run / "checkpoints").glob("*.ckpt")) if (run / "checkpoints").exists() else True
+    (run / "checkpoints").mkdir(exist_ok=True)
+    half = run / "checkpoints" / ".last.ckpt.4242.tmp"
+    half.write_bytes(b"\x80\x02 half a checkpoint")
+    again = nas_run(*FAST, "trainer.max_steps=20", "checkpoint.last_every_n_steps=0", f"hydra.run.dir={run}",
+                    cwd=tmp_path)  # the same command again, as the refusal of resume= says
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert not half.exists() and summary(run)["steps"] == 20
