@@ -78,7 +78,7 @@ def acquire(run_dir: Path, what: str = "run") -> None:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = run_dir / LOCK_NAME
-    for _ in range(3):
+    for _ in range(200):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
@@ -89,7 +89,8 @@ def acquire(run_dir: Path, what: str = "run") -> None:
                 raise UserError(f"{run_dir} is in use by another nas-run {what} (PID {holder.get('pid')} on "
                                 f"{holder.get('host')}, since {holder.get('since')}); wait for it, choose another "
                                 f"directory, or delete {lock} if that process is gone") from None
-            lock.unlink(missing_ok=True)  # stale (or unreadable): take it over
+            if not _take_over(lock, holder):  # another process is taking it over, or just wrote it
+                time.sleep(0.05)
             continue
         with os.fdopen(fd, "w") as f:
             json.dump(_me(), f)
@@ -97,6 +98,41 @@ def acquire(run_dir: Path, what: str = "run") -> None:
     else:
         raise UserError(f"cannot take the lock {lock}; delete it if no nas-run uses {run_dir}")
     _held.add(run_dir)
+
+
+#: a lock file with no readable holder younger than this may be one another process is writing
+FRESH_SECONDS = 5.0
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _take_over(lock: Path, holder: dict[str, Any]) -> bool:
+    """Remove a stale (or unreadable and old) lock, one process at a time: whoever creates the
+    ``.takeover`` guard first removes the lock, and only if it still holds the holder judged stale
+    (not a fresh lock another taker made meanwhile). Returns whether this process may try again
+    to create the lock now."""
+    if not holder and _age(lock) < FRESH_SECONDS:  # maybe being written right now: not stale yet
+        return False
+    guard = lock.with_name(lock.name + ".takeover")
+    try:
+        gfd = os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        if _age(guard) > 30:  # a taker that died while holding the guard
+            guard.unlink(missing_ok=True)
+        return False
+    try:
+        now = _read(lock)
+        if now == holder and (holder or _age(lock) >= FRESH_SECONDS):
+            lock.unlink(missing_ok=True)
+        return True
+    finally:
+        os.close(gfd)
+        guard.unlink(missing_ok=True)
 
 
 def release(run_dir: Path) -> None:

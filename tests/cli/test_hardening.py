@@ -416,3 +416,51 @@ def test_a_half_written_first_checkpoint_is_cleaned_up_on_resume(tmp_path):
                     cwd=tmp_path)  # the same command again, as the refusal of resume= says
     assert again.returncode == 0, again.stderr[-3000:]
     assert not half.exists() and summary(run)["steps"] == 20
+
+
+def _take(run_dir, results, start):
+    import nas_cli.rundir as rundir
+    from nas_cli.errors import UserError
+    from nas_cli.rundir import acquire
+
+    read = rundir._read
+
+    def slow_read(path):  # widen the window between reading the holder and acting on it (fault injection)
+        got = read(path)
+        time.sleep(0.2)
+        return got
+
+    rundir._read = slow_read
+    start.wait()
+    try:
+        acquire(run_dir)
+        results.put("owner")
+    except UserError:
+        results.put("refused")
+    time.sleep(1.0)  # keep holding it while the others try
+
+
+def test_two_takers_of_one_stale_lock_never_both_own_the_run(tmp_path):
+    """Issue #34 (8): processes that find the same stale lock (a requeued SLURM job and a re-run
+    command) could both remove it and each create their own. The takeover is now one at a time:
+    of eight racing processes exactly one owns the directory."""
+    import multiprocessing as mp
+
+    from nas_cli.rundir import LOCK_NAME, _me
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for trial in range(1):
+        (run_dir / LOCK_NAME).write_text(json.dumps({**_me(), "pid": dead.pid}))
+        ctx = mp.get_context("fork")
+        results, start = ctx.Queue(), ctx.Event()
+        procs = [ctx.Process(target=_take, args=(run_dir, results, start)) for _ in range(8)]
+        for p in procs:
+            p.start()
+        start.set()
+        got = sorted(results.get(timeout=60) for _ in procs)
+        for p in procs:
+            p.join(timeout=60)
+        assert got.count("owner") == 1 and got.count("refused") == 7, (trial, got)
