@@ -77,7 +77,7 @@ from pathlib import Path
 import sacrebleu
 for d in sorted(Path(sys.argv[1]).iterdir()):
     items = json.loads((d / "test_items.json").read_text())
-    sacrebleu.corpus_bleu(items["hyps"], [items["refs"]]).score
+    sacrebleu.corpus_bleu(items["hyps"], [items["refs"]], force=True).score
 """
 
 
@@ -101,6 +101,7 @@ def main() -> None:
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="nas-report-bench-"))
     try:
+        load = os.getloadavg()[0]
         t0 = time.time()
         runs = build(tmp / "sweep")
         built = time.time() - t0
@@ -120,7 +121,7 @@ def main() -> None:
         mem = int(probe.stdout.strip()) / 1024
         result = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                   "python": platform.python_version(), "command": "python benchmarks/report_speed.py",
-                  "runs": len(runs), "sentences_per_run": 3000, "build_seconds": built,
+                  "runs": len(runs), "sentences_per_run": 3000, "load_average_at_start": load, "build_seconds": built,
                   "score_once_seconds": once, "nas_report_seconds": rep, "nas_report_peak_mb": mem,
                   "ratio_median": float(np.median(rep) / np.median(once)),
                   "comparisons": len(doc["comparison"]["rows"]), "item_level_tests": len(doc["test_set"]["rows"])}
@@ -133,7 +134,8 @@ def main() -> None:
     section = "\n".join([
         "## nas-report on a WMT-sized sweep (generated)", "",
         f"Generated {result['date']} by `{result['command']}` on {result['machine']} (Python {result['python']}), "
-        f"median of {args.repeats} runs each, the machine otherwise busy with the study's two training jobs. "
+        f"median of {args.repeats} runs each, alternating; 1-minute load average {result['load_average_at_start']:.1f} "
+        "at the start (2.0 = both cores busy). "
         f"A synthetic sweep of {len(runs)} runs (4 schemes x 3 head counts x 5 seeds), 3,000 test sentences each: "
         f"nas-report makes {result['comparisons']} verdicts over seeds and {result['item_level_tests']} item-level "
         "comparisons (approximate randomization up to 10,000 trials and a 1,000-resample bootstrap each).", "",
