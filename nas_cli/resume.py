@@ -57,8 +57,14 @@ def checkpoint_files(run_dir: Path) -> list[Path]:
 
 
 def load_safe(path: Path) -> dict[str, Any]:
-    """A checkpoint through the restricted unpickler (tensors and plain containers only)."""
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    """A checkpoint through the restricted unpickler (tensors and plain containers only); memory-
+    mapped, except for files in torch's legacy (non-zip) format, which cannot be."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as err:
+        if "mmap can only be used" not in str(err):
+            raise
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def pick_checkpoint(run_dir: Path, warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]] | None:

@@ -69,6 +69,9 @@ def periodic_checkpoints(run_dir: Path) -> list[Path]:
     return found
 
 
+_MISSING = object()
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="nas-eval", description=__doc__.split("\n")[0])
     ap.add_argument("run_dir", type=Path, help="a nas-run run directory")
@@ -108,8 +111,23 @@ def evaluate(args) -> dict:
     if not cfg_path.is_file():
         raise UserError(f"{run_dir} is not a nas-run run directory (no .hydra/config.yaml)")
     cfg = OmegaConf.load(cfg_path)
+    added = [item[1:] for item in args.set if item.startswith("+")]  # +key=value: a new key on purpose
+    for item in (i for i in args.set if not i.startswith("+")):  # a key the config lacks is a typo
+        key = item.split("=", 1)[0].strip()
+        if "=" not in item or not key:
+            raise UserError(f"--set {item}: expected KEY=VALUE, e.g. --set task.path=data/wmt14")
+        if OmegaConf.select(cfg, key, default=_MISSING) is _MISSING:
+            import difflib
+
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+            names = [str(k) for k in node.keys()] if hasattr(node, "keys") else []
+            close = difflib.get_close_matches(leaf, names, n=1, cutoff=0.6)
+            hint = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+            raise UserError(f"--set {key}: this run's config has no such key{hint} (to add one on purpose, "
+                            f"write --set +{key}=...)")
     try:
-        cfg.merge_with(OmegaConf.from_dotlist(args.set))
+        cfg.merge_with(OmegaConf.from_dotlist([i for i in args.set if not i.startswith("+")] + added))
     except Exception as err:
         raise UserError(f"bad --set value: {err}") from None
     if args.ckpt:

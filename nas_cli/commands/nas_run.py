@@ -141,6 +141,7 @@ class RunGuard(Callback):
                     raise UserError(f"{root} holds a sweep of other overrides ({' '.join(earlier or ['?'])}); "
                                     "nothing was overwritten: choose another hydra.sweep.dir, or repeat that sweep's "
                                     "exact command to continue it")
+                acquire(root, "sweep")  # first: a sweep still running there is refused before anything is said
                 os.environ[SWEEP_CONTINUE_ENV] = str(root.resolve())
                 done = len(list(root.glob("*/summary.json")))
                 Console(stderr=True).print(f"[bold yellow]nas-run: continuing the sweep in {root}:[/] {done} finished "
@@ -322,6 +323,23 @@ def _remove_empty_run(run_dir: Path) -> None:
         parent = parent.parent
 
 
+def saved_sweep_order(argv: list[str]) -> list[str]:
+    """A sweep continued with its overrides typed in another order (``attention=a,b seed=1,2`` for
+    ``seed=1,2 attention=a,b``) is the same sweep: the overrides are put back in the order the sweep
+    directory recorded, so that its jobs keep their numbers (and directories)."""
+    if "-m" not in argv:
+        return argv
+    sweep = next((a.split("=", 1)[1] for a in argv if a.startswith("hydra.sweep.dir=")), None)
+    if not sweep:
+        return argv
+    saved = _sweep_overrides(Path(sweep.strip("'\"")))
+    task = [a for a in argv if a != "-m" and not a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
+    if not saved or task == saved or sorted(task) != sorted(saved):
+        return argv
+    rest = [a for a in argv if a == "-m" or a not in task]
+    return [*rest, *saved]
+
+
 def multirun_first(argv: list[str]) -> list[str]:
     """``-m``/``--multirun`` wherever it was typed (``nas-run trainer=ddp hydra/launcher=slurm -m seed=1,2,3``):
     Hydra's parser takes it only before the overrides, so it is moved to the front."""
@@ -392,6 +410,7 @@ def main() -> None:
 
         sys.argv = [sys.argv[0], *multirun_first(sys.argv[1:])]
         sys.argv = [sys.argv[0], *location_alias(sys.argv[1:])]  # attention.decoder=x: see nas_cli/plan.py
+        sys.argv = [sys.argv[0], *saved_sweep_order(sys.argv[1:])]
         check_overrides(sys.argv[1:], CONF_DIR)  # typos: one line with the closest name, before Hydra
         check_output_dirs(sys.argv[1:])
         sys.argv = [sys.argv[0], *resume_argv(sys.argv[1:])]

@@ -185,6 +185,11 @@ def test_a_finished_run_trains_longer_in_the_same_wandb_run(tmp_path):
     ev = subprocess.run([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--set", "model.heads=2"],
                         capture_output=True, text=True, cwd=tmp_path)
     assert ev.returncode == 2 and "was trained with another configuration" in ev.stderr and "Traceback" not in ev.stderr
+    # a typo in --set is named as a typo, not blamed on another configuration (issue #34, 8)
+    typo = subprocess.run([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--set", "model.head=4"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert typo.returncode == 2 and "--set model.head: this run's config has no such key; did you mean model.heads?" \
+        in typo.stderr and len(typo.stderr.strip().splitlines()) == 1
 
 
 def test_an_unsafe_newest_checkpoint_falls_back_to_an_older_one_with_one_whole_line(tmp_path):
@@ -302,7 +307,9 @@ def test_a_killed_sweep_launched_again_skips_finished_jobs_and_resumes_the_rest(
     other = nas_run("-m", *FAST, "trainer.max_steps=20,30", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert "holds a sweep of other overrides" in one_line_error(other)
 
-    again = nas_run(*args, cwd=tmp_path, timeout=600)
+    # the same overrides typed in another order are the same sweep (issue #34, 8)
+    reordered = ("checkpoint.last_every_n_steps=10", "trainer.max_steps=20,40", *FAST, f"hydra.sweep.dir={sweep}", "-m")
+    again = nas_run(*reordered, cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "continuing the sweep" in again.stderr and f"{first.name}: finished in an earlier launch" in again.stderr
     assert (first / "summary.json").read_bytes() == finished  # not trained again
@@ -464,3 +471,27 @@ def test_two_takers_of_one_stale_lock_never_both_own_the_run(tmp_path):
         for p in procs:
             p.join(timeout=60)
         assert got.count("owner") == 1 and got.count("refused") == 7, (trial, got)
+
+
+class _Marker:
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_legacy_format_unsafe_checkpoint_is_refused_not_called_truncated(tmp_path):
+    """Issue #34 (8): torch's legacy (non-zip) format cannot be memory-mapped; the safe loader's refusal
+    was reported as 'truncated'. Now it is refused as unsafe, nothing runs, and a safe legacy file loads."""
+    from nas_cli.resume import _reason, load_safe
+
+    marker = tmp_path / "pwned"
+    bad = tmp_path / "legacy.ckpt"
+    torch.save({"state_dict": {}, "x": _Marker(marker)}, bad, _use_new_zipfile_serialization=False)
+    with pytest.raises(Exception) as err:
+        load_safe(bad)
+    assert _reason(err.value).startswith("refused by the safe loader") and not marker.exists()
+    good = tmp_path / "legacy_ok.ckpt"
+    torch.save({"state_dict": {"w": torch.ones(2)}}, good, _use_new_zipfile_serialization=False)
+    assert torch.equal(load_safe(good)["state_dict"]["w"], torch.ones(2))
