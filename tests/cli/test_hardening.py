@@ -495,3 +495,22 @@ def test_a_legacy_format_unsafe_checkpoint_is_refused_not_called_truncated(tmp_p
     good = tmp_path / "legacy_ok.ckpt"
     torch.save({"state_dict": {"w": torch.ones(2)}}, good, _use_new_zipfile_serialization=False)
     assert torch.equal(load_safe(good)["state_dict"]["w"], torch.ones(2))
+
+
+def test_a_busy_sweep_directory_is_refused_before_continuing_is_said(tmp_path):
+    """Issue #34 (8): launching a sweep into a directory whose sweep is still running printed
+    'continuing the sweep' and then the lock error."""
+    from nas_cli.rundir import LOCK_NAME, _me
+
+    sweep = tmp_path / "sweep"
+    args = ("-m", *FAST, "seed=1", f"hydra.sweep.dir={sweep}")
+    first = nas_run(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        (sweep / LOCK_NAME).write_text(json.dumps({**_me(), "pid": alive.pid}))
+        busy = nas_run(*args, cwd=tmp_path)
+        assert "is in use by another nas-run sweep" in one_line_error(busy)
+        assert "continuing the sweep" not in busy.stderr
+    finally:
+        alive.kill()
