@@ -86,8 +86,26 @@ def check_config(cfg: DictConfig) -> None:
         if not ok(value):
             shown = f"'{value}'" if isinstance(value, str) else str(value)
             raise UserError(f"{key}={shown} is not valid: it must be {what} (e.g. {key}={_example(key, cfg)})")
+    check_shapes_and_logger(cfg)
     check_attention(cfg)
     check_memory(cfg)
+
+
+def check_shapes_and_logger(cfg: DictConfig) -> None:
+    """Values that otherwise stop a run only once its data are loaded: heads that do not divide
+    d_model, an unknown W&B mode."""
+    heads, d_model = _get(cfg, "model.heads"), _get(cfg, "model.d_model")
+    if _is_int(heads) and _is_int(d_model):
+        from .model import check_heads
+
+        try:
+            check_heads(int(d_model), int(heads))
+        except ValueError as err:
+            raise UserError(str(err)) from None
+    mode = _get(cfg, "logger.mode")
+    if mode is not _MISSING and str(cfg.logger.get("_target_", "")).endswith(".wandb") \
+            and mode not in ("offline", "online", "disabled"):
+        raise UserError(f"logger.mode must be offline, online or disabled (got '{mode}')")
 
 
 def check_attention(cfg: DictConfig) -> None:

@@ -19,15 +19,14 @@ SECRET_WORDS = ("key", "secret", "password", "passwd", "credential")
 
 
 def _secret_word(w: str) -> bool:
-    return (any(s in w for s in SECRET_WORDS) or w.endswith("token")  # hf_token, accessToken; not detokenize
-            or w in ("auth", "authorization", "bearer"))
+    return any(s in w for s in SECRET_WORDS) or w.endswith("token")  # hf_token, accessToken; not detokenize
 
 
 def is_secret(key: str) -> bool:
     """The documented rule, at every depth: a key whose last name has a word containing key, secret,
     password or credential, or ending in token (``logger.api_key``, ``keys``, ``authkey``,
-    ``accessToken``, ``hf_token``, ``password``), or named auth; ``max_tokens`` and
-    ``detokenize`` are not."""
+    ``accessToken``, ``hf_token``, ``password``); ``max_tokens`` and ``detokenize`` are not (and a
+    section such as ``logger.auth={token: ..., user: me}`` keeps its other entries)."""
     last = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(key).rsplit(".", 1)[-1]).lower()
     return any(_secret_word(w) for w in re.split(r"[^a-z0-9]+", last.lstrip("+~")) if w)
 

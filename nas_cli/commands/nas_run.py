@@ -171,6 +171,7 @@ def _job(cfg: DictConfig):
     from pytorch_lightning.utilities import rank_zero_only
 
     from ..checks import check_config
+    from ..trainer import check_trainer
     from ..redaction import redact_files
     from ..run import train  # heavy imports after Hydra has parsed the command line
     from ..rundir import acquire, clear_failed, mark_failed, release
@@ -206,13 +207,17 @@ def _job(cfg: DictConfig):
                                    highlight=False, soft_wrap=True)
         value = (summary.get("best_val") or {}).get("value")
         return float("nan") if value is None else float(value)
+    checking = False
     kept = {p: (p.read_bytes() if p.is_file() else None)  # what a refused resume must leave as it was
             for p in (run_dir / ".hydra" / "resumes.yaml", run_dir / "failed.json")}
     try:
         if continuing(run_dir):
             record_resume(run_dir, list(hc.overrides.task))
         clear_failed(run_dir)
+        checking = True  # a refusal of a value: a single run leaves no directory behind
         check_config(cfg)  # again: a sweep's own values (model.heads=four,8) are only known per job
+        check_trainer(cfg)  # Lightning's own refusals (precision, accelerator, unknown options), before any data
+        checking = False
         summary = train(cfg, run_dir, group, job_type="sweep" if multirun else "train")
     except Refused as err:  # nothing ran: put back what this attempt touched, write nothing
         for path, data in kept.items():
@@ -227,7 +232,7 @@ def _job(cfg: DictConfig):
             return float("nan")
         _fail(str(err))
     except UserError as err:
-        if not multirun and _only_this_invocation(run_dir):  # refused before anything ran: leave nothing behind
+        if checking and not multirun and _only_this_invocation(run_dir):  # a bad value: leave nothing behind
             release(run_dir)
             _remove_empty_run(run_dir)
             _fail(str(err))
