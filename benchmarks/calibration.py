@@ -151,9 +151,12 @@ def table(result: dict) -> str:
         lines.append(f"| {metric} | {'paired' if paired else 'unpaired'} | {ratio} | "
                      + " | ".join(f"{100 * cells[k]['false_positive']:.1f}%" for k in (2, 3, 5, 10)) + " |")
     lines += ["", "Power: the share of sweeps that call the better system better, for a true effect of 0.5, 1 and 2 "
-              f"seed standard deviations (paired, seed >> item, {result['power_sweeps']} sweeps per cell). For normal "
-              "seed-level differences the paired t-test's power is the noncentral t's (STATISTICS.md: 10 seeds "
-              "for 80% at 1 sd, 5 seeds at 2 sd; nas-report's `detectable` column and `--detect` use it).", "",
+              f"seed standard deviations of one system (paired, seed >> item, {result['power_sweeps']} sweeps per "
+              "cell). The paired differences of two independent systems spread sqrt(2) times as much as one "
+              "system's seeds, so 1 sd here is about 0.7 sd of the differences: 10 seeds find it about half the "
+              "time. In units of the differences' spread, the paired t-test's power is the noncentral t's "
+              "(STATISTICS.md: 10 seeds for 80% at 1 sd, 5 seeds at 2 sd; checked by simulation in "
+              "tests/report/test_calibration.py; nas-report's `detectable` column and `--detect` use it).", "",
               "| metric | effect | 2 seeds | 3 seeds | 5 seeds | 10 seeds |", "|---|---|---|---|---|---|"]
     for (metric, paired, ratio), cells in by.items():
         if not paired or ratio != "seed >> item":
@@ -182,7 +185,13 @@ def main() -> None:
     p.add_argument("--aso-sweeps", type=int, default=200, help="sweeps per cell for deepsig's ASO (0: skip)")
     p.add_argument("--out", default=str(ROOT / "docs" / "calibration.json"))
     p.add_argument("--markdown", default=str(ROOT / "docs" / "comparing.md"))
+    p.add_argument("--table-only", action="store_true", help="rewrite the table from --out's JSON, no simulation")
     args = p.parse_args()
+    from nas_cli.bench.markdown import write_markdown
+
+    if args.table_only:
+        write_markdown(Path(args.markdown), table(json.loads(Path(args.out).read_text())))
+        return
     t0 = time.time()
     result = run(args.sweeps, args.power_sweeps, args.aso_sweeps)
     result.update(date=time.strftime("%Y-%m-%d"), seconds=time.time() - t0, power_sweeps=args.power_sweeps,
