@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -264,13 +265,15 @@ def results_section(roots: list[tuple[list[str], str]]) -> str | None:
              "each block is `nas-report <sweep> --baseline scheme=unas --metrics <metrics> --format markdown`, "
              "then each run's training time.", ""]
     for dirs, metrics in roots:
+        dirs = _roots(dirs) or dirs  # the sweep directories that exist (all of them named when none does)
         runs = find_runs(_roots(dirs)) if _roots(dirs) else []
         if not any(r.finished for r in runs):
             lines += [f"### {', '.join(f'`{Path(d).name}`' for d in dirs)}", "",
                       f"No finished run yet ({len(runs)} started, still running or interrupted).", ""]
             continue
-        proc = subprocess.run([report, *dirs, "--baseline", "scheme=unas", "--metrics", metrics, "--format", "markdown"],
-                              capture_output=True, text=True, check=False)
+        proc = subprocess.run([report, *(os.path.relpath(d, ROOT) for d in dirs), "--baseline", "scheme=unas",
+                               "--metrics", metrics, "--format", "markdown"],
+                              capture_output=True, text=True, check=False, cwd=ROOT)
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr)
             return None
