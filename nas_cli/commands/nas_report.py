@@ -110,14 +110,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         head, rows = table_rows(groups)
         rows = _mark(head, rows, groups, marked, verdicts[2] if verdicts else None)
         if wanted:
-            keep_titles = {t for k, t, _ in TEST_METRICS if k in metrics}
-            metric_titles = {t for _, t, _ in TEST_METRICS}
+            from ..metrics import present, spec
+
+            keep_titles = {spec(k).title for k in metrics if k.startswith("test/")}
+            metric_titles = {m.title for m in present(k for r in runs for k in ((r.summary or {}).get("test") or {}))}
             idx = [i for i, h in enumerate(head) if h not in metric_titles or h in keep_titles]
             head, rows = [head[i] for i in idx], [[r[i] for i in idx] for r in rows]
         caption = _caption(groups, by) + ("; †: differs from the baseline over seeds (p < 0.05, Holm)"
                                           if verdicts else "")
         if args.pivot:
-            values = [h for h in head if h in {t for _, t, _ in TEST_METRICS}]
+            from ..metrics import present
+
+            values = [h for h in head if h in {m.title for m in present(
+                k for r in runs for k in ((r.summary or {}).get("test") or {}))}]
             if args.pivot not in head:
                 return _fail(f"--pivot {args.pivot}: not a column of this table; use one of "
                              f"{', '.join(h for h in head if h in ('task', 'scheme', 'heads', 'config'))}")

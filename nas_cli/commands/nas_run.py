@@ -40,8 +40,10 @@ def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, di
     lines += [s["tested"]["line"] for s in summaries if len(summaries) == 1 and s.get("tested")]
     table = Table(title=title, caption="\n".join(lines), caption_justify="left")
     # each task's own test metrics: the columns that some run of this table has
-    metrics = [(key, head, digits) for key, head, digits in TEST_COLUMNS
-               if any(key in s.get("test", {}) for s in summaries)]
+    from ..metrics import present
+
+    metrics = [(m.key, m.title, "%" if m.fmt == "pct" else 3 if m.fmt == "p3" else 2)  # a task's own metrics too
+               for m in present(k for s in summaries for k in s.get("test", {}))]
     for col in ("task", "scheme", "heads", "params", *[head for _, head, _ in metrics], "tokens/s"):
         table.add_column(col, no_wrap=True)
     for s in summaries:
@@ -55,12 +57,6 @@ def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, di
     for d, _ in failed:
         table.add_row(d.name, "[bold red]failed[/]", *["-"] * (len(metrics) + 3))
     return table
-
-
-#: test metrics in the console table, in this order, when a run of the table has them
-TEST_COLUMNS = (("test/exact_match", "exact match", "%"), ("test/bleu", "BLEU", 2), ("test/bleu_tok", "BLEU tok", 2),
-                ("test/rouge1", "ROUGE-1", 2), ("test/rouge2", "ROUGE-2", 2), ("test/rougeL", "ROUGE-L", 2),
-                ("test/ppl", "test ppl", 3), ("test/empty", "empty", "%"))
 
 
 def _console() -> Console:

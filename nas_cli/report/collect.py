@@ -16,20 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..metrics import KNOWN
+
 __all__ = ["Run", "find_runs", "load_run", "flatten", "TEST_METRICS"]
 
-#: summary["test"] keys shown in reports, in column order: (key, column title, higher is better)
-TEST_METRICS = (
-    ("test/exact_match", "exact match", True),
-    ("test/bleu", "BLEU", True),
-    ("test/bleu_tok", "tok. BLEU", True),
-    ("test/chrf", "chrF", True),
-    ("test/rouge1", "ROUGE-1", True),
-    ("test/rouge2", "ROUGE-2", True),
-    ("test/rougeL", "ROUGE-L", True),
-    ("test/rougeLsum", "ROUGE-Lsum", True),
-    ("test/ppl", "test ppl", False),
-)
+#: the known test metrics (nas_cli.metrics, the one list): (key, column title, higher is better)
+TEST_METRICS = tuple((m.key, m.title, m.higher_is_better) for m in KNOWN if m.compared)
+
 
 #: directories inside a run that never hold other runs (skipped while searching)
 _SKIP_DIRS = {"wandb", "checkpoints", "csv", ".hydra", "diagnostics", "__pycache__", ".git"}

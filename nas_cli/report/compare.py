@@ -46,7 +46,9 @@ def metric_title(metric: str) -> str | None:
     """The main table's column for a compared metric (None: not a column there)."""
     from .collect import TEST_METRICS
 
-    return {k: t for k, t, _ in TEST_METRICS}.get(metric) or RUN_METRICS.get(metric)
+    from ..metrics import spec
+
+    return spec(metric).title if metric.startswith("test/") else RUN_METRICS.get(metric)
 
 
 class CompareError(ValueError):
@@ -106,14 +108,16 @@ def metrics_for(groups: Sequence[Group], wanted: Sequence[str] | None) -> list[s
                                f"(test set) or {', '.join(RUN_METRICS)} (attention diagnostics; also "
                                "<name>:<location> and diag:<key>)")
         return names
-    return [m for m, _, _ in TEST_METRICS if any(r.value(m) is not None for r in runs)]
+    from ..metrics import present
+
+    return [m.key for m in present(reported) if m.compared and any(r.value(m.key) is not None for r in runs)]
 
 
 def higher_is_better(metric: str) -> bool | None:
     """True/False for the test metrics with a better direction; None for the diagnostics."""
-    if metric in stats.METRICS:
-        return stats.METRICS[metric].higher_is_better
-    return {k: h for k, _, h in TEST_METRICS}.get(metric)
+    from ..metrics import spec
+
+    return spec(metric).higher_is_better if metric.startswith("test/") else None
 
 
 @dataclass

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .collect import TEST_METRICS, Run
+from ..metrics import present
+from .collect import TEST_METRICS, Run  # noqa: F401 (re-exported)
 
 __all__ = ["Group", "group_runs", "field_value", "columns", "table_rows", "rich_table", "unfinished_rows",
            "IGNORED_KEYS", "BadField"]
@@ -248,9 +249,9 @@ def columns(groups: Sequence[Group]) -> list[Column]:
     else:  # tasks monitor different metrics: name it in each cell
         cols.append(Column("best val", lambda g: f"{g.common(lambda r: (r.best_val_metric or '?').split('/')[-1])} "
                                                  f"{_cell(g.stat('best_val'), 'g', g.n)}", "best_val"))
-    for key, title, _ in TEST_METRICS:
-        if any(r.value(key) is not None for r in runs):
-            cols.append(num(title, key, "pct" if key == "test/exact_match" else "p3" if key == "test/ppl" else "p2"))
+    for m in present(k for r in runs for k in ((r.summary or {}).get("test") or {})):
+        if m.compared and any(r.value(m.key) is not None for r in runs):  # a task's own metrics too
+            cols.append(num(m.title, m.key, m.fmt))
     declared: dict[str, tuple[str, str]] = {}  # the diagnostics columns the runs' plug-ins declared
     for r in runs:
         for key, spec in r.diag_columns().items():

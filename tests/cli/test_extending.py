@@ -115,3 +115,33 @@ def test_a_new_diagnostic_is_one_python_file_and_one_config_entry(tmp_path):
     header, row = list(csv.reader(lines))[:2]
     mean = sum(d["max_weight"] for d in summary["locations"].values()) / len(summary["locations"])
     assert float(row[header.index("max weight")]) == pytest.approx(mean, abs=1e-3)
+
+
+def test_a_tasks_own_metric_reaches_the_result_table_and_nas_report(tmp_path):
+    """Issue #29: a user task's metric (``test/digit_acc`` from a ``score()`` override) reached
+    summary.json but neither nas-run's table nor nas-report: the metric lists were hand-kept.
+    Now one list (nas_cli/metrics.py) shows any test/* number a task reports, and nas-report
+    gives it a verdict over seeds (higher/lower: nas-run does not know its better direction)."""
+    (tmp_path / "my_task.py").write_text(
+        "from tasks.synthetic import SyntheticSeq2Seq\n\n\n"
+        "class DigitSort(SyntheticSeq2Seq):\n"
+        "    def score(self, hyps, refs):\n"
+        "        out = super().score(hyps, refs)\n"
+        "        out['digit_acc'] = sum(h[:1] == r[:1] for h, r in zip(hyps, refs)) / max(len(hyps), 1)\n"
+        "        return out\n")
+    (tmp_path / "my_conf" / "task").mkdir(parents=True)
+    (tmp_path / "my_conf" / "task" / "digits.yaml").write_text(
+        "defaults:\n  - sort\n  - _self_\n_target_: my_task.DigitSort\nname: digits\ntrain_size: 640\n")
+    search = f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]"
+    sweep = tmp_path / "sweep"
+    proc = _nas_run("-m", search, "task=digits", *FAST, "seed=1,2", "attention=unas,dnas", f"hydra.sweep.dir={sweep}",
+                    cwd=tmp_path, env_extra={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "digit_acc" in proc.stdout  # nas-run's table
+    report = subprocess.run([str(Path(NAS_RUN).with_name("nas-report")), str(sweep), "--baseline", "scheme=unas",
+                             "--format", "json", "--no-item-tests"], capture_output=True, text=True, cwd=tmp_path)
+    assert report.returncode == 0, report.stderr[-2000:]
+    doc = json.loads(report.stdout)
+    assert "digit_acc" in doc["runs"]["columns"]
+    row = next(r for r in doc["comparison"]["rows"] if r["metric"] == "digit_acc")
+    assert row["seeds"] == [1, 2] and row["verdict"].startswith(("higher", "lower", "no significant"))

@@ -80,7 +80,7 @@ def test_bleu_of_a_tokenized_corpus_is_detokenized_sacrebleu(tmp_path):
     bleu = METRICS["test/bleu"]
     # the same number, exactly to the float32 in which Lightning logs it
     assert np.float32(bleu.score(bleu.stats(items).sum(0))) == np.float32(summary["test"]["test/bleu"])
-    assert "test/empty" in summary["test"] and "BLEU tok" in proc.stdout
+    assert "test/empty" in summary["test"] and "tok. BLEU" in proc.stdout
 
 
 def _task(path, **kw) -> TranslationTask:
@@ -190,7 +190,7 @@ def test_the_console_table_shows_each_tasks_own_metrics():
     console = Console(width=200, record=True)
     console.print(summary_table(rows, "t"))
     text = console.export_text()
-    for column in ("ROUGE-1", "ROUGE-2", "ROUGE-L", "BLEU tok", "empty"):
+    for column in ("ROUGE-1", "ROUGE-2", "ROUGE-L", "tok. BLEU", "empty"):
         assert column in text
     assert "30.50" in text and "25.0%" in text and "21.50" in text
     assert "exact match" not in text and "test ppl" not in text
