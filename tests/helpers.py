@@ -61,3 +61,14 @@ def nas_run(*args, cwd, timeout=300):
     env = {**os.environ, "WANDB_MODE": "", "NO_COLOR": "1"}
     env.pop("WANDB_MODE")
     return subprocess.run([NAS_RUN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def load_benchmark(name: str):
+    """A script of benchmarks/ (not a package) as a module, e.g. load_benchmark("calibration")."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -6,13 +6,12 @@ called "better" or "worse" must stay within 5% plus Monte Carlo error at k = 2, 
 for BLEU, perplexity and exact match, paired and unpaired. With a true effect, the verdict finds
 it as often as the noncentral t says (the power that ``--detect`` plans with). The full grid,
 with deepsig's ASO beside it, is ``benchmarks/calibration.py`` (docs/comparing.md)."""
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from helpers import load_benchmark
 from nas_cli.report import stats
 
 SWEEPS = 400
@@ -21,11 +20,7 @@ BOUND = 0.05 + 3 * math.sqrt(0.05 * 0.95 / SWEEPS)
 
 
 def _calibration():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "calibration.py"
-    spec = importlib.util.spec_from_file_location("calibration", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("calibration")
 
 
 @pytest.mark.parametrize("metric", ["test/bleu", "test/ppl", "test/exact_match"])

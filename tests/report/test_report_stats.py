@@ -409,13 +409,9 @@ def test_nas_eval_results_are_rows_of_their_own_and_can_be_compared(compare_swee
 
 
 def _study_report():
-    import importlib.util
+    from helpers import load_benchmark
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "study_report.py"
-    spec = importlib.util.spec_from_file_location("study_report", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("study_report")
 
 
 def test_study_ordering_claim_holds_only_if_every_link_does():
