@@ -75,6 +75,7 @@ class SweepSummary(Callback):
         rows = [json.loads(p.read_text()) for p in sorted(root.glob("*/summary.json"))]
         failed = [(p.parent, read_failed(p.parent)) for p in sorted(root.glob("*/failed.json"))]
         failed = [(d, f) for d, f in failed if f and not (d / "summary.json").is_file()]
+        failed += _ended_before_start(root)
         release(root)
         if rows:
             rows.sort(key=lambda s: (s["task"], s["scheme"], s["heads"]))
@@ -83,6 +84,19 @@ class SweepSummary(Callback):
         if failed:
             _fail(f"{len(failed)} of {len(rows) + len(failed)} jobs failed (marked 'failed' above, reasons in "
                   f"their failed.json)", code=1)
+
+
+def _ended_before_start(root: Path) -> list[tuple[Path, dict]]:
+    """Jobs the scheduler ended before they made a run directory (nas_cli.launchers), unless a later
+    launch of the sweep finished them."""
+    from ..launchers import ENDED_FILE
+
+    try:
+        ended = json.loads((root / ENDED_FILE).read_text()) if (root / ENDED_FILE).is_file() else []
+    except (OSError, ValueError):
+        return []
+    return [(root / f"job {e.get('job')}", {"reason": e.get("reason", "?")}) for e in ended
+            if not any((d / "summary.json").is_file() for d in root.glob(f"{e.get('job')}_*"))]
 
 
 def _fail(message: str, code: int = 2, kind: str = "error", color: str = "red"):
@@ -128,6 +142,9 @@ class RunGuard(Callback):
         from ..rundir import acquire
 
         root = Path(str(config.hydra.sweep.dir))
+        from ..launchers import install
+
+        install()  # hydra/launcher=slurm: a job the scheduler ends fails alone (after Hydra loaded its plugins)
         try:
             check_config(config)
             if any(root.glob("*/summary.json")) or any(root.glob("*/checkpoints")):

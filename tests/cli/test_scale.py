@@ -419,3 +419,45 @@ def test_sigkill_in_a_later_epoch_then_resume_gives_bit_identical_weights(tmp_pa
     assert not different, different[:5]
     assert (json.loads((run / "summary.json").read_text())["test"]
             == json.loads((tmp_path / "ref" / "summary.json").read_text())["test"])
+
+
+def test_a_job_the_scheduler_ends_fails_alone_and_the_same_command_finishes_it(tmp_path):
+    """Issue #28 (2): hydra-submitit-launcher waits with job.results(), which raised submitit's
+    UncompletedJobError for a job killed from outside (scancel, node failure, OOM): the sweep died
+    in a traceback with no table and no failed.json. Here a real submitit (local executor) job is
+    SIGKILLed mid-training: the other job's result is summarized, the killed one is a failed row
+    with failed.json, exit 1, no traceback; the same command again finishes it from last.ckpt."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "debug=fast", "logger=csv", "trainer.max_steps=20,150", "trainer.val_check_interval=10",
+            "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}"]
+    env = {**os.environ, "WANDB_MODE": "offline", "NO_COLOR": "1"}
+    proc = subprocess.Popen([NAS_RUN, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(sweep.glob("1_*/checkpoints/last.ckpt")):
+        time.sleep(0.5)
+    (long_job,) = sweep.glob("1_*")
+    # as scancel does, end the job's processes: the training process (it holds the run directory's
+    # lock) and the local executor's process for the job
+    pids = [json.loads((long_job / ".nas-run.lock").read_text())["pid"]]
+    pids += [int(j.name) for j in (sweep / ".submitit").iterdir() if j.name.isdigit()]
+    killed = 0
+    for pid in pids:
+        if (long_job / "summary.json").exists():
+            break
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except ProcessLookupError:
+            pass
+    out, err = proc.communicate(timeout=300)
+    assert killed >= 1
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err and "1 of 2 jobs failed" in err
+    failed = json.loads((long_job / "failed.json").read_text())
+    assert failed["reason"].startswith("ended by the scheduler before it finished") and "failed" in out
+    assert (next(sweep.glob("0_*")) / "summary.json").is_file()
+    again = subprocess.run([NAS_RUN, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads((long_job / "summary.json").read_text())
+    assert summary["steps"] == 150 and summary.get("resumed_from") == "checkpoints/last.ckpt"

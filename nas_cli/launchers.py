@@ -1,0 +1,103 @@
+"""The submitit launchers (``hydra/launcher=slurm``), with one change: a job the scheduler ends
+(``scancel``, a node failure, an out-of-memory kill) is a failed job of the sweep, not the end
+of the sweep.
+
+hydra-submitit-launcher waits for every job with ``job.results()``, which raises submitit's
+``UncompletedJobError`` for a job that never returned: the whole ``nas-run -m`` then stopped in
+a traceback, with no table, no ``failed.json`` and the other jobs' results never summarized.
+Here such a job is written down as failed (``failed.json`` in its run directory with the
+scheduler's state, or ``ended_jobs.json`` in the sweep directory when it never started), the
+others are waited for as usual, and the sweep's table and exit status say what happened.
+Running the same command again finishes the failed job (docs/scaling.md).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _plugin
+
+#: the sweep directory's list of jobs that ended before they wrote anything
+ENDED_FILE = "ended_jobs.json"
+
+
+def ended_job(job: Any, err: Exception, idx: int, overrides: Sequence[str], sweep_dir: Path) -> JobReturn:
+    """Record a job the scheduler ended and return it as a finished job with no value (as
+    nas-run's own failed jobs are), so that Hydra goes on with the others."""
+    from .rundir import mark_failed
+
+    try:
+        state = str(job.state)
+    except Exception:  # noqa: BLE001 - the scheduler may no longer know the job
+        state = "unknown"
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    reason = f"ended by the scheduler before it finished (job {getattr(job, 'job_id', '?')}, state {state}): {first}"
+    started = sorted(p for p in Path(sweep_dir).glob(f"{idx}_*") if p.is_dir())
+    if started:
+        if not (started[0] / "summary.json").is_file():
+            mark_failed(started[0], reason, code=1)
+    else:
+        path = Path(sweep_dir) / ENDED_FILE
+        try:
+            known = json.loads(path.read_text()) if path.is_file() else []
+        except (OSError, ValueError):
+            known = []
+        known = [k for k in known if k.get("job") != idx] + [{"job": idx, "overrides": list(overrides),
+                                                              "reason": reason}]
+        try:
+            path.write_text(json.dumps(known, indent=1))
+        except OSError:
+            pass
+    ret = JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED)
+    ret.return_value = math.nan
+    return ret
+
+
+def install() -> None:
+    """Make hydra-submitit-launcher's launchers (``hydra/launcher=slurm``, ``submitit_local``) wait
+    tolerantly: Hydra accepts launchers only from its plugin package, so nas-run wraps the
+    plugin's ``launch`` in place (idempotent) instead of shipping a launcher of its own."""
+    try:
+        from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
+    except ImportError:  # the plugin is not installed: nothing to wrap
+        return
+    base = plugin.BaseSubmititLauncher
+    if getattr(base.launch, "_nas_tolerant", False):
+        return
+    original = base.launch
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        import submitit
+        from submitit.core.utils import UncompletedJobError
+
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        submit = submitit.AutoExecutor.map_array
+
+        def map_array(executor, fn, *columns):
+            jobs = submit(executor, fn, *columns)
+            return [_Waited(j, i, o, sweep_dir, UncompletedJobError) for j, i, o in zip(jobs, columns[2], columns[0])]
+
+        submitit.AutoExecutor.map_array = map_array
+        try:
+            return original(self, job_overrides, initial_job_idx)
+        finally:
+            submitit.AutoExecutor.map_array = submit
+
+    launch._nas_tolerant = True
+    base.launch = launch
+
+
+class _Waited:
+    """A submitted job whose ``results()`` turns "ended by the scheduler" into a failed job."""
+
+    def __init__(self, job, idx: int, overrides, sweep_dir: Path, uncompleted: type):
+        self.job, self.idx, self.overrides, self.sweep_dir, self.uncompleted = job, idx, overrides, sweep_dir, uncompleted
+
+    def results(self):
+        try:
+            return self.job.results()
+        except self.uncompleted as err:
+            return [ended_job(self.job, err, self.idx, self.overrides, self.sweep_dir)]
