@@ -270,7 +270,9 @@ def test_report_against_a_baseline_as_latex_markdown_csv_and_json(compare_sweep,
     assert {(d["metric"], d["seed"]) for d in detail} >= {("bleu", 1), ("bleu", 2), ("ppl", 1), ("ppl", 2)}
     assert "not a verdict over seeds" in doc["test_set"]["caption"]
     md = report(compare_sweep, "--baseline", "scheme=unas", "--format", "markdown", "--metrics", "ppl",
-                "--samples", "100", cwd=tmp_path)
+                "--samples", "100", "--html", tmp_path / "r.html", cwd=tmp_path)
+    page = (tmp_path / "r.html").read_text()  # the HTML report says which question each table answers
+    assert "Across seeds (the verdict)" in page and "On this test set, per trained model" in page
     assert md.returncode == 0 and "| dnas h4 | ppl |" in md.stdout and "BLEU" not in md.stdout.split("**across")[0]
     assert "**on this test set, per trained model" in md.stdout
     # CSV: every table, the comparison with numbers in their own columns
