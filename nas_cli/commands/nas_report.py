@@ -25,18 +25,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report to OUT")
     p.add_argument("--group-by", metavar="FIELDS", default=None,
                    help="comma-separated fields whose equal values share a row: task, scheme, heads, model, "
-                        "d_model, steps, placement.<location> or dotted config keys (attention.u_init); "
-                        "'run' = one row per run. Default: runs that differ only by seed share a row")
+                        "d_model, steps, source (the PATH a run was found under), placement.<location> or dotted "
+                        "config keys (attention.u_init); 'run' = one row per run. Default: runs that differ only by seed share a row")
     p.add_argument("--title", default="nas-report", help="title of the table and the HTML page")
     p.add_argument("--baseline", metavar="SELECTOR",
                    help="compare every other group with this one (field=value[,...], e.g. scheme=unas or "
-                        "placement.encoder=unas,heads=4): difference with 95%% CI, paired significance test on the "
-                        "test set, Holm-adjusted, and a verdict")
+                        "placement.encoder=unas,heads=4): the verdict over seeds (paired t-test on each run's "
+                        "number, 95%% CI, Holm-adjusted; none below 2 seeds), and each paired seed's two runs "
+                        "compared on the test items as supporting detail")
     p.add_argument("--metrics", metavar="NAMES", help="comma-separated metrics to compare/show: test metrics (bleu, "
-                                                       "chrf, exact_match, ppl, rouge1, rouge2, rougeL; paired on the "
-                                                       "test set) and attention diagnostics (jsd, explained_away, "
-                                                       "min_margin, entropy, step_variation, also as jsd:encoder; "
-                                                       "paired t-test over seeds)")
+                                                       "chrf, exact_match, ppl, rouge1, rouge2, rougeL, or any test "
+                                                       "metric a task reports) and attention diagnostics (jsd, "
+                                                       "explained_away, min_margin, entropy, step_variation, also as "
+                                                       "jsd:encoder); every verdict is a paired t-test over seeds")
     p.add_argument("--format", default="rich", metavar="FMT", help="rich (default), markdown, latex, csv or json")
     p.add_argument("--pivot", metavar="FIELD", help="spread the values of FIELD (scheme, heads, task) into columns, "
                                                      "one table cell per metric: mean ± CI (†: differs from the "
