@@ -108,17 +108,28 @@ def check_shapes_and_logger(cfg: DictConfig) -> None:
         raise UserError(f"logger.mode must be offline, online or disabled (got '{mode}')")
 
 
-def check_attention(cfg: DictConfig) -> None:
-    """The attention plan against the model and task: one line naming the option to change."""
+def is_language_model(cfg: DictConfig) -> bool:
+    """The one test of "is this task a language model": the task class's declared ``kind``
+    (a user's LM task need not be named like the built-in one)."""
+    if "task" not in cfg or not cfg.task.get("_target_"):
+        return False
     from hydra.utils import get_class
 
+    try:
+        return getattr(get_class(str(cfg.task._target_)), "kind", "seq2seq") == "lm"
+    except Exception:  # noqa: BLE001 - a class that cannot be imported is reported when the task is built
+        return False
+
+
+def check_attention(cfg: DictConfig) -> None:
+    """The attention plan against the model and task: one line naming the option to change."""
     from .attention import SchemeError
     from .plan import AttentionPlan
 
     if "attention" not in cfg or "model" not in cfg:
         return
     try:
-        lm = get_class(str(cfg.task._target_)).kind == "lm" if "task" in cfg else False
+        lm = is_language_model(cfg)
         plan = AttentionPlan.from_config(cfg.attention)
         plan.check(cfg.model, lm=lm)
     except SchemeError as err:
@@ -180,7 +191,7 @@ def estimate_parameters(cfg: DictConfig) -> int:
     dec = int(m.get("decoder_layers", 0) or 0)
     block = 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d  # self-attention, FFN, two norms
     cross = 4 * d * d + 4 * d + 2 * d
-    lm = str(cfg.task.get("_target_", "")).endswith("LanguageModelTask")
+    lm = is_language_model(cfg)
     params = (enc * block + dec * (block + (0 if lm else cross)))
     vocab = cfg.task.get("vocab_size") or ((cfg.task.get("symbols") or 0) + 4 if cfg.task.get("symbols") else 0)
     try:

@@ -145,3 +145,20 @@ def test_a_tasks_own_metric_reaches_the_result_table_and_nas_report(tmp_path):
     assert "digit_acc" in doc["runs"]["columns"]
     row = next(r for r in doc["comparison"]["rows"] if r["metric"] == "digit_acc")
     assert row["seeds"] == [1, 2] and row["verdict"].startswith(("higher", "lower", "no significant"))
+
+
+def test_a_user_language_model_task_is_sized_as_a_language_model(tmp_path, monkeypatch):
+    """Issue #29: two tests of "is this a language model" disagreed (the class's kind, and the
+    _target_ ending in LanguageModelTask), so a user's LM task was sized as seq2seq (with
+    cross-attention). Now there is one, the class's kind."""
+    from helpers import compose_cfg
+    from nas_cli.checks import estimate_parameters, is_language_model
+
+    (tmp_path / "my_lm.py").write_text("from tasks.language_model import LanguageModelTask\n\n\n"
+                                       "class Corpus(LanguageModelTask):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    builtin = compose_cfg("task=wikitext2")
+    mine = compose_cfg("task=wikitext2", "task._target_=my_lm.Corpus")
+    assert is_language_model(builtin) and is_language_model(mine)
+    assert estimate_parameters(mine) == estimate_parameters(builtin)
+    assert not is_language_model(compose_cfg("task=sort"))
