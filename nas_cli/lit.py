@@ -215,9 +215,10 @@ class NasLitModule(pl.LightningModule):
         ntok.extend(int(t) for t in row_n.tolist())
         if self.task.kind == "seq2seq":
             hyps.extend(self.task.ids_to_text(row) for row in self.decode(batch["src"], split))
-            if "index" in batch and hasattr(self.task, "reference"):  # raw reference text, not a BPE round trip
-                data_split = "valid" if split == "val" else split
-                refs.extend(self.task.reference(data_split, i) for i in positions)
+            data_split = "valid" if split == "val" else split
+            raw = [self.task.reference(data_split, i) for i in positions] if "index" in batch else []
+            if raw and all(r is not None for r in raw):  # raw reference text, not a BPE round trip
+                refs.extend(raw)
             else:
                 refs.extend(self.task.ids_to_text(row) for row in batch["tgt_out"])
 
@@ -233,7 +234,7 @@ class NasLitModule(pl.LightningModule):
                       f"{src.size(1)}-token source would allow {max_len} (task.max_len_a x length + task.max_len_b)",
                       file=sys.stderr)
             max_len = self.max_positions - 1
-        dec = getattr(self.task, "decoding", None)
+        dec = self.task.decoding
         beam = (self.task.valid_beam if split == "val" else dec["beam"]) if dec else 1
         if beam <= 1:
             return self.model.greedy_decode(src, self.task.bos_id, self.task.eos_id, max_len)

@@ -56,7 +56,7 @@ def build_task(cfg: DictConfig):
 def check_lengths(task, model_max_len: int) -> None:
     """Refuse, before training, evaluation sources longer than the model's positions (they
     would stop the run at its first validation)."""
-    ids = getattr(task, "ids", None)
+    ids = task.ids
     if not isinstance(ids, dict):
         return
     for split in ("valid", "test"):
@@ -257,9 +257,9 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
         "best_val": {"metric": task.monitor, "value": _float(ckpt.best_model_score)},
         "test": {k: float(v) for k, v in test.items()},
         "hnas_u": module.hnas_u(),
-        "bleu_signature": getattr(task, "bleu_signature", None),
-        "bleu_tok_signature": getattr(task, "bleu_tok_signature", None),
-        "data_timings": getattr(task, "timings", None),
+        "bleu_signature": task.bleu_signature,
+        "bleu_tok_signature": task.bleu_tok_signature,
+        "data_timings": task.timings,
         "run_dir": str(run_dir),
         "group": identity["group"],
         "processes": int(trainer.world_size),

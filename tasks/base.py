@@ -67,6 +67,25 @@ class Task(pl.LightningDataModule):
     #: the task's own names of its training, validation and test splits
     loader_splits: tuple[str, str, str] = ("train", "val", "test")
 
+    # ---- optional members: what the runner reads when a task has them (defaults: it has not) ----
+    #: beam search for test decoding, {"beam", "lenpen", "max_len_a", "max_len_b"}; None: greedy
+    decoding: dict | None = None
+    #: beam width for validation decoding (with ``decoding``)
+    valid_beam: int = 1
+    #: encoded splits {"valid"/"test": (sources, targets)}: the runner refuses, before training,
+    #: evaluation sources longer than the model's positions; None: not known in advance
+    ids: dict | None = None
+    #: sacreBLEU's signatures of the scores ``score()`` computed (set by it), for summary.json
+    bleu_signature: str | None = None
+    bleu_tok_signature: str | None = None
+    #: seconds spent reading, training the tokenizer and encoding (summary.json's data_timings)
+    timings: dict | None = None
+
+    def reference(self, split: str, index: int) -> str | None:
+        """The raw reference text of item ``index`` of ``split`` ("valid"/"test"), scored instead of
+        the decoded target ids (a subword round trip is not the reference); None: use the ids."""
+        return None
+
     def _loader(self, split: str, shuffle: bool):
         raise NotImplementedError
 

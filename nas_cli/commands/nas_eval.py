@@ -145,7 +145,7 @@ def evaluate(args) -> dict:
     check_fingerprints(cfg, [Path(p) for p in ckpts])
     task = build_task(cfg)
     if args.beam is not None or args.lenpen is not None:
-        if not hasattr(task, "decoding"):
+        if task.decoding is None:
             raise UserError(f"task '{task.name}' has no beam search (--beam/--lenpen apply to translation tasks)")
         if args.beam is not None:
             task.decoding["beam"] = task.valid_beam = args.beam
@@ -162,7 +162,7 @@ def evaluate(args) -> dict:
     out_dir = run_dir / "eval"
     out_dir.mkdir(exist_ok=True)
     result = {"split": args.split, "checkpoints": [str(p) for p in ckpts], "metrics": metrics,
-              "decoding": getattr(task, "decoding", None), "bleu_signature": getattr(task, "bleu_signature", None)}
+              "decoding": task.decoding, "bleu_signature": task.bleu_signature}
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
     if "test" in module.items:  # per-item outputs: nas-report can test this evaluation against others
         (out_dir / f"{name}.items.json").write_text(json.dumps({**module.items["test"], "split": args.split}))
