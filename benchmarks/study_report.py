@@ -142,8 +142,10 @@ def claims_section(mt_root, lm_root) -> str:
     else:
         v, c = r.comparison.verdict(True), r.comparison
         bound = max(abs(c.low), abs(c.high))
-        verdict = (f"consistent: no significant difference (n={len(c.seeds)}); over seeds the interval rules out "
-                   f"differences larger than {bound:.1f} BLEU" if v.startswith("no significant")
+        verdict = ((f"consistent: no significant difference (n={len(c.seeds)}); over seeds the interval rules out "
+                    f"differences larger than {bound:.1f} BLEU" if c.n >= 3 else
+                    f"consistent: no significant difference (n={c.n}); an interval from {c.n} seeds is too uncertain "
+                    "to bound the difference") if v.startswith("no significant")
                    else f"no verdict (n={len(c.seeds)})" if v.startswith("no verdict")
                    else "yes, and DNAS better here" if v.startswith("better") else "no: DNAS worse here")
         row("DNAS is on par with UNAS (Ding et al.; the paper has no translation task)", PAR,
