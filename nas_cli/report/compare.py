@@ -250,8 +250,8 @@ def _checked_items(involved: Sequence[Run], metrics: Sequence[str]) -> dict[int,
 def without_items(rows: Sequence[Row], groups: Sequence[Group]) -> list[str]:
     """Runs that got no test-set detail (no test_items.json: made before nas-run wrote them, or
     run_test=false)."""
-    runs = [r for g in groups for r in g.runs]
-    missing = [str(r.path) for r in runs if load_items(r) is None]
+    runs = [r for g in groups for r in g.runs]  # whether the file is there (compare_groups has read them)
+    missing = [str(r.path) for r in runs if not (r.items_path or Path(r.path) / ITEMS_FILE).is_file()]
     return missing if any(r.comparison.metric in stats.METRICS for r in rows) else []
 
 

@@ -512,7 +512,10 @@ def compare_items(metric: str, base_stats: np.ndarray, system_stats: np.ndarray,
     (``Metric.stats``): the corpus scores as sacreBLEU computes them, the difference, a paired
     bootstrap interval over the items, and the item-level p (AR with ties, or McNemar)."""
     spec = METRICS[metric]
-    rng = np.random.default_rng([rng_seed, abs(hash(str(seed))) % (2 ** 31)])
+    import zlib
+
+    # a stable stream per seed (str hashes change between processes: the same report must repeat)
+    rng = np.random.default_rng([rng_seed, zlib.crc32(str(seed).encode())])
     b, s = spec.score(base_stats.sum(0)), spec.score(system_stats.sum(0))
     dtype = np.float32 if spec.integer and max(base_stats.sum(0).max(), system_stats.sum(0).max()) < 2 ** 23 \
         else np.float64
