@@ -9,6 +9,7 @@ prints one line on stderr and exits with status 2.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import sys
 from typing import Sequence
 
@@ -137,6 +138,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ir:
             sections.append(("test_set", f"on this test set, per trained model (supporting detail): against "
                              f"{baseline.label}", ih, ir, ITEM_NOTE, item_records(compared)))
+    for path in args.paths:  # a seed=auto sweep: its looks and decisions, recomputed from its runs
+        from ..errors import UserError
+        from ..sequential import recompute, table_rows as sequential_rows
+
+        try:
+            rec = recompute(Path(path))
+        except UserError as err:
+            return _fail(str(err))
+        if rec is not None:
+            sh, sr = sequential_rows(rec)
+            sections.append(("sequential", f"sequential sweep {path} ({rec['metric']}): the decisions so far", sh, sr,
+                             rec["method"], rec["comparisons"]))
     head, rows = unfinished_rows(runs)
     if rows:  # failed and unfinished runs are listed in every format, never dropped silently
         failed = sum(row[1].startswith("failed") for row in rows)

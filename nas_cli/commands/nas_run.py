@@ -146,6 +146,10 @@ class RunGuard(Callback):
 
         install()  # hydra/launcher=slurm: a job the scheduler ends fails alone (after Hydra loaded its plugins)
         try:
+            if str(config.get("seed")) == "auto":  # seed=auto: the sequential sweeper gives each job its seed
+                config = config.copy()
+                with read_write(config):
+                    config.seed = 1
             check_config(config)
             if any(root.glob("*/summary.json")) or any(root.glob("*/checkpoints")):
                 earlier = _sweep_overrides(root)
@@ -367,6 +371,32 @@ def multirun_first(argv: list[str]) -> list[str]:
     return ["-m", *[a for a in argv if a not in ("-m", "--multirun")]]
 
 
+def sequential_argv(argv: list[str]) -> list[str]:
+    """``seed=auto`` selects the sequential sweeper (nas_cli/sequential.py): seeds in rounds until every
+    comparison is decided. It needs ``-m`` and no other sweeper."""
+    if "seed=auto" not in argv:
+        return argv
+    if not any(a in ("-m", "--multirun") for a in argv):
+        raise UserError("seed=auto runs seeds in rounds until every comparison is decided: add -m, e.g. "
+                        "nas-run -m attention=unas,dnas seed=auto")
+    other = [a for a in argv if a.startswith(("sweep=", "hydra/sweeper=")) and a != "hydra/sweeper=sequential"]
+    if other:
+        raise UserError(f"seed=auto is the sequential sweeper; it cannot be combined with {other[0]}")
+    return argv if "hydra/sweeper=sequential" in argv else [*argv, "hydra/sweeper=sequential"]
+
+
+def _register_sweeper() -> None:
+    """Hydra finds plugins by walking its plugin package, which an editable install's import hook
+    hides from it: make the sequential sweeper known either way."""
+    if any(a.startswith("hydra/sweeper=sequential") or a == "seed=auto" for a in sys.argv[1:]):
+        from hydra.core.plugins import Plugins
+        from hydra_plugins.nas_run_sequential.sequential_sweeper import SequentialSweeper
+
+        plugins = Plugins.instance()
+        if f"{SequentialSweeper.__module__}.{SequentialSweeper.__name__}" not in plugins.class_name_to_class:
+            plugins.register(SequentialSweeper)
+
+
 def check_output_dirs(argv: list[str]) -> None:
     """``hydra.run.dir=`` / ``hydra.sweep.dir=`` that cannot be created: one line, before Hydra
     (which would print its own traceback). The check creates the directory and removes what it
@@ -429,6 +459,8 @@ def main() -> None:
         sys.argv = [sys.argv[0], *multirun_first(sys.argv[1:])]
         sys.argv = [sys.argv[0], *location_alias(sys.argv[1:])]  # attention.decoder=x: see nas_cli/plan.py
         sys.argv = [sys.argv[0], *saved_sweep_order(sys.argv[1:])]
+        sys.argv = [sys.argv[0], *sequential_argv(sys.argv[1:])]
+        _register_sweeper()
         check_overrides(sys.argv[1:], CONF_DIR)  # typos: one line with the closest name, before Hydra
         check_output_dirs(sys.argv[1:])
         sys.argv = [sys.argv[0], *resume_argv(sys.argv[1:])]

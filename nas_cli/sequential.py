@@ -1,0 +1,484 @@
+"""``seed=auto``: a sweep that adds seeds in rounds until every comparison is decided.
+
+``nas-run -m attention=unas,dnas,hnas model.heads=4,8 seed=auto`` trains every configuration of
+the grid at seeds ``first_seed .. first_seed + min_seeds - 1``, then compares each configuration
+with its baseline (the configuration with the baseline's value on the baseline axis and the
+same values on every other axis: ``dnas h8`` against ``unas h8``) on one test metric, paired by
+seed, with the group-sequential test of :mod:`nas_cli.report.sequential`. Each comparison is
+decided (*higher*, *lower*, *no difference larger than delta*), or goes on: only the
+configurations of a comparison still open get the next round of seeds (a baseline runs while
+any comparison against it is open). At ``max_seeds`` an open comparison ends *undecided*.
+
+The sweep's state is its run directories: job ``<j * C + c>_...`` is configuration ``c`` (of
+``C``) at seed ``first_seed + j``, so running the same command again finds every finished seed,
+recomputes every decision from the runs, resumes unfinished runs from their checkpoints and goes
+on from the last finished round; no seed runs twice. A job that fails is run again (up to
+``retries`` times) and never counted as a seed; one that still fails stops the sweep (its table
+says which; the same command continues after the fix). ``sequential.json`` in the sweep
+directory holds the design, the runs of each seed and every look; ``sequential.png`` draws each
+difference with its sequential interval against the number of seeds; ``nas-report <sweep dir>``
+shows the same table.
+
+The sweeper is :class:`hydra_plugins.nas_run_sequential.sequential_sweeper.SequentialSweeper`
+(Hydra accepts sweepers only from its plugin package); it launches each round through the
+configured launcher (basic, joblib, SLURM through submitit).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import UserError
+from .report import sequential as seq
+
+STATE_FILE = "sequential.json"
+FIGURE_FILE = "sequential.png"
+DECISION_WORDS = {seq.HIGHER: "higher", seq.LOWER: "lower", seq.EQUIVALENT: "no difference larger than delta",
+                  seq.CONTINUE: "continue", seq.UNDECIDED: "undecided"}
+
+
+@dataclass
+class Options:
+    """``hydra.sweeper.*`` (conf/hydra/sweeper/sequential.yaml)."""
+
+    baseline: str | None = None
+    metric: str | None = None
+    min_seeds: int = 2
+    max_seeds: int = 10
+    seeds_per_round: int = 1
+    delta: float | None = None
+    alpha: float = 0.05
+    spending: str = "obf"
+    first_seed: int = 1
+    retries: int = 1
+
+    def check(self) -> None:
+        def bad(what: str) -> UserError:
+            return UserError(f"hydra.sweeper.{what}")
+
+        for name in ("min_seeds", "max_seeds", "seeds_per_round", "first_seed", "retries"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise bad(f"{name}={v}: expected a whole number")
+        if self.min_seeds < 2:
+            raise bad(f"min_seeds={self.min_seeds}: at least 2 (one seed says nothing about seed-to-seed spread)")
+        if self.max_seeds < self.min_seeds:
+            raise bad(f"max_seeds={self.max_seeds}: must be at least min_seeds={self.min_seeds}")
+        if self.max_seeds > 50:
+            raise bad(f"max_seeds={self.max_seeds}: at most 50")
+        if self.seeds_per_round < 1 or self.retries < 0:
+            raise bad("seeds_per_round must be at least 1 and retries at least 0")
+        if not isinstance(self.alpha, (int, float)) or not 0 < float(self.alpha) < 0.5:
+            raise bad(f"alpha={self.alpha}: expected a number between 0 and 0.5, e.g. 0.05")
+        if self.spending not in seq.SPENDING:
+            raise bad(f"spending={self.spending}: choose {' or '.join(seq.SPENDING)}")
+        if self.delta is not None and (not isinstance(self.delta, (int, float)) or not float(self.delta) > 0):
+            raise bad(f"delta={self.delta}: a difference in the metric's units, above 0 (or null: no equivalence "
+                      "stop)")
+
+    @property
+    def looks(self) -> tuple[int, ...]:
+        return seq.looks(self.min_seeds, self.max_seeds, self.seeds_per_round)
+
+
+@dataclass
+class Config:
+    index: int
+    overrides: list[str]  # every override of its jobs but the seed
+    values: dict[str, str]  # the swept axes' values
+    label: str
+
+
+def parse_arguments(arguments: Sequence[str], parser) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """The sweep's axes (key, values) in the order typed, and its fixed overrides (seed=auto removed)."""
+    axes, fixed, seeds = [], [], []
+    for o in parser.parse_overrides(list(arguments)):
+        key = o.get_key_element()
+        if o.key_or_group == "seed":
+            seeds.append(o.input_line)
+            if o.is_sweep_override() or str(o.value()) != "auto":
+                raise UserError(f"{o.input_line}: a sequential sweep chooses the seeds itself; write seed=auto "
+                                "(and hydra.sweeper.first_seed / min_seeds / max_seeds)")
+            continue
+        if o.is_sweep_override():
+            if not o.is_discrete_sweep():
+                raise UserError(f"{o.input_line}: a sequential sweep takes lists of values (a,b,c), not ranges or "
+                                "intervals")
+            values = [str(v) for v in o.sweep_string_iterator()]
+            if len(set(values)) != len(values):
+                raise UserError(f"{o.input_line}: a value is listed twice")
+            axes.append((key, values))
+        else:
+            fixed.append(f"{key}={o.get_value_element_as_str()}")
+    if not seeds:
+        raise UserError("the sequential sweeper needs seed=auto on the command line")
+    if not axes:
+        raise UserError("seed=auto compares configurations: sweep at least one option, e.g. attention=unas,dnas")
+    return axes, fixed
+
+
+def grid(axes: list[tuple[str, list[str]]], fixed: list[str]) -> list[Config]:
+    out = []
+    for i, combo in enumerate(itertools.product(*[v for _, v in axes])):
+        values = {k: v for (k, _), v in zip(axes, combo)}
+        label = " ".join(f"{k}={v}" for k, v in values.items())
+        out.append(Config(i, [*fixed, *(f"{k}={v}" for k, v in values.items())], values, label))
+    return out
+
+
+def parse_baseline(text: str | None, axes: list[tuple[str, list[str]]]) -> tuple[str, str]:
+    """``attention=unas`` or ``attention:unas``; default: the first value of the first axis."""
+    if text is None or str(text).strip() in ("", "null"):
+        return axes[0][0], axes[0][1][0]
+    parts = re.split(r"[=:]", str(text), maxsplit=1)
+    if len(parts) != 2:
+        raise UserError(f"hydra.sweeper.baseline={text}: expected <swept option>:<value>, e.g. attention:unas")
+    key, value = parts[0].strip(), parts[1].strip()
+    found = dict(axes)
+    if key not in found:
+        raise UserError(f"hydra.sweeper.baseline={text}: {key} is not swept; the swept options are "
+                        f"{', '.join(found)}")
+    if value not in found[key]:
+        raise UserError(f"hydra.sweeper.baseline={text}: {value} is not among {key}'s values "
+                        f"({', '.join(found[key])})")
+    return key, value
+
+
+def pair_up(configs: list[Config], baseline: tuple[str, str]) -> dict[int, int]:
+    """system config index -> its baseline config index (same values on every other axis)."""
+    key, value = baseline
+    by_values = {tuple(sorted(c.values.items())): c.index for c in configs}
+    out = {}
+    for c in configs:
+        if c.values[key] == value:
+            continue
+        partner = dict(c.values, **{key: value})
+        out[c.index] = by_values[tuple(sorted(partner.items()))]
+    return out
+
+
+def job_number(config: int, seed_index: int, n_configs: int) -> int:
+    return seed_index * n_configs + config
+
+
+def job_dir(root: Path, number: int) -> Path | None:
+    found = sorted(p for p in root.glob(f"{number}_*") if p.is_dir())
+    return found[0] if found else None
+
+
+def subdir_override(pattern: str, number: int) -> str:
+    """The job's ``hydra.sweep.subdir`` with its number fixed (the pattern's ``${hydra.job.num}``)."""
+    text = pattern.replace("${hydra.job.num}", str(number)) if "${hydra.job.num}" in pattern else f"{number}_{pattern}"
+    return "hydra.sweep.subdir='" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def default_metric(summary: dict) -> str:
+    """The test metric of the one the task picks checkpoints by (val/bleu -> test/bleu; val/loss -> test/ppl)."""
+    test = summary.get("test") or {}
+    picked = str((summary.get("best_val") or {}).get("metric") or "")
+    name = picked.split("/", 1)[-1]
+    for key in (f"test/{name}", "test/ppl" if name == "loss" else None):
+        if key and key in test:
+            return key
+    from .metrics import present
+
+    shown = [m.key for m in present(test) if m.compared]
+    if not shown:
+        raise UserError("the sweep's runs report no test metric to compare (run_test=false?); set run_test=true")
+    return shown[0]
+
+
+class SequentialSweep:
+    """The rounds of one ``seed=auto`` sweep (driven by the Hydra sweeper)."""
+
+    def __init__(self, options: Options, root: Path, configs: list[Config], baseline: tuple[str, str],
+                 subdir_pattern: str):
+        self.options, self.root, self.configs, self.baseline = options, root, configs, baseline
+        self.pairs = pair_up(configs, baseline)
+        self.subdir_pattern = subdir_pattern
+        self.metric: str | None = options.metric
+        if self.metric and not self.metric.startswith("test/"):
+            self.metric = f"test/{self.metric}"
+
+    # ---- what the run directories say -------------------------------------------------
+    def seed(self, j: int) -> int:
+        return self.options.first_seed + j
+
+    def summary(self, config: int, j: int) -> dict | None:
+        d = job_dir(self.root, job_number(config, j, len(self.configs)))
+        if d is None or not (d / "summary.json").is_file():
+            return None
+        try:
+            return json.loads((d / "summary.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def values(self) -> dict[int, list[float]]:
+        """Each configuration's metric, seed by seed, up to its first seed not finished."""
+        out: dict[int, list[float]] = {}
+        for c in self.configs:
+            vals = []
+            for j in range(self.options.max_seeds):
+                s = self.summary(c.index, j)
+                if s is None:
+                    break
+                if self.metric is None:
+                    self.metric = default_metric(s)
+                v = (s.get("test") or {}).get(self.metric)
+                if v is None or not math.isfinite(float(v)):
+                    run = job_dir(self.root, job_number(c.index, j, len(self.configs)))
+                    have = ", ".join(sorted(k.removeprefix("test/") for k in (s.get("test") or {})))
+                    raise UserError(f"hydra.sweeper.metric={self.metric}: run {run} has no such value (it reports: "
+                                    f"{have or 'no test metrics'})")
+                vals.append(float(v))
+            out[c.index] = vals
+        return out
+
+    def decide(self) -> dict[str, seq.Comparison]:
+        vals = self.values()
+        pairs = {self.configs[s].label: (self.configs[b].label, vals[b], vals[s]) for s, b in self.pairs.items()}
+        return seq.decide(pairs, self.options.looks, float(self.options.alpha), self.options.spending,
+                          None if self.options.delta is None else float(self.options.delta))
+
+    def next_jobs(self, state: dict[str, seq.Comparison]) -> list[tuple[int, int]]:
+        """(config, seed index) of the next round: the open comparisons' configurations up to the next look."""
+        done = {name: comp.n for name, comp in state.items()}
+        wanted: dict[int, int] = {}
+        for s, b in self.pairs.items():
+            comp = state[self.configs[s].label]
+            if not comp.open:
+                continue
+            n = next((n for n in self.options.looks if n > done[comp.name]), None)
+            if n is None:
+                continue
+            for c in (s, b):
+                wanted[c] = max(wanted.get(c, 0), n)
+        return [(c, j) for j in range(max(wanted.values(), default=0)) for c in sorted(wanted)
+                if j < wanted[c] and self.summary(c, j) is None]
+
+    def job_overrides(self, config: int, j: int) -> list[str]:
+        number = job_number(config, j, len(self.configs))
+        return [*self.configs[config].overrides, f"seed={self.seed(j)}", subdir_override(self.subdir_pattern, number)]
+
+    # ---- what the user sees ----------------------------------------------------------
+    def records(self, state: dict[str, seq.Comparison]) -> dict[str, Any]:
+        n_configs = len(self.configs)
+        runs = {c.label: {str(self.seed(j)): (job_dir(self.root, job_number(c.index, j, n_configs)) or Path("?")).name
+                          for j in range(self.options.max_seeds)
+                          if job_dir(self.root, job_number(c.index, j, n_configs)) is not None}
+                for c in self.configs}
+        return {"method": method_text(self.options), "design": {**asdict(self.options), "looks": list(self.options.looks),
+                                                                "baseline": f"{self.baseline[0]}={self.baseline[1]}"},
+                "metric": self.metric,
+                "configs": [{"label": c.label, "overrides": c.overrides, "values": c.values, "runs": runs[c.label]}
+                            for c in self.configs],
+                "comparisons": [{"system": name, "baseline": comp.baseline, "decision": comp.decision,
+                                 "looks": [asdict(lk) | {"low": _num(lk.low), "high": _num(lk.high),
+                                                         "boundary": _num(lk.boundary), "t": _num(lk.t)}
+                                           for lk in comp.looks]}
+                                for name, comp in state.items()],
+                "finished": all(not comp.open for comp in state.values())}
+
+    def save(self, state: dict[str, seq.Comparison]) -> dict[str, Any]:
+        from .atomic import atomic_write_json
+
+        rec = self.records(state)
+        atomic_write_json(self.root / STATE_FILE, rec)
+        try:
+            draw(rec, self.root / FIGURE_FILE)
+        except Exception:  # noqa: BLE001 - a figure must never stop the sweep
+            pass
+        return rec
+
+
+def recompute(root: Path) -> dict[str, Any] | None:
+    """A sequential sweep's table, recomputed from its run directories (``nas-report <sweep dir>``);
+    None when ``root`` is not one. Raises UserError for a damaged sequential.json."""
+    from dataclasses import fields
+
+    path = Path(root) / STATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        rec = json.loads(path.read_text())
+        design = rec["design"]
+        options = Options(**{f.name: design[f.name] for f in fields(Options) if f.name in design})
+        configs = [Config(i, c["overrides"], c["values"], c["label"]) for i, c in enumerate(rec["configs"])]
+        key, _, value = str(design["baseline"]).partition("=")
+        sweep = SequentialSweep(options, Path(root), configs, (key, value), "")
+        sweep.metric = rec.get("metric")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{path}: not a readable sequential-sweep record ({err}); run the sweep's command again "
+                        "to rewrite it") from None
+    return sweep.records(sweep.decide())
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or not math.isfinite(x) else x
+
+
+def method_text(o: Options) -> str:
+    looks = ", ".join(map(str, o.looks))
+    return (f"Group-sequential paired t-test over seeds: looks at {looks} paired seeds; "
+            f"{'O' + chr(39) + 'Brien-Fleming' if o.spending == 'obf' else 'Pocock'}-type alpha spending "
+            f"(Lan-DeMets), alpha={o.alpha:g} two-sided, boundaries for the t statistic (exact under normal "
+            "seed-level differences); Holm across the comparisons, carried through the looks; the interval is the "
+            f"repeated confidence interval at this look (it holds at every look at once)"
+            + (f"; a comparison whose interval lies within +-{o.delta:g} ends 'no difference larger than delta'"
+               if o.delta is not None else "") + ".")
+
+
+def table_rows(rec: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    head = ["system", "baseline", "n", "difference", "sequential interval", "|t|", "boundary", "decision"]
+    rows = []
+    for comp in rec["comparisons"]:
+        lk = comp["looks"][-1] if comp["looks"] else None
+        if lk is None:
+            rows.append([comp["system"], comp["baseline"], "0", "-", "-", "-", "-", "waiting for runs"])
+            continue
+        low, high = lk["low"], lk["high"]
+        interval = "(no interval)" if low is None or high is None else f"[{low:+.3g}, {high:+.3g}]"
+        word = DECISION_WORDS.get(comp["decision"], comp["decision"])
+        if comp["decision"] == seq.UNDECIDED:
+            word = f"undecided at n={lk['n']}"
+        elif comp["decision"] == seq.EQUIVALENT:
+            word = f"no difference larger than {rec['design']['delta']:g}"
+        t = lk["t"]
+        rows.append([comp["system"], comp["baseline"], str(lk["n"]), f"{lk['mean']:+.4g}", interval,
+                     "-" if t is None else f"{abs(t):.2f}", "inf" if lk["boundary"] is None else f"{lk['boundary']:.3g}",
+                     word])
+    return head, rows
+
+
+def rich_table(rec: dict[str, Any], title: str):
+    from rich.table import Table
+
+    head, rows = table_rows(rec)
+    table = Table(title=title, caption=rec["method"], caption_justify="left")
+    for h in head:
+        table.add_column(h, no_wrap=h != "system")
+    for r in rows:
+        table.add_row(*r)
+    return table
+
+
+def draw(rec: dict[str, Any], path: Path) -> None:
+    """Each comparison's mean difference and sequential interval against the number of seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    comps = [c for c in rec["comparisons"] if c["looks"]]
+    if not comps:
+        return
+    fig, axes = plt.subplots(1, len(comps), figsize=(3.6 * len(comps), 3.2), squeeze=False)
+    for ax, comp in zip(axes[0], comps):
+        ns = [lk["n"] for lk in comp["looks"]]
+        means = [lk["mean"] for lk in comp["looks"]]
+        lows = [lk["low"] if lk["low"] is not None else float("nan") for lk in comp["looks"]]
+        highs = [lk["high"] if lk["high"] is not None else float("nan") for lk in comp["looks"]]
+        ax.axhline(0, color="grey", lw=0.8)
+        delta = rec["design"].get("delta")
+        if delta:
+            ax.axhspan(-delta, delta, color="tab:green", alpha=0.12, lw=0)
+        ax.plot(ns, means, "o-", color="tab:blue")
+        finite = [(n, lo, hi) for n, lo, hi in zip(ns, lows, highs) if math.isfinite(lo) and math.isfinite(hi)]
+        for n, lo, hi in finite:
+            ax.plot([n, n], [lo, hi], color="tab:blue", lw=2, alpha=0.6)
+        span = [abs(m) for m in means] + [abs(v) for _, lo, hi in finite for v in (lo, hi) if abs(v) < 1e6]
+        lim = 1.15 * max(span + [delta or 0, 1e-9])
+        ax.set_ylim(-lim, lim)
+        ax.set_xlim(rec["design"]["min_seeds"] - 0.5, rec["design"]["max_seeds"] + 0.5)
+        ax.set_title(f"{comp['system']}\n- {comp['baseline']}: {comp['decision']}", fontsize=8)
+        ax.set_xlabel("paired seeds")
+        ax.set_ylabel(f"difference in {rec['metric']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
+    """The rounds (called by the Hydra sweeper): launch, read, decide, until nothing is open."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+    from rich.console import Console
+
+    from .commands.nas_run import _console, _fail
+    from .rundir import release
+
+    console = _console()
+    try:
+        options = Options(**sweeper.options)
+        options.check()
+        parser = OverridesParser.create(config_loader=sweeper.hydra_context.config_loader)
+        axes, fixed = parse_arguments(arguments, parser)
+        configs = grid(axes, fixed)
+        baseline = parse_baseline(options.baseline, axes)
+        pattern = str(OmegaConf.to_container(sweeper.config.hydra.sweep, resolve=False)["subdir"])
+        sweep = SequentialSweep(options, root, configs, baseline, pattern)
+        if not sweep.pairs:
+            raise UserError("seed=auto: no configuration to compare with the baseline")
+        state = sweep.decide()  # a continued sweep: every decision so far, from its runs
+    except UserError as err:
+        release(root)
+        _remove_if_empty(root)
+        _fail(str(err))
+    root.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(sweeper.config, root / "multirun.yaml")
+    returns = []
+    looked = _progress(state)
+    while True:
+        jobs = sweep.next_jobs(state)
+        if not jobs:
+            break
+        for attempt in range(options.retries + 1):
+            batch = [sweep.job_overrides(c, j) for c, j in jobs]
+            sweeper.validate_batch_is_legal(batch)
+            first = min(job_number(c, j, len(configs)) for c, j in jobs)
+            returns.append(sweeper.launcher.launch(batch, initial_job_idx=first))
+            jobs = [(c, j) for c, j in jobs if sweep.summary(c, j) is None]
+            if not jobs:
+                break
+            if attempt < options.retries:
+                Console(stderr=True).print(f"[bold yellow]nas-run: {len(jobs)} job(s) of this round failed: running "
+                                           "them again (a failed job is never counted as a seed)[/]", highlight=False)
+        if jobs:
+            sweep.save(state)
+            names = ", ".join(f"{configs[c].label} seed={sweep.seed(j)}" for c, j in jobs)
+            Console(stderr=True).print(f"[bold red]nas-run: the sequential sweep stopped:[/] {len(jobs)} job(s) failed "
+                                       f"{options.retries + 1} time(s) ({names}); fix the cause and run the same "
+                                       "command again to continue", highlight=False, soft_wrap=True)
+            return returns
+        try:
+            state = sweep.decide()
+        except UserError as err:
+            release(root)
+            _fail(str(err))
+        if _progress(state) == looked:  # nothing new to look at: never launch the same round again
+            break
+        looked = _progress(state)
+        rec = sweep.save(state)
+        n = max((c.n for c in state.values()), default=0)
+        console.print(rich_table(rec, f"nas-run sequential sweep {root}: look at n={n} seeds ({rec['metric']})"))
+    rec = sweep.save(state)
+    if rec["finished"]:
+        console.print(f"nas-run: every comparison decided; {STATE_FILE} and {FIGURE_FILE} in {root}", highlight=False)
+    return returns
+
+
+def _progress(state: dict[str, seq.Comparison]) -> tuple:
+    return tuple((name, c.n, c.decision) for name, c in sorted(state.items()))
+
+
+def _remove_if_empty(root: Path) -> None:
+    try:
+        if root.is_dir() and not any(root.iterdir()):
+            root.rmdir()
+    except OSError:
+        pass
