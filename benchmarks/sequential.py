@@ -78,6 +78,20 @@ def holm_family(sweeps: int, max_seeds: int, rng, effects=(0.0, 0.0, 0.0)) -> di
     return {"max_seeds": max_seeds, "effects": list(effects), "sweeps": sweeps, "familywise_error": false / sweeps}
 
 
+def equivalence_cells(sweeps: int, rng) -> list[dict]:
+    """``delta``: normal paired differences (sd 1) with a true difference of 0 or exactly delta."""
+    out = []
+    for max_seeds in (5, 10):
+        for delta in (0.5, 1.0, 2.0):
+            for theta in (0.0, delta):
+                d = rng.normal(theta, 1.0, size=(sweeps, max_seeds))
+                code, stop = seq.outcomes(d, seq.looks(2, max_seeds), delta=delta)
+                out.append({"max_seeds": max_seeds, "delta_sd": delta, "true_sd": theta, "sweeps": sweeps,
+                            "no_difference": float((code == 2).mean()), "declared": float(np.isin(code, (1, -1)).mean()),
+                            "undecided": float((code == 0).mean()), "mean_seeds": float(stop.mean())})
+    return out
+
+
 def adastop_cell(metric: str, ratio: str, n: int, stages: int, effect: float, sweeps: int, rng, B: int) -> dict:
     from adastop import MultipleAgentsComparator
 
@@ -124,6 +138,9 @@ def run(sweeps: int, power_sweeps: int, family_sweeps: int, adastop_sweeps: int,
     family += [holm_family(family_sweeps, m, rng, (2.0, 0.0, 0.0)) for m in (5, 10)]
     for f in family:
         print(json.dumps(f), flush=True)
+    equivalence = equivalence_cells(sweeps, rng)
+    for e in equivalence:
+        print(json.dumps(e), flush=True)
     ada = []
     if adastop_sweeps:
         for n, stages in ((2, 5), (5, 2)):
@@ -131,7 +148,7 @@ def run(sweeps: int, power_sweeps: int, family_sweeps: int, adastop_sweeps: int,
                 a = adastop_cell("test/bleu", "seed ~ item", n, stages, effect, adastop_sweeps, rng, B)
                 ada.append(a)
                 print(json.dumps(a), flush=True)
-    return {"cells": cells, "family": family, "adastop": ada}
+    return {"cells": cells, "family": family, "equivalence": equivalence, "adastop": ada}
 
 
 def table(result: dict) -> str:
@@ -164,6 +181,17 @@ def table(result: dict) -> str:
     for f in result["family"]:
         lines.append(f"| {f['max_seeds']} | {', '.join(f'{e:g}' for e in f['effects'])} | {f['sweeps']} | "
                      f"{100 * f['familywise_error']:.1f}% |")
+    if result.get("equivalence"):
+        lines += ["", "**With `delta`** (normal paired differences, sd 1; delta and the true difference in that sd): the "
+                  "share of sweeps that end *no difference larger than delta*, that declare a difference, or end "
+                  "undecided, and the mean seeds used. With a true difference of exactly delta, ending *no difference "
+                  "larger than delta* is the error, held at 5%.", "",
+                  "| max_seeds | delta | true difference | no difference > delta | declared | undecided | mean seeds |",
+                  "|---|---|---|---|---|---|---|"]
+        for e in result["equivalence"]:
+            lines.append(f"| {e['max_seeds']} | {e['delta_sd']:g} sd | {e['true_sd']:g} sd | "
+                         f"{100 * e['no_difference']:.1f}% | {100 * e['declared']:.1f}% | {100 * e['undecided']:.1f}% | "
+                         f"{e['mean_seeds']:.1f} |")
     if result["adastop"]:
         lines += ["", f"**AdaStop** (`adastop` {result.get('adastop_version', '?')}, alpha = 0.05, B = "
                   f"{result['B']}) and nas-run's rule with the same looks, on the same simulated BLEU scores "

@@ -135,6 +135,39 @@ def check_attention(cfg: DictConfig) -> None:
     except SchemeError as err:
         raise UserError(str(err)) from None
     check_flex(plan, cfg)
+    check_triton(plan, cfg)
+
+
+def check_triton(plan, cfg: DictConfig) -> None:
+    """``attention.impl=triton`` (attention/triton_prefix.py) runs where Triton runs (CUDA; the CPU only
+    under TRITON_INTERPRET=1, for tests), is not deterministic (dQ is accumulated with atomics), and
+    covers the prefix form of DNAS and HNAS: other locations and Sinkhorn-k keep the chunked path,
+    which the run says once."""
+    chosen = {loc: p for loc, p in plan.placed.items() if p.options.get("impl") == "triton"}
+    if not chosen:
+        return
+    import torch
+
+    names = ", ".join(chosen)
+    if bool((cfg.get("trainer") or {}).get("deterministic", False)):
+        raise UserError(f"attention.impl=triton ({names}) is not deterministic (the query gradients are accumulated "
+                        "with atomics); with trainer.deterministic=true use attention.impl=auto (the chunked exact "
+                        "path), or drop trainer.deterministic")
+    from .attention.triton_prefix import triton_unavailable
+
+    accel = str((cfg.get("trainer") or {}).get("accelerator", "auto"))
+    device = "cuda" if accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available()) else "cpu"
+    why = triton_unavailable(torch.device(device))
+    if why:
+        raise UserError(f"attention.impl=triton ({names}): {why}; use attention.impl=auto (the chunked exact path, "
+                        "same values and gradients) or train on a GPU (trainer=gpu)")
+    other = [loc for loc, p in chosen.items() if loc not in ("decoder", "cross") or "sinkhorn" in str(p.name)]
+    if other:
+        import sys
+
+        print(f"nas-run: note: attention.impl=triton covers the prefix-normalized DNAS/HNAS of decoder self- and "
+              f"cross-attention; {', '.join(other)} attention uses the chunked exact path (same values and "
+              "gradients)", file=sys.stderr)
 
 
 def check_flex(plan, cfg: DictConfig) -> None:

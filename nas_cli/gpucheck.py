@@ -39,22 +39,23 @@ FORMS = (("encoder", "encoder", False, False), ("encoder+pad", "encoder", False,
 
 
 def scheme_names() -> list[str]:
-    """Every scheme of the registry, plus ``<name>-flex`` (attention.impl=flex, FlexAttention)
-    for the schemes with an ``impl`` option."""
+    """Every scheme of the registry, plus ``<name>-flex`` (attention.impl=flex, FlexAttention) and
+    ``<name>-triton`` (attention.impl=triton: Triton kernels of the prefix form) for the schemes
+    with an ``impl`` option."""
     from .registry import available, scheme_config
 
     names = available("attention")
-    return names + [f"{n}-flex" for n in names if "impl" in scheme_config(n)]
+    return names + [f"{n}-{impl}" for impl in ("flex", "triton") for n in names if "impl" in scheme_config(n)]
 
 
 def make_core(scheme: str, location: str, causal: bool, heads: int, d_head: int, seed: int = 0):
     from .registry import scheme_config
     from .plan import make_core_factory
 
-    flex = scheme.endswith("-flex")
-    cfg = scheme_config(scheme[: -len("-flex")] if flex else scheme)
-    if flex:
-        cfg.impl = "flex"
+    name, _, impl = scheme.partition("-")
+    cfg = scheme_config(name)
+    if impl in ("flex", "triton"):
+        cfg.impl = impl
     core = make_core_factory(cfg, heads)(location, 0, causal)
     core.set_width(heads * d_head)
     g = torch.Generator().manual_seed(seed)

@@ -360,8 +360,10 @@ def rich_table(rec: dict[str, Any], title: str):
 
     head, rows = table_rows(rec)
     table = Table(title=title, caption=rec["method"], caption_justify="left")
+    widest = min(40, max([len(r[0]) for r in rows] + [6]))
     for h in head:
-        table.add_column(h, no_wrap=h != "system")
+        table.add_column(h, no_wrap=h not in ("decision", "sequential interval"),
+                         min_width=widest if h == "system" else None)
     for r in rows:
         table.add_row(*r)
     return table
@@ -389,13 +391,21 @@ def draw(rec: dict[str, Any], path: Path) -> None:
             ax.axhspan(-delta, delta, color="tab:green", alpha=0.12, lw=0)
         ax.plot(ns, means, "o-", color="tab:blue")
         finite = [(n, lo, hi) for n, lo, hi in zip(ns, lows, highs) if math.isfinite(lo) and math.isfinite(hi)]
+        # the scale of the last looks (the first ones at 2-3 seeds are orders of magnitude wider):
+        # intervals beyond it are drawn to the edge with an arrow
+        recent = [abs(v) for _, lo, hi in finite[-1:] for v in (lo, hi)] + [abs(m) for m in means]
+        lim = 1.3 * max(recent + [2 * (delta or 0), 1e-9])
         for n, lo, hi in finite:
-            ax.plot([n, n], [lo, hi], color="tab:blue", lw=2, alpha=0.6)
-        span = [abs(m) for m in means] + [abs(v) for _, lo, hi in finite for v in (lo, hi) if abs(v) < 1e6]
-        lim = 1.15 * max(span + [delta or 0, 1e-9])
+            ax.plot([n, n], [max(lo, -lim), min(hi, lim)], color="tab:blue", lw=2, alpha=0.6)
+            if hi > lim:
+                ax.plot([n], [lim], marker="^", color="tab:blue", alpha=0.6)
+            if lo < -lim:
+                ax.plot([n], [-lim], marker="v", color="tab:blue", alpha=0.6)
         ax.set_ylim(-lim, lim)
         ax.set_xlim(rec["design"]["min_seeds"] - 0.5, rec["design"]["max_seeds"] + 0.5)
-        ax.set_title(f"{comp['system']}\n- {comp['baseline']}: {comp['decision']}", fontsize=8)
+        word = (f"no difference > {delta:g}" if comp["decision"] == seq.EQUIVALENT
+                else DECISION_WORDS.get(comp["decision"], comp["decision"]))
+        ax.set_title(f"{comp['system']}\n- {comp['baseline']}: {word}", fontsize=8)
         ax.set_xlabel("paired seeds")
         ax.set_ylabel(f"difference in {rec['metric']}", fontsize=8)
     fig.tight_layout()
@@ -468,7 +478,14 @@ def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
         console.print(rich_table(rec, f"nas-run sequential sweep {root}: look at n={n} seeds ({rec['metric']})"))
     rec = sweep.save(state)
     if rec["finished"]:
-        console.print(f"nas-run: every comparison decided; {STATE_FILE} and {FIGURE_FILE} in {root}", highlight=False)
+        counts: dict[str, int] = {}
+        for comp in state.values():
+            word = (f"no difference larger than {options.delta:g}" if comp.decision == seq.EQUIVALENT
+                    else DECISION_WORDS[comp.decision])
+            counts[word] = counts.get(word, 0) + 1
+        said = ", ".join(f"{n} {word}" for word, n in counts.items())
+        console.print(f"nas-run: the sequential sweep is over ({said}); {STATE_FILE} and {FIGURE_FILE} in {root}",
+                      highlight=False)
     return returns
 
 

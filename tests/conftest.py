@@ -1,8 +1,12 @@
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# Triton's CPU interpreter for the kernels of attention.impl=triton (tests/attention/test_attention_triton.py):
+# it must be set before Triton is first imported, which defines its own library functions then
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("WANDB_SILENT", "true")

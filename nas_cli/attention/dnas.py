@@ -70,6 +70,20 @@ def flex_applies(core, q, k, need_weights: bool) -> bool:
     return flex_unavailable(q.device, torch.is_grad_enabled() and q.requires_grad) is None
 
 
+def triton_applies(core, q, need_weights: bool) -> bool:
+    """Whether this call runs the Triton kernels (nas_cli/attention/triton_prefix.py): ``impl=triton``
+    for the prefix form (decoder self- and cross-attention) of DNAS, without attention dropout in
+    training, where Triton can run (CUDA, or its interpreter). Elsewhere ``impl=triton`` runs as
+    ``auto`` (the run says so once, nas_cli/checks.py)."""
+    if core.impl != "triton" or not core.prefix_queries or need_weights or getattr(core, "iterations", 1) != 1:
+        return False
+    if core.training and core.dropout > 0:
+        return False
+    from .triton_prefix import triton_unavailable
+
+    return triton_unavailable(q.device) is None
+
+
 def auto_uses_naive(q: torch.Tensor, k: torch.Tensor, prefix: bool = False, iterations: int = 1) -> bool:
     """``impl=auto``: the naive formula for short sequences (max(Sq, Sk) < AUTO_NAIVE_BELOW),
     where its few large ops beat the chunked passes, in every form (``prefix`` and
@@ -99,7 +113,7 @@ class DNAS(AttentionCore):
         self.block_size = None if block_size is None else int(block_size)
 
     def uses_naive(self, q, k) -> bool:
-        if self.impl in ("auto", "flex"):  # flex where it does not apply: as auto
+        if self.impl in ("auto", "flex", "triton"):  # flex / triton where they do not apply: as auto
             return auto_uses_naive(q, k, self.prefix_queries, self.iterations)
         return self.impl == "naive"
 
@@ -114,6 +128,10 @@ class DNAS(AttentionCore):
             from .flex import dnas_flex
 
             return AttentionOutput(dnas_flex(q, k, v, q_mask, k_mask, self.iterations), None, self.aux())
+        if triton_applies(self, q, need_weights):
+            from .triton_prefix import prefix_dnas_triton
+
+            return AttentionOutput(prefix_dnas_triton(q, k, v, q_mask, k_mask, causal=self.causal), None, self.aux())
         if self.uses_naive(q, k):
             if self.iterations != 1:
                 return super().forward(q, k, v, q_mask, k_mask, need_weights)

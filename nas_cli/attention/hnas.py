@@ -22,7 +22,7 @@ from torch import nn
 
 from .base import (AttentionCore, AttentionOutput, allowed_mask, doubly_normalized_logits, masked_row_softmax,
                    prefix_normalized_step, scaled_scores)
-from .dnas import auto_uses_naive, flex_applies, resolve_impl
+from .dnas import auto_uses_naive, flex_applies, resolve_impl, triton_applies
 from .efficient import hnas_attention
 from .fused import doubly_normalized_attention
 
@@ -62,6 +62,14 @@ class HNAS(AttentionCore):
             from .flex import hnas_flex
 
             return AttentionOutput(hnas_flex(q, k, v, self.u, q_mask, k_mask), None, self.aux())
+        if triton_applies(self, q, need_weights):  # the DNAS part in Triton, mixed with softmax attention (SDPA)
+            from .efficient import sdpa_attention
+            from .triton_prefix import prefix_dnas_triton
+
+            dn = prefix_dnas_triton(q, k, v, q_mask, k_mask, causal=self.causal)
+            un = sdpa_attention(q, k, v, q_mask, k_mask, causal=self.causal).to(dn.dtype)
+            w = self.u.to(dn.dtype)[None, :, None, None]
+            return AttentionOutput(w * dn + (1 - w) * un, None, self.aux())
         if self.uses_naive(q, k):  # the naive formula with a hand-derived backward (same values and gradients)
             allowed = allowed_mask(q_mask, k_mask, self.causal, q.size(-2), k.size(-2), q.device)
             out = doubly_normalized_attention(q, k, v, allowed, self.prefix_queries, u=self.u,
@@ -72,7 +80,7 @@ class HNAS(AttentionCore):
         return AttentionOutput(out, None, self.aux())
 
     def uses_naive(self, q, k) -> bool:
-        if self.impl in ("auto", "flex"):  # flex where it does not apply: as auto
+        if self.impl in ("auto", "flex", "triton"):  # flex / triton where they do not apply: as auto
             return auto_uses_naive(q, k, self.prefix_queries)
         return self.impl == "naive"
 

@@ -13,7 +13,8 @@ NEG = -1e30
 #: Backward holds about 2 tiles (non-prefix) or 4 (prefix DNAS) at a time, so at B=1, H=8,
 #: S=8192 the extra memory over SDPA is ~16-32 MiB; a larger tile is faster, not exact-er.
 TILE_ELEMENTS = 2**21
-IMPLS = ("efficient", "naive", "flex")  # flex: PyTorch FlexAttention, encoder form (attention/flex.py)
+IMPLS = ("efficient", "naive", "flex", "triton")  # flex: PyTorch FlexAttention, encoder form (attention/flex.py);
+# triton: Triton kernels of the prefix form (attention/triton_prefix.py)
 
 
 def check_impl(impl: str) -> str:

@@ -57,14 +57,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def valid_schemes() -> list[str]:
     """Registry names, plus ``<name>-naive`` where a naive reference path exists (the
     schemes with an ``impl`` option, and UNAS's eager formula) and ``<name>-flex``
-    (FlexAttention, attention/flex.py) for the schemes with an ``impl`` option."""
+    (FlexAttention, attention/flex.py) and ``<name>-triton`` (attention/triton_prefix.py: the
+    prefix form, i.e. the causal cases) for the schemes with an ``impl`` option."""
     from ..registry import available, scheme_config
 
     names = available("attention")
     naive = [f"{n}-naive" for n in names
              if n == BASELINE or "impl" in scheme_config(n)]
     flex = [f"{n}-flex" for n in names if "impl" in scheme_config(n)]
-    return names + naive + flex
+    triton = [f"{n}-triton" for n in names if "impl" in scheme_config(n)]
+    return names + naive + flex + triton
 
 
 def build_core(scheme: str, heads: int, causal: bool, d_head: int):
@@ -77,7 +79,7 @@ def build_core(scheme: str, heads: int, causal: bool, d_head: int):
     naive = variant == "naive"
     cfg = scheme_config(name)
     if "impl" in cfg:  # the plain name times the efficient path, whatever the config default (auto)
-        cfg.impl = variant if variant in ("naive", "flex") else "efficient"
+        cfg.impl = variant if variant in ("naive", "flex", "triton") else "efficient"
     # non-causal: encoder self-attention (full column sums); causal: decoder self-attention
     core = make_core_factory(cfg, heads)("decoder" if causal else "encoder", 0, causal)
     core.set_width(heads * d_head)  # width-dependent parameters, as MultiHeadAttention sets them

@@ -31,7 +31,7 @@ from .reference import ReferenceTransformer
 TRAIN_MD_SECTION = "## End-to-end training (nas-bench train)"
 TRAIN_DEFAULT_SCHEMES = ["unas", "dnas", "hnas"]
 REFERENCE = "reference"
-IMPL_SUFFIXES = ("naive", "efficient", "auto", "flex")
+IMPL_SUFFIXES = ("naive", "efficient", "auto", "flex", "triton")
 #: issue #6's targets, as time per token: (scheme, compared with, at most). They are stated
 #: for CPU training at Transformer-base sizes with sequence lengths 64-128 (TARGET_SETTING).
 TRAIN_TARGETS = {"unas": (REFERENCE, 1.05), "dnas": ("unas", 1.15), "hnas": ("unas", 1.25)}

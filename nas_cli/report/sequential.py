@@ -194,7 +194,9 @@ def _look(d: np.ndarray, c: float, alpha: float, delta: float | None, final: boo
         t = 0.0 if mean == 0 else math.copysign(math.inf, mean)  # the look's nominal level
         nominal = 2 * float(student.sf(c, n - 1)) if math.isfinite(c) else 0.0
         decided = mean != 0 and 2.0 ** (1 - n) <= nominal
-        low, high = (mean, mean) if decided or mean == 0 else (-math.inf, math.inf)
+        # no spread, no interval: equal nonzero differences count only through the sign-flip p, and
+        # differences all exactly 0 (e.g. a metric at its ceiling) bound nothing: the comparison goes on
+        low, high = (mean, mean) if decided else (-math.inf, math.inf)
     if low > 0:
         decision = HIGHER
     elif high < 0:
@@ -279,8 +281,8 @@ def outcomes(d: np.ndarray, design_looks: Sequence[int], alpha: float = 0.05, sp
         nominal = 2 * float(student.sf(c[k], n - 1)) if math.isfinite(c[k]) else 0.0
         flat = sd == 0
         sure = flat & (mean != 0) & (2.0 ** (1 - n) <= nominal)
-        low = np.where(flat, np.where(sure | (mean == 0), mean, -np.inf), low)
-        high = np.where(flat, np.where(sure | (mean == 0), mean, np.inf), high)
+        low = np.where(flat, np.where(sure, mean, -np.inf), low)
+        high = np.where(flat, np.where(sure, mean, np.inf), high)
         got = np.zeros(len(d), dtype=np.int64)
         got[low > 0] = 1
         got[high < 0] = -1

@@ -1,0 +1,138 @@
+"""``attention.impl=triton``: prefix-normalized DNAS (decoder self-attention and decoder
+cross-attention, where query i's column normalizer sums over queries i' <= i only) as Triton
+kernels, never holding an (Sq x Sk) tensor.
+
+**Forward, two passes over the scores** (FlashAttention does one):
+
+1. Column pass, one program per (batch x head, key block), query blocks in order: each key's
+   column log-sum-exp over all earlier query blocks is written out as that block's *carry*
+   (Sq / BQ x Sk numbers per head: BQ times fewer than the scores).
+2. Row pass, one program per (batch x head, query block), key blocks in order: the tile's scores,
+   the prefix normalizer c_ij = logaddexp(carry_j, log-sum-exp scan of s_rj down the rows r <= i
+   of the tile), z = s - c, and FlashAttention's online softmax of z over the key blocks. The
+   row's log-sum-exp of z is kept (Sq numbers) for the backward.
+
+**Backward, one pass**, per (batch x head, key block), query blocks from the last to the first:
+with dz_ij = p_ij (dO_i . v_j - D_i) (D_i = dO_i . O_i), the gradient of the scores is
+
+    ds_rj = dz_rj - sum_{i >= r} dz_ij exp(s_rj - c_ij)
+          = dz_rj - exp(s_rj + LP_rj) + exp(s_rj + LN_rj),
+    LP_rj = log sum_{i >= r} max(dz_ij, 0) exp(-c_ij),   LN_rj the same for the negative part,
+
+where LP and LN are suffix log-sum-exp scans down the tile, carried from the later query blocks.
+Every exponent is bounded (s_rj <= c_ij for i >= r), so no spread of the normalizer can overflow
+(the chunked PyTorch path falls back to autograd for wide spreads). dK and dV accumulate in the
+program; dQ is added atomically (so gradients are not bit-for-bit deterministic on a GPU:
+``trainer.deterministic=true`` refuses ``impl=triton``).
+
+HNAS mixes this output with softmax attention (SDPA) by its per-head u, with u's gradient from
+autograd. Sinkhorn-k (k > 1) needs a full row normalization between its column steps (2k passes);
+it keeps the chunked PyTorch path, which gives the same values. Attention dropout is not fused:
+a training call with attention dropout keeps the chunked path too.
+
+Runs on CUDA; on the CPU only under Triton's interpreter (``TRITON_INTERPRET=1``, set before
+Triton is first imported), which the tests use at small sizes.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+#: tile sizes (tl.dot needs at least 16)
+BLOCK_Q = 32
+BLOCK_K = 32
+
+
+def triton_unavailable(device: torch.device) -> str | None:
+    """Why ``impl=triton`` cannot run on ``device`` here (None: it can)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "Triton is not installed (pip install triton)"
+    if device.type == "cuda":
+        return None
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return (f"Triton kernels run on CUDA GPUs; this run is on {device.type} (the CPU runs them only under "
+            "TRITON_INTERPRET=1, an interpreter for tests)")
+
+
+def _next_pow2(n: int, least: int = 16) -> int:
+    p = least
+    while p < n:
+        p *= 2
+    return p
+
+
+def _launch_setup(q, k, v, q_mask, k_mask, block_q: int, block_k: int):
+    bsz, heads, sq, d = q.shape
+    sk, dv = k.size(-2), v.size(-1)
+    wd = torch.promote_types(q.dtype, torch.float32)
+    from . import triton_prefix_kernels as K
+
+    dt = K.tl.float64 if wd == torch.float64 else K.tl.float32
+    qm = None if q_mask is None else q_mask.to(torch.int8).contiguous()
+    km = None if k_mask is None else k_mask.to(torch.int8).contiguous()
+    dummy = torch.zeros(1, dtype=torch.int8, device=q.device)
+    return dict(bsz=bsz, heads=heads, sq=sq, sk=sk, d=d, dv=dv, wd=wd, dt=dt, K=K,
+                qm=qm if qm is not None else dummy, km=km if km is not None else dummy,
+                has_qm=qm is not None, has_km=km is not None, nqb=-(-sq // block_q), bd=_next_pow2(d), bdv=_next_pow2(dv), bq=block_q, bk=block_k)
+
+
+class _TritonPrefixDNAS(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, q_mask, k_mask, causal: bool, block_q: int, block_k: int):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        st = _launch_setup(q, k, v, q_mask, k_mask, block_q, block_k)
+        K, bh = st["K"], st["bsz"] * st["heads"]
+        scale = 1.0 / (st["d"] ** 0.5)
+        carry = torch.empty(bh, st["nqb"], st["sk"], dtype=st["wd"], device=q.device)
+        K.col_carry_kernel[(bh, -(-st["sk"] // block_k))](
+            q, k, st["qm"], st["km"], carry, st["heads"], st["sq"], st["sk"], st["d"], scale, st["nqb"],
+            CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], BQ=block_q, BK=block_k,
+            BD=st["bd"])
+        out = torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
+        lse = torch.empty(st["bsz"], st["heads"], st["sq"], dtype=st["wd"], device=q.device)
+        K.row_kernel[(bh, st["nqb"])](
+            q, k, v, st["qm"], st["km"], carry, out, lse, st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale,
+            st["nqb"], CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], BQ=block_q,
+            BK=block_k, BD=st["bd"], BDV=st["bdv"])
+        ctx.save_for_backward(q, k, v, q_mask if q_mask is not None else torch.empty(0),
+                              k_mask if k_mask is not None else torch.empty(0), carry, out, lse)
+        ctx.conf = (causal, block_q, block_k, q_mask is not None, k_mask is not None)
+        return out.to(v.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        q, k, v, q_mask, k_mask, carry, out, lse = ctx.saved_tensors
+        causal, block_q, block_k, has_qm, has_km = ctx.conf
+        q_mask, k_mask = (q_mask if has_qm else None), (k_mask if has_km else None)
+        st = _launch_setup(q, k, v, q_mask, k_mask, block_q, block_k)
+        K, bh = st["K"], st["bsz"] * st["heads"]
+        scale = 1.0 / (st["d"] ** 0.5)
+        g = g.contiguous().to(st["wd"])
+        delta = (g * out).sum(-1).contiguous()
+        dq = torch.zeros(q.shape, dtype=st["wd"], device=q.device)
+        dk = torch.empty(k.shape, dtype=st["wd"], device=q.device)
+        dv = torch.empty(v.shape, dtype=st["wd"], device=q.device)
+        K.bwd_col_kernel[(bh, -(-st["sk"] // block_k))](
+            q, k, v, st["qm"], st["km"], carry, lse, g, delta, dq, dk, dv, st["heads"], st["sq"], st["sk"], st["d"],
+            st["dv"], scale, st["nqb"], CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"],
+            BQ=block_q, BK=block_k, BD=st["bd"], BDV=st["bdv"])
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+
+
+def prefix_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, causal: bool = False, block_q: int = BLOCK_Q,
+                       block_k: int = BLOCK_K) -> torch.Tensor:
+    """(B, H, Sq, Dv): prefix-normalized DNAS (``causal``: also j <= i), zeros at padded queries and
+    at rows without an allowed key, as :func:`nas_cli.attention.efficient.dnas_attention` with
+    ``prefix=True`` gives. q (B, H, Sq, D), k (B, H, Sk, D), v (B, H, Sk, Dv); masks (B, S) bool,
+    True = real."""
+    why = triton_unavailable(q.device)
+    if why:
+        raise RuntimeError(f"attention.impl=triton: {why}")
+    if q.size(-2) == 0 or k.size(-2) == 0:
+        return q.new_zeros(*q.shape[:-1], v.size(-1), dtype=v.dtype)
+    return _TritonPrefixDNAS.apply(q, k, v, q_mask, k_mask, causal, int(block_q), int(block_k))

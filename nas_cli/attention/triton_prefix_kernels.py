@@ -1,0 +1,178 @@
+"""Triton kernels of prefix-normalized DNAS (imported only when ``attention.impl=triton`` runs:
+importing it imports Triton). The algorithm and its derivation: :mod:`nas_cli.attention.triton_prefix`.
+
+Per (batch x head):
+  s_rj = scale q_r . k_j on the allowed pairs (real query, real key, j <= r if causal), NEG elsewhere;
+  c_ij = log sum_{r <= i} exp(s_rj)           (the prefix column normalizer)
+  z_ij = s_ij - c_ij,  p_ij = softmax_j z_ij,  O_i = sum_j p_ij v_j.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+NEG = -1.0e30
+
+
+@triton.jit
+def _lae(a, b):
+    """log(exp(a) + exp(b)), stable (NEG-safe)."""
+    m = tl.maximum(a, b)
+    return m + tl.log(tl.exp(a - m) + tl.exp(b - m))
+
+
+@triton.jit
+def _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr,
+             CAUSAL: tl.constexpr):
+    ok = (offs_q[:, None] < Sq) & (offs_k[None, :] < Sk)
+    if HAS_QM:
+        qm = tl.load(QM + b * Sq + offs_q, mask=offs_q < Sq, other=0)
+        ok = ok & (qm[:, None] != 0)
+    if HAS_KM:
+        km = tl.load(KM + b * Sk + offs_k, mask=offs_k < Sk, other=0)
+        ok = ok & (km[None, :] != 0)
+    if CAUSAL:
+        ok = ok & (offs_k[None, :] <= offs_q[:, None])
+    return ok
+
+
+@triton.jit
+def _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT: tl.constexpr):
+    """scale q k^T for one (BQ x BK) tile, in the work dtype (IEEE, no TF32)."""
+    q = tl.load(Q + bh * Sq * D + offs_q[:, None] * D + offs_d[None, :],
+                mask=(offs_q[:, None] < Sq) & (offs_d[None, :] < D), other=0.0).to(DT)
+    k = tl.load(K + bh * Sk * D + offs_k[:, None] * D + offs_d[None, :],
+                mask=(offs_k[:, None] < Sk) & (offs_d[None, :] < D), other=0.0).to(DT)
+    return tl.dot(q, tl.trans(k), input_precision="ieee", out_dtype=DT) * scale, q, k
+
+
+@triton.jit
+def col_carry_kernel(Q, K, QM, KM, CARRY, H, Sq, Sk, D, scale, NQB,
+                     CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
+                     BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
+    """CARRY[bh, qb, j] = log sum_{r < qb * BQ} exp(s_rj): each key's column log-sum-exp over all
+    earlier query blocks (NEG where there is none). One program per (bh, key block); query blocks in order."""
+    bh = tl.program_id(0)
+    kb = tl.program_id(1)
+    b = bh // H
+    offs_k = kb * BK + tl.arange(0, BK)
+    offs_d = tl.arange(0, BD)
+    carry = tl.full((BK,), NEG, DT)
+    first = 0
+    if CAUSAL:  # query blocks that end before this key block see none of its keys
+        first = (kb * BK) // BQ
+    for qb in range(0, first):
+        tl.store(CARRY + (bh * NQB + qb) * Sk + offs_k, carry, mask=offs_k < Sk)
+    for qb in range(first, NQB):
+        tl.store(CARRY + (bh * NQB + qb) * Sk + offs_k, carry, mask=offs_k < Sk)
+        offs_q = qb * BQ + tl.arange(0, BQ)
+        s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT)
+        ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL)
+        s = tl.where(ok, s, NEG)
+        top = tl.max(s, axis=0)
+        col = top + tl.log(tl.sum(tl.exp(s - top[None, :]), axis=0))
+        carry = _lae(carry, col)
+
+
+@triton.jit
+def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, H, Sq, Sk, D, DV, scale, NQB,
+               CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
+               BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """Output rows of one query block: per key block, the prefix normalizer c from the carry and a
+    log-sum-exp scan down the rows, then an online softmax of z = s - c over the key blocks."""
+    bh = tl.program_id(0)
+    qb = tl.program_id(1)
+    b = bh // H
+    offs_q = qb * BQ + tl.arange(0, BQ)
+    offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
+    m = tl.full((BQ,), NEG, DT)
+    l = tl.zeros((BQ,), DT)
+    acc = tl.zeros((BQ, BDV), DT)
+    seen = tl.zeros((BQ,), tl.int32)
+    n_keys = Sk
+    if CAUSAL:
+        n_keys = tl.minimum(Sk, (qb + 1) * BQ)
+    for kb in range(0, tl.cdiv(n_keys, BK)):
+        offs_k = kb * BK + tl.arange(0, BK)
+        s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT)
+        ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL)
+        s = tl.where(ok, s, NEG)
+        carry = tl.load(CARRY + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
+        c = _lae(carry[None, :], tl.associative_scan(s, 0, _lae))
+        z = tl.where(ok, s - c, NEG)
+        m_new = tl.maximum(m, tl.max(z, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.where(ok, tl.exp(z - m_new[:, None]), 0.0)
+        v = tl.load(V + bh * Sk * DV + offs_k[:, None] * DV + offs_dv[None, :],
+                    mask=(offs_k[:, None] < Sk) & (offs_dv[None, :] < DV), other=0.0).to(DT)
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee", out_dtype=DT)
+        m = m_new
+        seen = tl.maximum(seen, tl.max(ok.to(tl.int32), axis=1))
+    has = seen > 0
+    out = tl.where(has[:, None], acc / tl.where(has, l, 1.0)[:, None], 0.0)
+    tl.store(OUT + bh * Sq * DV + offs_q[:, None] * DV + offs_dv[None, :], out,
+             mask=(offs_q[:, None] < Sq) & (offs_dv[None, :] < DV))
+    tl.store(LSE + bh * Sq + offs_q, tl.where(has, m + tl.log(tl.where(has, l, 1.0)), 0.0), mask=offs_q < Sq)
+
+
+@triton.jit
+def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, DQ, DK, DVv, H, Sq, Sk, D, DV, scale, NQB,
+                   CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
+                   BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """Gradients, one program per (bh, key block), query blocks from the last to the first:
+      dz_ij = p_ij (dO_i . v_j - D_i),  D_i = dO_i . O_i
+      ds_rj = dz_rj - sum_{i >= r} dz_ij exp(s_rj - c_ij)
+            = dz_rj - exp(s_rj + LP_rj) + exp(s_rj + LN_rj),
+      LP_rj = log sum_{i >= r} max(dz_ij, 0) exp(-c_ij)  (LN: the negative part),
+    suffix log-sum-exp scans carried up the query blocks; every exponent is bounded, since
+    s_rj <= c_ij for i >= r. dk, dv accumulate here; dq is added atomically."""
+    bh = tl.program_id(0)
+    kb = tl.program_id(1)
+    b = bh // H
+    offs_k = kb * BK + tl.arange(0, BK)
+    offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
+    v = tl.load(V + bh * Sk * DV + offs_k[:, None] * DV + offs_dv[None, :],
+                mask=(offs_k[:, None] < Sk) & (offs_dv[None, :] < DV), other=0.0).to(DT)
+    dk = tl.zeros((BK, BD), DT)
+    dv = tl.zeros((BK, BDV), DT)
+    lp_carry = tl.full((BK,), NEG, DT)
+    ln_carry = tl.full((BK,), NEG, DT)
+    first = 0
+    if CAUSAL:
+        first = (kb * BK) // BQ
+    for it in range(0, NQB - first):
+        qb = NQB - 1 - it
+        offs_q = qb * BQ + tl.arange(0, BQ)
+        s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT)
+        ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL)
+        s = tl.where(ok, s, NEG)
+        carry = tl.load(CARRY + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
+        c = _lae(carry[None, :], tl.associative_scan(s, 0, _lae))
+        lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
+        p = tl.where(ok, tl.exp(s - c - lse[:, None]), 0.0)
+        do = tl.load(DO + bh * Sq * DV + offs_q[:, None] * DV + offs_dv[None, :],
+                     mask=(offs_q[:, None] < Sq) & (offs_dv[None, :] < DV), other=0.0).to(DT)
+        delta = tl.load(DELTA + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
+        dv += tl.dot(tl.trans(p), do, input_precision="ieee", out_dtype=DT)
+        dz = p * (tl.dot(do, tl.trans(v), input_precision="ieee", out_dtype=DT) - delta[:, None])
+        dz = tl.where(ok, dz, 0.0)
+        lp = tl.where(dz > 0, tl.log(tl.where(dz > 0, dz, 1.0)) - c, NEG)
+        ln = tl.where(dz < 0, tl.log(tl.where(dz < 0, -dz, 1.0)) - c, NEG)
+        lp_s = _lae(tl.associative_scan(lp, 0, _lae, reverse=True), lp_carry[None, :])
+        ln_s = _lae(tl.associative_scan(ln, 0, _lae, reverse=True), ln_carry[None, :])
+        ds = tl.where(ok, dz - tl.exp(s + lp_s) + tl.exp(s + ln_s), 0.0)
+        dk += tl.dot(tl.trans(ds), q, input_precision="ieee", out_dtype=DT) * scale
+        dq = tl.dot(ds, k, input_precision="ieee", out_dtype=DT) * scale
+        tl.atomic_add(DQ + bh * Sq * D + offs_q[:, None] * D + offs_d[None, :], dq,
+                      mask=(offs_q[:, None] < Sq) & (offs_d[None, :] < D))
+        top = tl.max(lp, axis=0)
+        lp_carry = _lae(lp_carry, top + tl.log(tl.sum(tl.exp(lp - top[None, :]), axis=0)))
+        top = tl.max(ln, axis=0)
+        ln_carry = _lae(ln_carry, top + tl.log(tl.sum(tl.exp(ln - top[None, :]), axis=0)))
+    tl.store(DK + bh * Sk * D + offs_k[:, None] * D + offs_d[None, :], dk,
+             mask=(offs_k[:, None] < Sk) & (offs_d[None, :] < D))
+    tl.store(DVv + bh * Sk * DV + offs_k[:, None] * DV + offs_dv[None, :], dv,
+             mask=(offs_k[:, None] < Sk) & (offs_dv[None, :] < DV))

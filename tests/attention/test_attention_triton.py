@@ -1,0 +1,148 @@
+"""``attention.impl=triton`` (issue #30): the Triton kernels of prefix-normalized DNAS, run on the
+CPU by Triton's interpreter (TRITON_INTERPRET=1) at small sizes, against the float64 reference
+formula (the naive path of the DNAS core), values and q/k/v gradients; causality (perturbing the
+future changes nothing, exactly); HNAS's mix with u's gradient; the dispatch and its refusals."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="pip install triton (the [test] extra has it)")
+
+from helpers import build_core  # noqa: E402
+from nas_cli.attention.base import AttentionCore  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter():
+    """Triton's CPU interpreter: tests/conftest.py sets TRITON_INTERPRET=1 before anything imports Triton."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("TRITON_INTERPRET=1 must be set before Triton is imported (tests/conftest.py does)")
+
+
+def _inputs(b, h, sq, sk, d, dv, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(b, h, s, w, generator=g, dtype=torch.float64) * 1.5).to(dtype).requires_grad_()
+            for s, w in ((sq, d), (sk, d), (sk, dv))]
+
+
+def _masks(b, sq, sk, causal):
+    qm = torch.ones(b, sq, dtype=torch.bool)
+    qm[0, -3:] = False
+    km = qm.clone() if causal else torch.ones(b, sk, dtype=torch.bool)
+    if not causal:
+        km[-1, -5:] = False
+    return qm, km
+
+
+def _reference(q, k, v, qm, km, causal):
+    """The naive formula of the DNAS core (float64), the package's reference for every path."""
+    core = build_core("dnas", heads=q.size(1), causal=causal, location="decoder" if causal else "cross",
+                      impl="naive").double()
+    return AttentionCore.forward(core, q, k, v, qm, km).out
+
+
+@pytest.mark.parametrize("case", [
+    # (B, H, Sq, Sk, D, Dv, causal, padded, block_q, block_k): lengths not multiples of the blocks
+    (2, 2, 37, 37, 8, 8, True, False, 16, 16),
+    (1, 2, 45, 45, 16, 12, True, True, 32, 16),
+    (2, 1, 29, 51, 8, 8, False, True, 16, 32),   # cross-attention: prefix over the queries, all keys
+    (1, 1, 70, 70, 12, 4, True, True, 32, 32),
+])
+def test_values_and_gradients_equal_the_float64_reference(case):
+    from nas_cli.attention.triton_prefix import prefix_dnas_triton
+
+    b, h, sq, sk, d, dv, causal, padded, bq, bk = case
+    q, k, v = _inputs(b, h, sq, sk, d, dv, seed=sq)
+    qm, km = _masks(b, sq, sk, causal) if padded else (None, None)
+    out = prefix_dnas_triton(q, k, v, qm, km, causal=causal, block_q=bq, block_k=bk)
+    ref = _reference(q, k, v, qm, km, causal)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    want = torch.autograd.grad(ref, (q, k, v), g)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for a, w in zip(got, want):
+        torch.testing.assert_close(a, w, rtol=0, atol=1e-11)
+    if padded:  # padded queries give exactly 0
+        assert out[0, :, -3:].abs().max() == 0
+
+
+def test_float32_within_documented_tolerance():
+    from nas_cli.attention.triton_prefix import prefix_dnas_triton
+
+    q, k, v = _inputs(1, 2, 40, 40, 16, 16, seed=3, dtype=torch.float32)
+    out = prefix_dnas_triton(q, k, v, causal=True)
+    g = torch.ones_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = _reference(q64, k64, v64, None, None, True)
+    want = torch.autograd.grad(ref, (q64, k64, v64), g.double())
+    assert (out.double() - ref).abs().max() < 1e-5
+    for a, w in zip(got, want):
+        assert (a.double() - w).abs().max() < 1e-4 * max(1.0, w.abs().max().item())
+
+
+def test_the_future_changes_nothing():
+    from nas_cli.attention.triton_prefix import prefix_dnas_triton
+
+    q, k, v = (t.detach() for t in _inputs(1, 2, 48, 48, 8, 8, seed=5))
+    base = prefix_dnas_triton(q, k, v, causal=True, block_q=16, block_k=16)
+    for cut in (7, 16, 31):  # perturb every position after `cut` (within and across blocks)
+        q2, k2, v2 = q.clone(), k.clone(), v.clone()
+        for t in (q2, k2, v2):
+            t[:, :, cut + 1:] += torch.randn_like(t[:, :, cut + 1:]) * 3
+        out = prefix_dnas_triton(q2, k2, v2, causal=True, block_q=16, block_k=16)
+        assert torch.equal(out[:, :, :cut + 1], base[:, :, :cut + 1])
+        assert not torch.equal(out[:, :, cut + 1:], base[:, :, cut + 1:])
+
+
+def test_dnas_and_hnas_cores_dispatch_to_triton_with_the_same_values():
+    torch.manual_seed(0)
+    q, k, v = _inputs(2, 4, 33, 33, 8, 8, seed=9)
+    qm, km = _masks(2, 33, 33, True)
+    for scheme in ("dnas", "hnas"):
+        tri = build_core(scheme, heads=4, causal=True, location="decoder", impl="triton").double()
+        ref = build_core(scheme, heads=4, causal=True, location="decoder", impl="naive").double()
+        if scheme == "hnas":
+            with torch.no_grad():
+                tri.u_logit.copy_(torch.tensor([-1.0, 0.0, 0.5, 2.0], dtype=torch.float64))
+                ref.u_logit.copy_(tri.u_logit)
+        tri.eval(), ref.eval()
+        import nas_cli.attention.triton_prefix as tp
+
+        calls = []
+        real = tp.prefix_dnas_triton
+        tp.prefix_dnas_triton = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+        try:
+            out = tri(q, k, v, qm, km).out
+        finally:
+            tp.prefix_dnas_triton = real
+        assert calls, f"{scheme}: impl=triton did not run the kernels"
+        want = ref(q, k, v, qm, km).out
+        torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+        if scheme == "hnas":  # u's gradient through the mix
+            gu = torch.autograd.grad(out.sum(), tri.u_logit)[0]
+            gw = torch.autograd.grad(want.sum(), ref.u_logit)[0]
+            torch.testing.assert_close(gu, gw, rtol=1e-10, atol=1e-12)
+        # the encoder form (full column sums) is not Triton's: the chunked path, same values
+        enc = build_core(scheme, heads=4, causal=False, location="encoder", impl="triton").double().eval()
+        enc_ref = build_core(scheme, heads=4, causal=False, location="encoder", impl="naive").double().eval()
+        if scheme == "hnas":
+            with torch.no_grad():
+                enc.u_logit.copy_(enc_ref.u_logit)
+        torch.testing.assert_close(enc(q, k, v).out, enc_ref(q, k, v).out, rtol=0, atol=1e-12)
+
+
+def test_impl_triton_refused_with_one_line_where_it_cannot_run(tmp_path):
+    # without CUDA and without the interpreter: refused before anything is made; deterministic: refused too
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    nas_run = os.path.join(os.path.dirname(sys.executable), "nas-run")
+    for extra, words in [((), "Triton kernels run on CUDA GPUs"),
+                         (("trainer.deterministic=true",), "not deterministic")]:
+        proc = subprocess.run([nas_run, "attention=dnas", "attention.impl=triton", "debug=fast", *extra],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr[-1500:]
+        assert words in proc.stderr and "Traceback" not in proc.stderr
+        assert not (tmp_path / "outputs").exists()
