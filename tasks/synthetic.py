@@ -1,6 +1,6 @@
 """Built-in synthetic tasks: no download, seeded, small enough to train on a laptop CPU.
 
-``SyntheticSeq2Seq`` (``task=reverse``, the default; also ``task=sort``, ``task=copy``):
+``SyntheticSeq2Seq`` (``task=reverse``, the default; also ``task=sort``, and ``task.op=copy``):
 the source is a random string of ``min_len..max_len`` symbols drawn from ``symbols``
 letters; the target is that string reversed (or sorted, or copied). Reversal needs
 every output position to attend to one specific, moving source position, so it

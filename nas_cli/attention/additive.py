@@ -6,7 +6,7 @@ One layer:
     z_ij = w_h^T [k_j ; q_i] = k_j . u_h + q_i . r_h
 then pi_ij = softmax_j(z_ij) over the allowed keys.
 
-Why the second layer matters (PAPERS.md section 4, "Why Bahdanau's neural attention
+Why the second layer matters (the blog post "Why Bahdanau's neural attention
 requires two layers"): with one layer the query term q_i . r_h is the same for every key
 j, and softmax is shift invariant, so the weights do not depend on the query at all: in
 cross-attention every decoder step attends to the source in exactly the same way.

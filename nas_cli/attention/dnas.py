@@ -3,7 +3,7 @@
 DNAS normalizes each key column over the queries, then each query row over the keys:
     xi_ij = exp(s_ij) / sum_i' exp(s_i'j);   pi_ij = xi_ij / sum_j' xi_ij'
 which, in logs, is ordinary softmax attention with an additive per-key bias -c_j,
-c_j = logsumexp_i s_ij (PAPERS.md section 1). Sinkhorn-k repeats the (column, row)
+c_j = logsumexp_i s_ij (Ding et al. 2020). Sinkhorn-k repeats the (column, row)
 pair k times; k = 1 is DNAS.
 
 Causal form (not in the paper): a column normalizer that sums over all queries would

@@ -1,7 +1,7 @@
 """Memory-efficient DNAS, HNAS and Sinkhorn-k (Ding et al. 2020, "Attention that does
 not Explain Away"), exact in value and gradient, without a (Sq x Sk) tensor per head.
 
-Notation as in ``docs/PAPERS.md`` section 1: s_ij = q_i . k_j / sqrt(d_head).
+Notation of Ding et al. 2020 ("Attention that does not Explain Away"): s_ij = q_i . k_j / sqrt(d_head).
 
 * **DNAS** is ordinary softmax attention with an additive per-key bias -c_j,
   c_j = logsumexp_i s_ij (over real queries). ``c`` comes from a chunked pass over

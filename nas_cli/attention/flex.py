@@ -1,6 +1,6 @@
 """DNAS / HNAS / Sinkhorn-k with PyTorch FlexAttention (``attention.impl=flex``), encoder form.
 
-Notation as in ``docs/PAPERS.md`` section 1: s_ij = q_i . k_j / sqrt(d_head).
+Notation of Ding et al. 2020 ("Attention that does not Explain Away"): s_ij = q_i . k_j / sqrt(d_head).
 
 * **DNAS** takes two FlexAttention passes. The first is the column log-sum-exp
   c_j = LSE_i s_ij over real queries. It is the row LSE of the *swapped* problem, with the

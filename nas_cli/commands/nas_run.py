@@ -447,6 +447,11 @@ def resume_argv(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
+    import warnings
+
+    # Lightning's hint on a machine with SLURM's client tools ("The `srun` command is available on your system
+    # but is not used"): nas-run's SLURM jobs go through hydra/launcher=slurm, whose jobs submitit starts with srun
+    warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system")
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("WANDB_DISABLE_GIT", "true")
     for name in ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda", "lightning.fabric"):

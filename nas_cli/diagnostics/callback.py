@@ -21,7 +21,7 @@ Outputs, under ``<run dir>/diagnostics/``:
   ``log_u_every`` training steps) and ``summary.json`` (the per-location scalars that
   ``nas-report`` shows, the u history and the time the diagnostics took).
 
-Cross-attention also gets the *step variation* (PAPERS.md section 4, "Why Bahdanau's neural
+Cross-attention also gets the *step variation* (the blog post "Why Bahdanau's neural
 attention requires two layers"): per head the largest change max_j |pi_ij - pi_0j| over the
 real decoder steps i, averaged over samples. It is 0 when the attention over the source
 ignores the decoder state, as one-layer additive attention provably does

@@ -213,7 +213,7 @@ class ExplainedAway(LayerMetric):
 class StepVariation(LayerMetric):
     """Cross-attention: per head the largest change max_j |pi_ij - pi_0j| of the attention over
     the source across the real decoder steps i, averaged over samples. 0 when the attention
-    ignores the decoder state, as one-layer additive attention provably does (PAPERS.md 4)."""
+    ignores the decoder state, as one-layer additive attention provably does (the blog post "Why Bahdanau's neural attention requires two layers")."""
 
     columns: dict[str, tuple[str, str]] = {}  # in nas-report's HTML diagnostics table, not its main table
     locations = ("cross",)

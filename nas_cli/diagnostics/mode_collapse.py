@@ -17,7 +17,7 @@ Kernels (``kernel=``):
 In 1-D with two point masses both kernels give the same ratio s / t = exp(-2 a^2), so
 Eqs. 13 and 14 hold for both; in the 2-D experiment they differ (see ``simulate_case``).
 
-Checked against the paper text: Eqs. 13 and 14 read as in docs/PAPERS.md and match an
+Checked against the paper text: Eqs. 13 and 14 of Zheng et al. 2021 match an
 exact simulation to ~1e-15. (The paper's first line for c_1^U repeats the expression of
 c_0^U, a typo; its second line and Eq. 13 are right.) "The gap grows as the clusters get
 more unbalanced" holds only near r = 1: the DNAS - UNAS gap peaks (a = 0.5: r ~ 7;

@@ -175,7 +175,7 @@ def test_bf16_autocast_close_to_float32(scheme, causal):
 
 def test_impl_option_is_validated():
     for cls, extra in ((DNAS, {}), (Sinkhorn, {"iterations": 2}), (HNAS, {"u_init": 0.2})):
-        with pytest.raises(ValueError, match=r"attention\.impl must be one of efficient, naive, flex \(got 'fast'\)"):
+        with pytest.raises(ValueError, match=r"attention\.impl must be one of efficient, naive, flex, triton \(got 'fast'\)"):
             cls(heads=2, impl="fast", **extra)
         assert cls(heads=2, impl="naive", **extra).impl == "naive"
         assert cls(heads=2, **extra).impl == "efficient"  # the default

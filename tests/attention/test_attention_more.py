@@ -357,7 +357,7 @@ def test_additive_two_layer_score_is_w_tanh_of_concatenation():
 
 
 def test_one_layer_additive_cross_attention_is_the_same_at_every_decoder_step():
-    """Blog post (PAPERS.md section 4): with one layer the weights over source positions do not
+    """Blog post ("Why Bahdanau's neural attention requires two layers"): with one layer the weights over source positions do not
     depend on the decoder state; with two layers they do."""
     torch.manual_seed(0)
     src = torch.randint(3, 20, (2, 7))

@@ -421,6 +421,8 @@ def test_sigkill_in_a_later_epoch_then_resume_gives_bit_identical_weights(tmp_pa
             == json.loads((tmp_path / "ref" / "summary.json").read_text())["test"])
 
 
+@pytest.mark.skipif(__import__("slurm_cluster").available(accounting=True) is None,
+                    reason="a real SLURM cluster runs the same check: tests/cli/test_slurm.py")
 def test_a_job_the_scheduler_ends_fails_alone_and_the_same_command_finishes_it(tmp_path):
     """Issue #28 (2): hydra-submitit-launcher waits with job.results(), which raised submitit's
     UncompletedJobError for a job killed from outside (scancel, node failure, OOM): the sweep died

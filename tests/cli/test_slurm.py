@@ -58,7 +58,7 @@ def test_a_sequential_sweep_runs_as_job_arrays_on_a_cpu_partition(cluster, tmp_p
 
 
 def test_a_job_the_scheduler_ends_fails_alone_and_the_same_command_finishes_it(cluster, tmp_path):
-    args = ("debug=fast", "progress_bar=false", "trainer.max_steps=400", "trainer.val_check_interval=200",
+    args = ("debug=fast", "progress_bar=false", "trainer.max_steps=150", "trainer.val_check_interval=75",
             "run_test=false", "hydra/launcher=slurm", "-m", "seed=1,2", "hydra.sweep.dir=sw")
     proc = _nas_run(cluster, *args, cwd=tmp_path, wait=False)
     try:

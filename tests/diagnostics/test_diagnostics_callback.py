@@ -19,7 +19,7 @@ from helpers import compose_cfg
 
 def test_callback_numbers_match_a_direct_computation_on_the_model(tmp_path):
     """Validation only at the last step, so the final model is the one the callback saw.
-    Cross-attention is one-layer additive: its step variation must vanish (PAPERS.md 4)."""
+    Cross-attention is one-layer additive: its step variation must vanish (the blog post "Why Bahdanau's neural attention requires two layers")."""
     cfg = compose_cfg("debug=fast", "attention=dnas", "attention.cross=additive_1layer")
     pl.seed_everything(0, verbose=False)
     task = build_task(cfg)

@@ -163,5 +163,5 @@ def test_impl_auto_gives_the_reference_values_and_gradients(scheme, location):
 def test_impl_option_names_auto_in_its_error():
     from nas_cli.attention.dnas import DNAS
 
-    with pytest.raises(ValueError, match=r"attention\.impl must be one of efficient, naive, flex \(got 'fast'\), or auto"):
+    with pytest.raises(ValueError, match=r"attention\.impl must be one of efficient, naive, flex, triton \(got 'fast'\), or auto"):
         DNAS(heads=2, impl="fast")

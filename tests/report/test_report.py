@@ -110,7 +110,7 @@ def test_sweep_jobs_write_diagnostics_and_dnas_obeys_theorem2(sweep):
                 assert ea["n_keys"] == int(keys.sum())
                 assert np.array(ea["counts"]).sum(1).tolist() == [ea["n_keys"]] * heads
                 assert ea["sk_max"] == int(keys.max()) and ea["sk_min"] == int(keys.min())
-        # cross-attention with dot-product scores depends on the decoder state (PAPERS.md 4)
+        # cross-attention with dot-product scores depends on the decoder state (the blog post "Why Bahdanau's neural attention requires two layers")
         assert min(min(e["step_variation"]) for e in latest["locations"]["cross"]["layers"]) > 1e-3
         if "dnas" in job:  # Ding et al. Theorem 2 (non-causal encoder): every key keeps mass >= 1/Sk
             for e in latest["locations"]["encoder"]["layers"]:
