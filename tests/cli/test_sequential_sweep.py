@@ -64,6 +64,12 @@ def test_sequential_sweep_continues_after_a_kill_and_runs_no_seed_twice(tmp_path
                          env={**env, "COLUMNS": "200"})
     assert rep.returncode == 0, rep.stderr[-2000:]
     assert "Group-sequential paired t-test" in rep.stdout and "attention=dnas" in rep.stdout
+    # another sequential sweep into the same directory: refused, nothing touched
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+    other = nas_run(*[a if a != "attention=unas,dnas" else "attention=unas,hnas" for a in SWEEP],
+                    f"hydra.sweep.dir={root}", cwd=tmp_path)
+    assert other.returncode == 2 and "holds a sweep of other overrides" in other.stderr
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()} == before
 
 
 def test_a_failing_job_is_retried_then_stops_the_sweep_and_is_never_a_seed(tmp_path):
