@@ -101,3 +101,28 @@ class _Waited:
             return self.job.results()
         except self.uncompleted as err:
             return [ended_job(self.job, err, self.idx, self.overrides, self.sweep_dir)]
+
+
+def install_optuna() -> None:
+    """``sweep=optuna`` launched again into its own sweep directory (with ``hydra.sweeper.storage``
+    the study is loaded and continued, ``load_if_exists``): hydra-optuna-sweeper numbers the jobs
+    of every launch from 0, so the new trials would land in the earlier trials' directories (and
+    a finished one would be skipped with its old value). Its setup is wrapped so that a launch
+    numbers its jobs after the ones already in the sweep directory."""
+    try:
+        from hydra_plugins.hydra_optuna_sweeper import _impl
+    except ImportError:
+        return
+    impl = _impl.OptunaSweeperImpl
+    if getattr(impl.setup, "_nas_numbered", False):
+        return
+    original = impl.setup
+
+    def setup(self, *, hydra_context, task_function, config):
+        original(self, hydra_context=hydra_context, task_function=task_function, config=config)
+        root = Path(str(config.hydra.sweep.dir))
+        taken = [int(p.name.split("_", 1)[0]) for p in root.glob("*_*") if p.is_dir() and p.name.split("_", 1)[0].isdigit()]
+        self.job_idx = max(taken) + 1 if taken else 0
+
+    setup._nas_numbered = True
+    impl.setup = setup

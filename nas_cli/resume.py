@@ -223,6 +223,30 @@ def relocate_paths(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
     return out
 
 
+def finish_loggers(trainer, exit_code: int) -> None:
+    """Close the W&B run and its service now, while the service still runs: a SLURM requeue or stop
+    ends every process of the job at once, and W&B left open then ends in a traceback at exit
+    ("Exception ignored in atexit callback ... Connection lost") with its last records unwritten.
+    The next launch continues the same W&B run (its id is in the checkpoint)."""
+    finished = False
+    for logger in getattr(trainer, "loggers", []) or []:
+        run = getattr(logger, "_experiment", None)
+        if run is None or not hasattr(run, "finish"):
+            continue
+        finished = True
+        try:
+            run.finish(exit_code=exit_code)
+        except Exception:  # noqa: BLE001 - the service may already be gone (SIGTERM reaches it too): nothing to save
+            pass
+    if finished:  # and stop W&B's service process itself, so that nothing is left for the exit to tear down
+        try:
+            import wandb
+
+            wandb.teardown(exit_code)
+        except Exception:  # noqa: BLE001
+            pass
+
+
 class FaultTolerance(pl.Callback):
     """Periodic ``last.ckpt``, the extra checkpoint state, and stopping on signals (module docstring).
 
@@ -267,6 +291,7 @@ class FaultTolerance(pl.Callback):
             self.stopped = signum
             self._restore_handlers()
             previous = self._previous.get(signum)
+            finish_loggers(trainer, 128 + int(signum))  # before a requeue ends the job's processes (W&B's service too)
             if signum in CHAINED and callable(previous) and self.pending is not None:
                 try:
                     previous(signum, None)  # e.g. requeue this SLURM job; may exit the process itself

@@ -70,9 +70,10 @@ def _bin(name: str) -> str:
 
 
 class SlurmCluster:
-    def __init__(self, root: Path, accounting: bool = False):
+    def __init__(self, root: Path, accounting: bool = False, nodes: int = 1):
         self.root = Path(root)
         self.accounting = accounting
+        self.nodes = nodes  # > 1: that many slurmd on this machine (one CPU each), e.g. for DDP over nodes
         self.host = socket.gethostname()
         self.conf = self.root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -93,28 +94,40 @@ class SlurmCluster:
                         f"--pid-file={r / 'munge' / 'munged.pid'}", f"--seed-file={r / 'munge' / 'munged.seed'}"],
                        check=True)
         node = _node_line()
+        names = [self.host]
+        if self.nodes > 1:  # several slurmd daemons on this host, each its own node with its own port
+            # node names do not resolve: jobs that need the main node's address set MASTER_ADDR=127.0.0.1
+            names = [f"nas{i}" for i in range(self.nodes)]
+            mem = int(int(dict(f.split("=", 1) for f in node.split())["RealMemory"]) / self.nodes)
+            node = "\n".join(f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=1 "
+                             f"RealMemory={mem}" for n in names)
         acct = self._start_accounting(sock) if self.accounting else ["JobAcctGatherType=jobacct_gather/none"]
         self.conf.write_text("\n".join([
             f"ClusterName=nastest", f"SlurmctldHost={self.host}",
             "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={sock}",
             "SlurmUser=root", "SlurmdUser=root",
             f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
-            f"StateSaveLocation={r / 'state'}", f"SlurmdSpoolDir={r / 'spool'}",
-            f"SlurmctldPidFile={r / 'slurmctld.pid'}", f"SlurmdPidFile={r / 'slurmd.pid'}",
-            f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={r / 'log' / 'slurmd.log'}",
+            f"StateSaveLocation={r / 'state'}", f"SlurmdSpoolDir={r / 'spool' / '%n'}",
+            f"SlurmctldPidFile={r / 'slurmctld.pid'}", f"SlurmdPidFile={r / 'slurmd.%n.pid'}",
+            f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={r / 'log' / 'slurmd.%n.log'}",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core", "MpiDefault=none", "SwitchType=switch/none", "ReturnToService=2",
             "SchedulerType=sched/backfill", "KillWait=5", "SchedulerParameters=sched_interval=1",
             "MessageTimeout=30", *acct,
-            node, f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP", ""]))
+            node, f"PartitionName=debug Nodes={','.join(names)} Default=YES MaxTime=INFINITE State=UP", ""]))
         subprocess.run([_bin("slurmctld"), "-f", str(self.conf)], check=True, env=self.env)
         if self.accounting:
             subprocess.run(["sacctmgr", "-i", "add", "cluster", "nastest"], capture_output=True, env=self.env)
-        subprocess.run([_bin("slurmd"), "-f", str(self.conf)], check=True, env=self.env)
+        for name in names:
+            (r / "spool" / name).mkdir(parents=True, exist_ok=True)
+            extra = ["-N", name] if self.nodes > 1 else []
+            subprocess.run([_bin("slurmd"), "-f", str(self.conf), *extra], check=True, env=self.env)
+        self.node_names = names
         deadline = time.time() + 60
         while time.time() < deadline:
-            out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=self.env).stdout
-            if out.strip() in ("idle", "mix", "alloc"):
+            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, env=self.env).stdout
+            states = out.split()
+            if len(states) == len(names) and all(s in ("idle", "mix", "alloc") for s in states):
                 return self
             time.sleep(0.5)
         self.__exit__(None, None, None)
@@ -163,7 +176,7 @@ class SlurmCluster:
                 "AccountingStorageHost=localhost", f"AccountingStoragePort={dbd_port}", f"AccountingStoragePass={sock}"]
 
     def __exit__(self, *exc) -> None:
-        for pid_file in (self.root / "slurmd.pid", self.root / "slurmctld.pid", self.root / "slurmdbd.pid",
+        for pid_file in (*sorted(self.root.glob("slurmd.*.pid")), self.root / "slurmctld.pid", self.root / "slurmdbd.pid",
                          self.root / "mysql" / "mysqld.pid", self.root / "munge" / "munged.pid"):
             try:
                 os.kill(int(pid_file.read_text().split()[0]), 15)
@@ -174,8 +187,8 @@ class SlurmCluster:
     # ---- helpers ----------------------------------------------------------------------
     def log(self) -> str:
         parts = []
-        for name in ("slurmctld.log", "slurmd.log"):
-            p = self.root / "log" / name
+        for p in [self.root / "log" / "slurmctld.log", *sorted((self.root / "log").glob("slurmd.*.log"))]:
+            name = p.name
             if p.is_file():
                 parts.append(f"--- {name}\n" + "\n".join(p.read_text().splitlines()[-15:]))
         return "\n".join(parts)

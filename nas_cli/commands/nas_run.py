@@ -142,15 +142,17 @@ class RunGuard(Callback):
         from ..rundir import acquire
 
         root = Path(str(config.hydra.sweep.dir))
-        from ..launchers import install
+        from ..launchers import install, install_optuna
 
         install()  # hydra/launcher=slurm: a job the scheduler ends fails alone (after Hydra loaded its plugins)
+        install_optuna()  # sweep=optuna launched again: new trials in new job directories
         try:
+            checked = config
             if str(config.get("seed")) == "auto":  # seed=auto: the sequential sweeper gives each job its seed
-                config = config.copy()
-                with read_write(config):
-                    config.seed = 1
-            check_config(config)
+                checked = config.copy()
+                with read_write(checked):
+                    checked.seed = 1
+            check_config(checked)
             if any(root.glob("*/summary.json")) or any(root.glob("*/checkpoints")):
                 earlier = _sweep_overrides(root)
                 now = [str(o) for o in config.hydra.overrides.task]
@@ -165,6 +167,8 @@ class RunGuard(Callback):
                                            "job(s) are skipped, unfinished ones resume from their checkpoints",
                                            highlight=False, soft_wrap=True)
             acquire(root, "sweep")
+            if not (root / "multirun.yaml").is_file():  # what a later launch is compared with (Hydra's basic
+                OmegaConf.save(config, root / "multirun.yaml")  # sweeper writes it too; Optuna's does not)
         except UserError as err:
             _fail(str(err))
 

@@ -463,3 +463,24 @@ def test_a_job_the_scheduler_ends_fails_alone_and_the_same_command_finishes_it(t
     assert again.returncode == 0, again.stderr[-3000:]
     summary = json.loads((long_job / "summary.json").read_text())
     assert summary["steps"] == 150 and summary.get("resumed_from") == "checkpoints/last.ckpt"
+
+
+def test_an_optuna_sweep_with_a_storage_continues_its_study(tmp_path):
+    # issue #28 (5): the storage conf/sweep/optuna.yaml suggests works (optuna 2 with SQLAlchemy < 2), and the
+    # same command again adds trials to the stored study, in new job directories (none reused or skipped)
+    import sqlite3
+
+    args = ("-m", *TINY, "trainer.max_steps=6", "trainer.val_check_interval=3", "run_test=false", "sweep=optuna",
+            "hydra.sweeper.n_trials=2", "hydra.sweeper.storage=sqlite:///optuna.db", "hydra.sweep.dir=opt")
+    first = nas_run(*args, cwd=tmp_path, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = nas_run(*args, cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    dirs = sorted(p.name.split("_")[0] for p in (tmp_path / "opt").iterdir() if (p / "summary.json").is_file())
+    assert dirs == ["0", "1", "2", "3"]
+    with sqlite3.connect(tmp_path / "optuna.db") as db:
+        states = [r[0] for r in db.execute("select state from trials")]
+    assert len(states) == 4 and set(states) == {"COMPLETE"}
+    values = [json.loads(p.read_text())["best_val"]["value"] for p in sorted((tmp_path / "opt").glob("*/summary.json"))]
+    result = yaml.safe_load((tmp_path / "opt" / "optimization_results.yaml").read_text())
+    assert result["best_value"] == pytest.approx(max(values))  # the best of all four trials
