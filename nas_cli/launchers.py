@@ -126,3 +126,21 @@ def install_optuna() -> None:
 
     setup._nas_numbered = True
     impl.setup = setup
+
+
+def joblib_gpu(job_num: int, gpus: int, accelerator: str, devices) -> list[int] | None:
+    """``hydra/launcher=joblib`` on a machine with ``gpus`` visible GPUs: the GPU of sweep job
+    ``job_num`` (job i gets GPU i mod G), as a Lightning device list, so that parallel jobs spread
+    over the GPUs instead of all taking GPU 0. None: nothing to choose (no GPU, or a CPU trainer).
+    A job that asks for several devices cannot run in a joblib worker (it would start processes):
+    refused with one line."""
+    from .errors import UserError
+
+    accel = str(accelerator).lower()
+    if gpus <= 0 or accel not in ("gpu", "cuda", "auto"):
+        return None
+    if isinstance(devices, (list, tuple)) or str(devices) not in ("1", "auto"):
+        raise UserError(f"hydra/launcher=joblib gives each sweep job one GPU (job i: GPU i mod {gpus}); "
+                        f"trainer.devices={devices} needs several: use trainer.devices=1, or hydra/launcher=slurm "
+                        "(or the basic launcher) for multi-device jobs")
+    return [job_num % gpus]

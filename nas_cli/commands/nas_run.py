@@ -179,6 +179,22 @@ def _spawns_processes(trainer_cfg) -> bool:
     return any(k in name.lower() for k in ("ddp", "fsdp", "deepspeed")) and str(trainer_cfg.get("devices")) != "1"
 
 
+def _one_gpu_per_job(cfg: DictConfig, job_num: int) -> None:
+    """hydra/launcher=joblib: job i trains on GPU i mod G (nas_cli.launchers.joblib_gpu)."""
+    import torch
+
+    from ..launchers import joblib_gpu
+
+    try:
+        chosen = joblib_gpu(job_num, torch.cuda.device_count(), cfg.trainer.get("accelerator", "auto"),
+                            cfg.trainer.get("devices", 1))
+    except UserError as err:
+        _fail(str(err))
+    if chosen is not None:
+        with read_write(cfg):
+            cfg.trainer.devices = chosen
+
+
 def _as_single_run(hc, run_dir: Path) -> None:
     """Lightning starts the other processes of a DDP job by running this command again with
     ``hydra.run.dir`` set to Hydra's run directory. In a sweep, make that command this job alone
@@ -209,6 +225,8 @@ def _job(cfg: DictConfig):
         if "joblib" in str(hc.launcher.get("_target_", "")) and _spawns_processes(cfg.trainer):
             _fail("hydra/launcher=joblib runs each job in a worker process that cannot start DDP/FSDP processes; "
                   "use one device per job (trainer.devices=1) or the basic launcher / hydra/launcher=slurm")
+        if "joblib" in str(hc.launcher.get("_target_", "")):
+            _one_gpu_per_job(cfg, int(hc.job.num))
         _as_single_run(hc, run_dir)
     optuna = "optuna" in str(hc.sweeper.get("_target_", ""))
     if optuna:

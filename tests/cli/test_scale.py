@@ -484,3 +484,16 @@ def test_an_optuna_sweep_with_a_storage_continues_its_study(tmp_path):
     values = [json.loads(p.read_text())["best_val"]["value"] for p in sorted((tmp_path / "opt").glob("*/summary.json"))]
     result = yaml.safe_load((tmp_path / "opt" / "optimization_results.yaml").read_text())
     assert result["best_value"] == pytest.approx(max(values))  # the best of all four trials
+
+
+def test_joblib_gives_each_sweep_job_its_own_gpu():
+    # issue #28 (3): job i of a joblib sweep gets GPU i mod G as its Lightning device list; CPU trainers and machines
+    # without GPUs are left alone; a job asking for several devices is refused with one line
+    from nas_cli.errors import UserError
+    from nas_cli.launchers import joblib_gpu
+
+    assert [joblib_gpu(i, 4, "gpu", 1) for i in range(6)] == [[0], [1], [2], [3], [0], [1]]
+    assert [joblib_gpu(i, 2, "auto", "auto") for i in range(3)] == [[0], [1], [0]]
+    assert joblib_gpu(3, 0, "auto", 1) is None and joblib_gpu(3, 4, "cpu", 1) is None
+    with pytest.raises(UserError, match=r"trainer.devices=2 needs several"):
+        joblib_gpu(0, 4, "gpu", 2)
