@@ -17,7 +17,35 @@ COMMON=(debug=fast progress_bar=false logger=csv trainer.max_steps=20 trainer.va
         trainer.precision=32-true diagnostics.enabled=false)
 cd "$WORK"
 rm -rf xla cpu
-PJRT_DEVICE=CPU nas-run "${COMMON[@]}" trainer=xla trainer.devices=1 hydra.run.dir=xla > xla.log 2>&1 || { tail -30 xla.log; exit 1; }
+# Lightning's XLAAccelerator counts TPU devices only (lightning_fabric: tpu.num_available_devices()), so on a machine
+# without a TPU it refuses trainer=xla before anything runs ("XLAAccelerator can not run on your system"). To run the
+# rest of Lightning's XLA path (XLA strategy, device placement, the XLA optimizer step) on XLA's CPU device, this
+# check makes the accelerator count PJRT's devices instead; nothing else is changed.
+cat > run_xla.py <<'PY'
+import sys
+
+import torch_xla.runtime as xr
+from lightning_fabric.accelerators import xla as fabric_xla
+
+
+def count() -> int:
+    return xr.global_runtime_device_count()
+
+
+for cls in {fabric_xla.XLAAccelerator, *fabric_xla.XLAAccelerator.__subclasses__()}:
+    cls.auto_device_count = staticmethod(count)
+    cls.is_available = staticmethod(lambda: count() > 0)
+import pytorch_lightning.accelerators.xla as pl_xla  # noqa: E402
+for cls in (pl_xla.XLAAccelerator,):
+    cls.auto_device_count = staticmethod(count)
+    cls.is_available = staticmethod(lambda: count() > 0)
+from nas_cli.commands.nas_run import main  # noqa: E402
+
+sys.argv = ["nas-run", *sys.argv[1:]]
+main()
+PY
+PJRT_DEVICE=CPU python run_xla.py "${COMMON[@]}" trainer=xla trainer.devices=1 hydra.run.dir=xla > xla.log 2>&1 \
+  || { tail -30 xla.log; exit 1; }
 nas-run "${COMMON[@]}" trainer=cpu hydra.run.dir=cpu > cpu.log 2>&1 || { tail -30 cpu.log; exit 1; }
 python - <<'PY'
 import json

@@ -51,6 +51,35 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                                        weights_only=True)
 
 
+def checkpoint_io(accelerator) -> TorchCheckpointIO:
+    """The checkpoint writer for this trainer: atomic writes everywhere; on TPUs (XLA) a subclass of
+    Lightning's ``XLACheckpointIO``, the only kind its XLA strategies accept (they refused nas-run's
+    writer with a TypeError before anything ran: found by running trainer=xla through XLA's CPU
+    device, benchmarks/xla_cpu.sh)."""
+    if str(accelerator).lower() not in ("tpu", "xla"):
+        return AtomicCheckpointIO()
+    from lightning_fabric.plugins.io.xla import XLACheckpointIO
+
+    class AtomicXLACheckpointIO(XLACheckpointIO):
+        """XLA's writer with nas-run's atomic save: tensors to the CPU, written by the main process only."""
+
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            import torch_xla.core.xla_model as xm
+            import torch_xla.runtime as xr
+
+            checkpoint = _xla_to_cpu(checkpoint)
+            if xr.global_ordinal() == 0:
+                AtomicCheckpointIO.save_checkpoint(self, checkpoint, path, storage_options)
+            if xr.world_size() > 1:
+                xm.rendezvous("nas-run checkpoint")
+
+        def load_checkpoint(self, path, map_location=None, weights_only=None):
+            return TorchCheckpointIO.load_checkpoint(self, path, map_location=map_location or
+                                                     (lambda storage, loc: storage), weights_only=True)
+
+    return AtomicXLACheckpointIO()
+
+
 def _space_errno(err: BaseException, folder: Path, checkpoint) -> int | None:
     """ENOSPC / EDQUOT / EFBIG if ``err`` means the checkpoint did not fit, else None. torch.save
     hides the errno in a RuntimeError: then compare the checkpoint's size with the free space

@@ -8,6 +8,8 @@ mean" line: an unknown config group or key, and an unknown choice of a group (ev
 a sweep). ``+key=value`` adds a key on purpose and is left to Hydra, except in the sections
 nas-run reads key by key (``model``, ``optim``, ``checkpoint``, ``diagnostics``), where an added
 key would be silently ignored: it is refused. ``~key`` and ``hydra.*`` overrides are left to Hydra.
+A user's own config folders (``hydra.searchpath=[file://my_conf]``) are checked the same way: their
+groups and choices count as the package's.
 """
 from __future__ import annotations
 
@@ -43,14 +45,16 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
-    if any(a.startswith(("--", "hydra.searchpath", "resume=")) for a in args):
-        return  # another config source (resume=, --config-path, a search path): Hydra checks it
+    if any(a.startswith(("--", "resume=")) for a in args):
+        return  # another config source (resume=, --config-path): Hydra checks it
+    searchpath = [a for a in args if a.startswith(("hydra.searchpath=", "+hydra.searchpath="))]
+    dirs = [conf_dir, *user_config_dirs(searchpath)]
     plain = [a for a in args if a not in ("-m", "--multirun") and "=" in a and not a.startswith(("hydra.", "hydra/"))]
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
     except HydraException as err:
         raise UserError(f"cannot parse the override(s): {str(err).strip().splitlines()[0]}") from None
-    groups = {p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"}
+    groups = {p.name for d in dirs for p in d.iterdir() if p.is_dir() and p.name != "hydra"}
     chosen, keys = [], []
     for o in parsed:
         key = o.key_or_group
@@ -60,7 +64,7 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
         if o.package and key not in groups:
             continue
         if key in groups:
-            options = [p.stem for p in (conf_dir / key).glob("*.yaml")]
+            options = [p.stem for d in dirs for p in (d / key).glob("*.yaml")]  # the package's and the user's
             values = [v for v in _values(o) if v != "null"]
             shown = o.package if key == "attention" and str(o.package).startswith("attention.") else \
                 key + (f"@{o.package}" if o.package else "")  # as typed: attention.decoder=<scheme>
@@ -75,7 +79,7 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
     if not keys:
         return
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        cfg = compose("config", overrides=chosen)
+        cfg = compose("config", overrides=[*(a.lstrip("+") for a in searchpath), *chosen])
     for o, key in keys:
         if OmegaConf.select(cfg, key, default=_MISSING, throw_on_resolution_failure=False) is not _MISSING:
             continue
@@ -102,3 +106,26 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
 
 
 _MISSING = object()
+
+
+def user_config_dirs(searchpath: list[str]) -> list[Path]:
+    """The folders of ``hydra.searchpath=[file://my_conf, pkg://my_package.conf, ...]`` that exist
+    (a user's own schemes and tasks): their groups and choices are checked like the package's."""
+    out = []
+    for arg in searchpath:
+        value = arg.split("=", 1)[1].strip().strip("[]")
+        for item in (v.strip().strip("'\"") for v in value.split(",") if v.strip()):
+            if item.startswith("pkg://"):
+                import importlib.util
+
+                try:
+                    spec = importlib.util.find_spec(item[len("pkg://"):])
+                except (ImportError, ValueError):
+                    spec = None
+                locations = list(spec.submodule_search_locations or []) if spec else []
+                out += [Path(x) for x in locations]
+            else:
+                path = Path(item.removeprefix("file://")).expanduser()
+                if path.is_dir():
+                    out.append(path)
+    return out

@@ -26,7 +26,7 @@ from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from .attention import SchemeError
-from .checkpoints import AtomicCheckpointIO, PeriodicCheckpoint  # noqa: F401  (AtomicCheckpointIO: re-exported)
+from .checkpoints import AtomicCheckpointIO, PeriodicCheckpoint, checkpoint_io  # noqa: F401  (AtomicCheckpointIO: re-exported)
 from .errors import Refused, SignalStop, Stopped, UserError
 from .errors import unwrap as _unwrap
 from .identity import config_id
@@ -201,7 +201,7 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
         callbacks.append(DiagnosticsCallback(run_dir=run_dir, **opts))
     if cfg.progress_bar:
         callbacks.append(RichProgressBar(leave=True))
-    trainer = pl.Trainer(**_trainer_kwargs(cfg), callbacks=callbacks, logger=logger, plugins=[AtomicCheckpointIO()],
+    trainer = pl.Trainer(**_trainer_kwargs(cfg), callbacks=callbacks, logger=logger, plugins=[checkpoint_io(cfg.trainer.get("accelerator", "auto"))],
                          default_root_dir=str(run_dir), enable_progress_bar=bool(cfg.progress_bar),
                          enable_model_summary=False)
     start = time.perf_counter()

@@ -56,6 +56,14 @@ def test_a_new_scheme_is_one_python_file_and_one_yaml(tmp_path):
     summary = _summary(tmp_path / "b")
     assert summary["placement"] == {"encoder": "unas", "decoder": "unas", "cross": "uniform"}
     assert summary["scheme"] == "enc-unas_dec-unas_cross-uniform"
+    # the guard-rails reach the user's folder (issue #29, 3): a typo in the user scheme's name or in one of its
+    # options is one line and exit 2, before anything is made
+    for typo, words in [("attention=unifrom", "did you mean uniform?"),
+                        ("attention.nmae=x", "did you mean attention.name?")]:
+        args = [search, typo] if typo.startswith("attention=") else [search, "attention=uniform", typo]
+        bad = _nas_run(*args, *FAST, f"hydra.run.dir={tmp_path / 'typo'}", cwd=tmp_path, env_extra=env)
+        assert bad.returncode == 2 and words in bad.stderr, bad.stderr[-2000:]
+        assert len([ln for ln in bad.stderr.splitlines() if ln.strip()]) == 1 and not (tmp_path / "typo").exists()
 
 
 def test_the_uniform_scheme_of_the_guide_meets_the_contract(tmp_path, monkeypatch):
