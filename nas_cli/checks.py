@@ -149,18 +149,10 @@ def check_triton(plan, cfg: DictConfig) -> None:
     import torch
 
     names = ", ".join(chosen)
-    if bool((cfg.get("trainer") or {}).get("deterministic", False)):
-        raise UserError(f"attention.impl=triton ({names}) is not deterministic (the query gradients are accumulated "
-                        "with atomics); with trainer.deterministic=true use attention.impl=auto (the chunked exact "
-                        "path), or drop trainer.deterministic")
     from .attention.triton_prefix import triton_unavailable
 
-    accel = str((cfg.get("trainer") or {}).get("accelerator", "auto"))
-    device = "cuda" if accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available()) else "cpu"
-    why = triton_unavailable(torch.device(device))
-    if why:
-        raise UserError(f"attention.impl=triton ({names}): {why}; use attention.impl=auto (the chunked exact path, "
-                        "same values and gradients) or train on a GPU (trainer=gpu)")
+    _check_fused(cfg, f"attention.impl=triton ({names})", "the query gradients are accumulated with atomics",
+                 lambda device: triton_unavailable(torch.device(device)))
     other = [loc for loc, p in chosen.items() if loc not in ("decoder", "cross") or "sinkhorn" in str(p.name)]
     if other:
         import sys
@@ -168,6 +160,22 @@ def check_triton(plan, cfg: DictConfig) -> None:
         print(f"nas-run: note: attention.impl=triton covers the prefix-normalized DNAS/HNAS of decoder self- and "
               f"cross-attention; {', '.join(other)} attention uses the chunked exact path (same values and "
               "gradients)", file=sys.stderr)
+
+
+def _check_fused(cfg: DictConfig, what: str, atomics: str, unavailable) -> None:
+    """A fused attention path (flex, triton): refused under trainer.deterministic (its gradients use
+    atomics) and where it cannot run on the trainer's device, with one line each."""
+    import torch
+
+    if bool((cfg.get("trainer") or {}).get("deterministic", False)):
+        raise UserError(f"{what} is not deterministic ({atomics}); with trainer.deterministic=true use "
+                        "attention.impl=auto (the chunked exact path), or drop trainer.deterministic")
+    accel = str((cfg.get("trainer") or {}).get("accelerator", "auto"))
+    device = "cuda" if accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available()) else "cpu"
+    why = unavailable(device)
+    if why:
+        raise UserError(f"{what}: {why}; use attention.impl=auto (the chunked exact path, same values and "
+                        "gradients) or train on a GPU (trainer=gpu)")
 
 
 def check_flex(plan, cfg: DictConfig) -> None:
@@ -178,20 +186,11 @@ def check_flex(plan, cfg: DictConfig) -> None:
     flex = [loc for loc, p in plan.placed.items() if p.options.get("impl") == "flex"]
     if not flex:
         return
-    import torch
-
-    if bool((cfg.get("trainer") or {}).get("deterministic", False)):
-        raise UserError(f"attention.impl=flex ({', '.join(flex)}) is not deterministic (FlexAttention accumulates "
-                        "the gradients of the column normalizer with atomics on CUDA); with trainer.deterministic="
-                        "true use attention.impl=auto (the chunked exact path), or drop trainer.deterministic")
     from .attention.flex import flex_unavailable
 
-    accel = str((cfg.get("trainer") or {}).get("accelerator", "auto"))
-    device = "cuda" if accel in ("gpu", "cuda") or (accel == "auto" and torch.cuda.is_available()) else "cpu"
-    why = flex_unavailable(device, training=True)
-    if why:
-        raise UserError(f"attention.impl=flex ({', '.join(flex)}): {why}; use attention.impl=auto (the chunked "
-                        "exact path, same values and gradients) or train on a GPU (trainer=gpu)")
+    _check_fused(cfg, f"attention.impl=flex ({', '.join(flex)})",
+                 "FlexAttention accumulates the gradients of the column normalizer with atomics on CUDA",
+                 lambda device: flex_unavailable(device, training=True))
     prefix = [loc for loc in flex if loc in ("decoder", "cross")]
     if prefix:
         import sys

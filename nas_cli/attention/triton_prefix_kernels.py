@@ -47,6 +47,20 @@ def _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT: tl.constexpr):
 
 
 @triton.jit
+def _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale, NQB,
+                 CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr):
+    """One (query block x key block) tile: the scores s (NEG where not allowed), the allowed mask, the
+    loaded q and k, and the prefix normalizer c_ij = logaddexp(carry_j, log-sum-exp of s_rj over the
+    tile's rows r <= i)."""
+    s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT)
+    ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL)
+    s = tl.where(ok, s, NEG)
+    carry = tl.load(CARRY + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
+    c = _lae(carry[None, :], tl.associative_scan(s, 0, _lae))
+    return s, ok, q, k, c
+
+
+@triton.jit
 def col_carry_kernel(Q, K, QM, KM, CARRY, H, Sq, Sk, D, scale, NQB,
                      CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
                      BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
@@ -95,11 +109,8 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, H, Sq, Sk, D, DV, scale, NQB,
         n_keys = tl.minimum(Sk, (qb + 1) * BQ)
     for kb in range(0, tl.cdiv(n_keys, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
-        s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT)
-        ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL)
-        s = tl.where(ok, s, NEG)
-        carry = tl.load(CARRY + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
-        c = _lae(carry[None, :], tl.associative_scan(s, 0, _lae))
+        s, ok, q, k, c = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale,
+                                      NQB, CAUSAL, HAS_QM, HAS_KM, DT)
         z = tl.where(ok, s - c, NEG)
         m_new = tl.maximum(m, tl.max(z, axis=1))
         alpha = tl.exp(m - m_new)
@@ -146,11 +157,8 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, DQ, DK, DVv, H, Sq, S
     for it in range(0, NQB - first):
         qb = NQB - 1 - it
         offs_q = qb * BQ + tl.arange(0, BQ)
-        s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT)
-        ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL)
-        s = tl.where(ok, s, NEG)
-        carry = tl.load(CARRY + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
-        c = _lae(carry[None, :], tl.associative_scan(s, 0, _lae))
+        s, ok, q, k, c = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale,
+                                      NQB, CAUSAL, HAS_QM, HAS_KM, DT)
         lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
         p = tl.where(ok, tl.exp(s - c - lse[:, None]), 0.0)
         do = tl.load(DO + bh * Sq * DV + offs_q[:, None] * DV + offs_dv[None, :],
