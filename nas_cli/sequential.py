@@ -494,8 +494,12 @@ def _progress(state: dict[str, seq.Comparison]) -> tuple:
 
 
 def _remove_if_empty(root: Path) -> None:
+    """A sweep refused before its first job: the directory holds only what the start wrote (the lock,
+    multirun.yaml); nothing is left behind."""
+    import shutil
+
     try:
-        if root.is_dir() and not any(root.iterdir()):
-            root.rmdir()
+        if root.is_dir() and {p.name for p in root.iterdir()} <= {"multirun.yaml", ".nas-run.lock"}:
+            shutil.rmtree(root)
     except OSError:
         pass
