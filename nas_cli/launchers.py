@@ -97,10 +97,41 @@ class _Waited:
         self.job, self.idx, self.overrides, self.sweep_dir, self.uncompleted = job, idx, overrides, sweep_dir, uncompleted
 
     def results(self):
-        try:
-            return self.job.results()
-        except self.uncompleted as err:
-            return [ended_job(self.job, err, self.idx, self.overrides, self.sweep_dir)]
+        while True:
+            try:
+                return self.job.results()
+            except self.uncompleted as err:
+                if not _still_queued(self.job):
+                    return [ended_job(self.job, err, self.idx, self.overrides, self.sweep_dir)]
+                # requeued (scontrol requeue, a preemption, a node failure): submitit's accounting poll saw the
+                # old run end between two states; the job is in the queue again, so wait for it
+                try:
+                    self.job.watcher.clear()
+                except Exception:  # noqa: BLE001
+                    pass
+                import time
+
+                time.sleep(5)
+
+
+#: squeue states of a job that is not over
+_QUEUED = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED",
+           "RESIZING", "SIGNALING", "STAGE_OUT"}
+
+
+def _still_queued(job) -> bool:
+    """Whether SLURM still lists the job as waiting or running (a requeued job is)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("squeue") is None or not getattr(job, "job_id", None):
+        return False
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", str(job.job_id), "-o", "%T"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return any(state.strip() in _QUEUED for state in out.splitlines())
 
 
 def install_optuna() -> None:

@@ -29,7 +29,29 @@ def wandb(run_dir: Path, name: str, group: str, job_type: str, tags: list[str], 
     init = getattr(logger, "_wandb_init", None)
     if isinstance(init, dict) and init.get("anonymous") is None:
         init.pop("anonymous", None)
+    _survive_a_stop(logger)
     return logger
+
+
+def _survive_a_stop(logger) -> None:
+    """A SIGTERM (``scancel``, ``scontrol requeue``) reaches W&B's service process at the same moment as
+    the job: the service dies at once, while nas-run only notes the signal and stops at the next
+    batch (saving last.ckpt). A metric logged in between found the service gone and the job crashed
+    with ``ConnectionResetError`` instead of stopping cleanly. Once a stop signal is pending, W&B's
+    connection errors are ignored; the metrics logged before the stop are in the run file already."""
+    from .resume import stop_pending
+
+    original = logger.log_metrics
+
+    def log_metrics(metrics, step=None):
+        try:
+            return original(metrics, step)
+        except (ConnectionError, BrokenPipeError, OSError):
+            if stop_pending():
+                return None
+            raise
+
+    logger.log_metrics = log_metrics
 
 
 def csv(run_dir: Path, hparams: dict[str, Any], **_: Any):

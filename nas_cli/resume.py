@@ -223,6 +223,15 @@ def relocate_paths(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
     return out
 
 
+#: the stop signal noted during training (FaultTolerance), for the parts that must not crash meanwhile
+_PENDING: list[int] = []
+
+
+def stop_pending() -> bool:
+    """A stop signal arrived and training is about to stop (W&B's service may be gone already)."""
+    return bool(_PENDING)
+
+
 def finish_loggers(trainer, exit_code: int) -> None:
     """Close the W&B run and its service now, while the service still runs: a SLURM requeue or stop
     ends every process of the job at once, and W&B left open then ends in a traceback at exit
@@ -333,6 +342,7 @@ class FaultTolerance(pl.Callback):
             signal.signal(sig, self._note)
 
     def _note(self, signum, frame) -> None:
+        _PENDING.append(signum)
         if self.pending is None:
             self.pending = signum
 
