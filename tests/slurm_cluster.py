@@ -80,6 +80,13 @@ class SlurmCluster:
 
     # ---- start / stop -----------------------------------------------------------------
     def __enter__(self) -> "SlurmCluster":
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__(None, None, None)  # whatever did start is stopped
+            raise
+
+    def _start(self) -> "SlurmCluster":
         r = self.root
         for sub in ("munge", "state", "spool", "log"):
             (r / sub).mkdir(parents=True, exist_ok=True)
@@ -130,7 +137,6 @@ class SlurmCluster:
             if len(states) == len(names) and all(s in ("idle", "mix", "alloc") for s in states):
                 return self
             time.sleep(0.5)
-        self.__exit__(None, None, None)
         raise RuntimeError(f"the test cluster did not come up: {self.log()}")
 
     def _start_accounting(self, sock: Path) -> list[str]:
