@@ -419,7 +419,6 @@ def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
     from omegaconf import OmegaConf
     from rich.console import Console
 
-    from .commands.nas_run import _console, _fail
     from .rundir import release
 
     console = _console()
@@ -487,6 +486,24 @@ def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
         console.print(f"nas-run: the sequential sweep is over ({said}); {STATE_FILE} and {FIGURE_FILE} in {root}",
                       highlight=False)
     return returns
+
+
+def _console():
+    import sys
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=120)
+
+
+def _fail(message: str, code: int = 2):
+    """One line and a non-zero exit, as every nas-run refusal."""
+    import sys
+
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]nas-run: error:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
 
 
 def _progress(state: dict[str, seq.Comparison]) -> tuple:
