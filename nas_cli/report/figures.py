@@ -34,11 +34,11 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: Sequence[tuple[str, bool]],
+def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: Sequence[tuple[str, bool | None]],
                     data: dict[str, dict[str, list[tuple[int, float, float]]]], title: str) -> bytes:
     """CODA Fig. 3 style: one panel per metric, x = heads (log2 axis), one line per series.
 
-    ``panels``: [(metric title, higher is better)]; ``data[metric title][series]`` =
+    ``panels``: [(metric title, higher is better; None for a number with no better direction)]; ``data[metric title][series]`` =
     [(heads, mean, std)] (std drawn as error bars). ``series`` fixes the line order/colours.
     """
     plt = _pyplot()
@@ -55,7 +55,7 @@ def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: S
         ax.set_xticklabels([str(h) for h in heads])
         ax.minorticks_off()
         ax.set_xlabel("heads")
-        ax.set_title(f"{name} ({'higher' if higher else 'lower'} is better)", fontsize=9)
+        ax.set_title(name if higher is None else f"{name} ({'higher' if higher else 'lower'} is better)", fontsize=9)
         _honest_ylim(ax, [p for pts in data.get(name, {}).values() for p in pts])
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.suptitle(title, fontsize=10)

@@ -294,6 +294,30 @@ def compare_unpaired(metric: str, base: Sequence[float], system: Sequence[float]
     return c
 
 
+def trend_over_seeds(metric: str, points: dict, level: float = 0.95) -> tuple[Comparison, dict]:
+    """Does a paired difference change with a setting (e.g. CODA - UNAS BLEU against log2(heads))?
+
+    ``points`` maps each seed to its ``[(x, y), ...]``: y the paired difference of that seed at
+    setting x. Each seed gets its own least-squares slope of y on x (the seed stays the unit:
+    the points of one seed share its data order and initialization, so they are not independent
+    replicates), and the slopes are tested against 0 with a one-sample t-test over seeds
+    (n - 1 df) and a Student-t interval, exactly as :func:`compare_seeds` tests paired
+    differences. A seed with fewer than two distinct x values has no slope and is left out.
+    Returns the comparison (``diff`` = the mean slope, per unit of x) and ``{seed: slope}``."""
+    slopes = {}
+    for seed, pts in points.items():
+        x = np.asarray([p[0] for p in pts], dtype=np.float64)
+        y = np.asarray([p[1] for p in pts], dtype=np.float64)
+        if len(np.unique(x)) < 2:
+            continue
+        xc = x - x.mean()
+        slopes[seed] = float((xc * (y - y.mean())).sum() / (xc * xc).sum())
+    seeds = sorted(slopes)
+    c = compare_seeds(metric, [0.0] * len(seeds), [slopes[s] for s in seeds], seeds, level)
+    c.test = c.test.replace("paired t-test over seeds", "t-test of the per-seed slopes")
+    return c, slopes
+
+
 # ---- per-item statistics and corpus scores -------------------------------------------------------------
 @dataclass
 class Metric:

@@ -440,17 +440,18 @@ def test_study_claims_table_reads_nas_reports_comparison(compare_sweep, tmp_path
     nas-report's own comparison: the DNAS row carries nas-report's difference and Holm p."""
     mod = _study_report()
     text = mod.claims_section(str(compare_sweep), None)
-    dnas = next(line for line in text.splitlines() if line.startswith("| DNAS is on par"))
+    dnas = next(line for line in text.splitlines() if line.startswith('| DNAS "achieves better generation'))
     proc = report(compare_sweep, "--baseline", "scheme=unas", "--format", "json", "--metrics", "bleu",
                   "--no-item-tests", cwd=tmp_path)
     verdict = json.loads(proc.stdout)["comparison"]["rows"][0]
     p = verdict["p_holm"]
     assert f"{verdict['difference']:+.2f} [" in dnas and f"p(Holm)={'<0.001' if p < 0.001 else f'{p:.3f}'}" in dnas
-    expected = ("consistent: no significant difference" if verdict["verdict"].startswith("no significant")
-                else "yes, and DNAS better" if verdict["verdict"].startswith("better") else "no: DNAS worse")
+    expected = ("not shown here: no significant difference" if verdict["verdict"].startswith("no significant")
+                else "yes: DNAS better here" if verdict["verdict"].startswith("better") else "no: DNAS worse here")
     assert expected in dnas
     # schemes the sweep did not run are said to be not run, never left blank
     assert "| CODA beats the Transformer (Zheng et al.) | +1.1 BLEU on IWSLT14 de-en (35.6 vs 34.5) | not run |" in text
+    assert all(cell.strip() for line in text.splitlines() if line.startswith("| ") for cell in line.split(" | "))
 
 
 def test_method_note_names_each_metrics_test_once():
