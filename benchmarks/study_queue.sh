@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The study's sweeps, one after another, two one-thread jobs at a time. Every sweep resumes:
 # run this script again after any stop and finished runs are skipped. Run from the repository
-# root with the virtual environment active. Order: WikiText-2 at n = 3, the heads axis, Sinkhorn,
+# root. Run it with nas-run installed from a wheel into an environment of its own
+# (PATH=<env>/bin:$PATH), so that edits to the checkout cannot change a sweep midway. Order: WikiText-2 at n = 3, the heads axis, Sinkhorn,
 # Zheng et al.'s schemes, Tsai et al.'s kernels, one- vs two-layer additive cross-attention.
 set -u
 M30K=(experiment=study_multi30k task.path=../shared/data/multi30k/raw seed=1,2,3
