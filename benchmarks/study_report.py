@@ -32,7 +32,6 @@ import csv
 import dataclasses
 import io
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -319,7 +318,6 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
     if c is None:
         missing(claim, paper)
     else:
-        tok = {s: g[s].stat("tokens_per_s") for s in ("dnas", "sinkhorn")}
         row(claim, paper, f"BLEU: DNAS {_ci(g['dnas'], 'test/bleu')}, Sinkhorn-3 {_ci(g['sinkhorn'], 'test/bleu')}",
             f"Sinkhorn-3 - DNAS: {_diff(c)}",
             ("holds: not better" if c.direction() <= 0 else "no: Sinkhorn-3 better here")

@@ -14,7 +14,7 @@ from typing import Any
 
 #: config keys that never split a group: the seed (what groups average over), settings that
 #: change only what is logged or saved, and the CPU thread count (it changes round-off, not the setup)
-IGNORED_KEYS = ("seed", "progress_bar", "log_u_every", "logger", "diagnostics", "run_test", "checkpoint",
+IGNORED_KEYS = ("seed", "progress_bar", "log_u_every", "log_learned_every", "logger", "diagnostics", "run_test", "checkpoint",
                 "threads")
 
 

@@ -12,6 +12,7 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from .attention.base import learned_scalars, learned_values
 from .decoding import beam_search
 from .errors import NonFiniteLoss
 from .model import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
@@ -72,7 +73,7 @@ def inverse_sqrt(warmup: int):
 
 class NasLitModule(pl.LightningModule):
     def __init__(self, model_cfg: DictConfig, attention: AttentionPlan | DictConfig, optim_cfg: DictConfig, task,
-                 log_u_every: int = 50):
+                 log_learned_every: int = 50):
         super().__init__()
         self.task = task
         self.model = build_model(model_cfg, attention, task)
@@ -82,7 +83,7 @@ class NasLitModule(pl.LightningModule):
         if getattr(self.model, "adaptive", False) and float(optim_cfg.label_smoothing):
             raise ValueError("optim.label_smoothing must be 0 with model.adaptive_softmax (the adaptive softmax "
                              "computes only the target's probability); add optim.label_smoothing=0")
-        self.log_u_every = log_u_every
+        self.log_learned_every = log_learned_every
         # per split: hypotheses, references, item indices, per-item NLL sums and token counts
         self._eval_text: dict[str, tuple[list, list, list, list, list]] = {}
         self.decoded: dict[str, list[str]] = {}  # hypotheses of the last evaluation per split
@@ -185,21 +186,9 @@ class NasLitModule(pl.LightningModule):
             self._tokens = tokens if self._tokens is None else self._tokens + tokens
             if self.train_seconds > 0 and self._log_now():
                 self.log("train/tokens_per_s", self.train_tokens / self.train_seconds, batch_size=1)
-        if self.global_step % self.log_u_every == 0:
-            for key, value in self.hnas_u().items():
+        if self.global_step % self.log_learned_every == 0:
+            for key, value in learned_scalars(learned_values(self.model)).items():
                 self.log(key, value, batch_size=1)
-
-    def hnas_u(self) -> dict[str, float]:
-        """HNAS mixing weights as {'u/<location>/L<layer>/h<head>': u, 'u/<location>/L<layer>/mean': ...}."""
-        out = {}
-        for module in self.model.modules():
-            if hasattr(module, "u_logit"):
-                u = module.u.detach().float().cpu()
-                prefix = f"u/{module.location}/L{module.layer}"
-                for h, val in enumerate(u.tolist()):
-                    out[f"{prefix}/h{h}"] = val
-                out[f"{prefix}/mean"] = float(u.mean())
-        return out
 
     # ---- evaluation ----------------------------------------------------------------
     def _eval_step(self, batch, split: str):

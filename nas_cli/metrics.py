@@ -1,14 +1,16 @@
 """The test metrics, one list for every table: nas-run's result table, nas-report's table, its
 verdicts and its JSON. A task reports whatever ``test/<name>`` numbers its ``score()`` returns;
-the ones named here get their title, format and better direction, and any other (a user
-task's ``test/digit_acc``) still gets a column and a verdict, titled by its name, with no
+the ones named here get their title, format and better direction. A task declares its own
+(``Task.metrics``: ``{"digit_acc": ("digit acc.", True)}``); the run records the declaration in
+``summary.json`` (``metrics``), and every table reads it from there through :func:`declare`.
+Any other ``test/*`` number still gets a column and a verdict, titled by its name, with no
 better direction (the verdict then says higher/lower). ``nas_cli.report.stats.METRICS`` adds,
 for some of them, how to resample per-item outputs; it is keyed by the same names.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -36,11 +38,35 @@ KNOWN: tuple[TestMetric, ...] = (
 #: reported by every run but not shown: test perplexity says the same as the loss, more readably
 HIDDEN = frozenset({"test/loss", "test/token_acc"})
 _BY_KEY = {m.key: m for m in KNOWN}
+#: the metrics tasks declared, as read from the runs' summary.json (:func:`declare`)
+_DECLARED: dict[str, TestMetric] = {}
+
+
+def declaration(task_metrics: Mapping[str, Sequence] | None) -> dict[str, list]:
+    """A task's ``metrics`` ({key: (title, higher_is_better[, fmt])}) as summary.json records it:
+    {"test/<key>": [title, higher_is_better, fmt]}."""
+    out = {}
+    for key, spec_ in (task_metrics or {}).items():
+        title, higher, *fmt = spec_
+        if higher not in (True, False, None) or (fmt and fmt[0] not in ("p2", "p3", "pct")):
+            raise ValueError(f"task metric '{key}': declare it as (title, higher_is_better: True/False/None"
+                             f"[, 'p2'|'p3'|'pct']), not {tuple(spec_)!r}")
+        out[f"test/{key}"] = [str(title), higher, fmt[0] if fmt else "p3"]
+    return out
+
+
+def declare(recorded: Mapping[str, Sequence] | None) -> None:
+    """Make a run's recorded declaration (summary.json ``metrics``) known to every table and
+    verdict in this process. Built-in metrics keep their own entry; the first declaration of a
+    name wins."""
+    for key, (title, higher, fmt) in (recorded or {}).items():
+        if key not in _BY_KEY:
+            _DECLARED.setdefault(key, TestMetric(key, str(title), higher, str(fmt)))
 
 
 def spec(key: str) -> TestMetric:
-    """A metric by its summary name; one nas-run does not know is titled by its name."""
-    return _BY_KEY.get(key) or TestMetric(key, key.removeprefix("test/"), None, "p3")
+    """A metric by its summary name: built in, declared by a task, or else titled by its name."""
+    return _BY_KEY.get(key) or _DECLARED.get(key) or TestMetric(key, key.removeprefix("test/"), None, "p3")
 
 
 def present(keys: Iterable[str]) -> list[TestMetric]:

@@ -26,6 +26,8 @@ from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from .attention import SchemeError
+from .attention.base import learned_scalars, learned_values
+from .metrics import declaration
 from .checkpoints import AtomicCheckpointIO, PeriodicCheckpoint, checkpoint_io  # noqa: F401  (AtomicCheckpointIO: re-exported)
 from .errors import Refused, SignalStop, Stopped, UserError
 from .errors import unwrap as _unwrap
@@ -45,6 +47,7 @@ from .schedule import ValidateAtEnd
 def build_task(cfg: DictConfig):
     try:
         task = instantiate(cfg.task, _convert_="all")
+        declaration(task.metrics)  # a malformed metrics declaration is refused before any data is read
         task.setup("fit")
         return task
     except UserError:
@@ -72,7 +75,7 @@ def build_module(cfg: DictConfig, task, plan: AttentionPlan | None = None) -> Na
     check_lengths(task, int(cfg.model.max_len))
     plan = plan or AttentionPlan.from_config(cfg.attention)
     try:
-        return NasLitModule(cfg.model, plan, cfg.optim, task, log_u_every=cfg.log_u_every)
+        return NasLitModule(cfg.model, plan, cfg.optim, task, log_learned_every=cfg.log_learned_every)
     except (SchemeError, ValueError, InstantiationException) as err:
         raise UserError(_unwrap(err)) from err
 
@@ -256,7 +259,8 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
         "tested": tested,
         "best_val": {"metric": task.monitor, "value": _float(ckpt.best_model_score)},
         "test": {k: float(v) for k, v in test.items()},
-        "hnas_u": module.hnas_u(),
+        "metrics": declaration(task.metrics),
+        "learned": learned_scalars(learned_values(module.model)),
         "bleu_signature": task.bleu_signature,
         "bleu_tok_signature": task.bleu_tok_signature,
         "data_timings": task.timings,

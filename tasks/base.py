@@ -16,6 +16,7 @@ import sys
 
 import pytorch_lightning as pl
 import sacrebleu
+import torch
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -37,6 +38,24 @@ def loader_workers(value) -> int:
     if n < 0:
         raise ValueError(f"task.num_workers must be auto or a number >= 0 (got {n})")
     return n
+
+
+def pad_batch(seqs, front: int | None = None, back: int | None = None, pad_id: int = PAD) -> torch.Tensor:
+    """Sequences of token ids (lists, tuples or arrays) -> one (B, longest) LongTensor, the rest
+    ``pad_id``; ``front`` / ``back``: one id put before / after every sequence (BOS / EOS)."""
+    extra = (front is not None) + (back is not None)
+    out = torch.full((len(seqs), max(len(s) for s in seqs) + extra), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        row = ([front] if front is not None else []) + [int(t) for t in s] + ([back] if back is not None else [])
+        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+    return out
+
+
+def collate_seq2seq(batch) -> dict[str, torch.Tensor]:
+    """[(source ids, target ids), ...] -> a seq2seq batch (see the module docstring):
+    ``src``, ``tgt_in`` = BOS + target, ``tgt_out`` = target + EOS, all padded with PAD."""
+    src, tgt = zip(*batch)
+    return {"src": pad_batch(src), "tgt_in": pad_batch(tgt, front=BOS), "tgt_out": pad_batch(tgt, back=EOS)}
 
 
 def note(message: str) -> None:
@@ -66,6 +85,12 @@ class Task(pl.LightningDataModule):
 
     #: the task's own names of its training, validation and test splits
     loader_splits: tuple[str, str, str] = ("train", "val", "test")
+
+    #: the task's own test metrics, keys of what :meth:`score` returns beyond the built-in ones
+    #: (nas_cli/metrics.py): {key: (column title, higher is better: True/False/None[, format
+    #: "p2"/"p3"/"pct"])}; recorded in summary.json, read by the result table and nas-report
+    #: (its columns, ``--metrics`` and the direction of the verdict)
+    metrics: dict = {}
 
     # ---- optional members: what the runner reads when a task has them (defaults: it has not) ----
     #: beam search for test decoding, {"beam", "lenpen", "max_len_a", "max_len_b"}; None: greedy

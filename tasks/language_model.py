@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .base import EOS, PAD, Task, loader_workers
+from .base import EOS, PAD, Task, loader_workers, pad_batch
 from .sources import DataError, check_dir, disk_split, fingerprint, hub_split, read_lines
 from .vocab import default_cache_dir, word_level
 
@@ -42,13 +42,8 @@ class _Blocks(Dataset):
 
 
 def _collate(batch):
-    n = max(len(ids) for ids, _ in batch)
-    ids = torch.full((len(batch), n), PAD, dtype=torch.long)
-    target = torch.full((len(batch), n), PAD, dtype=torch.long)
-    for i, (a, t) in enumerate(batch):
-        ids[i, : len(a)] = torch.from_numpy(a.astype(np.int64))
-        target[i, : len(t)] = torch.from_numpy(t.astype(np.int64))
-    return {"ids": ids, "target": target}
+    ids, target = zip(*batch)
+    return {"ids": pad_batch(ids), "target": pad_batch(target)}
 
 
 def train_windows(n: int, block: int) -> list[tuple[int, int, int]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .base import BOS, EOS, PAD, Task, loader_workers
+from .base import BOS, EOS, PAD, Task, collate_seq2seq, loader_workers, pad_batch
 
 SPECIALS = 3  # PAD, BOS, EOS
 ALPHABET = [f"{chr(97 + i % 26)}{i // 26 or ''}" for i in range(512)]  # a..z, a1..z1, ...
@@ -36,18 +36,6 @@ class _Pairs(Dataset):
 
     def __getitem__(self, i):
         return self.pairs[i]
-
-
-def _pad(seqs: list[list[int]]) -> torch.Tensor:
-    out = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.tensor(s)
-    return out
-
-
-def collate_seq2seq(batch):
-    src, tgt = zip(*batch)
-    return {"src": _pad(src), "tgt_in": _pad([[BOS] + t for t in tgt]), "tgt_out": _pad([t + [EOS] for t in tgt])}
 
 
 class SyntheticSeq2Seq(Task):
@@ -138,7 +126,7 @@ class SyntheticLM(Task):
             ids.append(seq[:-1])
             # predict only the copy: positions before SEP are unpredictable noise
             target.append([PAD] * (len(src) + 1) + seq[len(src) + 2:])
-        return {"ids": _pad(ids), "target": _pad(target)}
+        return {"ids": pad_batch(ids), "target": pad_batch(target)}
 
     def _loader(self, split, shuffle):
         return DataLoader(self.inner.splits[split], batch_size=self.batch_size, shuffle=shuffle,

@@ -32,7 +32,7 @@ import sacrebleu
 import torch
 from torch.utils.data import DataLoader
 
-from .base import BOS, EMPTY_WARNING, EOS, PAD, Task, empty_share, loader_workers, note
+from .base import EMPTY_WARNING, EOS, Task, collate_seq2seq, empty_share, loader_workers, note
 from .batching import TokenBatchSampler
 from .sources import DataError, check_dir, disk_split, fingerprint, hub_split, local_parallel
 from .vocab import default_cache_dir, joint_bpe
@@ -64,19 +64,9 @@ class _Indexed(torch.utils.data.Dataset):
         return i, self.src[i], self.tgt[i]
 
 
-def _pad(seqs, extra_front=None, extra_back=None) -> torch.Tensor:
-    n = max(len(s) for s in seqs) + (extra_front is not None) + (extra_back is not None)
-    out = torch.full((len(seqs), n), PAD, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        row = ([extra_front] if extra_front is not None else []) + list(s) + ([extra_back] if extra_back is not None else [])
-        out[i, : len(row)] = torch.as_tensor(row)
-    return out
-
-
 def collate(batch):
     idx, src, tgt = zip(*batch)
-    return {"src": _pad(src), "tgt_in": _pad(tgt, extra_front=BOS), "tgt_out": _pad(tgt, extra_back=EOS),
-            "index": torch.as_tensor(idx)}
+    return {**collate_seq2seq(list(zip(src, tgt))), "index": torch.as_tensor(idx)}
 
 
 class TranslationTask(Task):

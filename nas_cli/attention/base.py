@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -214,6 +215,9 @@ class AttentionCore(nn.Module):
     #: the scheme places positions itself, so the model must add none at its input
     #: (``model.positions=none``; refused before training otherwise)
     requires_no_input_positions: bool = False
+    #: titles of the values :meth:`learned` returns, for figures ({name: title}); a value with
+    #: no title is titled "<name> per layer and head"
+    learned_titles: dict[str, str] = {}
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
                  location: str = "?", layer: int = 0, **_: Any):
@@ -252,8 +256,19 @@ class AttentionCore(nn.Module):
         out = torch.matmul(dropped.to(v.dtype), v)  # (B, H, Sq, D)
         return AttentionOutput(out, weights if need_weights else None, self.aux())
 
-    def aux(self) -> dict[str, Any]:
+    def learned(self) -> dict[str, torch.Tensor]:
+        """Named per-head values this scheme learns, each of shape (heads,), that a researcher
+        wants to follow over training (a mixing weight, a temperature). Each one goes, with no
+        other code to write, to the loggers as ``<name>/<location>/L<layer>/h<head>`` and
+        ``.../mean`` every ``log_learned_every`` steps, to ``summary.json`` (``learned``), to the
+        diagnostics' history and figure (``<name>_trajectories.png``), and to nas-report as the
+        column ``diag:<name>_mean`` (mean over layers and heads, per location). Default: none."""
         return {}
+
+    def aux(self) -> dict[str, Any]:
+        """What ``forward`` hands on with its output (:attr:`AttentionOutput.aux`): the
+        :meth:`learned` values, detached, and whatever a scheme adds (CODA: its logits)."""
+        return {name: value.detach() for name, value in self.learned().items()}
 
     def set_width(self, d_model: int) -> None:
         """Called once by the model before any optimizer exists, so a core whose own
@@ -269,3 +284,46 @@ class AttentionCore(nn.Module):
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, causal={self.causal}, prefix_queries={self.prefix_queries}, dropout={self.dropout}"
+
+
+def learned_values(model: nn.Module) -> dict[str, dict[str, np.ndarray]]:
+    """Every attention core's :meth:`AttentionCore.learned` values in ``model``:
+    {name: {location: (layers, heads) array}} (layers missing a value are NaN rows)."""
+    cells: dict[str, dict[str, dict[int, np.ndarray]]] = {}
+    for module in model.modules():
+        if isinstance(module, AttentionCore):
+            for name, value in module.learned().items():
+                per_loc = cells.setdefault(name, {}).setdefault(module.location, {})
+                per_loc[module.layer] = value.detach().float().cpu().numpy().reshape(-1)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for name, locs in cells.items():
+        for loc, layers in locs.items():
+            heads = max(len(v) for v in layers.values())
+            arr = np.full((1 + max(layers), heads), np.nan)
+            for layer, value in layers.items():
+                arr[layer, :len(value)] = value
+            out.setdefault(name, {})[loc] = arr
+    return out
+
+
+def learned_titles(model: nn.Module) -> dict[str, str]:
+    """{name: figure title} of the learned values of ``model``'s cores."""
+    titles: dict[str, str] = {}
+    for module in model.modules():
+        if isinstance(module, AttentionCore):
+            for name in module.learned():
+                titles.setdefault(name, module.learned_titles.get(name, f"{name} per layer and head"))
+    return titles
+
+
+def learned_scalars(values: dict[str, dict[str, np.ndarray]]) -> dict[str, float]:
+    """:func:`learned_values` as logger keys: ``<name>/<location>/L<layer>/h<head>`` and
+    ``<name>/<location>/L<layer>/mean``."""
+    out: dict[str, float] = {}
+    for name, locs in values.items():
+        for loc, arr in locs.items():
+            for layer, row in enumerate(arr):
+                for head, val in enumerate(row):
+                    out[f"{name}/{loc}/L{layer}/h{head}"] = float(val)
+                out[f"{name}/{loc}/L{layer}/mean"] = float(np.nanmean(row))
+    return out

@@ -29,6 +29,7 @@ from .fused import doubly_normalized_attention
 
 class HNAS(AttentionCore):
     name = "hnas"
+    learned_titles = {"u": "HNAS u per layer and head (1 = DNAS, 0 = UNAS)"}
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, u_init: float = 0.5,
                  impl: str = "efficient", block_size: int | None = None, **kw):
@@ -95,8 +96,8 @@ class HNAS(AttentionCore):
         u = self.u.to(s.dtype)[None, :, None, None]
         return torch.matmul(u * dnas + (1 - u) * unas, v), state
 
-    def aux(self):
-        return {"u": self.u.detach()}
+    def learned(self) -> dict[str, torch.Tensor]:
+        return {"u": self.u}
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", u_init={self.u_init}, impl={self.impl}"

@@ -150,7 +150,7 @@ def _bench_configs(model_name: str):
 
     main = OmegaConf.load(CONF_DIR / "config.yaml")
     return (OmegaConf.load(CONF_DIR / "model" / f"{model_name}.yaml"), main.optim,
-            OmegaConf.load(CONF_DIR / "trainer" / "default.yaml"), int(main.log_u_every))
+            OmegaConf.load(CONF_DIR / "trainer" / "default.yaml"), int(main.log_learned_every))
 
 
 def run_nas_loop(scheme: str, loader, total_steps: int, args, cfgs) -> tuple[list[float], int]:
@@ -160,10 +160,10 @@ def run_nas_loop(scheme: str, loader, total_steps: int, args, cfgs) -> tuple[lis
 
     from ..lit import NasLitModule
 
-    model_cfg, optim_cfg, trainer_cfg, log_u_every = cfgs
+    model_cfg, optim_cfg, trainer_cfg, log_learned_every = cfgs
     pl.seed_everything(args.seed, verbose=False)
     module = NasLitModule(model_cfg, _attention_cfg(scheme), optim_cfg, _bench_task(args.vocab),
-                          log_u_every=log_u_every)
+                          log_learned_every=log_learned_every)
     clock = _StepClock(torch.device(args.device))
     trainer = pl.Trainer(accelerator="gpu" if args.device == "cuda" else "cpu", devices=1,
                          precision=args.precision, max_steps=total_steps, max_epochs=-1, logger=False,

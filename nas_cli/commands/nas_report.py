@@ -62,10 +62,8 @@ def _fail(msg: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from rich.console import Console
-    from rich.table import Table
 
-
-    from ..report.collect import TEST_METRICS, find_runs
+    from ..report.collect import find_runs
     from ..report.table import BadField, group_runs, rich_table, unfinished_rows
 
     try:

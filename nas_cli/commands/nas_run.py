@@ -40,8 +40,10 @@ def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, di
     lines += [s["tested"]["line"] for s in summaries if len(summaries) == 1 and s.get("tested")]
     table = Table(title=title, caption="\n".join(lines), caption_justify="left")
     # each task's own test metrics: the columns that some run of this table has
-    from ..metrics import present
+    from ..metrics import declare, present
 
+    for s in summaries:
+        declare(s.get("metrics"))
     metrics = [(m.key, m.title, "%" if m.fmt == "pct" else 3 if m.fmt == "p3" else 2)  # a task's own metrics too
                for m in present(k for s in summaries for k in s.get("test", {}))]
     for col in ("task", "scheme", "heads", "params", *[head for _, head, _ in metrics], "tokens/s"):

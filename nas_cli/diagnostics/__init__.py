@@ -8,7 +8,7 @@
 * ``collector``: accumulators per (location, layer) fed from the model's attention output.
 * ``repro``: the ``nas-repro`` command line.
 """
-from .collector import AttentionDiagnostics, collect_u, location_masks
+from .collector import AttentionDiagnostics, collect_aux, location_masks
 from .explained_away import (
     DEFAULT_EPS,
     ExplainedAwayAccumulator,
@@ -22,7 +22,7 @@ from .jsd import JSDAccumulator, head_jsd, head_jsd_per_sample, mean_pair_jsd
 
 __all__ = [
     "AttentionDiagnostics",
-    "collect_u",
+    "collect_aux",
     "location_masks",
     "DEFAULT_EPS",
     "ExplainedAwayAccumulator",

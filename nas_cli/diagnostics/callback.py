@@ -15,11 +15,13 @@ Outputs, under ``<run dir>/diagnostics/``:
   validation: per location and layer the H x H head-JSD matrix and its pair mean
   (Zheng et al. 2021), the explaining-away statistics (Ding et al. 2020: histogram of
   log sum_i pi_ij, explained-away fraction, minimum margin over -log Sk, entropy per head)
-  and the HNAS u of every layer and head.
+  and, under ``learned``, every per-head value the schemes learn
+  (:meth:`~nas_cli.attention.base.AttentionCore.learned`) per layer and head.
 * at the end of fit: ``jsd_<location>.png``, ``explained_away_<location>.png``,
-  ``u_trajectories.png`` (HNAS only; u recorded at every validation and every
-  ``log_u_every`` training steps) and ``summary.json`` (the per-location scalars that
-  ``nas-report`` shows, the u history and the time the diagnostics took).
+  ``<name>_trajectories.png`` per learned value (recorded at every validation and every
+  ``log_learned_every`` training steps) and ``summary.json`` (the per-location scalars that
+  ``nas-report`` shows, among them ``<name>_mean`` per learned value, the learned values'
+  history and the time the diagnostics took).
 
 Cross-attention also gets the *step variation* (the blog post "Why Bahdanau's neural
 attention requires two layers"): per head the largest change max_j |pi_ij - pi_0j| over the
@@ -30,8 +32,8 @@ ignores the decoder state, as one-layer additive attention provably does
 Logged to every Lightning logger at ``trainer.global_step``: scalars ``diag/<location>/...``
 (per layer, per head entropy, and the mean over layers). A W&B logger also gets a
 ``wandb.Histogram`` of log sum_i pi_ij per location and layer at every analysed
-validation and, at the end of fit, the PNGs as ``wandb.Image`` and the u trajectories as
-line series. With ``logger=none`` only the files are written.
+validation and, at the end of fit, the PNGs as ``wandb.Image`` and each learned value's
+trajectories as line series (``diag/<name>_lines/<location>``). With ``logger=none`` only the files are written.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
 from ..atomic import atomic_write_json
+from ..attention.base import learned_titles, learned_values
 from .collector import AttentionDiagnostics, flatten_results, location_masks
 from .explained_away import DEFAULT_EPS
 from .metrics import LayerMetric, build_metrics
@@ -55,7 +58,7 @@ from .metrics import finite_list as _finite_list
 #: log of the smallest positive float32: stands in for log 0 in logged scalars
 LOG_FLOAT32_TINY = math.log(float(np.finfo(np.float32).smallest_subnormal))
 
-__all__ = ["DiagnosticsCallback", "location_scalars", "u_arrays", "write_json_atomic"]
+__all__ = ["DiagnosticsCallback", "location_scalars", "write_json_atomic"]
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -85,25 +88,6 @@ def _finite_tree(data: Any) -> Any:
 #: why a location's JSD / explained-away read null
 SIGNED_NOTE = ("attention weights with negative entries (e.g. attention.kernel=linear): JSD and explained-away "
                "assume probability distributions over keys and are undefined (null)")
-
-
-def u_arrays(hnas_u: dict[str, float]) -> dict[str, np.ndarray]:
-    """``NasLitModule.hnas_u()`` {'u/<loc>/L<l>/h<h>': u} -> {loc: (layers, heads) array}."""
-    cells: dict[str, dict[tuple[int, int], float]] = {}
-    for key, value in hnas_u.items():
-        parts = key.split("/")
-        if len(parts) != 4 or not parts[2].startswith("L") or not parts[3].startswith("h"):
-            continue  # the '/mean' entries
-        cells.setdefault(parts[1], {})[(int(parts[2][1:]), int(parts[3][1:]))] = float(value)
-    out = {}
-    for loc, vals in cells.items():
-        layers = 1 + max(l for l, _ in vals)
-        heads = 1 + max(h for _, h in vals)
-        arr = np.full((layers, heads), np.nan)
-        for (l, h), v in vals.items():
-            arr[l, h] = v
-        out[loc] = arr
-    return out
 
 
 def location_scalars(layers: list[dict[str, Any]], metrics: list[LayerMetric] | None = None) -> dict[str, Any]:
@@ -163,19 +147,20 @@ class DiagnosticsCallback(pl.Callback):
         self.seconds_end = 0.0  # of which at the end of fit (plots, W&B images): once per run
         self.last: dict[str, Any] | None = None  # results of the last analysed validation
         self.last_step: int | None = None
-        self.u_history: list[tuple[int, dict[str, np.ndarray]]] = []
-        self._has_u = False
+        #: what the schemes learn per head (AttentionCore.learned), over training:
+        #: [(step, {name: {location: (layers, heads)}})]
+        self.learned_history: list[tuple[int, dict[str, dict[str, np.ndarray]]]] = []
+        self.learned_titles: dict[str, str] = {}
 
     # ---- hooks -----------------------------------------------------------------------
     def on_fit_start(self, trainer, pl_module) -> None:
-        self._has_u = bool(getattr(pl_module, "hnas_u", None) and pl_module.hnas_u())
-        if self._has_u:
-            self._record_u(0, pl_module)
+        self.learned_titles = learned_titles(pl_module.model)
+        if self.learned_titles:
+            self._record_learned(0, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        every = int(getattr(pl_module, "log_u_every", 50) or 50)
-        if self._has_u and trainer.global_step % every == 0:
-            self._record_u(trainer.global_step, pl_module)
+        if self.learned_titles and trainer.global_step % pl_module.log_learned_every == 0:
+            self._record_learned(trainer.global_step, pl_module)
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -224,8 +209,8 @@ class DiagnosticsCallback(pl.Callback):
         results = self.diag.compute()
         self.last, self.last_step = results, step
         self._analysed += 1
-        if self._has_u:
-            self._record_u(step, pl_module)
+        if self.learned_titles:
+            self._record_learned(step, pl_module)
         scalars = self._scalars(results)
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
@@ -245,11 +230,11 @@ class DiagnosticsCallback(pl.Callback):
         if self.last is None and (self.dir / "summary.json").is_file():
             return  # resumed after training had ended (e.g. killed during the test): keep what that fit wrote
         t0 = time.perf_counter()
-        if self._has_u:
-            self._record_u(int(trainer.global_step), pl_module)
+        if self.learned_titles:
+            self._record_learned(int(trainer.global_step), pl_module)
         files = self._write_plots(self.last) if self.plots != "never" and self.last is not None else []
-        if self._has_u and self.plots != "never" and len(self.u_history) > 1:
-            files.append(self._plot_u())
+        if self.plots != "never" and len(self.learned_history) > 1:
+            files += [self._plot_learned(name) for name in self.learned_titles]
         for logger in trainer.loggers:
             if _is_wandb(logger):
                 self._wandb_end(logger, files, int(trainer.global_step))
@@ -264,11 +249,13 @@ class DiagnosticsCallback(pl.Callback):
             "seconds": self.seconds,
             "seconds_validations": self.seconds - self.seconds_end,
             "seconds_end": self.seconds_end,
-            "locations": {loc: location_scalars(layers, self.metrics) for loc, layers in (self.last or {}).items()},
+            "locations": self._summary_locations(),
             # what nas-report shows as columns: {key: [label, format]}, declared by the metrics
-            "columns": {k: list(v) for m in self.metrics for k, v in m.columns.items()},
-            "u_history": [{"step": s, "u": {loc: _finite_list(a) for loc, a in u.items()}}
-                          for s, u in self.u_history],
+            # and by the schemes' learned values (their mean per location)
+            "columns": {**{k: list(v) for m in self.metrics for k, v in m.columns.items()},
+                        **{f"{name}_mean": [f"{name} (mean)", "p3"] for name in self.learned_titles}},
+            "learned_titles": self.learned_titles,
+            "learned_history": [{"step": s, "values": _learned_json(v)} for s, v in self.learned_history],
             "files": sorted(p.name for p in files),
         }
         write_json_atomic(self.dir / "summary.json", summary)
@@ -296,12 +283,22 @@ class DiagnosticsCallback(pl.Callback):
         finally:
             model.train(was_training)
 
-    def _record_u(self, step: int, pl_module) -> None:
-        u = u_arrays(pl_module.hnas_u())
-        if u and (not self.u_history or self.u_history[-1][0] != step):
-            self.u_history.append((step, u))
-        elif u:
-            self.u_history[-1] = (step, u)
+    def _record_learned(self, step: int, pl_module) -> None:
+        values = learned_values(pl_module.model)
+        if not self.learned_history or self.learned_history[-1][0] != step:
+            self.learned_history.append((step, values))
+        else:
+            self.learned_history[-1] = (step, values)
+
+    def _summary_locations(self) -> dict[str, dict[str, Any]]:
+        """Per-location scalars of the last analysed validation, and the mean of each learned
+        value at the end (``<name>_mean``)."""
+        locs = {loc: location_scalars(layers, self.metrics) for loc, layers in (self.last or {}).items()}
+        last = self.learned_history[-1][1] if self.learned_history else {}
+        for name, per_loc in last.items():
+            for loc, arr in per_loc.items():
+                locs.setdefault(loc, {})[f"{name}_mean"] = float(np.nanmean(arr))
+        return locs
 
     def _scalars(self, results) -> dict[str, float]:
         flat = flatten_results(results, "diag", self.metrics, per_head_entropy=True)
@@ -326,22 +323,22 @@ class DiagnosticsCallback(pl.Callback):
                 entries.append(entry)
             scalars = location_scalars(layers, self.metrics)
             locs[loc] = {"layers": entries, **{k: v for k, v in scalars.items() if k != "layers"}}
-        u = u_arrays(pl_module.hnas_u()) if hasattr(pl_module, "hnas_u") else {}
         return {"step": step, "validation": self._validations, "batches": self.batches, "samples": self._samples,
-                "eps": self.eps, "locations": locs, "u": {loc: _finite_list(a) for loc, a in u.items()}}
+                "eps": self.eps, "locations": locs, "learned": _learned_json(learned_values(pl_module.model))}
 
     def _write_plots(self, results) -> list[Path]:
         return [path for m in self.metrics for path in m.figures(results, self.dir, self.last_step)]
 
-    def _plot_u(self) -> Path:
-        from .plots import plot_u_trajectories
+    def _plot_learned(self, name: str) -> Path:
+        from .plots import plot_trajectories
 
-        locs = list(self.u_history[-1][1])
-        names = [f"{loc} L{l}" for loc in locs for l in range(self.u_history[-1][1][loc].shape[0])]
-        hist = [(s, np.concatenate([u[loc] for loc in locs])) for s, u in self.u_history
-                if list(u) == locs and all(u[loc].shape == self.u_history[-1][1][loc].shape for loc in locs)]
-        return plot_u_trajectories(hist, self.dir / "u_trajectories.png", layer_names=names,
-                                   title="HNAS u per layer and head (1 = DNAS, 0 = UNAS)")
+        last = self.learned_history[-1][1].get(name, {})
+        locs = list(last)
+        names = [f"{loc} L{l}" for loc in locs for l in range(last[loc].shape[0])]
+        hist = [(s, np.concatenate([v[name][loc] for loc in locs])) for s, v in self.learned_history
+                if list(v.get(name, {})) == locs and all(v[name][loc].shape == last[loc].shape for loc in locs)]
+        return plot_trajectories(hist, self.dir / f"{name}_trajectories.png", layer_names=names,
+                                 title=self.learned_titles[name], name=name)
 
     # ---- W&B extras ----------------------------------------------------------------------
     def _wandb_histograms(self, logger, results, step: int) -> None:
@@ -358,20 +355,25 @@ class DiagnosticsCallback(pl.Callback):
         data: dict[str, Any] = {}
         for path in files:
             data[f"diag/images/{path.stem}"] = wandb.Image(str(path), caption=path.stem)
-        if self._has_u and self.u_history:
-            steps = [s for s, _ in self.u_history]
-            for loc in self.u_history[-1][1]:
-                shape = self.u_history[-1][1][loc].shape
-                rows = [u[loc] for _, u in self.u_history if loc in u and u[loc].shape == shape]
+        steps = [s for s, _ in self.learned_history]
+        for name in self.learned_titles:
+            last = self.learned_history[-1][1].get(name, {}) if self.learned_history else {}
+            for loc, final in last.items():
+                rows = [v[name][loc] for _, v in self.learned_history
+                        if loc in v.get(name, {}) and v[name][loc].shape == final.shape]
                 if len(rows) != len(steps):
                     continue
                 arr = np.stack(rows)  # (T, L, H)
-                ys = [arr[:, l, h].tolist() for l in range(shape[0]) for h in range(shape[1])]
-                keys = [f"L{l}/h{h}" for l in range(shape[0]) for h in range(shape[1])]
-                data[f"diag/u_lines/{loc}"] = wandb.plot.line_series(
-                    xs=steps, ys=ys, keys=keys, title=f"HNAS u, {loc}", xname="step")
+                ys = [arr[:, l, h].tolist() for l in range(final.shape[0]) for h in range(final.shape[1])]
+                keys = [f"L{l}/h{h}" for l in range(final.shape[0]) for h in range(final.shape[1])]
+                data[f"diag/{name}_lines/{loc}"] = wandb.plot.line_series(
+                    xs=steps, ys=ys, keys=keys, title=f"{name}, {loc}", xname="step")
         if data:
             logger.log_metrics(data, step=step)
+
+
+def _learned_json(values: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, list]]:
+    return {name: {loc: _finite_list(a) for loc, a in per_loc.items()} for name, per_loc in values.items()}
 
 
 def _is_wandb(logger) -> bool:

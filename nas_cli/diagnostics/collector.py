@@ -17,7 +17,7 @@ import torch
 from .explained_away import DEFAULT_EPS
 from .metrics import ExplainedAway, HeadJSD, LayerMetric, StepVariation
 
-__all__ = ["location_masks", "AttentionDiagnostics", "collect_u"]
+__all__ = ["location_masks", "AttentionDiagnostics", "collect_aux"]
 
 Masks = tuple[torch.Tensor | None, torch.Tensor | None]
 
@@ -27,12 +27,13 @@ def location_masks(src_mask: torch.Tensor | None = None, tgt_mask: torch.Tensor 
     return {"encoder": (src_mask, src_mask), "decoder": (tgt_mask, tgt_mask), "cross": (tgt_mask, src_mask)}
 
 
-def collect_u(attn: Mapping[str, Sequence[Any]]) -> dict[str, np.ndarray]:
-    """HNAS mixing weights from the ``aux`` of every layer: {location: u (layers, heads)}.
-    Locations whose layers carry no ``u`` are left out."""
+def collect_aux(attn: Mapping[str, Sequence[Any]], name: str) -> dict[str, np.ndarray]:
+    """One named value from the ``aux`` of every layer of a forward pass (e.g. a scheme's
+    learned per-head value): {location: (layers, ...) array}. Locations whose layers do not all
+    carry it are left out."""
     out = {}
     for loc, layers in attn.items():
-        us = [res.aux.get("u") for res in layers]
+        us = [res.aux.get(name) for res in layers]
         if us and all(u is not None for u in us):
             out[loc] = np.stack([u.detach().cpu().double().numpy() for u in us])
     return out

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["plot_jsd_heatmaps", "plot_log_mass_histograms", "plot_u_trajectories"]
+__all__ = ["plot_jsd_heatmaps", "plot_log_mass_histograms", "plot_trajectories"]
 
 
 def _pyplot():
@@ -149,26 +149,28 @@ def plot_log_mass_histograms(
     return _save(fig, path)
 
 
-def plot_u_trajectories(
+def plot_trajectories(
     history: Sequence[tuple[int, Any]],
     path: str | Path,
     layer_names: Sequence[str] | None = None,
     title: str | None = None,
+    name: str = "value",
 ) -> Path:
-    """HNAS u over training (Ding et al. Figs. 3-5).
+    """A per-head value a scheme learns, over training (e.g. HNAS's u, as in Ding et al.
+    Figs. 3-5).
 
-    ``history``: [(step, u (layers, heads))] in any order. The first panel shows the mean
-    u of every layer against the step; one further panel per layer shows its heads.
-    u = 1 is pure DNAS, u = 0 pure UNAS.
+    ``history``: [(step, value (layers, heads))] in any order. The first panel shows the mean
+    of every layer against the step; one further panel per layer shows its heads. Values that
+    all lie in [0, 1] are drawn on that fixed scale.
     """
     plt = _pyplot()
     if not history:
-        raise ValueError("plot_u_trajectories needs at least one (step, u) entry")
+        raise ValueError("plot_trajectories needs at least one (step, value) entry")
     hist = sorted(((int(s), _np(u)) for s, u in history), key=lambda t: t[0])
     steps = np.array([s for s, _ in hist])
     arrays = [a[:, None] if a.ndim == 1 else a for _, a in hist]  # (layers,) = one head per layer
     if any(a.ndim != 2 or a.shape != arrays[0].shape for a in arrays):
-        raise ValueError("every u must be a (layers, heads) array of the same shape")
+        raise ValueError(f"every {name} must be a (layers, heads) array of the same shape")
     u = np.stack(arrays)  # (T, L, H)
     n_layers, n_heads = u.shape[1], u.shape[2]
     names = list(layer_names) if layer_names is not None else [f"layer {i}" for i in range(n_layers)]
@@ -181,10 +183,12 @@ def plot_u_trajectories(
     ax0 = axes[0][0]
     for layer in range(n_layers):
         ax0.plot(steps, u[:, layer].mean(-1), color=cmap(layer / max(n_layers - 1, 1)), label=names[layer])
-    ax0.set_title("mean u per layer", fontsize=9)
-    ax0.set_ylim(-0.02, 1.02)
+    unit = bool(np.nanmin(u) >= 0 and np.nanmax(u) <= 1)
+    ax0.set_title(f"mean {name} per layer", fontsize=9)
+    if unit:
+        ax0.set_ylim(-0.02, 1.02)
     ax0.set_xlabel("step", fontsize=8)
-    ax0.set_ylabel("u (1 = DNAS)", fontsize=8)
+    ax0.set_ylabel(name, fontsize=8)
     if n_layers <= 12:
         ax0.legend(fontsize=6)
     for layer in range(n_layers):
@@ -193,7 +197,8 @@ def plot_u_trajectories(
             ax.plot(steps, u[:, layer, head], lw=0.9, color=plt.get_cmap("tab20")(head % 20))
         ax.plot(steps, u[:, layer].mean(-1), "k--", lw=1.2)
         ax.set_title(f"{names[layer]}: {n_heads} heads (dashed: mean)", fontsize=8)
-        ax.set_ylim(-0.02, 1.02)
+        if unit:
+            ax.set_ylim(-0.02, 1.02)
         ax.tick_params(labelsize=7)
     for ax in axes.ravel()[n_layers + 1:]:
         ax.axis("off")

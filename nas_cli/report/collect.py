@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..metrics import KNOWN
+from ..metrics import KNOWN, declare
 
 __all__ = ["Run", "find_runs", "load_run", "flatten", "TEST_METRICS"]
 
@@ -209,9 +209,23 @@ class Run:
                 return source["locations"]
         return {}
 
-    def u_history(self) -> list[tuple[int, dict[str, list]]]:
-        hist = (self.diagnostics or {}).get("u_history") or []
-        return [(int(h["step"]), h["u"]) for h in hist if h.get("u")]
+    def learned_history(self) -> dict[str, list[tuple[int, dict[str, list]]]]:
+        """{name: [(step, {location: (layers, heads) nested list})]}: what the run's schemes
+        learned per head over training (diagnostics/summary.json ``learned_history``; runs
+        written before it existed kept their one such value as ``u_history``)."""
+        d = self.diagnostics or {}
+        out: dict[str, list[tuple[int, dict[str, list]]]] = {}
+        for h in d.get("learned_history") or []:
+            for name, per_loc in (h.get("values") or {}).items():
+                if per_loc:
+                    out.setdefault(name, []).append((int(h["step"]), per_loc))
+        for h in d.get("u_history") or []:
+            if h.get("u"):
+                out.setdefault("u", []).append((int(h["step"]), h["u"]))
+        return out
+
+    def learned_title(self, name: str) -> str:
+        return ((self.diagnostics or {}).get("learned_titles") or {}).get(name) or f"{name} per layer and head"
 
     @property
     def last_step(self) -> int | None:
@@ -242,6 +256,8 @@ def load_run(run_dir: str | Path) -> Run:
     if summary is None and (run_dir / "summary.json").is_file():  # there, but not a JSON object: say so
         failure = {"reason": f"corrupt summary.json ({run_dir / 'summary.json'} is not readable JSON): restore it "
                              "or run the job again"}
+    if summary:
+        declare(summary.get("metrics"))  # the task's own metrics: titles and better direction
     return Run(path=run_dir, summary=summary, config=_read_config(run_dir), items_path=run_dir / "test_items.json",
                diagnostics=_read_json(diag / "summary.json"), latest=_read_json(diag / "latest.json"),
                failure=failure)

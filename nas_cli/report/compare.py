@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import stats
-from .collect import TEST_METRICS, Run
+from .collect import Run
 from .table import Group, field_value
 
 ITEMS_FILE = "test_items.json"
@@ -44,8 +44,6 @@ def metric_name(metric: str) -> str:
 
 def metric_title(metric: str) -> str | None:
     """The main table's column for a compared metric (None: not a column there)."""
-    from .collect import TEST_METRICS
-
     from ..metrics import spec
 
     return spec(metric).title if metric.startswith("test/") else RUN_METRICS.get(metric)

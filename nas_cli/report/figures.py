@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["metric_vs_heads", "heatmap_grid", "log_mass_overlay", "histogram_range", "u_panels"]
+__all__ = ["metric_vs_heads", "heatmap_grid", "log_mass_overlay", "histogram_range", "trajectory_panels"]
 
 COLOURS = ["tab:blue", "tab:red", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:gray"]
 
@@ -146,9 +146,10 @@ def histogram_range(counts: Sequence[np.ndarray], edges: np.ndarray, neg_log_sk:
     return max(float(edges[0]), lo - pad), min(float(edges[-1]), hi + pad)
 
 
-def u_panels(steps: Sequence[int], u: np.ndarray, names: Sequence[str], title: str) -> bytes:
-    """HNAS u over training: ``u`` (T, layers, heads); one panel per layer with its heads
-    (thin) and their mean (dashed). u = 1 is DNAS, u = 0 UNAS (Ding et al. Figs. 3-5)."""
+def trajectory_panels(steps: Sequence[int], u: np.ndarray, names: Sequence[str], title: str) -> bytes:
+    """A per-head value a scheme learns, over training: ``u`` (T, layers, heads); one panel per
+    layer with its heads (thin) and their mean (dashed), on [0, 1] when every value lies there
+    (HNAS's u: 1 is DNAS, 0 UNAS, Ding et al. Figs. 3-5)."""
     plt = _pyplot()
     n = u.shape[1]
     cols = min(n, 6)
@@ -163,7 +164,8 @@ def u_panels(steps: Sequence[int], u: np.ndarray, names: Sequence[str], title: s
             ax.plot(steps, u[:, i, h], lw=0.8, color=cmap(h % 10))
         ax.plot(steps, u[:, i].mean(-1), "k--", lw=1.2)
         ax.set_title(names[i], fontsize=8)
-        ax.set_ylim(-0.02, 1.02)
+        if np.nanmin(u) >= 0 and np.nanmax(u) <= 1:
+            ax.set_ylim(-0.02, 1.02)
         ax.tick_params(labelsize=6)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -8,7 +8,8 @@ report opens offline and can be mailed or archived. Figures:
 * head-JSD heat maps of every row side by side, per location (CODA Figs. 2/4);
 * histograms of log sum_i pi_ij per location and number of heads, the schemes overlaid
   (UNAS vs DNAS as in Ding et al. 2020 Fig. 1), with the -log Sk line of Theorem 2;
-* HNAS u trajectories per layer and head (Ding et al. Figs. 3-5).
+* what the schemes learn per head over training, per layer and head (HNAS's u: Ding et al.
+  Figs. 3-5).
 
 A small inline script records on ``<body data-images-ok="k/n">`` how many of the n
 embedded images decoded (used by the browser test; harmless otherwise).
@@ -158,8 +159,13 @@ def log_mass_overlays(groups: Sequence[Group], loc: str) -> list[tuple[str, byte
     return out
 
 
-def u_trajectories(run: Run) -> bytes | None:
-    hist = run.u_history()
+def learned_trajectories(run: Run) -> list[tuple[str, bytes]]:
+    """One figure per value the run's schemes learned per head: (title, PNG)."""
+    return [(run.learned_title(name), png) for name, hist in run.learned_history().items()
+            if (png := _trajectories(run, name, hist)) is not None]
+
+
+def _trajectories(run: Run, name: str, hist) -> bytes | None:
     if len(hist) < 2:
         return None
     last = hist[-1][1]
@@ -169,7 +175,7 @@ def u_trajectories(run: Run) -> bytes | None:
                                             for loc in locs)]
     u = np.stack([np.concatenate([np.asarray(u[loc], dtype=float) for loc in locs]) for _, u in keep])
     names = [f"{loc} L{l}" for loc in locs for l in range(shapes[loc][0])]
-    return figures.u_panels([s for s, _ in keep], u, names, f"HNAS u per layer and head: {run.path.name}")
+    return figures.trajectory_panels([s for s, _ in keep], u, names, f"{run.learned_title(name)}: {run.path.name}")
 
 
 # ---- the page ----------------------------------------------------------------------------
@@ -248,12 +254,11 @@ def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[
                       '<p class="note">Ding et al. 2020 Fig. 1: under DNAS every key keeps mass &gt;= 1/Sk '
                       "(dashed line, non-causal encoder); under UNAS keys can be explained away.</p>",
                       '<div class="figs">' + "".join(_img(png, t) for t, png in hists) + "</div>"]
-        us = [(g, u_trajectories(g.runs[0])) for g in groups]
-        us = [(g, png) for g, png in us if png]
+        us = [(g, title, png) for g in groups for title, png in learned_trajectories(g.runs[0])]
         if us:
-            parts += ["<h2>HNAS u trajectories</h2>",
-                      '<div class="figs">' + "".join(_img(png, f"u {g.label}", f"{g.label} (first run: "
-                                                          f"{g.runs[0].path.name})") for g, png in us) + "</div>"]
+            parts += ["<h2>Learned per head, over training</h2>",
+                      '<div class="figs">' + "".join(_img(png, title, f"{g.label} (first run: "
+                                                          f"{g.runs[0].path.name})") for g, title, png in us) + "</div>"]
     uh, ur = unfinished_rows(runs)
     if ur:
         parts += ["<h2>Runs without results (failed, or unfinished: no summary.json)</h2>", _table(uh, ur)]

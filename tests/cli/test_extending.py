@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from datafiles import write_parallel
@@ -125,11 +126,53 @@ def test_a_new_diagnostic_is_one_python_file_and_one_config_entry(tmp_path):
     assert float(row[header.index("max weight")]) == pytest.approx(mean, abs=1e-3)
 
 
-def test_a_tasks_own_metric_reaches_the_result_table_and_nas_report(tmp_path):
-    """Issue #29: a user task's metric (``test/digit_acc`` from a ``score()`` override) reached
-    summary.json but neither nas-run's table nor nas-report: the metric lists were hand-kept.
-    Now one list (nas_cli/metrics.py) shows any test/* number a task reports, and nas-report
-    gives it a verdict over seeds (higher/lower: nas-run does not know its better direction)."""
+def _guide_command(after: str, program: str) -> list[str]:
+    """The guide's command line for ``program`` in the first bash block after ``after``, as words."""
+    import shlex
+
+    line = next(ln for ln in _block(after, "bash").splitlines() if program in ln.split("#")[0])
+    words = shlex.split(line.split("#")[0])
+    return words[words.index(program) + 1:]
+
+
+def _report(*args, cwd: Path):
+    return subprocess.run([str(Path(NAS_RUN).with_name("nas-report")), *args], capture_output=True, text=True,
+                          cwd=cwd, check=False)
+
+
+def test_the_guides_task_with_its_own_metric(tmp_path):
+    """Issue #29: a new task with its own metric is 1 .py + 1 YAML from a folder outside the
+    package (the guide's own files and commands), and its declared metric shows in nas-run's
+    result table and in nas-report, titled as declared, with a verdict in its better direction."""
+    (tmp_path / "my_task.py").write_text(_block("`my_task.py`", "python"))
+    (tmp_path / "my_conf" / "task").mkdir(parents=True)
+    (tmp_path / "my_conf" / "task" / "add_one.yaml").write_text(_block("`my_conf/task/add_one.yaml`", "yaml"))
+    run_args = _guide_command("`my_conf/task/add_one.yaml`", "nas-run")
+    assert run_args[0] == "-m" and "task=add_one" in run_args
+    proc = _nas_run(*run_args, *FAST, cwd=tmp_path, env_extra={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "length acc." in proc.stdout  # nas-run's table, titled as the task declared it
+    runs = sorted((tmp_path / "add_one").glob("*/summary.json"))
+    assert len(runs) == 4
+    summary = json.loads(runs[0].read_text())
+    assert summary["metrics"] == {"test/length_acc": ["length acc.", True, "p3"]}
+    assert 0 <= summary["test"]["test/length_acc"] <= 1
+    report_args = _guide_command("`my_conf/task/add_one.yaml`", "nas-report")
+    shown = _report(*report_args, cwd=tmp_path)
+    assert shown.returncode == 0 and "length acc." in shown.stdout, shown.stderr[-2000:]
+    doc = json.loads(_report(*report_args, "--format", "json", "--no-item-tests", cwd=tmp_path).stdout)
+    assert "length acc." in doc["runs"]["columns"]
+    row = next(r for r in doc["comparison"]["rows"] if r["metric"] == "length_acc")
+    values = {json.loads(p.read_text())["seed"]: json.loads(p.read_text())["test"]["test/length_acc"]
+              for p in runs if json.loads(p.read_text())["scheme"] == "dnas"}
+    assert row["seeds"] == [1, 2] and row["system_mean"] == pytest.approx(sum(values.values()) / 2)
+    # a declared better direction: better / worse (never the direction-free higher / lower)
+    assert row["verdict"].startswith(("better", "worse", "no significant"))
+
+
+def test_an_undeclared_metric_still_reaches_the_tables(tmp_path):
+    """A number score() returns that the task did not declare still gets a column and a verdict
+    over seeds, titled by its key, with no better direction (higher/lower)."""
     (tmp_path / "my_task.py").write_text(
         "from tasks.synthetic import SyntheticSeq2Seq\n\n\n"
         "class DigitSort(SyntheticSeq2Seq):\n"
@@ -146,13 +189,58 @@ def test_a_tasks_own_metric_reaches_the_result_table_and_nas_report(tmp_path):
                     cwd=tmp_path, env_extra={"PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "digit_acc" in proc.stdout  # nas-run's table
-    report = subprocess.run([str(Path(NAS_RUN).with_name("nas-report")), str(sweep), "--baseline", "scheme=unas",
-                             "--format", "json", "--no-item-tests"], capture_output=True, text=True, cwd=tmp_path)
+    report = _report(str(sweep), "--baseline", "scheme=unas", "--format", "json", "--no-item-tests", cwd=tmp_path)
     assert report.returncode == 0, report.stderr[-2000:]
     doc = json.loads(report.stdout)
     assert "digit_acc" in doc["runs"]["columns"]
     row = next(r for r in doc["comparison"]["rows"] if r["metric"] == "digit_acc")
     assert row["seeds"] == [1, 2] and row["verdict"].startswith(("higher", "lower", "no significant"))
+
+
+def test_a_malformed_metrics_declaration_is_one_line_before_training(tmp_path):
+    (tmp_path / "my_task.py").write_text(_block("`my_task.py`", "python").replace(
+        '("length acc.", True)', '("length acc.", "up")'))
+    (tmp_path / "my_conf" / "task").mkdir(parents=True)
+    (tmp_path / "my_conf" / "task" / "add_one.yaml").write_text(_block("`my_conf/task/add_one.yaml`", "yaml"))
+    bad = _nas_run(f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "task=add_one", *FAST,
+                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env_extra={"PYTHONPATH": str(tmp_path)})
+    assert bad.returncode == 2 and "task metric 'length_acc'" in bad.stderr, bad.stderr[-2000:]
+    assert len([ln for ln in bad.stderr.splitlines() if ln.strip()]) == 1
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_user_schemes_learned_value_reaches_wandb_and_nas_report(tmp_path):
+    """Issue #29: a learnable per-head value of a user scheme (the guide's temperature) reaches
+    W&B, summary.json, the diagnostics and nas-report with no edit to nas-run."""
+    from nas_cli.wandb_offline import read_run
+
+    (tmp_path / "my_tempered.py").write_text(_block("`my_tempered.py`", "python"))
+    (tmp_path / "my_conf" / "attention").mkdir(parents=True)
+    (tmp_path / "my_conf" / "attention" / "tempered.yaml").write_text(
+        _block("`my_conf/attention/tempered.yaml`", "yaml"))
+    run_args = _guide_command("`my_conf/attention/tempered.yaml`", "nas-run")
+    fast = [a for a in FAST if not a.startswith("logger=")]
+    proc = _nas_run(*run_args, *fast, cwd=tmp_path, env_extra={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = sorted((tmp_path / "tempered").glob("0_*"))[0]
+    wb = read_run(run_dir / "wandb")
+    logged = set().union(*map(set, wb["history"]))
+    assert {"temp/encoder/L0/h0", "temp/decoder/L1/mean", "temp/cross/L0/h3"} <= logged
+    first = next(h["temp/encoder/L0/h0"] for h in wb["history"] if "temp/encoder/L0/h0" in h)
+    assert first == pytest.approx(1.0, abs=0.05)  # exp(0) at the start
+    summary = _summary(run_dir)
+    assert summary["learned"]["temp/encoder/L0/h0"] > 0
+    diag = json.loads((run_dir / "diagnostics" / "summary.json").read_text())
+    assert diag["learned_titles"] == {"temp": "temperature per layer and head"}
+    assert (run_dir / "diagnostics" / "temp_trajectories.png").is_file()
+    report_args = _guide_command("`my_conf/attention/tempered.yaml`", "nas-report")
+    shown = _report(*report_args, cwd=tmp_path)
+    assert shown.returncode == 0 and "temp (mean)" in shown.stdout, shown.stderr[-2000:]
+    doc = json.loads(_report(*report_args, "--format", "json", "--no-item-tests", cwd=tmp_path).stdout)
+    assert "temp (mean)" in doc["runs"]["columns"]
+    mean = diag["locations"]["encoder"]["temp_mean"]
+    assert mean == pytest.approx(np.mean([v for k, v in summary["learned"].items()
+                                          if k.startswith("temp/encoder/") and "/h" in k]))
 
 
 def test_a_user_language_model_task_is_sized_as_a_language_model(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ from nas_cli.diagnostics import (
     AttentionDiagnostics,
     ExplainedAwayAccumulator,
     JSDAccumulator,
-    collect_u,
+    collect_aux,
     default_bin_edges,
     explained_away_stats,
     head_jsd,
@@ -282,7 +282,7 @@ def test_collector_over_locations():
     with pytest.raises(ValueError, match="need_weights"):
         diag.update({"encoder": [AttentionOutput(torch.zeros(1))]}, masks)
     u = {"encoder": [AttentionOutput(torch.zeros(1), None, {"u": torch.tensor([0.1, 0.9])}) for _ in range(3)]}
-    assert collect_u(u)["encoder"].shape == (3, 2) and collect_u(attn) == {}
+    assert collect_aux(u, "u")["encoder"].shape == (3, 2) and collect_aux(attn, "u") == {}
 
 
 def test_plots_write_png(tmp_path):
@@ -298,9 +298,9 @@ def test_plots_write_png(tmp_path):
     p2b = plots.plot_log_mass_histograms({"UNAS": stats["UNAS"].counts[0]}, tmp_path / "hist1.png",
                                          bin_edges=stats["UNAS"].bin_edges, neg_log_sk=-math.log(16))
     hist = [(step, np.clip(np.random.default_rng(step).random((3, 4)), 0, 1)) for step in (0, 100, 50)]
-    p3 = plots.plot_u_trajectories(hist, tmp_path / "u.png", title="HNAS u")
-    p3b = plots.plot_u_trajectories([(0, torch.tensor([0.1, 0.2])), (5, torch.tensor([0.3, 0.4]))],
-                                    tmp_path / "u1.png")
+    p3 = plots.plot_trajectories(hist, tmp_path / "u.png", title="HNAS u", name="u")
+    p3b = plots.plot_trajectories([(0, torch.tensor([0.1, 0.2])), (5, torch.tensor([0.3, 0.4]))],
+                                  tmp_path / "u1.png")
     for p in (p1, p1b, p2, p2b, p3, p3b):
         data = p.read_bytes()
         assert len(data) > 1000 and data[:8] == PNG_MAGIC

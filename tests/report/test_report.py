@@ -162,8 +162,9 @@ def test_report_on_sweep_prints_table_and_writes_html(sweep, report):
     text = html.read_text()
     assert text.count("<img ") >= 10 and "data:image/png;base64," in text
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", text)  # nothing loaded from outside
-    for heading in ("Metric vs number of heads", "Head JSD heat maps", "Explained away", "HNAS u trajectories"):
+    for heading in ("Metric vs number of heads", "Head JSD heat maps", "Explained away", "Learned per head, over training"):
         assert heading in text
+    assert 'alt="HNAS u per layer and head (1 = DNAS, 0 = UNAS)"' in text  # the title the scheme declared
 
 
 def test_report_groups_runs_that_differ_only_by_seed(seed_sweep, report, tmp_path):
@@ -228,11 +229,15 @@ def test_offline_wandb_history_holds_diagnostics(seed_sweep):
                 "diag/u_lines/encoder_table/_type"):
         assert key in logged, key
     assert any("diag/encoder/jsd_mean" in h and h.get("trainer/global_step") == 5 for h in wb["history"])
-    # u history: the start, every log_u_every (5) steps, and the validations
+    # HNAS's learned u: the start, every log_learned_every (5) steps, and the validations
     s = json.loads((run_dir / "diagnostics" / "summary.json").read_text())
-    assert [h["step"] for h in s["u_history"]] == [0, 5, 10]
-    assert np.array(s["u_history"][0]["u"]["encoder"]).shape == (2, 4)
+    assert [h["step"] for h in s["learned_history"]] == [0, 5, 10]
+    assert np.array(s["learned_history"][0]["values"]["u"]["encoder"]).shape == (2, 4)
     assert (run_dir / "diagnostics" / "u_trajectories.png").is_file()
+    # and its mean per location as a nas-report column
+    assert s["columns"]["u_mean"] == ["u (mean)", "p3"]
+    assert s["locations"]["encoder"]["u_mean"] == pytest.approx(
+        np.mean(s["learned_history"][-1]["values"]["u"]["encoder"]))
 
 
 @pytest.mark.parametrize("make_args,needle", [
