@@ -13,6 +13,7 @@ import string
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -81,11 +82,12 @@ def build_module(cfg: DictConfig, task, plan: AttentionPlan | None = None) -> Na
 
 
 def make_logger(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str,
-                run_id: str | None = None):
+                run_id: str | None = None, cfg_id: str | None = None):
     """The logger of ``cfg.logger`` (its ``_target_``, nas_cli/loggers.py). ``run_id``: the
-    W&B run to continue (resume)."""
-    tags = [f"task:{cfg.task.name}", f"scheme:{plan.tag}", f"heads:{cfg.model.heads}",
-            f"cfg:{config_id(OmegaConf.to_container(cfg, resolve=True))}", *plan.wandb_tags(),
+    W&B run to continue (resume); ``cfg_id``: the job's config_id, if already computed."""
+    cfg_id = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))
+    tags = [f"task:{cfg.task.name}", f"scheme:{plan.tag}", f"heads:{cfg.model.heads}", f"cfg:{cfg_id}",
+            *plan.wandb_tags(),
             *cfg.logger.get("tags", [])]
     options = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=True).items() if k not in ("tags", "group")}
     if "_target_" not in options:
@@ -96,7 +98,7 @@ def make_logger(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str,
     except Exception as err:  # noqa: BLE001 - not importable: name it
         raise UserError(f"logger._target_={target} cannot be imported ({_unwrap(err)})") from None
     return factory(run_dir=run_dir, name=run_dir.name, group=group, job_type=job_type, tags=tags,
-                   hparams=public_config(cfg, plan), run_id=run_id or _new_run_id(), **options)
+                   hparams=public_config(cfg, plan, cfg_id), run_id=run_id or _new_run_id(), **options)
 
 
 def _new_run_id() -> str:
@@ -105,11 +107,11 @@ def _new_run_id() -> str:
 
 
 #: name parts that mark a config key as a secret (``logger.api_key``, ``access_token``, ``password``)
-def public_config(cfg: DictConfig, plan: AttentionPlan | None = None) -> dict[str, Any]:
+def public_config(cfg: DictConfig, plan: AttentionPlan | None = None, cfg_id: str | None = None) -> dict[str, Any]:
     """The resolved config with anything that looks like a secret dropped, plus the
     attention placement spelled out per location."""
     data = redact(OmegaConf.to_container(cfg, resolve=True))
-    data["config_id"] = config_id(OmegaConf.to_container(cfg, resolve=True))
+    data["config_id"] = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))
     plan = plan or AttentionPlan.from_config(cfg.attention)
     data["scheme"] = plan.tag
     data["attention_placement"] = plan.names()
@@ -149,7 +151,46 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
                       128 + stop.signum) from None
 
 
+@dataclass
+class _Job:
+    """What one job decides once, before anything is built, and every later step reads."""
+
+    run_dir: Path
+    plan: AttentionPlan  # the one plan every part of this job reads
+    identity: dict  # config fingerprint, group, job type, W&B run id: what a checkpoint must match
+    config_id: str  # the configuration without seed and logging-only keys (summary.json, W&B)
+    resume: tuple | None  # (checkpoint path, its state) to continue from, or None
+    kept: Path | None  # the earlier summary of a finished run trained longer
+
+
 def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dict) -> dict[str, Any] | None:
+    """One job, step by step: decide, build, log, train, test, report."""
+    job = _prepare(cfg, run_dir, group, job_type)
+    task = build_task(cfg)
+    shard_and_resume(task, int(cfg.seed))
+    module = build_module(cfg, task, job.plan)
+    compiled = compile_model(module, cfg.get("compile", False))
+    logger = _start_logger(cfg, job)
+    trainer, ckpt = _make_trainer(cfg, job, task, logger)
+    fit_seconds = _fit(cfg, job, trainer, module, task, compiled, phase)
+    # tokens of all processes (a collective: every process runs it)
+    train_tokens = float(trainer.strategy.reduce(torch.tensor(float(module.train_tokens)), reduce_op="sum"))
+    best, tested = _choose_tested(cfg, job, trainer, ckpt, task)
+    test = _test(cfg, job, trainer, module, task, best, phase)
+    if not trainer.is_global_zero:
+        return None
+    if "test" in module.items:
+        atomic_write_json(run_dir / ITEMS_FILE, module.items["test"], indent=None)
+    summary = _summary(cfg, job, trainer, ckpt, module, task, tested, test, fit_seconds, train_tokens)
+    _finish_logger(logger, summary)
+    atomic_write_json(run_dir / "summary.json", summary)
+    (run_dir / WANDB_ID_FILE).unlink(missing_ok=True)
+    return summary
+
+
+def _prepare(cfg: DictConfig, run_dir: Path, group: str, job_type: str) -> _Job:
+    """Warnings, seeds, checks and threads; the plan; which checkpoint (if any) this run
+    continues from, refused when it belongs to another configuration."""
     run_dir.mkdir(parents=True, exist_ok=True)
     # evaluation metrics are gathered over all processes by nas-run itself (scale.gather_eval)
     warnings.filterwarnings("ignore", message=r".*sync_dist=True.*when logging on epoch level")
@@ -158,42 +199,53 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     check_trainer(cfg)
     set_threads(cfg)
-    plan = AttentionPlan.from_config(cfg.attention)  # the one plan every part of this job reads
+    plan = AttentionPlan.from_config(cfg.attention)
     identity = {"config": config_fingerprint(cfg), "group": group, "job_type": job_type,
                 "wandb_run_id": _saved_wandb_id(run_dir)}  # a run killed before its first checkpoint
     continued = continuing(run_dir) and (run_dir / "summary.json").is_file()
     resume = pick_checkpoint(run_dir, _warn) if continued or not (run_dir / "summary.json").exists() else None
     if resume is not None:
-        state = resume[1]
-        if state.get("config", identity["config"]) != identity["config"]:
-            raise Refused(f"{run_dir} holds a checkpoint of a different configuration (model, attention, task or "
-                            "seed differ); continue it with nas-run resume=<dir>, or use a new hydra.run.dir")
-        done, limit = int(state.get("global_step", 0)), int(cfg.trainer.max_steps)
-        if 0 < limit < done:
-            raise Refused(f"trainer.max_steps={limit} is below the {done} steps this run has already trained "
-                            f"(checkpoint {resume[0].name}); pass trainer.max_steps >= {done}")
-        identity.update({k: state[k] for k in ("group", "job_type", "wandb_run_id") if state.get(k)})
-        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        _check_resumable(cfg, run_dir, resume, identity)
     if rank_zero_only.rank == 0:  # what a killed process was writing when it died (the directory is ours),
         for tmp in (run_dir / "checkpoints").glob("*.tmp"):  # even when no checkpoint was ever finished
             tmp.unlink(missing_ok=True)
     kept = continue_finished(run_dir) if continued and rank_zero_only.rank == 0 else None
-    task = build_task(cfg)
-    shard_and_resume(task, int(cfg.seed))
-    module = build_module(cfg, task, plan)
-    compiled = compile_model(module, cfg.get("compile", False))
-    logger = make_logger(cfg, plan, run_dir, identity["group"], identity["job_type"], identity["wandb_run_id"])
+    return _Job(run_dir, plan, identity, config_id(OmegaConf.to_container(cfg, resolve=True)), resume, kept)
+
+
+def _check_resumable(cfg: DictConfig, run_dir: Path, resume: tuple, identity: dict) -> None:
+    state = resume[1]
+    if state.get("config", identity["config"]) != identity["config"]:
+        raise Refused(f"{run_dir} holds a checkpoint of a different configuration (model, attention, task or "
+                        "seed differ); continue it with nas-run resume=<dir>, or use a new hydra.run.dir")
+    done, limit = int(state.get("global_step", 0)), int(cfg.trainer.max_steps)
+    if 0 < limit < done:
+        raise Refused(f"trainer.max_steps={limit} is below the {done} steps this run has already trained "
+                        f"(checkpoint {resume[0].name}); pass trainer.max_steps >= {done}")
+    identity.update({k: state[k] for k in ("group", "job_type", "wandb_run_id") if state.get(k)})
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+
+
+def _start_logger(cfg: DictConfig, job: _Job):
+    """The configured logger; a W&B run starts here (rank 0), its id kept for a resume."""
+    logger = make_logger(cfg, job.plan, job.run_dir, job.identity["group"], job.identity["job_type"],
+                         job.identity["wandb_run_id"], job.config_id)
     if wandb_run_id(logger):
-        identity["wandb_run_id"] = wandb_run_id(logger)
+        job.identity["wandb_run_id"] = wandb_run_id(logger)
         if rank_zero_only.rank == 0:
-            atomic_write_text(run_dir / WANDB_ID_FILE, identity["wandb_run_id"])
+            atomic_write_text(job.run_dir / WANDB_ID_FILE, job.identity["wandb_run_id"])
         with redacted_argv():
             _ = logger.experiment  # W&B starts here (rank 0 only), recording a redacted command line
+    return logger
 
-    ckpt_dir = run_dir / "checkpoints"
+
+def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer, RunCheckpoint]:
+    """The Lightning trainer with nas-run's callbacks: the best checkpoint, last.ckpt on signals
+    and every N steps, step seeds, the final validation, diagnostics, the progress bar."""
+    ckpt_dir = job.run_dir / "checkpoints"
     ckpt = RunCheckpoint(dirpath=ckpt_dir, filename="best", monitor=task.monitor, mode=task.monitor_mode,
                          save_last=False, save_top_k=1, enable_version_counter=False)  # last.ckpt: FaultTolerance
-    fault = FaultTolerance(ckpt_dir / "last.ckpt", int(cfg.checkpoint.get("last_every_n_steps", 0) or 0), identity)
+    fault = FaultTolerance(ckpt_dir / "last.ckpt", int(cfg.checkpoint.get("last_every_n_steps", 0) or 0), job.identity)
     callbacks = [ckpt, fault, StepSeed(int(cfg.seed)), ValidateAtEnd()]  # FaultTolerance: signals in training
     if cfg.checkpoint.every_n_steps and cfg.checkpoint.every_n_steps > 0:
         callbacks.append(PeriodicCheckpoint(ckpt_dir, int(cfg.checkpoint.every_n_steps), int(cfg.checkpoint.keep_last)))
@@ -201,57 +253,72 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
         from .diagnostics.callback import DiagnosticsCallback
 
         opts = {k: v for k, v in OmegaConf.to_container(cfg.diagnostics, resolve=True).items() if k != "enabled"}
-        callbacks.append(DiagnosticsCallback(run_dir=run_dir, **opts))
+        callbacks.append(DiagnosticsCallback(run_dir=job.run_dir, **opts))
     if cfg.progress_bar:
         callbacks.append(RichProgressBar(leave=True))
-    trainer = pl.Trainer(**_trainer_kwargs(cfg), callbacks=callbacks, logger=logger, plugins=[checkpoint_io(cfg.trainer.get("accelerator", "auto"))],
-                         default_root_dir=str(run_dir), enable_progress_bar=bool(cfg.progress_bar),
+    trainer = pl.Trainer(**_trainer_kwargs(cfg), callbacks=callbacks, logger=logger,
+                         plugins=[checkpoint_io(cfg.trainer.get("accelerator", "auto"))],
+                         default_root_dir=str(job.run_dir), enable_progress_bar=bool(cfg.progress_bar),
                          enable_model_summary=False)
+    return trainer, ckpt
+
+
+def _fit(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, task, compiled, phase: dict) -> float:
+    """Train (from the checkpoint to resume, if any); returns the seconds it took."""
     start = time.perf_counter()
     phase.update(name="training", trainer=trainer)
     try:
-        trainer.fit(module, datamodule=task, ckpt_path=str(resume[0]) if resume else None, weights_only=True)
+        trainer.fit(module, datamodule=task, ckpt_path=str(job.resume[0]) if job.resume else None, weights_only=True)
     except SIGTERMException as stop:
-        raise _stopped(stop, trainer, run_dir, "training") from None
+        raise _stopped(stop, trainer, job.run_dir, "training") from None
     except Exception as err:
         failure = _compile_failure(err) if compiled else None  # compilation happens at the first forward
         if failure:
             raise UserError(f"compile={cfg.compile}: torch.compile ({compiled}) failed on this platform "
                             f"({failure}); run with compile=false") from err
         raise
-    fit_seconds = time.perf_counter() - start
     if trainer.interrupted:
-        raise UserError(f"run interrupted; partial run left in {run_dir} (no summary.json written)")
-    # tokens of all processes (a collective: every process runs it)
-    train_tokens = float(trainer.strategy.reduce(torch.tensor(float(module.train_tokens)), reduce_op="sum"))
+        raise UserError(f"run interrupted; partial run left in {job.run_dir} (no summary.json written)")
+    return time.perf_counter() - start
+
+
+def _choose_tested(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoint,
+                   task) -> tuple[str | None, dict]:
+    """Which weights the test uses: the best checkpoint's path (None: the final weights, also when
+    the best checkpoint is unreadable), and that choice as summary.json records it."""
     best = ckpt.best_model_path or None
     unreadable = unreadable_checkpoint(best) if best and cfg.run_test else None
     if unreadable:  # truncated, or refused by the safe loader: the final weights are tested instead, said once
         _warn(f"{best} is unreadable ({unreadable}); testing the final weights (step {int(trainer.global_step)}) "
               "instead")
         best = None
-    tested = tested_checkpoint(best, run_dir, task.monitor, _float(ckpt.best_model_score), int(trainer.global_step),
-                               why=f"best checkpoint unreadable ({unreadable})" if unreadable else None)
+    return best, tested_checkpoint(best, job.run_dir, task.monitor, _float(ckpt.best_model_score),
+                                   int(trainer.global_step),
+                                   why=f"best checkpoint unreadable ({unreadable})" if unreadable else None)
+
+
+def _test(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, task, best: str | None, phase: dict) -> dict:
     phase["name"] = "testing"
     try:
-        test = trainer.test(module, datamodule=task, ckpt_path=best, verbose=False,
+        return trainer.test(module, datamodule=task, ckpt_path=best, verbose=False,
                             weights_only=True)[0] if cfg.run_test else {}
     except SIGTERMException as stop:
-        raise _stopped(stop, trainer, run_dir, "testing") from None
-    if not trainer.is_global_zero:
-        return None
-    if "test" in module.items:
-        atomic_write_json(run_dir / ITEMS_FILE, module.items["test"], indent=None)
-    summary = {
+        raise _stopped(stop, trainer, job.run_dir, "testing") from None
+
+
+def _summary(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoint, module, task, tested: dict,
+             test: dict, fit_seconds: float, train_tokens: float) -> dict[str, Any]:
+    """summary.json: what the run is, what it measured, and how it ran."""
+    return {
         "task": cfg.task.name,
-        "scheme": plan.tag,
-        "placement": plan.names(),
+        "scheme": job.plan.tag,
+        "placement": job.plan.names(),
         "heads": int(cfg.model.heads),
         "d_model": int(cfg.model.d_model),
         "model": cfg.model.name,
         "parameters": count_parameters(module.model),
         "seed": int(cfg.seed),
-        "config_id": config_id(OmegaConf.to_container(cfg, resolve=True)),
+        "config_id": job.config_id,
         "steps": int(trainer.global_step),
         "fit_seconds": fit_seconds,
         "tokens_per_s": train_tokens / module.train_seconds if module.train_seconds else None,
@@ -264,28 +331,30 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
         "bleu_signature": task.bleu_signature,
         "bleu_tok_signature": task.bleu_tok_signature,
         "data_timings": task.timings,
-        "run_dir": str(run_dir),
-        "group": identity["group"],
+        "run_dir": str(job.run_dir),
+        "group": job.identity["group"],
         "processes": int(trainer.world_size),
         "environment": environment(trainer, cfg),
-        "resumed_from": os.path.relpath(resume[0], run_dir) if resume else None,
-        "continued_from_summary": kept.name if kept else None,
+        "resumed_from": os.path.relpath(job.resume[0], job.run_dir) if job.resume else None,
+        "continued_from_summary": job.kept.name if job.kept else None,
     }
-    if logger:
-        if wandb_run_id(logger):
-            run = logger.experiment
-            for k, v in summary["test"].items():
-                run.summary[k] = v
-            run.summary["parameters"] = summary["parameters"]
-            run.summary["tokens_per_s"] = summary["tokens_per_s"]
-            summary["wandb_run_id"] = run.id
-            summary["wandb_dir"] = run.dir
-            run.finish()
-        else:
-            logger.finalize("success")
-    atomic_write_json(run_dir / "summary.json", summary)
-    (run_dir / WANDB_ID_FILE).unlink(missing_ok=True)
-    return summary
+
+
+def _finish_logger(logger, summary: dict) -> None:
+    """The test numbers into the W&B run's summary (and its id and folder into ours), then close it."""
+    if not logger:
+        return
+    if wandb_run_id(logger):
+        run = logger.experiment
+        for k, v in summary["test"].items():
+            run.summary[k] = v
+        run.summary["parameters"] = summary["parameters"]
+        run.summary["tokens_per_s"] = summary["tokens_per_s"]
+        summary["wandb_run_id"] = run.id
+        summary["wandb_dir"] = run.dir
+        run.finish()
+    else:
+        logger.finalize("success")
 
 
 def _stopped(stop: SIGTERMException, trainer: pl.Trainer, run_dir: Path, phase: str) -> Stopped:
