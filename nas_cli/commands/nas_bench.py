@@ -1,4 +1,5 @@
-"""``nas-bench``: benchmarks and the GPU check (``attention``, ``train``, ``gpu-check``);
+"""``nas-bench``: benchmarks, the GPU check and the scheme contract (``attention``, ``train``,
+``gpu-check``, ``check-scheme``);
 argument parsing only, the measurements live in :mod:`nas_cli.bench`."""
 from __future__ import annotations
 
@@ -100,6 +101,13 @@ def make_parser() -> argparse.ArgumentParser:
                     help="default: docs/bench_train.json (CPU, 32-true), else docs/bench_train_<device>_<precision>.json")
     tr.add_argument("--out-md", type=Path, default=Path("docs/benchmarks.md"))
     tr.set_defaults(subparser=tr)
+    cs = sub.add_parser(
+        "check-scheme", help="put a scheme (its YAML, e.g. my_conf/attention/x.yaml) through the attention contract",
+        description="Run the contract checks every packaged scheme passes (shapes, rows summing to 1, gradients, "
+                    "padding invariance, no causal leak) on one scheme's YAML; its _target_ must be importable "
+                    "(e.g. PYTHONPATH=.). Exit 1 if a check fails.")
+    cs.add_argument("yaml", type=Path, help="the scheme's YAML file")
+    cs.set_defaults(subparser=cs)
     return parser
 
 
@@ -115,8 +123,37 @@ def main(argv: list[str] | None = None) -> int:
         return gpu_check(args)
     if args.command == "train":
         return train_main(args, args.subparser, argv)
+    if args.command == "check-scheme":
+        return check_scheme_main(args)
     parser.error(f"unknown command {args.command}")  # pragma: no cover - argparse rejects it first
     return 2
+
+
+def check_scheme_main(args) -> int:
+    """``nas-bench check-scheme <yaml>``: one line per check; exit 1 if any failed, 2 on bad input."""
+    from hydra.errors import InstantiationException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ..attention import SchemeError
+    from ..attention.contract import check_scheme
+
+    if not args.yaml.is_file():
+        print(f"nas-bench check-scheme: {args.yaml}: no such file; give the scheme's YAML "
+              "(e.g. my_conf/attention/<name>.yaml)", file=sys.stderr)
+        return 2
+    try:
+        results = check_scheme(args.yaml)
+    except (InstantiationException, OmegaConfBaseException, SchemeError, ImportError, TypeError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"nas-bench check-scheme: {args.yaml}: the scheme cannot be built ({first}); check its _target_ "
+              "and options, and that its module is importable (PYTHONPATH)", file=sys.stderr)
+        return 2
+    for name, result in results:
+        print(f"{name:18s} {result}")
+    failed = [name for name, result in results if result.startswith("FAILED")]
+    print(f"{args.yaml}: {len(results) - len(failed)} of {len(results)} checks passed or do not apply"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -67,6 +67,29 @@ def test_a_new_scheme_is_one_python_file_and_one_yaml(tmp_path):
         assert len([ln for ln in bad.stderr.splitlines() if ln.strip()]) == 1 and not (tmp_path / "typo").exists()
 
 
+def test_a_user_runs_the_contract_checks_on_their_own_scheme(tmp_path):
+    """Issue #29 (3): the guide's `nas-bench check-scheme` on the guide's scheme passes; a scheme
+    that ignores the mask (sees the future and the padding) fails, naming the checks."""
+    (tmp_path / "my_attention.py").write_text(_block("`my_attention.py`", "python") + (
+        "\n\nclass Leaky(Uniform):\n    qk_gradients = True\n\n"
+        "    def weights_from_logits(self, logits, allowed):\n        return logits.softmax(-1)\n"))
+    (tmp_path / "my_conf" / "attention").mkdir(parents=True)
+    (tmp_path / "my_conf" / "attention" / "uniform.yaml").write_text(_block("`my_conf/attention/uniform.yaml`", "yaml"))
+    (tmp_path / "my_conf" / "attention" / "leaky.yaml").write_text("name: leaky\n_target_: my_attention.Leaky\n")
+    args = _guide_command("through the contract every packaged scheme passes", "nas-bench")
+    bench = str(Path(NAS_RUN).with_name("nas-bench"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    ok = subprocess.run([bench, *args], cwd=tmp_path, capture_output=True, text=True, env=env, check=False)
+    assert ok.returncode == 0 and "12 of 12 checks passed" in ok.stdout, ok.stdout + ok.stderr[-2000:]
+    bad = subprocess.run([bench, "check-scheme", "my_conf/attention/leaky.yaml"], cwd=tmp_path, capture_output=True,
+                         text=True, env=env, check=False)
+    assert bad.returncode == 1 and "FAILED: the future leaks" in bad.stdout
+    assert "failed: padding, padding_causal" in bad.stdout
+    missing = subprocess.run([bench, "check-scheme", "my_conf/attention/nope.yaml"], cwd=tmp_path,
+                             capture_output=True, text=True, env=env, check=False)
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
 def test_the_uniform_scheme_of_the_guide_meets_the_contract(tmp_path, monkeypatch):
     """The guide's scheme really is uniform, and declares that q and k get no gradient."""
     import torch
