@@ -18,7 +18,6 @@ from .attention import AttentionCore
 from .positions import LearnedPositions, SinusoidalPositions, sinusoids
 
 CoreFactory = Callable[[str, int, bool], AttentionCore]
-LOCATIONS = ("encoder", "decoder", "cross")
 
 
 class MultiHeadAttention(nn.Module):

@@ -30,7 +30,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from .attention import AttentionCore, SchemeError
-from .model import LOCATIONS  # encoder self, decoder self (causal), cross
+from .locations import LOCATIONS
 from .registry import scheme_config
 
 #: keys of a composed ``attention`` node that are not constructor options

@@ -43,10 +43,11 @@ def slurm_gpus(accelerator, devices) -> int | None:
 def scheme_tag(*args) -> str:
     """``${nas.tag:${attention}}``: 'dnas', or 'enc-hnas_dec-unas_cross-unas' when locations differ.
     (Configs of earlier versions pass the three location names instead.)"""
+    from .locations import LOCATIONS
     from .plan import tag_from_names, tag_resolver
 
     if len(args) == 3:
-        return tag_from_names(dict(zip(("encoder", "decoder", "cross"), map(str, args))))
+        return tag_from_names(dict(zip(LOCATIONS, map(str, args))))
     return tag_resolver(args[0])
 
 

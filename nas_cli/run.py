@@ -167,16 +167,16 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
     """One job, step by step: decide, build, log, train, test, report."""
     job = _prepare(cfg, run_dir, group, job_type)
     task = build_task(cfg)
-    shard_and_resume(task, int(cfg.seed))
+    data = shard_and_resume(task, int(cfg.seed))  # the loaders as this process reads them
     module = build_module(cfg, task, job.plan)
     compiled = compile_model(module, cfg.get("compile", False))
     logger = _start_logger(cfg, job)
     trainer, ckpt = _make_trainer(cfg, job, task, logger)
-    fit_seconds = _fit(cfg, job, trainer, module, task, compiled, phase)
+    fit_seconds = _fit(cfg, job, trainer, module, data, compiled, phase)
     # tokens of all processes (a collective: every process runs it)
     train_tokens = float(trainer.strategy.reduce(torch.tensor(float(module.train_tokens)), reduce_op="sum"))
     best, tested = _choose_tested(cfg, job, trainer, ckpt, task)
-    test = _test(cfg, job, trainer, module, task, best, phase)
+    test = _test(cfg, job, trainer, module, data, best, phase)
     if not trainer.is_global_zero:
         return None
     if "test" in module.items:
@@ -263,12 +263,12 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
     return trainer, ckpt
 
 
-def _fit(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, task, compiled, phase: dict) -> float:
+def _fit(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, compiled, phase: dict) -> float:
     """Train (from the checkpoint to resume, if any); returns the seconds it took."""
     start = time.perf_counter()
     phase.update(name="training", trainer=trainer)
     try:
-        trainer.fit(module, datamodule=task, ckpt_path=str(job.resume[0]) if job.resume else None, weights_only=True)
+        trainer.fit(module, datamodule=data, ckpt_path=str(job.resume[0]) if job.resume else None, weights_only=True)
     except SIGTERMException as stop:
         raise _stopped(stop, trainer, job.run_dir, "training") from None
     except Exception as err:
@@ -297,10 +297,10 @@ def _choose_tested(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunChe
                                    why=f"best checkpoint unreadable ({unreadable})" if unreadable else None)
 
 
-def _test(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, task, best: str | None, phase: dict) -> dict:
+def _test(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, best: str | None, phase: dict) -> dict:
     phase["name"] = "testing"
     try:
-        return trainer.test(module, datamodule=task, ckpt_path=best, verbose=False,
+        return trainer.test(module, datamodule=data, ckpt_path=best, verbose=False,
                             weights_only=True)[0] if cfg.run_test else {}
     except SIGTERMException as stop:
         raise _stopped(stop, trainer, job.run_dir, "testing") from None

@@ -2,8 +2,8 @@
 
 * :class:`EpochBatches` makes the batches of epoch ``e`` a function of ``(seed, e)`` alone and
   gives each process every ``world``-th of them (training: the same number on every process;
-  evaluation: all of them, nothing padded or repeated). :func:`shard_and_resume` swaps it into
-  the task's loaders, and the training loader reports its position to Lightning's checkpoint
+  evaluation: all of them, nothing padded or repeated). :class:`ShardedData` puts it into
+  the task's loaders (the datamodule Lightning sees), and the training loader reports its position to Lightning's checkpoint
   (the ``state_dict`` protocol), so a resumed run skips exactly the batches it had trained on.
 * :func:`gather_eval` merges the validation/test statistics of all processes, so a metric under
   DDP equals the single-process value (sums of loss and token counts; hypotheses and references
@@ -161,43 +161,60 @@ def _base_sampler(loader) -> Any:
     return loader.batch_sampler
 
 
-def shard_and_resume(task: pl.LightningDataModule, seed: int) -> None:
-    """Wrap the task's train/val/test loaders (on this instance) with :class:`EpochBatches`.
+class ShardedData(pl.LightningDataModule):
+    """The task's loaders as this process reads them, each rebuilt with :class:`EpochBatches`
+    (the batch order a function of the seed and the epoch, this process's share of it; the
+    training loader resumable). Lightning gets this as the datamodule; the task itself is left as
+    it is. Ranks are read when Lightning asks for a loader (``self.trainer`` is attached then)."""
 
-    Ranks are read when Lightning asks for a loader (``task.trainer`` is attached by then)."""
-    make = {"train": task.train_dataloader, "val": task.val_dataloader, "test": task.test_dataloader}
+    def __init__(self, task: pl.LightningDataModule, seed: int):
+        super().__init__()
+        self.task, self.seed = task, int(seed)
 
-    def ranks() -> tuple[int, int]:
-        trainer = getattr(task, "trainer", None)
+    def prepare_data(self) -> None:
+        self.task.prepare_data()
+
+    def setup(self, stage: str | None = None) -> None:
+        self.task.setup(stage)
+
+    def _ranks(self) -> tuple[int, int]:
+        trainer = self.trainer
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
-    def train_loader():
-        loader = make["train"]()
+    def train_dataloader(self):
+        loader = self.task.train_dataloader()
         base = _base_sampler(loader)
         if base is None:
             return loader
-        rank, world = ranks()
-        out = _rebuild(loader, EpochBatches(base, seed, rank, world, even=True), cls=ResumableLoader)
-        trainer = task.trainer
+        rank, world = self._ranks()
+        out = _rebuild(loader, EpochBatches(base, self.seed, rank, world, even=True), cls=ResumableLoader)
+        trainer = self.trainer
         if trainer is not None:
             out.position = lambda: (trainer.fit_loop.epoch_progress.current.processed,
                                     trainer.fit_loop.epoch_loop.batch_progress.current.processed)
         return out
 
-    def eval_loader(split: str):
-        def build():
-            loader = make[split]()
-            base = _base_sampler(loader)
-            if base is None:
-                return loader
-            rank, world = ranks()
-            return _rebuild(loader, EpochBatches(base, seed, rank, world), index=True)
-        return build
+    def _eval_loader(self, loader):
+        base = _base_sampler(loader)
+        if base is None:
+            return loader
+        rank, world = self._ranks()
+        return _rebuild(loader, EpochBatches(base, self.seed, rank, world), index=True)
 
-    task.unsharded_val_dataloader = make["val"]  # the whole split in one process's order (diagnostics)
-    task.train_dataloader = train_loader
-    task.val_dataloader = eval_loader("val")
-    task.test_dataloader = eval_loader("test")
+    def val_dataloader(self):
+        return self._eval_loader(self.task.val_dataloader())
+
+    def test_dataloader(self):
+        return self._eval_loader(self.task.test_dataloader())
+
+    def unsharded_val_dataloader(self):
+        """The whole validation split in one process's order (the diagnostics under DDP)."""
+        return self.task.val_dataloader()
+
+
+def shard_and_resume(task: pl.LightningDataModule, seed: int) -> ShardedData:
+    """The datamodule a run hands Lightning for ``task``: :class:`ShardedData`."""
+    return ShardedData(task, seed)
 
 
 def gather_eval(sums: dict[str, torch.Tensor | None], text: tuple[list, ...]):

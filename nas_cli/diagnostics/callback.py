@@ -189,11 +189,14 @@ class DiagnosticsCallback(pl.Callback):
             rank_zero_warn(f"attention diagnostics switched off for this run: {err}")
         self.seconds += time.perf_counter() - t0
 
-    def _analyse_whole_split(self, pl_module) -> None:
+    def _analyse_whole_split(self, trainer, pl_module) -> None:
         """DDP: the first ``batches`` batches of the unsharded validation split (as one process sees it)."""
         from lightning_fabric.utilities.apply_func import move_data_to_device
 
-        make = getattr(pl_module.task, "unsharded_val_dataloader", None) or pl_module.task.val_dataloader
+        from ..scale import ShardedData
+
+        data = trainer.datamodule
+        make = data.unsharded_val_dataloader if isinstance(data, ShardedData) else pl_module.task.val_dataloader
         for i, batch in enumerate(make()):
             if i >= self.batches or not self._active:
                 break
@@ -201,7 +204,7 @@ class DiagnosticsCallback(pl.Callback):
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if self._active and trainer.world_size > 1:
-            self._analyse_whole_split(pl_module)
+            self._analyse_whole_split(trainer, pl_module)
         if not self._active or not self.diag.seen:
             return
         t0 = time.perf_counter()

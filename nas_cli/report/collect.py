@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..locations import LOCATIONS
 from ..metrics import KNOWN, declare
 
 __all__ = ["Run", "find_runs", "load_run", "flatten", "TEST_METRICS"]
@@ -130,7 +131,7 @@ class Run:
             return {k: str(v) for k, v in p.items()}
         att = self._cfg("attention", {}) or {}
         name = att.get("name", "?")
-        out = {loc: str(att.get(loc, name)) for loc in ("encoder", "decoder", "cross")}
+        out = {loc: str(att.get(loc, name)) for loc in LOCATIONS}
         return {k: (name if v.startswith("${") else v) for k, v in out.items()}
 
     @property

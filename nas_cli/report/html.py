@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..locations import LOCATIONS
 from . import figures
 from .collect import TEST_METRICS, Run
 from .table import Group, table_rows, unfinished_rows
@@ -32,7 +33,6 @@ from .table import Group, table_rows, unfinished_rows
 __all__ = ["write_html", "render_html"]
 
 MAX_HEATMAP_ROWS = 16  # per location; further rows are left out of the heat maps
-LOCATIONS = ("encoder", "decoder", "cross")
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1400px}

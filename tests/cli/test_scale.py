@@ -354,20 +354,20 @@ def test_every_epoch_sees_a_new_data_order_set_by_seed_and_epoch(tmp_path, kind)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[*_epoch_task_overrides(kind, tmp_path), "model=tiny", "seed=3"])
     task = build_task(cfg)
-    shard_and_resume(task, int(cfg.seed))
+    data = shard_and_resume(task, int(cfg.seed))
     module = build_module(cfg, task)
     record = _RecordBatches()
     trainer = pl.Trainer(max_epochs=3, limit_val_batches=0, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[record],
                          use_distributed_sampler=False, accelerator="cpu")
-    trainer.fit(module, datamodule=task)
+    trainer.fit(module, datamodule=data)
     assert sorted(record.seen) == [0, 1, 2]
     orders = [record.seen[e] for e in range(3)]
     assert all(len(o) > 2 for o in orders)
     assert orders[0] != orders[1] and orders[1] != orders[2] and orders[0] != orders[2]
     assert len(orders[0]) == len(orders[1]) == len(orders[2])
     # a function of (seed, epoch): a fresh loader asked for epoch 2 gives epoch 2's batches
-    loader = task.train_dataloader()
+    loader = data.train_dataloader()
     loader.batch_sampler.sampler.set_epoch(2)  # as Lightning does
     again = [(b["src"] if "src" in b else b["ids"]).numpy().tobytes() for b in loader]
     assert again == orders[2]
