@@ -22,14 +22,26 @@ def ignored(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in IGNORED_KEYS)
 
 
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(node: Any, prefix: str = "", hashable: bool = False) -> dict[str, Any]:
+    """Nested dicts -> {"a.b.c": value}; ``hashable``: lists become tuples (nested ones too), so
+    that values can be grouped on (config_id keeps lists as they are: it hashes their repr)."""
     out: dict[str, Any] = {}
     if isinstance(node, dict):
         for k, v in node.items():
-            out.update(flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}.", hashable))
+    elif hashable and isinstance(node, list):
+        out[prefix[:-1]] = _hashable(node)
     else:
         out[prefix[:-1]] = node
     return out
+
+
+def _hashable(v):
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
+    return v
 
 
 def identity(config: dict) -> dict[str, Any]:

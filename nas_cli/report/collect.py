@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..identity import flatten as _flatten
 from ..locations import LOCATIONS
 from ..metrics import KNOWN, declare
 
@@ -55,23 +56,7 @@ def _read_config(run_dir: Path) -> dict:
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dicts -> {"a.b.c": value}; lists are kept as (hashable) tuples."""
-    out: dict[str, Any] = {}
-    if isinstance(node, dict):
-        for k, v in node.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-    elif isinstance(node, list):
-        out[prefix[:-1]] = tuple(_hashable(v) for v in node)
-    else:
-        out[prefix[:-1]] = node
-    return out
-
-
-def _hashable(v):
-    if isinstance(v, list):
-        return tuple(_hashable(x) for x in v)
-    if isinstance(v, dict):
-        return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
-    return v
+    return _flatten(node, prefix, hashable=True)
 
 
 def _num(x) -> float | None:
