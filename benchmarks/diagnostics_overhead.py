@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from nas_cli.bench.markdown import write_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 BUDGET_PCT = 5.0
@@ -96,20 +97,6 @@ diagnostics on {s['batches']} validation batches every {s['every_n_validations']
 """
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace the '## Diagnostics overhead' section of ``path`` (up to the next '## ') or append it."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    lines = old.splitlines(keepends=True)
-    start = next((i for i, l in enumerate(lines) if l.strip() == SECTION), None)
-    if start is None:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        new = "".join(lines[:start]) + text + ("\n" + "".join(lines[end:]) if end < len(lines) else "")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
-
-
 def _override(extra: list[str], key: str, default: int) -> int:
     return next((int(x.split("=", 1)[1]) for x in extra if x.split("=", 1)[0].lstrip("+") == key), default)
 
@@ -160,7 +147,7 @@ def main(argv=None) -> int:
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    write_section(Path(args.markdown), markdown(result))
+    write_markdown(Path(args.markdown), markdown(result))
     print(f"overhead: wall {overhead:+.1f}%, callback {share:.2f}% of fit time (budget {BUDGET_PCT:.0f}%); "
           f"wrote {args.json} and the '{SECTION[3:]}' section of {args.markdown}")
     return 0

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mdsection import replace_section
+from nas_cli.bench.markdown import write_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -114,7 +114,7 @@ def write(results: dict) -> None:
                   "steps, `trainer.max_time=null`), so the two differ only in the data order; their training "
                   "time is wall clock on a machine that was also running the test suite."]
         lines.append("")
-    replace_section(DOCS / "benchmarks.md", SECTION, lines)
+    write_markdown(DOCS / "benchmarks.md", "\n".join(lines) + "\n")
 
 
 def main() -> None:

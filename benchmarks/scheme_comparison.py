@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from mdsection import replace_section
+from nas_cli.bench.markdown import write_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -103,7 +103,7 @@ def write(results: dict) -> None:
         lines += ["", "n/a: " + "; ".join(notes) + "."]
     lines += ["", f"CODA's ordering of head diversity, CODA > CODA-CS > RealFormer > Transformer (UNAS), by mean "
               f"JSD: {ordering(rows)}.", ""]
-    replace_section(DOCS / "benchmarks.md", SECTION, lines)
+    write_markdown(DOCS / "benchmarks.md", "\n".join(lines) + "\n")
 
 
 def main() -> None:
