@@ -59,119 +59,34 @@ def _fail(msg: str) -> int:
     return 2
 
 
+class _Fail(Exception):
+    """Bad input: one line on stderr, exit 2."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from rich.console import Console
 
-    from ..report.collect import find_runs
-    from ..report.table import BadField, group_runs, rich_table, unfinished_rows
+    from ..errors import UserError
+    from ..report.compare import CompareError
+    from ..report.formats import FORMATS
+    from ..report.table import BadField
 
     try:
-        runs = find_runs(args.paths)
-    except FileNotFoundError as err:
+        if args.format not in FORMATS:
+            raise _Fail(f"--format {args.format}: unknown; use one of {', '.join(FORMATS)}")
+        runs, groups, by = _load(args)
+        metrics, verdicts, marked, compared = _compare(args, groups)
+        sections = [*_runs_section(args, runs, groups, by, metrics, verdicts, marked),
+                    *_verdict_sections(verdicts, compared), *_sequential_sections(args.paths),
+                    *_unfinished_section(runs)]
+    except (_Fail, BadField, CompareError, UserError, FileNotFoundError) as err:
         return _fail(str(err))
-    if not runs:
-        return _fail(f"no nas-run runs (directories with summary.json or .hydra/config.yaml) under "
-                     f"{', '.join(args.paths)}")
-    by = None if args.group_by is None else [f.strip() for f in args.group_by.split(",")]
-    try:
-        groups = group_runs(runs, by)
-    except BadField as err:
-        return _fail(str(err))
-
-    console = Console() if sys.stdout.isatty() else Console(width=200)
-    from ..report.compare import (ITEM_NOTE, CompareError, compare_groups, item_records, item_table, method_note,
-                                  metrics_for, parse_detect, select_baseline, verdict_records, verdict_table)
-    from ..report.formats import FORMATS, csv_sections, group_records, json_document, pivot, render
-    from ..report.table import table_rows
-
-    if args.format not in FORMATS:
-        return _fail(f"--format {args.format}: unknown; use one of {', '.join(FORMATS)}")
-    wanted = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
-    verdicts, marked, compared = None, {}, []
-    try:
-        metrics = metrics_for(groups, wanted) if (args.baseline or wanted) else []
-        if args.detect and not args.baseline:
-            raise CompareError("--detect plans seeds for a comparison: add --baseline, e.g. --baseline scheme=unas")
-        if args.baseline:
-            baseline = select_baseline(groups, args.baseline)
-            detect = parse_detect(args.detect, metrics)
-            compared = compare_groups(groups, baseline, metrics, samples=max(10, args.samples),
-                                      trials=10 * max(10, args.samples), item_tests=not args.no_item_tests,
-                                      detect=detect)
-            verdicts = (verdict_table(compared, baseline), method_note(compared), baseline)
-            marked = {(id(r.group), r.comparison.metric): r.comparison.direction() != 0 for r in compared}
-    except CompareError as err:
-        return _fail(str(err))
-
     notes = _notes(groups, compared)
-    sections = []  # (key, title, head, rows, caption, records)
-    if groups:
-        head, rows = table_rows(groups)
-        rows = _mark(head, rows, groups, marked, verdicts[2] if verdicts else None)
-        if wanted:
-            from ..metrics import present, spec
-
-            keep_titles = {spec(k).title for k in metrics if k.startswith("test/")}
-            metric_titles = {m.title for m in present(k for r in runs for k in ((r.summary or {}).get("test") or {}))}
-            idx = [i for i, h in enumerate(head) if h not in metric_titles or h in keep_titles]
-            head, rows = [head[i] for i in idx], [[r[i] for i in idx] for r in rows]
-        caption = _caption(groups, by) + ("; †: differs from the baseline over seeds (p < 0.05, Holm)"
-                                          if verdicts else "")
-        if args.pivot:
-            from ..metrics import present
-
-            values = [h for h in head if h in {m.title for m in present(
-                k for r in runs for k in ((r.summary or {}).get("test") or {}))}]
-            if args.pivot not in head:
-                return _fail(f"--pivot {args.pivot}: not a column of this table; use one of "
-                             f"{', '.join(h for h in head if h in ('task', 'scheme', 'heads', 'config'))}")
-            head, rows = pivot(head, rows, args.pivot, values, ["task", "scheme", "heads", "config"])
-        sections.append(("runs", args.title, head, rows, caption, group_records(groups)))
-    if verdicts:
-        (vh, vr), note, baseline = verdicts
-        sections.append(("comparison", f"across seeds (the verdict): against the baseline {baseline.label}", vh, vr,
-                         note, verdict_records(compared)))
-        ih, ir = item_table(compared)
-        if ir:
-            sections.append(("test_set", f"on this test set, per trained model (supporting detail): against "
-                             f"{baseline.label}", ih, ir, ITEM_NOTE, item_records(compared)))
-    for path in args.paths:  # a seed=auto sweep: its looks and decisions, recomputed from its runs
-        from ..errors import UserError
-        from ..sequential import recompute, table_rows as sequential_rows
-
-        try:
-            rec = recompute(Path(path))
-        except UserError as err:
-            return _fail(str(err))
-        if rec is not None:
-            sh, sr = sequential_rows(rec)
-            sections.append(("sequential", f"sequential sweep {path} ({rec['metric']}): the decisions so far", sh, sr,
-                             rec["method"], rec["comparisons"]))
-    head, rows = unfinished_rows(runs)
-    if rows:  # failed and unfinished runs are listed in every format, never dropped silently
-        failed = sum(row[1].startswith("failed") for row in rows)
-        title = f"runs without results: {failed} failed, {len(rows) - failed} unfinished (no summary.json)"
-        sections.append(("unfinished", title, head, rows, "", [dict(zip(head, r)) for r in rows]))
-
-    if args.format == "json":
-        sys.stdout.write(json_document(args.title, sections, notes, verdicts[2].label if verdicts else None))
-    elif args.format == "csv":
-        sys.stdout.write(csv_sections(sections))
-    else:
-        for key, title, head, rows, caption, _ in sections:
-            if args.format != "rich":
-                sys.stdout.write(render(args.format, title, head, rows, caption) + "\n")
-            elif key == "runs" and not args.pivot:
-                console.print(rich_table(groups, title, by, rows=(head, rows), caption=caption))
-            else:
-                console.print(_rich(title, head, rows, caption))
-        for line in notes:
-            if args.format == "rich":
-                console.print(f"note: {line}", highlight=False, soft_wrap=True)
-            else:
-                sys.stdout.write(f"note: {line}\n")
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    _print(args, sections, notes, console, groups, by, verdicts)
     if args.html:
+        from ..report.compare import ITEM_NOTE, item_table
         from ..report.html import write_html
 
         try:
@@ -182,6 +97,143 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _fail(f"cannot write {args.html}: {err.strerror or err}")
         (console.print if args.format == "rich" else lambda m: print(m, file=sys.stderr))(f"HTML report: {path}")
     return 0
+
+
+def _load(args):
+    """The runs under the PATHs and their groups (rows)."""
+    from ..report.collect import find_runs
+    from ..report.table import group_runs
+
+    runs = find_runs(args.paths)
+    if not runs:
+        raise _Fail(f"no nas-run runs (directories with summary.json or .hydra/config.yaml) under "
+                    f"{', '.join(args.paths)}")
+    by = None if args.group_by is None else [f.strip() for f in args.group_by.split(",")]
+    return runs, group_runs(runs, by), by
+
+
+def _compare(args, groups):
+    """The metrics asked for and, with --baseline, every group against it: (metrics, (verdict
+    table, method note, baseline) or None, {(group, metric): significant}, the comparison rows)."""
+    from ..report.compare import (CompareError, compare_groups, method_note, metrics_for, parse_detect,
+                                  select_baseline, verdict_table)
+
+    wanted = _wanted(args)
+    metrics = metrics_for(groups, wanted) if (args.baseline or wanted) else []
+    if args.detect and not args.baseline:
+        raise CompareError("--detect plans seeds for a comparison: add --baseline, e.g. --baseline scheme=unas")
+    if not args.baseline:
+        return metrics, None, {}, []
+    baseline = select_baseline(groups, args.baseline)
+    detect = parse_detect(args.detect, metrics)
+    compared = compare_groups(groups, baseline, metrics, samples=max(10, args.samples),
+                              trials=10 * max(10, args.samples), item_tests=not args.no_item_tests, detect=detect)
+    verdicts = (verdict_table(compared, baseline), method_note(compared), baseline)
+    marked = {(id(r.group), r.comparison.metric): r.comparison.direction() != 0 for r in compared}
+    return metrics, verdicts, marked, compared
+
+
+def _wanted(args) -> list[str] | None:
+    return [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+
+
+def _test_titles(runs) -> set[str]:
+    from ..metrics import present
+
+    return {m.title for m in present(k for r in runs for k in ((r.summary or {}).get("test") or {}))}
+
+
+def _runs_section(args, runs, groups, by, metrics, verdicts, marked) -> list[tuple]:
+    """The main table: one row per group (only the asked-for test metrics with --metrics; spread
+    over one field with --pivot)."""
+    from ..metrics import spec
+    from ..report.formats import group_records, pivot
+    from ..report.table import table_rows
+
+    if not groups:
+        return []
+    head, rows = table_rows(groups)
+    rows = _mark(head, rows, groups, marked, verdicts[2] if verdicts else None)
+    if _wanted(args):
+        keep_titles = {spec(k).title for k in metrics if k.startswith("test/")}
+        metric_titles = _test_titles(runs)
+        idx = [i for i, h in enumerate(head) if h not in metric_titles or h in keep_titles]
+        head, rows = [head[i] for i in idx], [[r[i] for i in idx] for r in rows]
+    caption = _caption(groups, by) + ("; †: differs from the baseline over seeds (p < 0.05, Holm)"
+                                      if verdicts else "")
+    if args.pivot:
+        values = [h for h in head if h in _test_titles(runs)]
+        if args.pivot not in head:
+            raise _Fail(f"--pivot {args.pivot}: not a column of this table; use one of "
+                        f"{', '.join(h for h in head if h in ('task', 'scheme', 'heads', 'config'))}")
+        head, rows = pivot(head, rows, args.pivot, values, ["task", "scheme", "heads", "config"])
+    return [("runs", args.title, head, rows, caption, group_records(groups))]
+
+
+def _verdict_sections(verdicts, compared) -> list[tuple]:
+    """The verdicts over seeds and, as supporting detail, each paired seed's test-set comparison."""
+    from ..report.compare import ITEM_NOTE, item_records, item_table, verdict_records
+
+    if not verdicts:
+        return []
+    (vh, vr), note, baseline = verdicts
+    out = [("comparison", f"across seeds (the verdict): against the baseline {baseline.label}", vh, vr,
+            note, verdict_records(compared))]
+    ih, ir = item_table(compared)
+    if ir:
+        out.append(("test_set", f"on this test set, per trained model (supporting detail): against "
+                    f"{baseline.label}", ih, ir, ITEM_NOTE, item_records(compared)))
+    return out
+
+
+def _sequential_sections(paths) -> list[tuple]:
+    """A seed=auto sweep among the PATHs: its looks and decisions, recomputed from its runs."""
+    from ..sequential import recompute, table_rows as sequential_rows
+
+    out = []
+    for path in paths:
+        rec = recompute(Path(path))
+        if rec is not None:
+            sh, sr = sequential_rows(rec)
+            out.append(("sequential", f"sequential sweep {path} ({rec['metric']}): the decisions so far", sh, sr,
+                        rec["method"], rec["comparisons"]))
+    return out
+
+
+def _unfinished_section(runs) -> list[tuple]:
+    """Failed and unfinished runs: listed in every format, never dropped silently."""
+    from ..report.table import unfinished_rows
+
+    head, rows = unfinished_rows(runs)
+    if not rows:
+        return []
+    failed = sum(row[1].startswith("failed") for row in rows)
+    title = f"runs without results: {failed} failed, {len(rows) - failed} unfinished (no summary.json)"
+    return [("unfinished", title, head, rows, "", [dict(zip(head, r)) for r in rows])]
+
+
+def _print(args, sections, notes, console, groups, by, verdicts) -> None:
+    from ..report.formats import csv_sections, json_document, render
+    from ..report.table import rich_table
+
+    if args.format == "json":
+        sys.stdout.write(json_document(args.title, sections, notes, verdicts[2].label if verdicts else None))
+        return
+    if args.format == "csv":
+        sys.stdout.write(csv_sections(sections))
+        return
+    for key, title, head, rows, caption, _ in sections:
+        if args.format != "rich":
+            sys.stdout.write(render(args.format, title, head, rows, caption) + "\n")
+        elif key == "runs" and not args.pivot:
+            console.print(rich_table(groups, title, by, rows=(head, rows), caption=caption))
+        else:
+            console.print(_rich(title, head, rows, caption))
+    for line in notes:
+        if args.format == "rich":
+            console.print(f"note: {line}", highlight=False, soft_wrap=True)
+        else:
+            sys.stdout.write(f"note: {line}\n")
 
 
 def _notes(groups, compared) -> list[str]:
