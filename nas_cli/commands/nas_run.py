@@ -207,18 +207,34 @@ def _as_single_run(hc, run_dir: Path) -> None:
 
 
 def _job(cfg: DictConfig):
-    from pytorch_lightning.utilities import rank_zero_only
-
-    from ..checks import check_config
-    from ..trainer import check_trainer
-    from ..redaction import redact_files
-    from ..run import train  # heavy imports after Hydra has parsed the command line
-    from ..rundir import acquire, clear_failed, mark_failed, release
-
+    """One job of ``nas-run`` (a single run, or one job of a sweep): prepare its directory, train
+    unless a continued sweep finished it before, print its result. Returns what a sweeper
+    optimizes (the best validation value; NaN for a failed or refused sweep job)."""
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
-    from ..redaction import redact
+    optuna = "optuna" in str(hc.sweeper.get("_target_", ""))
+    group = _prepare_job(cfg, hc, run_dir, multirun, optuna)
+    if multirun and (run_dir / "summary.json").is_file() and os.environ.get(SWEEP_CONTINUE_ENV):
+        return _finished_before(run_dir)
+    summary = _train_job(cfg, hc, run_dir, group, multirun)
+    if not isinstance(summary, dict):  # another process of a multi-process run (None), or a failed sweep job
+        return summary
+    _console().print(summary_table([summary], "nas-run result"))
+    value = summary["best_val"]["value"]
+    if optuna and (value is None or math.isnan(value)):  # optuna cannot rank a trial without a value
+        _fail(f"sweep=optuna: the trial in {run_dir} has no {summary['best_val']['metric']} to optimize (no "
+              "validation ran); make it validate at least once (trainer.val_check_interval <= trainer.max_steps)")
+    return float("nan") if value is None else float(value)  # what a sweeper (optuna) optimizes
+
+
+def _prepare_job(cfg: DictConfig, hc, run_dir: Path, multirun: bool, optuna: bool) -> str:
+    """Refusals that depend on the launcher, the saved configs redacted, the run directory
+    locked for this process. Returns the W&B group."""
+    from pytorch_lightning.utilities import rank_zero_only
+
+    from ..redaction import redact, redact_files
+    from ..rundir import acquire
 
     # the W&B group is written to summary.json, the checkpoints and the W&B run: a secret typed into it
     # (logger.group="api_key=...") is masked there as in .hydra/
@@ -230,7 +246,6 @@ def _job(cfg: DictConfig):
         if "joblib" in str(hc.launcher.get("_target_", "")):
             _one_gpu_per_job(cfg, int(hc.job.num))
         _as_single_run(hc, run_dir)
-    optuna = "optuna" in str(hc.sweeper.get("_target_", ""))
     if optuna:
         _check_validates(cfg.trainer)
     if rank_zero_only.rank == 0 and hc.output_subdir is not None:
@@ -241,13 +256,29 @@ def _job(cfg: DictConfig):
         acquire(run_dir)  # a single run took it before Hydra wrote anything (RunGuard); a sweep job here
     except UserError as err:  # another process owns it: write nothing there
         _fail(str(err))
-    if multirun and (run_dir / "summary.json").is_file() and os.environ.get(SWEEP_CONTINUE_ENV):
-        release(run_dir)  # a continued sweep: this job finished in an earlier launch
-        summary = json.loads((run_dir / "summary.json").read_text())
-        Console(stderr=True).print(f"nas-run: {run_dir.name}: finished in an earlier launch of this sweep: skipped",
-                                   highlight=False, soft_wrap=True)
-        value = (summary.get("best_val") or {}).get("value")
-        return float("nan") if value is None else float(value)
+    return group
+
+
+def _finished_before(run_dir: Path) -> float:
+    """A continued sweep: this job finished in an earlier launch; skipped, its value returned."""
+    from ..rundir import release
+
+    release(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    Console(stderr=True).print(f"nas-run: {run_dir.name}: finished in an earlier launch of this sweep: skipped",
+                               highlight=False, soft_wrap=True)
+    value = (summary.get("best_val") or {}).get("value")
+    return float("nan") if value is None else float(value)
+
+
+def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
+    """Check and train. A refusal leaves the directory as it was; a failure is recorded in
+    failed.json (a sweep goes on with its other jobs: NaN); a stop says how to continue."""
+    from ..checks import check_config
+    from ..run import train  # heavy imports after Hydra has parsed the command line
+    from ..rundir import clear_failed, release
+    from ..trainer import check_trainer
+
     checking = False
     kept = {p: (p.read_bytes() if p.is_file() else None)  # what a refused resume must leave as it was
             for p in (run_dir / ".hydra" / "resumes.yaml", run_dir / "failed.json")}
@@ -267,23 +298,13 @@ def _job(cfg: DictConfig):
             else:
                 path.write_bytes(data)
         release(run_dir)
-        if multirun:
-            Console(stderr=True).print(f"[bold red]nas-run: job refused:[/] {run_dir.name}: {err}", highlight=False,
-                                       soft_wrap=True)
-            return float("nan")
-        _fail(str(err))
+        return _job_error(run_dir, "refused", str(err), multirun)
     except UserError as err:
         if checking and not multirun and _only_this_invocation(run_dir):  # a bad value: leave nothing behind
             release(run_dir)
             _remove_empty_run(run_dir)
             _fail(str(err))
-        mark_failed(run_dir, str(err))
-        release(run_dir)
-        if multirun:  # the other jobs still run; the sweep's table marks this one failed and the exit is non-zero
-            Console(stderr=True).print(f"[bold red]nas-run: job failed:[/] {run_dir.name}: {err}", highlight=False,
-                                       soft_wrap=True)
-            return float("nan")
-        _fail(str(err))
+        return _job_error(run_dir, "failed", str(err), multirun, record=True)
     except Stopped as stop:
         release(run_dir)
         _fail(str(stop), stop.code, kind="stopped", color="yellow")
@@ -293,21 +314,28 @@ def _job(cfg: DictConfig):
         import traceback
 
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
-        mark_failed(run_dir, reason, code=1)
         (run_dir / "failed.traceback.txt").write_text(traceback.format_exc())
-        release(run_dir)
-        Console(stderr=True).print(f"[bold red]nas-run: job failed:[/] {run_dir.name}: {reason} (traceback in "
-                                   f"{run_dir / 'failed.traceback.txt'})", highlight=False, soft_wrap=True)
-        return float("nan")
+        return _job_error(run_dir, "failed", reason, multirun, record=True, code=1,
+                          why=f"{reason} (traceback in {run_dir / 'failed.traceback.txt'})")
     release(run_dir)
-    if summary is None:  # another process of a multi-process run: rank 0 reports
-        return None
-    _console().print(summary_table([summary], "nas-run result"))
-    value = summary["best_val"]["value"]
-    if optuna and (value is None or math.isnan(value)):  # optuna cannot rank a trial without a value
-        _fail(f"sweep=optuna: the trial in {run_dir} has no {summary['best_val']['metric']} to optimize (no "
-              "validation ran); make it validate at least once (trainer.val_check_interval <= trainer.max_steps)")
-    return float("nan") if value is None else float(value)  # what a sweeper (optuna) optimizes
+    return summary
+
+
+def _job_error(run_dir: Path, kind: str, reason: str, multirun: bool, record: bool = False, code: int | None = None,
+               why: str | None = None) -> float:
+    """A refused or failed job: recorded in failed.json (``record``); a sweep's job says so on
+    one line and returns NaN (the other jobs still run, the sweep's exit is non-zero); a single
+    run exits with the one-line error."""
+    from ..rundir import mark_failed, release
+
+    if record:
+        mark_failed(run_dir, reason, **({"code": code} if code is not None else {}))
+        release(run_dir)
+    if not multirun:
+        _fail(reason)
+    Console(stderr=True).print(f"[bold red]nas-run: job {kind}:[/] {run_dir.name}: {why or reason}", highlight=False,
+                               soft_wrap=True)
+    return float("nan")
 
 
 def _check_validates(trainer_cfg) -> None:
