@@ -130,3 +130,30 @@ class PeriodicCheckpoint(pl.Callback):
                            key=lambda p: int(p.stem[4:]))
             for old in found[: -self.keep]:
                 old.unlink(missing_ok=True)
+
+
+def unreadable_checkpoint(path: str) -> str | None:
+    """None when ``path`` loads with the safe loader as a checkpoint with weights, else why not."""
+    from .resume import _reason, load_safe
+
+    try:
+        if "state_dict" not in load_safe(Path(path)):
+            return "no weights in it"
+    except Exception as err:  # noqa: BLE001 - truncated, corrupt or holding objects the safe loader refuses
+        return _reason(err)
+    return None
+
+
+def tested_checkpoint(best: str | None, run_dir: Path, metric: str, value: float | None, final_step: int,
+                      why: str | None = None) -> dict:
+    """Which weights the test uses, said plainly (also the console line and summary.json)."""
+    if not best:
+        return {"checkpoint": None, "step": final_step, "metric": metric, "value": None,
+                "line": f"{why or 'no validation ran'}: tested the final weights (step {final_step})"}
+    try:
+        step = int(torch.load(best, map_location="cpu", weights_only=True, mmap=True).get("global_step", -1))
+    except Exception:  # noqa: BLE001 - the test itself will say what is wrong with the file
+        step = -1
+    shown = "?" if value is None else f"{value:.4g}"
+    return {"checkpoint": os.path.relpath(best, run_dir), "step": step, "metric": metric, "value": value,
+            "line": f"tested checkpoint: step {step} of {final_step} (best {metric} = {shown})"}

@@ -71,3 +71,56 @@ def wandb_run_id(logger) -> str | None:
     """The W&B run id of a W&B logger (None for any other)."""
     init = getattr(logger, "_wandb_init", None)
     return init.get("id") if isinstance(init, dict) else None
+
+
+def make_logger(cfg, plan, run_dir: Path, group: str, job_type: str, run_id: str | None = None,
+                cfg_id: str | None = None):
+    """The logger of ``cfg.logger`` (its ``_target_``, a factory of this module) for one job with
+    the attention ``plan``. ``run_id``: the W&B run to continue (resume); ``cfg_id``: the job's
+    config_id, if already computed."""
+    from hydra.utils import get_method
+    from omegaconf import OmegaConf
+
+    from .errors import unwrap as _unwrap
+    from .identity import config_id
+
+    cfg_id = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))
+    tags = [f"task:{cfg.task.name}", f"scheme:{plan.tag}", f"heads:{cfg.model.heads}", f"cfg:{cfg_id}",
+            *plan.wandb_tags(),
+            *cfg.logger.get("tags", [])]
+    options = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=True).items() if k not in ("tags", "group")}
+    if "_target_" not in options:
+        raise UserError("the logger config has no _target_; choose logger=wandb, csv or none")
+    target = options.pop("_target_")
+    try:  # called, not instantiate()d: the public config it receives holds _target_ keys of its own
+        factory = get_method(target)
+    except Exception as err:  # noqa: BLE001 - not importable: name it
+        raise UserError(f"logger._target_={target} cannot be imported ({_unwrap(err)})") from None
+    return factory(run_dir=run_dir, name=run_dir.name, group=group, job_type=job_type, tags=tags,
+                   hparams=public_config(cfg, plan, cfg_id), run_id=run_id or _new_run_id(), **options)
+
+
+def _new_run_id() -> str:
+    """A W&B run id chosen here (not by W&B), so checkpoints can carry it from the first step."""
+    import secrets
+    import string
+
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+#: name parts that mark a config key as a secret (``logger.api_key``, ``access_token``, ``password``)
+def public_config(cfg, plan=None, cfg_id: str | None = None) -> dict[str, Any]:
+    """The resolved config with anything that looks like a secret dropped, plus the
+    attention placement spelled out per location."""
+    from omegaconf import OmegaConf
+
+    from .identity import config_id
+    from .plan import AttentionPlan
+    from .redaction import redact
+
+    data = redact(OmegaConf.to_container(cfg, resolve=True))
+    data["config_id"] = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))
+    plan = plan or AttentionPlan.from_config(cfg.attention)
+    data["scheme"] = plan.tag
+    data["attention_placement"] = plan.names()
+    return data

@@ -7,9 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
 import signal
-import string
 import sys
 import time
 import warnings
@@ -20,7 +18,7 @@ from typing import Any, Iterator
 import pytorch_lightning as pl
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import get_method, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.utilities import rank_zero_only
@@ -29,12 +27,13 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from .attention import SchemeError
 from .attention.base import learned_scalars, learned_values
 from .metrics import declaration
-from .checkpoints import AtomicCheckpointIO, PeriodicCheckpoint, checkpoint_io  # noqa: F401  (AtomicCheckpointIO: re-exported)
+from .checkpoints import (AtomicCheckpointIO, PeriodicCheckpoint, checkpoint_io,  # noqa: F401  (AtomicCheckpointIO: re-exported)
+                          tested_checkpoint, unreadable_checkpoint)
 from .errors import Refused, SignalStop, Stopped, UserError
 from .errors import unwrap as _unwrap
 from .identity import config_id
 from .lit import NasLitModule
-from .loggers import wandb_run_id
+from .loggers import make_logger, public_config, wandb_run_id  # noqa: F401  (public_config: re-exported)
 from .plan import AttentionPlan
 from .trainer import _compile_failure, _trainer_kwargs, check_trainer, compile_model, environment, set_threads
 from .resume import (CHAINED, STOP_SIGNALS, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint,
@@ -79,43 +78,6 @@ def build_module(cfg: DictConfig, task, plan: AttentionPlan | None = None) -> Na
         return NasLitModule(cfg.model, plan, cfg.optim, task, log_learned_every=cfg.log_learned_every)
     except (SchemeError, ValueError, InstantiationException) as err:
         raise UserError(_unwrap(err)) from err
-
-
-def make_logger(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str,
-                run_id: str | None = None, cfg_id: str | None = None):
-    """The logger of ``cfg.logger`` (its ``_target_``, nas_cli/loggers.py). ``run_id``: the
-    W&B run to continue (resume); ``cfg_id``: the job's config_id, if already computed."""
-    cfg_id = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))
-    tags = [f"task:{cfg.task.name}", f"scheme:{plan.tag}", f"heads:{cfg.model.heads}", f"cfg:{cfg_id}",
-            *plan.wandb_tags(),
-            *cfg.logger.get("tags", [])]
-    options = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=True).items() if k not in ("tags", "group")}
-    if "_target_" not in options:
-        raise UserError("the logger config has no _target_; choose logger=wandb, csv or none")
-    target = options.pop("_target_")
-    try:  # called, not instantiate()d: the public config it receives holds _target_ keys of its own
-        factory = get_method(target)
-    except Exception as err:  # noqa: BLE001 - not importable: name it
-        raise UserError(f"logger._target_={target} cannot be imported ({_unwrap(err)})") from None
-    return factory(run_dir=run_dir, name=run_dir.name, group=group, job_type=job_type, tags=tags,
-                   hparams=public_config(cfg, plan, cfg_id), run_id=run_id or _new_run_id(), **options)
-
-
-def _new_run_id() -> str:
-    """A W&B run id chosen here (not by W&B), so checkpoints can carry it from the first step."""
-    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-
-
-#: name parts that mark a config key as a secret (``logger.api_key``, ``access_token``, ``password``)
-def public_config(cfg: DictConfig, plan: AttentionPlan | None = None, cfg_id: str | None = None) -> dict[str, Any]:
-    """The resolved config with anything that looks like a secret dropped, plus the
-    attention placement spelled out per location."""
-    data = redact(OmegaConf.to_container(cfg, resolve=True))
-    data["config_id"] = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))
-    plan = plan or AttentionPlan.from_config(cfg.attention)
-    data["scheme"] = plan.tag
-    data["attention_placement"] = plan.names()
-    return data
 
 
 def count_parameters(module: torch.nn.Module) -> int:
@@ -382,33 +344,6 @@ def _saved_wandb_id(run_dir: Path) -> str | None:
     except OSError:
         return None
     return text if re.fullmatch(r"[a-z0-9]{1,64}", text) else None
-
-
-def unreadable_checkpoint(path: str) -> str | None:
-    """None when ``path`` loads with the safe loader as a checkpoint with weights, else why not."""
-    from .resume import _reason, load_safe
-
-    try:
-        if "state_dict" not in load_safe(Path(path)):
-            return "no weights in it"
-    except Exception as err:  # noqa: BLE001 - truncated, corrupt or holding objects the safe loader refuses
-        return _reason(err)
-    return None
-
-
-def tested_checkpoint(best: str | None, run_dir: Path, metric: str, value: float | None, final_step: int,
-                      why: str | None = None) -> dict:
-    """Which weights the test uses, said plainly (also the console line and summary.json)."""
-    if not best:
-        return {"checkpoint": None, "step": final_step, "metric": metric, "value": None,
-                "line": f"{why or 'no validation ran'}: tested the final weights (step {final_step})"}
-    try:
-        step = int(torch.load(best, map_location="cpu", weights_only=True, mmap=True).get("global_step", -1))
-    except Exception:  # noqa: BLE001 - the test itself will say what is wrong with the file
-        step = -1
-    shown = "?" if value is None else f"{value:.4g}"
-    return {"checkpoint": os.path.relpath(best, run_dir), "step": step, "metric": metric, "value": value,
-            "line": f"tested checkpoint: step {step} of {final_step} (best {metric} = {shown})"}
 
 
 @contextlib.contextmanager
