@@ -81,28 +81,34 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         cfg = compose("config", overrides=[*(a.lstrip("+") for a in searchpath), *chosen])
     for o, key in keys:
-        if OmegaConf.select(cfg, key, default=_MISSING, throw_on_resolution_failure=False) is not _MISSING:
-            continue
-        parent, _, leaf = key.rpartition(".")
-        node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-        if parent and node is None:
-            top = parent.split(".")[0]
-            loc = parent.split(".")
-            if len(loc) == 2 and loc[0] == "attention" and loc[1] in LOCATIONS:
-                raise UserError(f"{key}: attention.{loc[1]} runs the scheme chosen with attention=...; to give it "
-                                f"options of its own, choose its scheme first: attention.{loc[1]}=<scheme> {key}=...")
-            if top in cfg:
-                raise UserError(f"{key}: '{parent}' is not a section of the config (see nas-run --cfg job)")
-            raise UserError(f"{key}: there is no '{top}' section{_close(top, [*cfg.keys(), *groups])} "
-                            f"(sections: {', '.join(sorted(str(k) for k in cfg.keys()))})")
-        names = [str(k) for k in node.keys()] if hasattr(node, "keys") else []
-        if parent == "attention":  # the per-location choices (attention.decoder=<scheme>) are not keys until chosen
-            names += list(LOCATIONS)
-        found = difflib.get_close_matches(leaf, sorted(set(names + ([] if parent else list(groups)))), n=1, cutoff=0.6)
-        hint = f"; did you mean {f'{parent}.' if parent else ''}{found[0]}?" if found else ""
-        if o.is_add():
-            raise UserError(f"+{key}: nas-run does not read this key, so it would be ignored{hint}")
-        raise UserError(f"{key} is not an option{hint} (to add a new key on purpose, write +{key}=...)")
+        if OmegaConf.select(cfg, key, default=_MISSING, throw_on_resolution_failure=False) is _MISSING:
+            _unknown_key(cfg, o, key, groups)
+
+
+def _unknown_key(cfg, o, key: str, groups: set[str]) -> None:
+    """Refuse a key the composed config lacks, with the closest one (or the section it needs)."""
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+    if parent and node is None:
+        top = parent.split(".")[0]
+        loc = parent.split(".")
+        if len(loc) == 2 and loc[0] == "attention" and loc[1] in LOCATIONS:
+            raise UserError(f"{key}: attention.{loc[1]} runs the scheme chosen with attention=...; to give it "
+                            f"options of its own, choose its scheme first: attention.{loc[1]}=<scheme> {key}=...")
+        if top in cfg:
+            raise UserError(f"{key}: '{parent}' is not a section of the config (see nas-run --cfg job)")
+        raise UserError(f"{key}: there is no '{top}' section{_close(top, [*cfg.keys(), *groups])} "
+                        f"(sections: {', '.join(sorted(str(k) for k in cfg.keys()))})")
+    names = [str(k) for k in node.keys()] if hasattr(node, "keys") else []
+    if parent == "attention":  # the per-location choices (attention.decoder=<scheme>) are not keys until chosen
+        names += list(LOCATIONS)
+    found = difflib.get_close_matches(leaf, sorted(set(names + ([] if parent else list(groups)))), n=1, cutoff=0.6)
+    hint = f"; did you mean {f'{parent}.' if parent else ''}{found[0]}?" if found else ""
+    if o.is_add():
+        raise UserError(f"+{key}: nas-run does not read this key, so it would be ignored{hint}")
+    raise UserError(f"{key} is not an option{hint} (to add a new key on purpose, write +{key}=...)")
 
 
 _MISSING = object()

@@ -264,54 +264,27 @@ def draw(rec: dict[str, Any], path: Path) -> None:
 
 def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
     """The rounds (called by the Hydra sweeper): launch, read, decide, until nothing is open."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
-    from rich.console import Console
 
     from .rundir import release
 
     console = _console()
-    try:
-        options = Options(**sweeper.options)
-        options.check()
-        parser = OverridesParser.create(config_loader=sweeper.hydra_context.config_loader)
-        axes, fixed = parse_arguments(arguments, parser)
-        configs = grid(axes, fixed)
-        baseline = parse_baseline(options.baseline, axes)
-        pattern = str(OmegaConf.to_container(sweeper.config.hydra.sweep, resolve=False)["subdir"])
-        sweep = SequentialSweep(options, root, configs, baseline, pattern)
-        if not sweep.pairs:
-            raise UserError("seed=auto: no configuration to compare with the baseline")
-        state = sweep.decide()  # a continued sweep: every decision so far, from its runs
-    except UserError as err:
-        release(root)
-        _remove_if_empty(root)
-        _fail(str(err))
+    options, configs, sweep, state = _start(sweeper, arguments, root)
     root.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(sweeper.config, root / "multirun.yaml")
-    returns = []
+    returns: list = []
     looked = _progress(state)
     while True:
         jobs = sweep.next_jobs(state)
         if not jobs:
             break
-        for attempt in range(options.retries + 1):
-            batch = [sweep.job_overrides(c, j) for c, j in jobs]
-            sweeper.validate_batch_is_legal(batch)
-            first = min(job_number(c, j, len(configs)) for c, j in jobs)
-            returns.append(sweeper.launcher.launch(batch, initial_job_idx=first))
-            jobs = [(c, j) for c, j in jobs if sweep.summary(c, j) is None]
-            if not jobs:
-                break
-            if attempt < options.retries:
-                Console(stderr=True).print(f"[bold yellow]nas-run: {len(jobs)} job(s) of this round failed: running "
-                                           "them again (a failed job is never counted as a seed)[/]", highlight=False)
+        jobs = _launch_round(sweeper, sweep, options, configs, jobs, returns)
         if jobs:
             sweep.save(state)
             names = ", ".join(f"{configs[c].label} seed={sweep.seed(j)}" for c, j in jobs)
-            Console(stderr=True).print(f"[bold red]nas-run: the sequential sweep stopped:[/] {len(jobs)} job(s) failed "
-                                       f"{options.retries + 1} time(s) ({names}); fix the cause and run the same "
-                                       "command again to continue", highlight=False, soft_wrap=True)
+            _stderr(f"[bold red]nas-run: the sequential sweep stopped:[/] {len(jobs)} job(s) failed "
+                    f"{options.retries + 1} time(s) ({names}); fix the cause and run the same command again to "
+                    "continue")
             return returns
         try:
             state = sweep.decide()
@@ -335,6 +308,55 @@ def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
         console.print(f"nas-run: the sequential sweep is over ({said}); {STATE_FILE} and {FIGURE_FILE} in {root}",
                       highlight=False)
     return returns
+
+
+def _start(sweeper, arguments: list[str], root: Path):
+    """The sweep's design from its options and swept arguments, and every decision so far (a
+    continued sweep's, from its runs). Bad options: one line, and no directory left behind."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from .rundir import release
+
+    try:
+        options = Options(**sweeper.options)
+        options.check()
+        parser = OverridesParser.create(config_loader=sweeper.hydra_context.config_loader)
+        axes, fixed = parse_arguments(arguments, parser)
+        configs = grid(axes, fixed)
+        baseline = parse_baseline(options.baseline, axes)
+        pattern = str(OmegaConf.to_container(sweeper.config.hydra.sweep, resolve=False)["subdir"])
+        sweep = SequentialSweep(options, root, configs, baseline, pattern)
+        if not sweep.pairs:
+            raise UserError("seed=auto: no configuration to compare with the baseline")
+        return options, configs, sweep, sweep.decide()
+    except UserError as err:
+        release(root)
+        _remove_if_empty(root)
+        _fail(str(err))
+
+
+def _launch_round(sweeper, sweep, options, configs, jobs, returns: list) -> list:
+    """Launch one round's jobs, again up to ``retries`` times for the ones that failed (a failed
+    job is never counted as a seed). Returns the jobs that still failed."""
+    for attempt in range(options.retries + 1):
+        batch = [sweep.job_overrides(c, j) for c, j in jobs]
+        sweeper.validate_batch_is_legal(batch)
+        first = min(job_number(c, j, len(configs)) for c, j in jobs)
+        returns.append(sweeper.launcher.launch(batch, initial_job_idx=first))
+        jobs = [(c, j) for c, j in jobs if sweep.summary(c, j) is None]
+        if not jobs:
+            break
+        if attempt < options.retries:
+            _stderr(f"[bold yellow]nas-run: {len(jobs)} job(s) of this round failed: running them again (a failed "
+                    "job is never counted as a seed)[/]")
+    return jobs
+
+
+def _stderr(markup: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(markup, highlight=False, soft_wrap=True)
 
 
 def _console():

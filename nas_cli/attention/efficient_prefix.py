@@ -79,6 +79,23 @@ def _prefix_block(q_blk, k, v, qm_blk, k_mask, i0: int, causal: bool, iterations
 _SPREAD = {torch.float32: 60.0, torch.float64: 600.0}
 
 
+def _value_grads(p, gw, vw, dropout_p: float, seed: int):
+    """For O = dropout(p) V and dO = ``gw``: dV, D_i = dO_i . O_i and dP (the dropout mask of
+    ``seed`` drawn again, as a scale on dP)."""
+    if dropout_p > 0:
+        pd = _seeded_dropout(p, dropout_p, seed)
+        dv = torch.matmul(pd.transpose(-1, -2), gw)  # (B, H, n, Dv)
+        big_d = (gw * torch.matmul(pd, vw)).sum(-1, keepdim=True)  # (B, H, bq, 1)
+        del pd
+        gen = torch.Generator(device=p.device)
+        gen.manual_seed(seed)
+        keep = torch.rand(p.shape, generator=gen, device=p.device, dtype=p.dtype) >= dropout_p
+        return dv, big_d, torch.matmul(gw, vw.transpose(-1, -2)).mul_(keep).mul_(1.0 / (1.0 - dropout_p))
+    dv = torch.matmul(p.transpose(-1, -2), gw)
+    big_d = (gw * torch.matmul(p, vw)).sum(-1, keepdim=True)
+    return dv, big_d, torch.matmul(gw, vw.transpose(-1, -2))
+
+
 def _dnas_prefix_block_grad(q_blk, k, v, qm_blk, k_mask, i0: int, causal: bool, dropout_p: float, seed: int,
                             carry, g_blk, g_next):
     """Hand-written backward of one prefix-DNAS block (_prefix_block with iterations=1).
@@ -110,20 +127,7 @@ def _dnas_prefix_block_grad(q_blk, k, v, qm_blk, k_mask, i0: int, causal: bool, 
     if excluded is not None:
         p.masked_fill_(excluded, NEG)
     p = torch.softmax(p, dim=-1)
-    if dropout_p > 0:
-        pd = _seeded_dropout(p, dropout_p, seed)
-        dv = torch.matmul(pd.transpose(-1, -2), gw)  # (B, H, n, Dv)
-        big_d = (gw * torch.matmul(pd, vw)).sum(-1, keepdim=True)  # (B, H, bq, 1)
-        del pd
-        gen = torch.Generator(device=p.device)
-        gen.manual_seed(seed)  # the same mask again, as a scale on dP
-        keep = torch.rand(p.shape, generator=gen, device=p.device, dtype=p.dtype) >= dropout_p
-        dz = torch.matmul(gw, vw.transpose(-1, -2)).mul_(keep).mul_(1.0 / (1.0 - dropout_p))
-        del keep
-    else:
-        dv = torch.matmul(p.transpose(-1, -2), gw)
-        big_d = (gw * torch.matmul(p, vw)).sum(-1, keepdim=True)
-        dz = torch.matmul(gw, vw.transpose(-1, -2))
+    dv, big_d, dz = _value_grads(p, gw, vw, dropout_p, seed)
     dz.sub_(big_d).mul_(p)  # dL/dz, zero where excluded (p = 0 there)
     del p
     # c -> M - c (zero where excluded: dc is 0 there, and NEG-sized values would overflow)

@@ -166,24 +166,8 @@ def run_case(scheme: str, length: int, causal: bool, args) -> dict[str, Any]:
             if w == 0 and first > args.max_seconds:
                 rec.update(status="too_slow", time_ms=1e3 * first)
                 return rec
-        # peak memory of one run
-        if device.type == "cuda":
-            _sync(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-            step()
-            _sync(device)
-            rec["peak_bytes"] = int(torch.cuda.max_memory_allocated(device) - base)
-        else:
-            rec["peak_bytes"] = int(_cpu_peak_bytes(step))
-        times = []
-        for _ in range(args.repeats):
-            _sync(device)
-            t0 = time.perf_counter()
-            step()
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-        rec["time_ms"] = 1e3 * statistics.median(times)
+        rec["peak_bytes"] = _peak_bytes(step, device)
+        rec["time_ms"] = 1e3 * _median_seconds(step, device, args.repeats)
     except Exception as err:  # noqa: BLE001 - every failure becomes a recorded status
         rec["status"] = "oom" if _is_oom(err) else f"error: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
     finally:
@@ -191,6 +175,29 @@ def run_case(scheme: str, length: int, causal: bool, args) -> dict[str, Any]:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rec
+
+
+def _peak_bytes(step, device: torch.device) -> int:
+    """Peak memory of one run of ``step`` above what was allocated before it."""
+    if device.type != "cuda":
+        return int(_cpu_peak_bytes(step))
+    _sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    step()
+    _sync(device)
+    return int(torch.cuda.max_memory_allocated(device) - base)
+
+
+def _median_seconds(step, device: torch.device, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def run_case_isolated(scheme: str, length: int, causal: bool, args) -> dict[str, Any]:

@@ -38,8 +38,18 @@ def _positive(kind):
 
 
 def make_parser() -> argparse.ArgumentParser:
+    from ..gpucheck import add_parser as add_gpu_check
+
     parser = argparse.ArgumentParser(prog="nas-bench", description="Micro-benchmarks of nas-run components.")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_attention(sub)
+    add_gpu_check(sub)
+    _add_train(sub)
+    _add_check_scheme(sub)
+    return parser
+
+
+def _add_attention(sub) -> None:
     att = sub.add_parser(
         "attention", help="forward+backward time and peak memory of the attention cores",
         description="Time and peak memory of forward+backward per attention scheme, length and causal setting, "
@@ -67,9 +77,8 @@ def make_parser() -> argparse.ArgumentParser:
     att.add_argument("--out-md", type=Path, default=Path("docs/benchmarks.md"))
     att.set_defaults(subparser=att)  # option errors name the subcommand
 
-    from ..gpucheck import add_parser as add_gpu_check
 
-    add_gpu_check(sub)
+def _add_train(sub) -> None:
     tr = sub.add_parser(
         "train", help="end-to-end training throughput: nas-run's model and loop vs a plain torch.nn.Transformer loop",
         description="Training tokens/s of nas-run (NasLitModule + Lightning Trainer) per attention scheme and of "
@@ -101,6 +110,9 @@ def make_parser() -> argparse.ArgumentParser:
                     help="default: docs/bench_train.json (CPU, 32-true), else docs/bench_train_<device>_<precision>.json")
     tr.add_argument("--out-md", type=Path, default=Path("docs/benchmarks.md"))
     tr.set_defaults(subparser=tr)
+
+
+def _add_check_scheme(sub) -> None:
     cs = sub.add_parser(
         "check-scheme", help="put a scheme (its YAML, e.g. my_conf/attention/x.yaml) through the attention contract",
         description="Run the contract checks every packaged scheme passes (shapes, rows summing to 1, gradients, "
@@ -108,7 +120,6 @@ def make_parser() -> argparse.ArgumentParser:
                     "(e.g. PYTHONPATH=.). Exit 1 if a check fails.")
     cs.add_argument("yaml", type=Path, help="the scheme's YAML file")
     cs.set_defaults(subparser=cs)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -99,60 +99,22 @@ def main(argv=None) -> None:
 
 
 def evaluate(args) -> dict:
+    """Evaluate a finished run's checkpoint(s) on a split, with the run's own config (``--set``
+    changes, ``--beam``/``--lenpen``); the result goes to ``<run>/eval/<name>.json``."""
     import pytorch_lightning as pl
 
     from ..resolvers import register_resolvers
     from ..run import build_module, build_task
 
     register_resolvers()  # the saved config's ${nas.*} interpolations
-
     run_dir = args.run_dir
-    cfg_path = run_dir / ".hydra" / "config.yaml"
-    if not cfg_path.is_file():
-        raise UserError(f"{run_dir} is not a nas-run run directory (no .hydra/config.yaml)")
-    cfg = OmegaConf.load(cfg_path)
-    added = [item[1:] for item in args.set if item.startswith("+")]  # +key=value: a new key on purpose
-    for item in (i for i in args.set if not i.startswith("+")):  # a key the config lacks is a typo
-        key = item.split("=", 1)[0].strip()
-        if "=" not in item or not key:
-            raise UserError(f"--set {item}: expected KEY=VALUE, e.g. --set task.path=data/wmt14")
-        if OmegaConf.select(cfg, key, default=_MISSING) is _MISSING:
-            import difflib
-
-            parent, _, leaf = key.rpartition(".")
-            node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-            names = [str(k) for k in node.keys()] if hasattr(node, "keys") else []
-            close = difflib.get_close_matches(leaf, names, n=1, cutoff=0.6)
-            hint = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
-            raise UserError(f"--set {key}: this run's config has no such key{hint} (to add one on purpose, "
-                            f"write --set +{key}=...)")
-    try:
-        cfg.merge_with(OmegaConf.from_dotlist([i for i in args.set if not i.startswith("+")] + added))
-    except Exception as err:
-        raise UserError(f"bad --set value: {err}") from None
-    if args.ckpt:
-        ckpts = list(args.ckpt)
-    elif args.average_last:
-        ckpts = periodic_checkpoints(run_dir)[-args.average_last:]
-        if len(ckpts) < args.average_last:
-            raise UserError(f"--average-last {args.average_last}: only {len(ckpts)} periodic checkpoints in "
-                            f"{run_dir / 'checkpoints'} (train with checkpoint.every_n_steps=N)")
-    else:
-        ckpts = [run_dir / "checkpoints" / "best.ckpt"]
-    for p in ckpts:
-        if not Path(p).is_file():
-            raise UserError(f"checkpoint {p} not found")
-    check_fingerprints(cfg, [Path(p) for p in ckpts])
+    cfg = _run_config(run_dir, args.set)
+    ckpts = _checkpoints(args, run_dir)
+    check_fingerprints(cfg, ckpts)
     task = build_task(cfg)
-    if args.beam is not None or args.lenpen is not None:
-        if task.decoding is None:
-            raise UserError(f"task '{task.name}' has no beam search (--beam/--lenpen apply to translation tasks)")
-        if args.beam is not None:
-            task.decoding["beam"] = task.valid_beam = args.beam
-        if args.lenpen is not None:
-            task.decoding["lenpen"] = args.lenpen
+    _set_decoding(task, args.beam, args.lenpen)
     module = build_module(cfg, task)
-    module.load_state_dict(average_checkpoints([Path(p) for p in ckpts]))
+    module.load_state_dict(average_checkpoints(ckpts))
     trainer = pl.Trainer(accelerator=cfg.trainer.get("accelerator", "auto"), devices=1, logger=False,
                          enable_progress_bar=False, enable_model_summary=False)
     loader = task.test_dataloader() if args.split == "test" else task.val_dataloader()
@@ -170,6 +132,63 @@ def evaluate(args) -> dict:
     if hyps:
         (out_dir / f"{name}.hyp.txt").write_text("\n".join(hyps) + "\n")
     return result
+
+
+def _run_config(run_dir: Path, sets: list[str]):
+    """The run's saved config with the ``--set KEY=VALUE`` changes (``+KEY``: a new key on
+    purpose; a key the config lacks is a typo, named with the closest one)."""
+    cfg_path = run_dir / ".hydra" / "config.yaml"
+    if not cfg_path.is_file():
+        raise UserError(f"{run_dir} is not a nas-run run directory (no .hydra/config.yaml)")
+    cfg = OmegaConf.load(cfg_path)
+    added = [item[1:] for item in sets if item.startswith("+")]
+    for item in (i for i in sets if not i.startswith("+")):
+        key = item.split("=", 1)[0].strip()
+        if "=" not in item or not key:
+            raise UserError(f"--set {item}: expected KEY=VALUE, e.g. --set task.path=data/wmt14")
+        if OmegaConf.select(cfg, key, default=_MISSING) is _MISSING:
+            import difflib
+
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+            names = [str(k) for k in node.keys()] if hasattr(node, "keys") else []
+            close = difflib.get_close_matches(leaf, names, n=1, cutoff=0.6)
+            hint = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+            raise UserError(f"--set {key}: this run's config has no such key{hint} (to add one on purpose, "
+                            f"write --set +{key}=...)")
+    try:
+        cfg.merge_with(OmegaConf.from_dotlist([i for i in sets if not i.startswith("+")] + added))
+    except Exception as err:
+        raise UserError(f"bad --set value: {err}") from None
+    return cfg
+
+
+def _checkpoints(args, run_dir: Path) -> list[Path]:
+    """--ckpt, the last N periodic checkpoints (--average-last), or the best one."""
+    if args.ckpt:
+        ckpts = list(args.ckpt)
+    elif args.average_last:
+        ckpts = periodic_checkpoints(run_dir)[-args.average_last:]
+        if len(ckpts) < args.average_last:
+            raise UserError(f"--average-last {args.average_last}: only {len(ckpts)} periodic checkpoints in "
+                            f"{run_dir / 'checkpoints'} (train with checkpoint.every_n_steps=N)")
+    else:
+        ckpts = [run_dir / "checkpoints" / "best.ckpt"]
+    for p in ckpts:
+        if not Path(p).is_file():
+            raise UserError(f"checkpoint {p} not found")
+    return [Path(p) for p in ckpts]
+
+
+def _set_decoding(task, beam: int | None, lenpen: float | None) -> None:
+    if beam is None and lenpen is None:
+        return
+    if task.decoding is None:
+        raise UserError(f"task '{task.name}' has no beam search (--beam/--lenpen apply to translation tasks)")
+    if beam is not None:
+        task.decoding["beam"] = task.valid_beam = beam
+    if lenpen is not None:
+        task.decoding["lenpen"] = lenpen
 
 
 if __name__ == "__main__":

@@ -78,17 +78,7 @@ def run_mode_collapse(out: str | Path, seed: int = 0, steps: int = 4, radius: fl
     report["cases"] = cases
     report["clusters_after_steps"] = {k: {s: v[s]["clusters"] for s in mc.SCHEMES} for k, v in cases.items()}
 
-    sweep = {}
-    for kernel in kernels:
-        for name, (n0, n1) in CASES.items():
-            per = {s: [] for s in mc.SCHEMES}
-            for sd in range(sweep_seeds):
-                summ = mc.simulate_case(n0, n1, seed=sd, steps=steps, kernel=kernel, radius=radius,
-                                        extra_steps=0, per_step=False)["summary"]
-                for s in mc.SCHEMES:
-                    per[s].append(summ[s]["clusters"])
-            sweep[f"{name}_{n0}_{n1}/{kernel}"] = per
-    report["seed_sweep_clusters"] = {"seeds": list(range(sweep_seeds)), **sweep}
+    report["seed_sweep_clusters"] = _seed_sweep(kernels, steps, radius, sweep_seeds)
 
     report["files"] = [p.name for p in files] + ["mode_collapse.json"]
     (out / "mode_collapse.json").write_text(json.dumps(report, indent=2, default=_json_default))
@@ -126,7 +116,6 @@ def run_explained_away(out: str | Path, steps: int = 500, seed: int = 1, heads: 
     from ..resolvers import register_resolvers
     from ..registry import CONF_DIR
     from ..run import train
-    from ..diagnostics.plots import plot_log_mass_histograms
 
     register_resolvers()
 
@@ -148,27 +137,66 @@ def run_explained_away(out: str | Path, steps: int = 500, seed: int = 1, heads: 
         if not enc:
             raise ValueError(f"{scheme}: no encoder self-attention diagnostics were written")
         layers[scheme] = [e["explained_away"] for e in enc["layers"]]
-        counts = np.sum([np.asarray(e["counts"]).sum(0) for e in layers[scheme]], axis=0)
-        edges = np.asarray(layers[scheme][0]["bin_edges"])
-        below20 = counts[: int(np.searchsorted(edges, -20.0, side="right")) - 1].sum() / counts.sum()
-        per_scheme[scheme] = {
-            "run_dir": str(out / scheme),
-            "steps": summary["steps"],
-            "best_val": summary["best_val"],
-            "eps": layers[scheme][0]["eps"],
-            "n_keys_per_layer": [e["n_keys"] for e in layers[scheme]],
-            "explained_away_frac": enc.get("explained_away_frac"),
-            "explained_away_frac_per_layer": enc.get("explained_away_frac_per_layer"),
-            "fraction_log_mass_below_-20": float(below20),
-            "min_margin": enc.get("min_margin"),
-            "min_margin_per_layer": enc.get("min_margin_per_layer"),
-            "min_log_mass_per_layer": [min((v for v in e["min_log_mass"] if v is not None), default=None)
-                                       for e in layers[scheme]],
-            "entropy_mean": enc.get("entropy_mean"),
-            "jsd_mean": enc.get("jsd_mean"),
-            "counts_all_layers": counts.astype(int).tolist(),
-            "bin_edges": edges.tolist(),
-        }
+        per_scheme[scheme] = _scheme_record(out / scheme, summary, enc, layers[scheme])
+    files, neg_log_sk = _fig1(out, per_scheme, layers, schemes, steps)
+    dnas = per_scheme.get("dnas")
+    report = {
+        "source": "Ding et al. 2020, Fig. 1 and Theorem 2 (encoder self-attention, non-causal)",
+        "settings": {"steps": steps, "seed": seed, "heads": heads, "validation_batches": batches,
+                     "overrides": list(overrides), "neg_log_sk_max": neg_log_sk},
+        "schemes": per_scheme,
+        "theorem2_holds_for_dnas": None if dnas is None else bool(
+            dnas["min_margin"] is not None and dnas["min_margin"] >= -1e-5 and dnas["explained_away_frac"] == 0),
+        "files": [p.name for p in files] + ["explained_away.json"],
+    }
+    (out / "explained_away.json").write_text(json.dumps(report, indent=2, default=_json_default))
+    return report
+
+
+def _seed_sweep(kernels: Sequence[str], steps: int, radius: float, sweep_seeds: int) -> dict:
+    """Clusters after ``steps`` for seeds 0..sweep_seeds-1, per case, kernel and scheme."""
+    sweep = {}
+    for kernel in kernels:
+        for name, (n0, n1) in CASES.items():
+            per = {s: [] for s in mc.SCHEMES}
+            for sd in range(sweep_seeds):
+                summ = mc.simulate_case(n0, n1, seed=sd, steps=steps, kernel=kernel, radius=radius,
+                                        extra_steps=0, per_step=False)["summary"]
+                for s in mc.SCHEMES:
+                    per[s].append(summ[s]["clusters"])
+            sweep[f"{name}_{n0}_{n1}/{kernel}"] = per
+    return {"seeds": list(range(sweep_seeds)), **sweep}
+
+
+def _scheme_record(run_dir: Path, summary: dict, enc: dict, layers: list[dict]) -> dict:
+    """One scheme's encoder numbers for explained_away.json (its histograms over all layers too)."""
+    counts = np.sum([np.asarray(e["counts"]).sum(0) for e in layers], axis=0)
+    edges = np.asarray(layers[0]["bin_edges"])
+    below20 = counts[: int(np.searchsorted(edges, -20.0, side="right")) - 1].sum() / counts.sum()
+    return {
+        "run_dir": str(run_dir),
+        "steps": summary["steps"],
+        "best_val": summary["best_val"],
+        "eps": layers[0]["eps"],
+        "n_keys_per_layer": [e["n_keys"] for e in layers],
+        "explained_away_frac": enc.get("explained_away_frac"),
+        "explained_away_frac_per_layer": enc.get("explained_away_frac_per_layer"),
+        "fraction_log_mass_below_-20": float(below20),
+        "min_margin": enc.get("min_margin"),
+        "min_margin_per_layer": enc.get("min_margin_per_layer"),
+        "min_log_mass_per_layer": [min((v for v in e["min_log_mass"] if v is not None), default=None)
+                                   for e in layers],
+        "entropy_mean": enc.get("entropy_mean"),
+        "jsd_mean": enc.get("jsd_mean"),
+        "counts_all_layers": counts.astype(int).tolist(),
+        "bin_edges": edges.tolist(),
+    }
+
+
+def _fig1(out: Path, per_scheme: dict, layers: dict, schemes: Sequence[str], steps: int) -> tuple[list[Path], float]:
+    """The overlaid histograms, all layers and one per layer; returns the files and -log Sk."""
+    from ..diagnostics.plots import plot_log_mass_histograms
+
     edges = np.asarray(next(iter(layers.values()))[0]["bin_edges"])
     sk_max = max(e["sk_max"] for ls in layers.values() for e in ls)
     neg_log_sk = -float(np.log(sk_max))
@@ -187,18 +215,7 @@ def run_explained_away(out: str | Path, steps: int = 500, seed: int = 1, heads: 
             {s.upper(): np.asarray(layers[s][i]["counts"])[:, start:] for s in schemes},
             out / f"fig1_encoder_layer{i}.png", bin_edges=cut, neg_log_sk=neg_log_sk,
             title=f"encoder self-attention, layer {i}, after {steps} steps"))
-    dnas = per_scheme.get("dnas")
-    report = {
-        "source": "Ding et al. 2020, Fig. 1 and Theorem 2 (encoder self-attention, non-causal)",
-        "settings": {"steps": steps, "seed": seed, "heads": heads, "validation_batches": batches,
-                     "overrides": list(overrides), "neg_log_sk_max": neg_log_sk},
-        "schemes": per_scheme,
-        "theorem2_holds_for_dnas": None if dnas is None else bool(
-            dnas["min_margin"] is not None and dnas["min_margin"] >= -1e-5 and dnas["explained_away_frac"] == 0),
-        "files": [p.name for p in files] + ["explained_away.json"],
-    }
-    (out / "explained_away.json").write_text(json.dumps(report, indent=2, default=_json_default))
-    return report
+    return files, neg_log_sk
 
 
 def _json_default(o):
