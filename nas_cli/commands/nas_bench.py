@@ -146,7 +146,7 @@ def check_scheme_main(args) -> int:
     from omegaconf.errors import OmegaConfBaseException
 
     from ..attention import SchemeError
-    from ..attention.contract import check_scheme
+    from ..contract import check_scheme
 
     if not args.yaml.is_file():
         print(f"nas-bench check-scheme: {args.yaml}: no such file; give the scheme's YAML "
