@@ -105,7 +105,8 @@ class AttentionPlan:
         """The core of one layer. ``causal`` is the key mask of self-attention; decoder self-
         and cross-attention are built with ``prefix_queries=True``, so no scheme can aggregate
         over future target queries (Ding et al.'s column step, Sinkhorn iterations)."""
-        return instantiate(self.placed[location].options, heads=heads, causal=causal, dropout=dropout,
+        placed = self.placed[location]
+        return instantiate(placed.options, heads=heads, causal=causal, dropout=dropout, name=placed.scheme,
                            prefix_queries=causal or location in ("decoder", "cross"), location=location, layer=layer)
 
     def core_factory(self, heads: int, dropout: float = 0.0) -> Callable[[str, int, bool], AttentionCore]:

@@ -220,8 +220,11 @@ class AttentionCore(nn.Module):
     learned_titles: dict[str, str] = {}
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
-                 location: str = "?", layer: int = 0, **_: Any):
+                 location: str = "?", layer: int = 0, name: str | None = None, **_: Any):
         super().__init__()
+        # one name per scheme: its YAML's (= the file's stem; conf/attention/coda_cs.yaml builds the
+        # CODA class as "coda_cs"), the class's own only when built without a config
+        self.name = str(name) if name else type(self).name
         self.heads = heads
         self.causal = causal
         self.prefix_queries = bool(causal or prefix_queries)
@@ -233,9 +236,8 @@ class AttentionCore(nn.Module):
                 "scheme for attention.decoder and attention.cross (decoder self- and cross-attention)"
             )
 
-    @classmethod
-    def scheme_name(cls) -> str:
-        return cls.name
+    def scheme_name(self) -> str:
+        return self.name
 
     def weights_from_logits(self, logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
         """(B, H, Sq, Sk) scores -> (B, H, Sq, Sk) weights; rows of real queries sum to 1."""

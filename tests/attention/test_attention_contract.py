@@ -52,3 +52,13 @@ def test_a_broken_scheme_fails_the_checks_that_catch_it():
             contract.run_check(bad, "rows")
     finally:
         del sys.modules["contract_fixtures"]
+
+
+def test_a_scheme_has_one_name(scheme):
+    """The file's stem, the YAML's ``name`` and the built core's name are one name (the tag in
+    every table, the W&B tags and the error messages)."""
+    from helpers import build_core
+
+    cfg = OmegaConf.load(CONF_DIR / "attention" / f"{scheme}.yaml")
+    assert cfg.name == scheme
+    assert build_core(scheme).name == scheme == build_core(scheme).scheme_name()
