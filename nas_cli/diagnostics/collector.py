@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .explained_away import DEFAULT_EPS
-from .metrics import ExplainedAway, HeadJSD, LayerMetric, StepVariation
+from .metrics import DEFAULT_METRICS, LayerMetric, build_metrics
 
 __all__ = ["location_masks", "AttentionDiagnostics", "collect_aux"]
 
@@ -53,8 +53,10 @@ class AttentionDiagnostics:
     def __init__(self, eps: float = DEFAULT_EPS, bin_edges: np.ndarray | None = None,
                  jsd: bool = True, explained_away: bool = True, metrics: Sequence[LayerMetric] | None = None):
         if metrics is None:
-            metrics = [m for m, on in ((HeadJSD(), jsd), (ExplainedAway(eps=eps, bin_edges=bin_edges), explained_away),
-                                       (StepVariation(), True)) if on]
+            options = {"explained_away": {} if bin_edges is None else {"bin_edges": bin_edges}}
+            on = {"jsd": jsd, "explained_away": explained_away}
+            metrics = build_metrics({name: options.get(name, {}) if on.get(name, True) else None
+                                     for name in DEFAULT_METRICS}, eps)
         self.metrics = list(metrics)
         self.eps = eps
         self.reset()
