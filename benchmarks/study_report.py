@@ -207,13 +207,38 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
              "| claim (paper, quoted) | paper's number | nas-run here | difference | holds here? |",
              "|---|---|---|---|---|"]
 
-    def row(*cells):
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    c = _Claims(lines, g, cmp, lg, lcmp, additive_root, heads_root)
+    for claim in CLAIM_ROWS:
+        claim(c)
+    if "unas" in g and "dnas" in g:
+        lines += ["", "Ding et al.'s Fig. 1 as measured here: the share of keys per bin of log(sum_i pi_ij) under UNAS "
+                  "and DNAS (4 heads; every layer, head and seed; the dashed line is -log Sk for the longest "
+                  "sequence, Theorem 2's floor for DNAS), per location:", ""]
+        lines += [f"![log column mass, {loc} attention, UNAS and DNAS](study/fig1_{loc}.png)"
+                  for loc in ("encoder", "decoder", "cross")]
+    return "\n".join(lines) + "\n"
 
-    def missing(claim, paper, what="not run in this round"):
-        row(claim, paper, what, "-", what)
 
-    # 1. DNAS improves generation (Ding et al. section 6)
+class _Claims:
+    """What every claim row reads: the table's lines, the Multi30k groups and nas-report's rows
+    against UNAS, the WikiText-2 ones, and the additive and heads sweeps. (A plain class: the
+    tests load this script without registering it as a module, which dataclasses need.)"""
+
+    def __init__(self, lines: list, g: dict, cmp: dict, lg: dict, lcmp: dict, additive_root, heads_root):
+        self.lines, self.g, self.cmp, self.lg, self.lcmp = lines, g, cmp, lg, lcmp
+        self.additive_root, self.heads_root = additive_root, heads_root
+
+    def row(self, *cells):
+        self.lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+
+    def missing(self, claim, paper, what="not run in this round"):
+        self.row(claim, paper, what, "-", what)
+
+
+def _claim_dnas_better(c: "_Claims") -> None:
+    """1. DNAS improves generation (Ding et al. section 6)"""
+    row, missing, g, cmp = c.row, c.missing, c.g, c.cmp
+
     claim = ("DNAS \"achieves better generation performance\" than UNAS (Ding et al., headline generation; "
              "translation here)")
     paper = "Gigaword ROUGE-L 35.52 vs 35.25 (DNAS vs UNAS), 5 runs each"
@@ -223,7 +248,12 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
     else:
         row(claim, paper, f"BLEU: UNAS {_ci(g.get('unas'), 'test/bleu')}, DNAS {_ci(g['dnas'], 'test/bleu')}",
             _diff(r), _better_claim(r.comparison, "DNAS", "BLEU"))
-    # 2. HNAS improves on UNAS (Ding et al. section 6)
+
+
+def _claim_hnas_better(c: "_Claims") -> None:
+    """2. HNAS improves on UNAS (Ding et al. section 6)"""
+    row, missing, g, cmp = c.row, c.missing, c.g, c.cmp
+
     claim = ("HNAS lets the model \"perform better compared to the UNAS-based one\" (Ding et al., headline "
              "generation; translation here)")
     paper = "Gigaword ROUGE-L 35.56 vs 35.25 (HNAS vs UNAS)"
@@ -239,7 +269,12 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
             _better_claim(r.comparison, "HNAS", "BLEU") + "; in test perplexity: "
             + ("HNAS better" if pv.startswith("better") else "HNAS worse" if pv.startswith("worse")
                else "no significant difference"))
-    # 3. Theorem 2's floor
+
+
+def _claim_theorem2(c: "_Claims") -> None:
+    """3. Theorem 2's floor"""
+    row, g, cmp = c.row, c.g, c.cmp
+
     r = cmp.get(("dnas", "min_margin"))
     if r is not None:
         held = all((run.value("min_margin") or 0) >= -1e-6 for run in g["dnas"].runs)
@@ -252,7 +287,12 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
             ("yes: no DNAS run has a key below the floor (the prefix form of the decoder too)"
              + ("; every UNAS run has keys below it" if unas_below else "")) if held
             else "no: a DNAS run has a key below the floor")
-    # 4. Fig. 1's picture of UNAS
+
+
+def _claim_fig1(c: "_Claims") -> None:
+    """4. Fig. 1's picture of UNAS"""
+    row, g, cmp = c.row, c.g, c.cmp
+
     if "unas" in g:
         shares = {s: _per_seed(g[s], below_cut, "{:.4%}") for s in ("unas", "dnas") if s in g}
         ea = cmp.get(("dnas", "explained_away"))
@@ -266,7 +306,12 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
             (f"share below eps: {ea.comparison.diff:+.4%}" if ea else "-"),
             "yes" if most else "no: almost no key is explained away under UNAS here; what holds is Theorem 2's "
             "guarantee for DNAS (the row above), not the paper's empirical picture of UNAS")
-    # 5. CODA beats the Transformer (Zheng et al.)
+
+
+def _claim_coda_better(c: "_Claims") -> None:
+    """5. CODA beats the Transformer (Zheng et al.)"""
+    row, missing, g, cmp = c.row, c.missing, c.g, c.cmp
+
     claim, paper = "CODA beats the Transformer (Zheng et al.)", "+1.1 BLEU on IWSLT14 de-en (35.6 vs 34.5)"
     r = cmp.get(("coda", "test/bleu"))
     if r is None:
@@ -274,7 +319,12 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
     else:
         row(claim, paper, f"BLEU: UNAS {_ci(g.get('unas'), 'test/bleu')}, CODA {_ci(g['coda'], 'test/bleu')}",
             _diff(r), _better_claim(r.comparison, "CODA", "BLEU"))
-    # 6./7. Zheng et al. Table 4: the BLEU order and the head-diversity order
+
+
+def _claim_zheng_orders(c: "_Claims") -> None:
+    """6./7. Zheng et al. Table 4: the BLEU order and the head-diversity order"""
+    row, missing, g = c.row, c.missing, c.g
+
     for metric, claim, paper, label in (
             ("test/bleu", "Translation quality: CODA > CODA-CS > RealFormer > Transformer (Zheng et al. Table 4)",
              "BLEU 35.65 / 35.17 / 35.01 / 34.53", "BLEU"),
@@ -292,7 +342,12 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
                    + f"; {', '.join(absent)} not run in this round")
         row(claim, paper, f"{label}: " + ", ".join(f"{NAMES[s]} {_ci(g[s], metric)}" for s in ran),
             "link by link (each paired over seeds)", verdict)
-    # 8. diversity goes with quality
+
+
+def _claim_diversity_quality(c: "_Claims") -> None:
+    """8. diversity goes with quality"""
+    row, missing, g = c.row, c.missing, c.g
+
     zruns = [r for s in ("unas", "coda", "coda_cs", "realformer") if s in g for r in g[s].runs]
     pairs = [(r.value("jsd"), r.value("test/bleu")) for r in zruns]
     pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
@@ -310,7 +365,12 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
             f"[{lo:+.2f}, {hi:+.2f}] (Fisher z interval, runs treated as independent)",
             "-", "yes" if lo > 0 else "no: higher JSD goes with lower BLEU here" if hi < 0
             else "not shown: the interval includes 0")
-    # 9. Sinkhorn-k against DNAS (Ding et al. section 4)
+
+
+def _claim_sinkhorn(c: "_Claims") -> None:
+    """9. Sinkhorn-k against DNAS (Ding et al. section 4)"""
+    row, missing, g = c.row, c.missing, c.g
+
     claim = ("More Sinkhorn iterations than DNAS's one \"increases computational time but does not improve "
              "performance\" (Ding et al.)")
     paper = "no number given"
@@ -322,7 +382,12 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
             f"Sinkhorn-3 - DNAS: {_diff(c)}",
             ("holds: not better" if c.direction() <= 0 else "no: Sinkhorn-3 better here")
             + " (training speed is not compared: two jobs shared the CPU)")
-    # 10. Kernels (Tsai et al.): UNAS is the asymmetric exponential kernel (conf/attention/kernel_exp.yaml)
+
+
+def _claim_kernels(c: "_Claims") -> None:
+    """10. Kernels (Tsai et al.): UNAS is the asymmetric exponential kernel (conf/attention/kernel_exp.yaml)"""
+    row, missing, g, cmp = c.row, c.missing, c.g, c.cmp
+
     kernels = [s for s in ("kernel_rbf", "kernel_poly", "kernel_linear") if s in g]
     claim, paper = ("Exponential and RBF kernels beat polynomial and linear (Tsai et al. Table 2)",
                     "IWSLT14: exp 33.98, RBF 34.26, poly 32.72 BLEU; linear does not converge")
@@ -340,7 +405,12 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
             + ", ".join(f"{NAMES[s]} {_ci(g[s], 'test/bleu')}" for s in kernels),
             "; ".join(f"{NAMES[s]}: {_diff(cmp[(s, 'test/bleu')])}" for s in kernels),
             ("yes: " if holds else "not here: ") + words + ("" if "kernel_linear" in g else "; linear not run"))
-    # 11. heads (Zheng et al. Table 3): the trend test, details in the heads section
+
+
+def _claim_heads(c: "_Claims") -> None:
+    """11. heads (Zheng et al. Table 3): the trend test, details in the heads section"""
+    row, missing, heads_root = c.row, c.missing, c.heads_root
+
     claim = "CODA's advantage over the Transformer grows with the number of heads (Zheng et al. Table 3)"
     paper = "heads 4/8/16/32: Transformer 34.53/34.35/33.91/33.17, CODA 35.65/35.74/35.84/35.96 BLEU"
     t = heads_trend(heads_root) if heads_root else None
@@ -354,7 +424,12 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
              f"{c.diff:+.2f} [{c.low:+.2f}, {c.high:+.2f}] BLEU per doubling, p={_p(c.p)}"),
             "yes" if c.direction() > 0 else "no: the advantage shrinks with heads here" if c.direction() < 0
             else _n_note(c))
-    # 12. one- vs two-layer additive attention (the blog post)
+
+
+def _claim_additive(c: "_Claims") -> None:
+    """12. one- vs two-layer additive attention (the blog post)"""
+    row, missing, additive_root = c.row, c.missing, c.additive_root
+
     claim = ("One-layer additive attention cannot change over decoding steps; two layers can (blog post "
              "\"Why Bahdanau's neural attention requires two layers\")")
     paper = "a proof: step variation exactly 0 for one layer"
@@ -376,7 +451,12 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
             ("yes: exactly 0 in every one-layer run" if zero else "no: a one-layer run varies")
             + "; BLEU: " + ("two layers better" if bleu.direction() > 0 else "one layer better"
                             if bleu.direction() < 0 else "no significant difference"))
-    # 13. WikiText-2: prefix-normalized causal DNAS (new)
+
+
+def _claim_causal_lm(c: "_Claims") -> None:
+    """13. WikiText-2: prefix-normalized causal DNAS (new)"""
+    row, lg, lcmp = c.row, c.lg, c.lcmp
+
     r = lcmp.get(("dnas", "test/ppl"))
     if r is None:
         row("Causal DNAS (prefix-normalized, new in nas-run) in a language model", "no paper measured it",
@@ -392,13 +472,15 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
             + (f"; smallest log mass over the -log Sk floor: UNAS {_ci(lg['unas'], 'min_margin')}, DNAS "
                f"{_ci(lg['dnas'], 'min_margin')}" if m else ""),
             _diff(r) + (f"; floor margin {_diff(m)}" if m else ""), v)
-    if "unas" in g and "dnas" in g:
-        lines += ["", "Ding et al.'s Fig. 1 as measured here: the share of keys per bin of log(sum_i pi_ij) under UNAS "
-                  "and DNAS (4 heads; every layer, head and seed; the dashed line is -log Sk for the longest "
-                  "sequence, Theorem 2's floor for DNAS), per location:", ""]
-        lines += [f"![log column mass, {loc} attention, UNAS and DNAS](study/fig1_{loc}.png)"
-                  for loc in ("encoder", "decoder", "cross")]
-    return "\n".join(lines) + "\n"
+
+
+#: the claims table, row by row
+CLAIM_ROWS = [
+    _claim_dnas_better, _claim_hnas_better, _claim_theorem2, _claim_fig1, _claim_coda_better,
+    _claim_zheng_orders, _claim_diversity_quality, _claim_sinkhorn, _claim_kernels, _claim_heads,
+    _claim_additive, _claim_causal_lm]
+
+
 
 
 def heads_trend(root, metric: str = "test/bleu"):
