@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .base import EOS, PAD, Task, loader_workers, pad_batch
-from .sources import DataError, check_dir, disk_split, fingerprint, hub_split, read_lines
+from .sources import DataError, check_dir, disk_split, fingerprint, hub_split, read_lines, resolve_source
 from .vocab import default_cache_dir, word_level
 
 SPLITS = ("train", "valid", "test")
@@ -96,19 +96,13 @@ class LanguageModelTask(Task):
 
     def _lines(self, split: str) -> list[str]:
         name = self.split_names[split]
-        kind = self.source
-        if kind == "auto":
-            kind = ("disk" if (Path(str(self.path)).expanduser() / "dataset_dict.json").is_file() else "local") \
-                if self.path else ("hub" if self.hf_name else None)
+        kind = resolve_source(self.source, self.path, self.hf_name, self.name, "train.txt/valid.txt/test.txt")
         if kind == "local":
             return read_lines(check_dir(self.path) / f"{name}.txt", f"{split} split")
         if kind == "disk":
             return disk_split(check_dir(self.path), self.hub_split_names[split], self.columns)[0]
-        if kind == "hub":
-            return hub_split(self.hf_name, self.hf_config, self.hub_split_names[split], self.columns,
-                             str(self.cache_dir / "hf"))[0]
-        raise DataError(f"task '{self.name}' has no data: set task.path=<dir with train.txt/valid.txt/test.txt> "
-                        "or task.hf_name=<dataset> (task.source must be auto, local, disk or hub)")
+        return hub_split(self.hf_name, self.hf_config, self.hub_split_names[split], self.columns,
+                         str(self.cache_dir / "hf"))[0]
 
     def setup(self, stage=None):
         if self.streams:

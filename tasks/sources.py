@@ -171,3 +171,20 @@ def fingerprint(*parts) -> str:
         else:
             h.update(repr(part).encode())
     return h.hexdigest()[:16]
+
+
+def resolve_source(source: str, path, hf_name, task: str, local_files: str) -> str:
+    """Where a task's data come from: ``task.source`` when given (local, disk or hub), else
+    ``disk`` for a save_to_disk folder at ``path``, ``local`` for raw files there, ``hub`` when only
+    ``hf_name`` is set. ``local_files`` says, in the error, what a local folder holds."""
+    if source != "auto":
+        if source not in ("local", "disk", "hub"):
+            raise DataError(f"task.source must be auto, local, disk or hub (got '{source}')")
+        return source
+    if path:
+        return "disk" if (Path(str(path)).expanduser() / "dataset_dict.json").is_file() else "local"
+    if hf_name:
+        return "hub"
+    raise DataError(f"task '{task}' has no data: set task.path=<dir with {local_files}> (or a save_to_disk "
+                    "folder) or task.hf_name=<dataset>")
+

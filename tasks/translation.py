@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 
 from .base import EMPTY_WARNING, EOS, Task, collate_seq2seq, empty_share, loader_workers, note
 from .batching import TokenBatchSampler
-from .sources import DataError, check_dir, disk_split, fingerprint, hub_split, local_parallel
+from .sources import DataError, check_dir, disk_split, fingerprint, hub_split, local_parallel, resolve_source
 from .vocab import default_cache_dir, joint_bpe
 
 SPLITS = ("train", "valid", "test")
@@ -114,16 +114,8 @@ class TranslationTask(Task):
 
     # ---- data --------------------------------------------------------------------------
     def _resolve_source(self) -> str:
-        if self.source != "auto":
-            if self.source not in ("local", "disk", "hub"):
-                raise DataError(f"task.source must be auto, local, disk or hub (got '{self.source}')")
-            return self.source
-        if self.path:
-            return "disk" if (Path(str(self.path)).expanduser() / "dataset_dict.json").is_file() else "local"
-        if self.hf_name:
-            return "hub"
-        raise DataError(f"task '{self.name}' has no data: set task.path=<dir> (raw files or save_to_disk) "
-                        "or task.hf_name=<dataset>")
+        return resolve_source(self.source, self.path, self.hf_name, self.name,
+                              f"train.{self.src_lang}/train.{self.tgt_lang}, valid.*, test.*")
 
     def _load_text(self, split: str) -> tuple[list[str], list[str]]:
         kind = self._resolve_source()
