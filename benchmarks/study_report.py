@@ -678,7 +678,7 @@ def committed_copy(study: Path, dest: Path) -> Path:
 def stage(study: Path) -> list[str]:
     """git-add every finished run under ``study`` (its small files; .gitignore keeps out the rest)."""
     added = []
-    for run in sorted(r for r in find_runs([str(study)]) if r.finished):
+    for run in sorted((r for r in find_runs([str(study)]) if r.finished), key=lambda r: str(r.path)):
         subprocess.run(["git", "add", "--", str(run.path)], cwd=ROOT, check=True)
         added.append(str(Path(run.path).relative_to(ROOT)))
     return added
