@@ -122,28 +122,43 @@ class DNAS(AttentionCore):
         return masked_row_softmax(doubly_normalized_logits(logits, allowed, self.prefix_queries), allowed)
 
     def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
+        """The one dispatch of DNAS, Sinkhorn-k and HNAS: the materialized weights when they are
+        asked for, else FlexAttention, the Triton kernels, the naive formula (with a hand-derived
+        backward) or the chunked memory-efficient path, whichever applies; the path's method
+        (:meth:`_flex`, :meth:`_triton`, :meth:`_naive`, :meth:`_efficient`) does the scheme's
+        arithmetic. All paths give the same values and gradients."""
         if need_weights:
             return super().forward(q, k, v, q_mask, k_mask, need_weights)
         if flex_applies(self, q, k, need_weights):
-            from .flex import dnas_flex
-
-            return AttentionOutput(dnas_flex(q, k, v, q_mask, k_mask, self.iterations), None, self.aux())
-        if triton_applies(self, q, need_weights):
-            from .triton_prefix import prefix_dnas_triton
-
-            return AttentionOutput(prefix_dnas_triton(q, k, v, q_mask, k_mask, causal=self.causal), None, self.aux())
-        if self.uses_naive(q, k):
-            if self.iterations != 1:
+            out = self._flex(q, k, v, q_mask, k_mask)
+        elif triton_applies(self, q, need_weights):
+            out = self._triton(q, k, v, q_mask, k_mask)
+        elif self.uses_naive(q, k):
+            if self.iterations != 1:  # Sinkhorn-k: the materialized formula
                 return super().forward(q, k, v, q_mask, k_mask, need_weights)
-            # the naive formula with a hand-derived backward (same values and gradients)
-            allowed = allowed_mask(q_mask, k_mask, self.causal, q.size(-2), k.size(-2), q.device)
-            out = doubly_normalized_attention(q, k, v, allowed, self.prefix_queries,
-                                              dropout_p=self.dropout, training=self.training)
-            return AttentionOutput(out, None, self.aux())
-        out = dnas_attention(q, k, v, q_mask, k_mask, prefix=self.prefix_queries, causal=self.causal,
-                             iterations=self.iterations, dropout_p=self.dropout if self.training else 0.0,
-                             block_size=self.block_size)
+            out = self._naive(q, k, v, allowed_mask(q_mask, k_mask, self.causal, q.size(-2), k.size(-2), q.device))
+        else:
+            out = self._efficient(q, k, v, q_mask, k_mask)
         return AttentionOutput(out, None, self.aux())
+
+    def _flex(self, q, k, v, q_mask, k_mask):
+        from .flex import dnas_flex
+
+        return dnas_flex(q, k, v, q_mask, k_mask, self.iterations)
+
+    def _triton(self, q, k, v, q_mask, k_mask):
+        from .triton_prefix import prefix_dnas_triton
+
+        return prefix_dnas_triton(q, k, v, q_mask, k_mask, causal=self.causal)
+
+    def _naive(self, q, k, v, allowed):
+        return doubly_normalized_attention(q, k, v, allowed, self.prefix_queries, dropout_p=self.dropout,
+                                           training=self.training)
+
+    def _efficient(self, q, k, v, q_mask, k_mask):
+        return dnas_attention(q, k, v, q_mask, k_mask, prefix=self.prefix_queries, causal=self.causal,
+                              iterations=self.iterations, dropout_p=self.dropout if self.training else 0.0,
+                              block_size=self.block_size)
 
     @property
     def supports_step(self) -> bool:  # incremental decoding exists for the prefix (decoder) form

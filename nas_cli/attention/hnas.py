@@ -20,23 +20,21 @@ import math
 import torch
 from torch import nn
 
-from .base import (AttentionCore, AttentionOutput, allowed_mask, doubly_normalized_logits, masked_row_softmax,
-                   prefix_normalized_step, scaled_scores)
-from .dnas import auto_uses_naive, flex_applies, resolve_impl, triton_applies
+from .base import doubly_normalized_logits, masked_row_softmax, prefix_normalized_step, scaled_scores
+from .dnas import DNAS
 from .efficient import hnas_attention
 from .fused import doubly_normalized_attention
 
 
-class HNAS(AttentionCore):
+class HNAS(DNAS):
+    """DNAS's dispatch (DNAS.forward), each path mixing its DNAS output with softmax attention."""
+
     name = "hnas"
     learned_titles = {"u": "HNAS u per layer and head (1 = DNAS, 0 = UNAS)"}
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, u_init: float = 0.5,
                  impl: str = "efficient", block_size: int | None = None, **kw):
-        super().__init__(heads, causal, dropout, **kw)
-        self.impl = resolve_impl(impl, block_size)
-        # query-block height of the efficient DNAS part (None: sized from the tile budget)
-        self.block_size = None if block_size is None else int(block_size)
+        super().__init__(heads, causal, dropout, impl=impl, block_size=block_size, **kw)
         u_init = float(u_init)
         if not 0.0 <= u_init <= 1.0:
             raise ValueError(f"attention.u_init must be in [0, 1] (got {u_init})")
@@ -56,38 +54,27 @@ class HNAS(AttentionCore):
         u = self.u.to(logits.dtype)[None, :, None, None]
         return u * dnas + (1 - u) * unas
 
-    def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
-        if need_weights:
-            return super().forward(q, k, v, q_mask, k_mask, need_weights)
-        if flex_applies(self, q, k, need_weights):
-            from .flex import hnas_flex
+    # the paths of the dispatch (DNAS.forward): each mixes its DNAS output with softmax attention by u
+    def _flex(self, q, k, v, q_mask, k_mask):
+        from .flex import hnas_flex
 
-            return AttentionOutput(hnas_flex(q, k, v, self.u, q_mask, k_mask), None, self.aux())
-        if triton_applies(self, q, need_weights):  # the DNAS part in Triton, mixed with softmax attention (SDPA)
-            from .efficient import sdpa_attention
-            from .triton_prefix import prefix_dnas_triton
+        return hnas_flex(q, k, v, self.u, q_mask, k_mask)
 
-            dn = prefix_dnas_triton(q, k, v, q_mask, k_mask, causal=self.causal)
-            un = sdpa_attention(q, k, v, q_mask, k_mask, causal=self.causal).to(dn.dtype)
-            w = self.u.to(dn.dtype)[None, :, None, None]
-            return AttentionOutput(w * dn + (1 - w) * un, None, self.aux())
-        if self.uses_naive(q, k):  # the naive formula with a hand-derived backward (same values and gradients)
-            allowed = allowed_mask(q_mask, k_mask, self.causal, q.size(-2), k.size(-2), q.device)
-            out = doubly_normalized_attention(q, k, v, allowed, self.prefix_queries, u=self.u,
-                                              dropout_p=self.dropout, training=self.training)
-            return AttentionOutput(out, None, self.aux())
-        out = hnas_attention(q, k, v, self.u, q_mask, k_mask, prefix=self.prefix_queries, causal=self.causal,
-                             dropout_p=self.dropout if self.training else 0.0, block_size=self.block_size)
-        return AttentionOutput(out, None, self.aux())
+    def _triton(self, q, k, v, q_mask, k_mask):  # the DNAS part in Triton, mixed with softmax attention (SDPA)
+        from .efficient import sdpa_attention
 
-    def uses_naive(self, q, k) -> bool:
-        if self.impl in ("auto", "flex", "triton"):  # flex / triton where they do not apply: as auto
-            return auto_uses_naive(q, k, self.prefix_queries)
-        return self.impl == "naive"
+        dn = super()._triton(q, k, v, q_mask, k_mask)
+        un = sdpa_attention(q, k, v, q_mask, k_mask, causal=self.causal).to(dn.dtype)
+        w = self.u.to(dn.dtype)[None, :, None, None]
+        return w * dn + (1 - w) * un
 
-    @property
-    def supports_step(self) -> bool:
-        return self.prefix_queries
+    def _naive(self, q, k, v, allowed):
+        return doubly_normalized_attention(q, k, v, allowed, self.prefix_queries, u=self.u, dropout_p=self.dropout,
+                                           training=self.training)
+
+    def _efficient(self, q, k, v, q_mask, k_mask):
+        return hnas_attention(q, k, v, self.u, q_mask, k_mask, prefix=self.prefix_queries, causal=self.causal,
+                              dropout_p=self.dropout if self.training else 0.0, block_size=self.block_size)
 
     def step(self, q, k, v, k_mask, state):
         s = scaled_scores(q, k)  # (B, H, 1, Sk)
@@ -100,4 +87,4 @@ class HNAS(AttentionCore):
         return {"u": self.u}
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", u_init={self.u_init}, impl={self.impl}"
+        return super().extra_repr() + f", u_init={self.u_init}"
