@@ -17,7 +17,7 @@ from .decoding import beam_search
 from .errors import NonFiniteLoss
 from .model import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
 from .plan import AttentionPlan
-from .scale import gather_eval
+from .infra.distributed import gather_eval
 
 
 def build_model(model_cfg: DictConfig, attention: AttentionPlan | DictConfig, task) -> torch.nn.Module:
@@ -197,7 +197,7 @@ class NasLitModule(pl.LightningModule):
             self._sums[f"{split}/{key}"] = self._sums.get(f"{split}/{key}", 0) + val.detach().double()
         hyps, refs, index, nll, ntok = self._eval_text.setdefault(split, ([], [], [], [], []))
         rows = row_nll.size(0)
-        # dataset positions (nas_cli.scale adds them); batches are sorted by length or sharded
+        # dataset positions (nas_cli.infra.distributed adds them); batches are sorted by length or sharded
         positions = [int(i) for i in batch["index"]] if "index" in batch else list(range(len(index), len(index) + rows))
         index.extend(positions)
         nll.extend(row_nll.double().tolist())

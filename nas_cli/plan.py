@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .attention import AttentionCore, SchemeError
 from .locations import LOCATIONS
-from .registry import scheme_config
+from .choices import scheme_config
 
 #: keys of a composed ``attention`` node that are not constructor options
 _NOT_OPTIONS = {"name", *LOCATIONS}

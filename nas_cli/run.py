@@ -27,21 +27,21 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from .attention import SchemeError
 from .attention.base import learned_scalars, learned_values
 from .metrics import declaration
-from .checkpoints import (AtomicCheckpointIO, PeriodicCheckpoint, checkpoint_io,  # noqa: F401  (AtomicCheckpointIO: re-exported)
+from .infra.checkpoints import (AtomicCheckpointIO, PeriodicCheckpoint, checkpoint_io,  # noqa: F401  (AtomicCheckpointIO: re-exported)
                           tested_checkpoint, unreadable_checkpoint)
 from .errors import Refused, SignalStop, Stopped, UserError
 from .errors import unwrap as _unwrap
-from .identity import config_id
+from .infra.config_identity import config_id
 from .lit import NasLitModule
-from .loggers import make_logger, public_config, wandb_run_id  # noqa: F401  (public_config: re-exported)
+from .infra.loggers import make_logger, public_config, wandb_run_id  # noqa: F401  (public_config: re-exported)
 from .plan import AttentionPlan
 from .trainer import _compile_failure, _trainer_kwargs, check_trainer, compile_model, environment, set_threads
-from .resume import (CHAINED, STOP_SIGNALS, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint,
+from .infra.resume import (CHAINED, STOP_SIGNALS, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint,
                      continue_finished, pick_checkpoint)
-from .redaction import redact, redact_files, redacted_argv  # noqa: F401  (redact_files: used by the CLI)
-from .rundir import atomic_write_json, atomic_write_text, continuing
-from .scale import StepSeed, shard_and_resume
-from .schedule import ValidateAtEnd
+from .infra.redaction import redact, redact_files, redacted_argv  # noqa: F401  (redact_files: used by the CLI)
+from .infra.rundir import atomic_write_json, atomic_write_text, continuing
+from .infra.distributed import StepSeed, shard_and_resume
+from .infra.validate_at_end import ValidateAtEnd
 
 
 def build_task(cfg: DictConfig):
@@ -99,7 +99,7 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
     finished run longer (its earlier summary is kept as ``summary.step<N>.json``).
 
     SIGTERM, SIGUSR1 and SIGUSR2 stop the job with one line at any moment: during training
-    after saving ``last.ckpt`` (:class:`~nas_cli.resume.FaultTolerance`), before or after it
+    after saving ``last.ckpt`` (:class:`~nas_cli.infra.resume.FaultTolerance`), before or after it
     (startup, final test) at once, with the same resume hint."""
     phase = {"name": "startup", "trainer": None}
     try:

@@ -134,7 +134,7 @@ class SequentialSweep:
                 "finished": all(not comp.open for comp in state.values())}
 
     def save(self, state: dict[str, seq.Comparison]) -> dict[str, Any]:
-        from .atomic import atomic_write_json
+        from .infra.atomic import atomic_write_json
 
         rec = self.records(state)
         atomic_write_json(self.root / STATE_FILE, rec)
@@ -266,7 +266,7 @@ def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
     """The rounds (called by the Hydra sweeper): launch, read, decide, until nothing is open."""
     from omegaconf import OmegaConf
 
-    from .rundir import release
+    from .infra.rundir import release
 
     console = _console()
     options, configs, sweep, state = _start(sweeper, arguments, root)
@@ -316,7 +316,7 @@ def _start(sweeper, arguments: list[str], root: Path):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from .rundir import release
+    from .infra.rundir import release
 
     try:
         options = Options(**sweeper.options)

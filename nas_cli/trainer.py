@@ -20,12 +20,12 @@ from .errors import unwrap as _unwrap
 
 def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    if isinstance(tcfg.get("strategy"), dict):  # e.g. trainer=fsdp: {_target_: nas_cli.scale.fsdp_strategy, ...}
+    if isinstance(tcfg.get("strategy"), dict):  # e.g. trainer=fsdp: {_target_: nas_cli.infra.distributed.fsdp_strategy, ...}
         try:
             tcfg["strategy"] = instantiate(cfg.trainer.strategy)
         except InstantiationException as err:
             raise UserError(f"trainer.strategy: {_unwrap(err)}") from err
-    # nas-run shards the data itself (nas_cli.scale): no DistributedSampler, nothing padded or repeated
+    # nas-run shards the data itself (nas_cli.infra.distributed): no DistributedSampler, nothing padded or repeated
     tcfg["use_distributed_sampler"] = False
     if isinstance(tcfg.get("max_steps"), int) and tcfg["max_steps"] > 0:
         # a step budget takes precedence, as conf/trainer/default.yaml promises: the epoch limit would

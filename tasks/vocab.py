@@ -18,7 +18,7 @@ from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from nas_cli.atomic import atomic_write
+from nas_cli.infra.atomic import atomic_write
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 UNK = 3

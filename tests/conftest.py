@@ -19,7 +19,7 @@ torch.set_num_threads(1)
 
 
 def attention_schemes() -> list[str]:
-    from nas_cli.registry import available
+    from nas_cli.choices import available
 
     return available("attention")
 

@@ -21,7 +21,7 @@ def fire():
     os.kill(os.getpid(), sig)
 
 if where.startswith("step:"):
-    from nas_cli import resume
+    from nas_cli.infra import resume
     at = int(where.split(":")[1])
     before = resume.FaultTolerance.on_train_batch_start
     def hooked(self, trainer, *a, **k):

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from nas_cli.plan import location_alias
-from nas_cli.registry import CONF_DIR
+from nas_cli.choices import CONF_DIR
 from nas_cli.plan import make_core_factory
 
 

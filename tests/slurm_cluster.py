@@ -110,7 +110,7 @@ class SlurmCluster:
                              f"RealMemory={mem}" for n in names)
         acct = self._start_accounting(sock) if self.accounting else ["JobAcctGatherType=jobacct_gather/none"]
         self.conf.write_text("\n".join([
-            f"ClusterName=nastest", f"SlurmctldHost={self.host}",
+            "ClusterName=nastest", f"SlurmctldHost={self.host}",
             "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={sock}",
             "SlurmUser=root", "SlurmdUser=root",
             f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",

@@ -47,6 +47,16 @@ class AttentionOutput:
     aux: dict[str, Any] = field(default_factory=dict)  # e.g. HNAS ``u`` (H,)
 
 
+def check_option(key: str, value, ok: bool, must: str) -> None:
+    """A scheme option's one-line error: ``attention.<key> must <must> (got <value>)``."""
+    if not ok:
+        raise ValueError(f"attention.{key} must {must} (got {value!r})")
+
+
+def check_choice(key: str, value, choices) -> None:
+    check_option(key, value, value in choices, f"be one of {', '.join(choices)}")
+
+
 def scaled_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """s_ij = q_i . k_j / sqrt(d_head); (B, H, Sq, D) x (B, H, Sk, D) -> (B, H, Sq, Sk)."""
     return torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import AttentionCore, AttentionOutput, allowed_mask, masked_row_softmax, scaled_scores
+from .base import AttentionCore, check_choice, check_option, AttentionOutput, allowed_mask, masked_row_softmax, scaled_scores
 
 CASCADES = ("mlp", "residual", "none")
 
@@ -72,14 +72,10 @@ class CODA(AttentionCore):
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, cascade: str = "mlp",
                  noise_std: float = 1.0, alpha: int = 4, mlp_layers: int = 2, negative_slope: float = 0.2, **kw):
         super().__init__(heads, causal, dropout, **kw)
-        if cascade not in CASCADES:
-            raise ValueError(f"attention.cascade must be one of {', '.join(CASCADES)} (got '{cascade}')")
-        if float(noise_std) < 0:
-            raise ValueError(f"attention.noise_std must be >= 0 (got {noise_std})")
-        if int(alpha) < 1:
-            raise ValueError(f"attention.alpha must be >= 1 (got {alpha})")
-        if int(mlp_layers) not in (2, 3):
-            raise ValueError(f"attention.mlp_layers must be 2 (paper) or 3 (released code) (got {mlp_layers})")
+        check_choice("cascade", cascade, CASCADES)
+        check_option("noise_std", noise_std, float(noise_std) >= 0, "be >= 0")
+        check_option("alpha", alpha, int(alpha) >= 1, "be >= 1")
+        check_option("mlp_layers", mlp_layers, int(mlp_layers) in (2, 3), "be 2 (paper) or 3 (released code)")
         self.cascade, self.noise_std = cascade, float(noise_std)
         self.alpha, self.mlp_layers = int(alpha), int(mlp_layers)
         #: the model hands this core the previous layer's output at the same location

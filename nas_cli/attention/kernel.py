@@ -55,7 +55,7 @@ from torch.nn import functional as F
 
 from ..errors import NonFiniteLoss
 from ..positions import sinusoids
-from .base import NEG_INF, AttentionCore, AttentionOutput, allowed_mask, masked_row_softmax, scaled_scores
+from .base import NEG_INF, AttentionCore, check_choice, check_option, AttentionOutput, allowed_mask, masked_row_softmax, scaled_scores
 
 KERNELS = ("exp", "linear", "polynomial", "rbf")
 POSITIONS = ("direct_sum", "direct_sum_layer", "lookup", "product_xl", "product_symmetric")
@@ -72,14 +72,10 @@ class KernelSmoother(AttentionCore):
                  symmetric: bool = False, degree: int = 2, positions: str = "direct_sum", max_distance: int = 16,
                  value_pe: bool | None = None, **kw):
         super().__init__(heads, causal, dropout, **kw)
-        if kernel not in KERNELS:
-            raise ValueError(f"attention.kernel must be one of {', '.join(KERNELS)} (got '{kernel}')")
-        if positions not in POSITIONS:
-            raise ValueError(f"attention.positions must be one of {', '.join(POSITIONS)} (got '{positions}')")
-        if int(degree) < 1:
-            raise ValueError(f"attention.degree must be >= 1 (got {degree})")
-        if int(max_distance) < 0:
-            raise ValueError(f"attention.max_distance must be >= 0 (got {max_distance})")
+        check_choice("kernel", kernel, KERNELS)
+        check_choice("positions", positions, POSITIONS)
+        check_option("degree", degree, int(degree) >= 1, "be >= 1")
+        check_option("max_distance", max_distance, int(max_distance) >= 0, "be >= 0")
         if positions == "direct_sum" and value_pe is not None:
             raise ValueError("attention.value_pe needs positions in the kernel: with attention.positions=direct_sum "
                              "the model adds positions at the input, so values already carry them; use "

@@ -59,7 +59,7 @@ def valid_schemes() -> list[str]:
     schemes with an ``impl`` option, and UNAS's eager formula) and ``<name>-flex``
     (FlexAttention, attention/flex.py) and ``<name>-triton`` (attention/triton_prefix.py: the
     prefix form, i.e. the causal cases) for the schemes with an ``impl`` option."""
-    from ..registry import available, scheme_config
+    from ..choices import available, scheme_config
 
     names = available("attention")
     naive = [f"{n}-naive" for n in names
@@ -72,7 +72,7 @@ def valid_schemes() -> list[str]:
 def build_core(scheme: str, heads: int, causal: bool, d_head: int):
     """Core for ``scheme`` (``name`` or ``name-naive``) and a forward callable."""
     from ..attention.base import AttentionCore
-    from ..registry import scheme_config
+    from ..choices import scheme_config
     from ..plan import make_core_factory
 
     name, _, variant = scheme.partition("-")

@@ -53,7 +53,7 @@ def train_md_section(device: str, precision: str) -> str:
 def train_schemes() -> list[str]:
     """Registry names, plus ``<name>-naive|efficient|auto`` for the schemes with ``impl``."""
 
-    from ..registry import available, scheme_config
+    from ..choices import available, scheme_config
 
     names = available("attention")
     extra = [f"{n}-{suffix}" for n in names if "impl" in scheme_config(n)
@@ -67,7 +67,7 @@ def _split_scheme(scheme: str) -> tuple[str, str | None]:
 
 
 def _attention_cfg(scheme: str):
-    from ..registry import scheme_config
+    from ..choices import scheme_config
 
     name, impl = _split_scheme(scheme)
     cfg = scheme_config(name)
@@ -146,7 +146,7 @@ def _clock_callback(clock: _StepClock):
 def _bench_configs(model_name: str):
     from omegaconf import OmegaConf
 
-    from ..registry import CONF_DIR
+    from ..choices import CONF_DIR
 
     main = OmegaConf.load(CONF_DIR / "config.yaml")
     return (OmegaConf.load(CONF_DIR / "model" / f"{model_name}.yaml"), main.optim,
@@ -292,7 +292,7 @@ def train_markdown_section(config: dict, results: list[dict]) -> str:
 
 
 def train_main(args, parser, argv: list[str]) -> int:
-    from ..registry import available
+    from ..choices import available
 
     valid = train_schemes()
     bad = [s for s in args.schemes if s not in valid]

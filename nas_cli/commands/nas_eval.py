@@ -49,7 +49,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
 def check_fingerprints(cfg, paths: list[Path]) -> None:
     """Refuse checkpoints made with another model/attention/task/seed than the config rebuilt here
     (a run directory whose config was replaced, or ``--ckpt`` from another run)."""
-    from ..resume import _state, config_fingerprint, load_safe
+    from ..infra.resume import _state, config_fingerprint, load_safe
 
     want = config_fingerprint(cfg)
     for p in paths:

@@ -114,7 +114,7 @@ def run_explained_away(out: str | Path, steps: int = 500, seed: int = 1, heads: 
 
     from ..plan import location_alias
     from ..resolvers import register_resolvers
-    from ..registry import CONF_DIR
+    from ..choices import CONF_DIR
     from ..run import train
 
     register_resolvers()
@@ -195,7 +195,7 @@ def _scheme_record(run_dir: Path, summary: dict, enc: dict, layers: list[dict]) 
 
 def _fig1(out: Path, per_scheme: dict, layers: dict, schemes: Sequence[str], steps: int) -> tuple[list[Path], float]:
     """The overlaid histograms, all layers and one per layer; returns the files and -log Sk."""
-    from ..diagnostics.plots import plot_log_mass_histograms
+    from ..figures import plot_log_mass_histograms
 
     edges = np.asarray(next(iter(layers.values()))[0]["bin_edges"])
     sk_max = max(e["sk_max"] for ls in layers.values() for e in ls)

@@ -19,9 +19,9 @@ from omegaconf import DictConfig, read_write
 from rich.console import Console
 
 from ..errors import Refused, Stopped, UserError
-from ..registry import CONF_DIR, CONF_PACKAGE
+from ..choices import CONF_DIR, CONF_PACKAGE
 from ..resolvers import register_resolvers
-from ..rundir import CONTINUE_ENV, continuing
+from ..infra.rundir import CONTINUE_ENV, continuing
 from .nas_run_hydra import (SWEEP_CONTINUE_ENV, RunGuard, SweepSummary, _console, _fail,  # noqa: F401 (re-exported)
                             _sweep_overrides, summary_table)
 
@@ -33,10 +33,10 @@ def _spawns_processes(trainer_cfg) -> bool:
 
 
 def _one_gpu_per_job(cfg: DictConfig, job_num: int) -> None:
-    """hydra/launcher=joblib: job i trains on GPU i mod G (nas_cli.launchers.joblib_gpu)."""
+    """hydra/launcher=joblib: job i trains on GPU i mod G (nas_cli.infra.launchers.joblib_gpu)."""
     import torch
 
-    from ..launchers import joblib_gpu
+    from ..infra.launchers import joblib_gpu
 
     try:
         chosen = joblib_gpu(job_num, torch.cuda.device_count(), cfg.trainer.get("accelerator", "auto"),
@@ -84,8 +84,8 @@ def _prepare_job(cfg: DictConfig, hc, run_dir: Path, multirun: bool, optuna: boo
     locked for this process. Returns the W&B group."""
     from pytorch_lightning.utilities import rank_zero_only
 
-    from ..redaction import redact, redact_files
-    from ..rundir import acquire
+    from ..infra.redaction import redact, redact_files
+    from ..infra.rundir import acquire
 
     # the W&B group is written to summary.json, the checkpoints and the W&B run: a secret typed into it
     # (logger.group="api_key=...") is masked there as in .hydra/
@@ -112,7 +112,7 @@ def _prepare_job(cfg: DictConfig, hc, run_dir: Path, multirun: bool, optuna: boo
 
 def _finished_before(run_dir: Path) -> float:
     """A continued sweep: this job finished in an earlier launch; skipped, its value returned."""
-    from ..rundir import release
+    from ..infra.rundir import release
 
     release(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -127,7 +127,7 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
     failed.json (a sweep goes on with its other jobs: NaN); a stop says how to continue."""
     from ..checks import check_config
     from ..run import train  # heavy imports after Hydra has parsed the command line
-    from ..rundir import clear_failed, release
+    from ..infra.rundir import clear_failed, release
     from ..trainer import check_trainer
 
     checking = False
@@ -177,7 +177,7 @@ def _job_error(run_dir: Path, kind: str, reason: str, multirun: bool, record: bo
     """A refused or failed job: recorded in failed.json (``record``); a sweep's job says so on
     one line and returns NaN (the other jobs still run, the sweep's exit is non-zero); a single
     run exits with the one-line error."""
-    from ..rundir import mark_failed, release
+    from ..infra.rundir import mark_failed, release
 
     if record:
         mark_failed(run_dir, reason, **({"code": code} if code is not None else {}))
@@ -210,8 +210,8 @@ def record_resume(run_dir: Path, overrides: list[str]) -> None:
 
     import yaml
 
-    from ..redaction import redact
-    from ..rundir import atomic_write_text
+    from ..infra.redaction import redact
+    from ..infra.rundir import atomic_write_text
 
     path = run_dir / ".hydra" / "resumes.yaml"
     try:
@@ -339,7 +339,7 @@ def resume_argv(argv: list[str]) -> list[str]:
     rest = [a for a in argv if not a.startswith("resume=")]
     if len(dirs) > 1 or any(a in ("-m", "--multirun") for a in rest):
         raise UserError("resume= takes one run directory and cannot be combined with -m")
-    from ..resume import check_resumable
+    from ..infra.resume import check_resumable
 
     run_dir = Path(dirs[0]).expanduser().resolve()
     check_resumable(run_dir, rest)

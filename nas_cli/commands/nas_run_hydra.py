@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import UserError
-from ..rundir import continuing
+from ..infra.rundir import continuing
 
 
 def _fmt(x, digits=2):
@@ -63,7 +63,7 @@ class SweepSummary(Callback):
     included (with their one-line reason); exit non-zero if any job failed."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from ..rundir import read_failed, release
+        from ..infra.rundir import read_failed, release
 
         root = Path(config.hydra.sweep.dir)
         rows = [json.loads(p.read_text()) for p in sorted(root.glob("*/summary.json"))]
@@ -81,9 +81,9 @@ class SweepSummary(Callback):
 
 
 def _ended_before_start(root: Path) -> list[tuple[Path, dict]]:
-    """Jobs the scheduler ended before they made a run directory (nas_cli.launchers), unless a later
+    """Jobs the scheduler ended before they made a run directory (nas_cli.infra.launchers), unless a later
     launch of the sweep finished them."""
-    from ..launchers import ENDED_FILE
+    from ..infra.launchers import ENDED_FILE
 
     try:
         ended = json.loads((root / ENDED_FILE).read_text()) if (root / ENDED_FILE).is_file() else []
@@ -118,7 +118,7 @@ class RunGuard(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         from ..checks import check_config
-        from ..rundir import acquire
+        from ..infra.rundir import acquire
 
         run_dir = Path(str(config.hydra.run.dir))
         try:
@@ -133,10 +133,10 @@ class RunGuard(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from ..checks import check_config
-        from ..rundir import acquire
+        from ..infra.rundir import acquire
 
         root = Path(str(config.hydra.sweep.dir))
-        from ..launchers import install, install_optuna
+        from ..infra.launchers import install, install_optuna
 
         install()  # hydra/launcher=slurm: a job the scheduler ends fails alone (after Hydra loaded its plugins)
         install_optuna()  # sweep=optuna launched again: new trials in new job directories

@@ -47,7 +47,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
-from ..atomic import atomic_write_json
+from ..infra.atomic import atomic_write_json
 from ..attention.base import learned_titles, learned_values
 from .collector import AttentionDiagnostics, flatten_results, location_masks
 from .explained_away import DEFAULT_EPS
@@ -193,7 +193,7 @@ class DiagnosticsCallback(pl.Callback):
         """DDP: the first ``batches`` batches of the unsharded validation split (as one process sees it)."""
         from lightning_fabric.utilities.apply_func import move_data_to_device
 
-        from ..scale import ShardedData
+        from ..infra.distributed import ShardedData
 
         data = trainer.datamodule
         make = data.unsharded_val_dataloader if isinstance(data, ShardedData) else pl_module.task.val_dataloader
@@ -333,7 +333,7 @@ class DiagnosticsCallback(pl.Callback):
         return [path for m in self.metrics for path in m.figures(results, self.dir, self.last_step)]
 
     def _plot_learned(self, name: str) -> Path:
-        from .plots import plot_trajectories
+        from ..figures import plot_trajectories
 
         last = self.learned_history[-1][1].get(name, {})
         locs = list(last)

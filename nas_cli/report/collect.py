@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..identity import flatten as _flatten
+from ..infra.config_identity import flatten as _flatten
 from ..locations import LOCATIONS
 from ..metrics import KNOWN, declare
 

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from ..locations import LOCATIONS
-from . import figures
+from .. import figures
 from .collect import TEST_METRICS, Run
 from .table import Group, table_rows, unfinished_rows
 
@@ -270,6 +270,6 @@ def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[
 def write_html(path: str | Path, runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[str],
                title: str = "nas-report", by: Sequence[str] | None = None, verdicts=None, items=None,
                notes: Sequence[str] = ()) -> Path:
-    from ..atomic import atomic_write_text
+    from ..infra.atomic import atomic_write_text
 
     return atomic_write_text(path, render_html(runs, groups, sources, title, by, verdicts, items, notes))

@@ -18,7 +18,7 @@ from .collect import TEST_METRICS, Run  # noqa: F401 (re-exported)
 __all__ = ["Group", "group_runs", "field_value", "columns", "table_rows", "rich_table", "unfinished_rows",
            "IGNORED_KEYS", "BadField"]
 
-from ..identity import IGNORED_KEYS, identity
+from ..infra.config_identity import IGNORED_KEYS, identity
 
 #: fields read from summary.json / the run itself rather than from the config
 RUN_FIELDS = ("task", "scheme", "heads", "seed", "model", "d_model", "steps", "parameters", "source")

@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from nas_cli import contract
-from nas_cli.registry import CONF_DIR
+from nas_cli.choices import CONF_DIR
 
 
 @pytest.mark.parametrize("check", list(contract.CHECKS))

@@ -16,7 +16,7 @@ from nas_cli.attention.kernel import KernelDiverged, KernelSmoother
 from nas_cli.errors import NonFiniteLoss, UserError
 from nas_cli.model import MultiHeadAttention, Seq2SeqTransformer
 from nas_cli.positions import sinusoids
-from nas_cli.registry import CONF_DIR
+from nas_cli.choices import CONF_DIR
 from nas_cli.plan import make_core_factory
 
 NEW_SCHEMES = ["kernel_exp", "kernel_linear", "kernel_poly", "kernel_rbf", "coda", "coda_cs", "realformer",
@@ -415,7 +415,7 @@ def test_every_new_scheme_runs_in_a_multirun(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the jobs' tiny models: see one_thread()
     # every scheme of the registry; Hydra's basic sweeper takes products only, so the schemes
     # that declare they place positions themselves (model.positions=none) run in a second multirun
-    from nas_cli.registry import available
+    from nas_cli.choices import available
 
     schemes = available("attention")
     own = [s for s in schemes if build_core(s).requires_no_input_positions]

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from nas_cli.wandb_offline import read_run
+from nas_cli.infra.wandb_offline import read_run
 
 from helpers import NAS_RUN, nas_run  # noqa: F401  (NAS_RUN: used below)
 
@@ -123,7 +123,7 @@ def test_thread_count_does_not_split_a_group_but_the_setup_does():
     from omegaconf import OmegaConf
 
     from helpers import compose_cfg
-    from nas_cli.identity import config_id
+    from nas_cli.infra.config_identity import config_id
 
     def cid(*overrides):
         return config_id(OmegaConf.to_container(compose_cfg(*overrides), resolve=True))

@@ -9,7 +9,7 @@ from hydra.utils import instantiate
 from nas_cli.lit import build_model
 from helpers import build_core, compose_cfg
 from nas_cli.plan import AttentionPlan
-from nas_cli.registry import CONF_DIR, available
+from nas_cli.choices import CONF_DIR, available
 
 
 def placement(attn_cfg):

@@ -235,7 +235,7 @@ def test_a_malformed_metrics_declaration_is_one_line_before_training(tmp_path):
 def test_a_user_schemes_learned_value_reaches_wandb_and_nas_report(tmp_path):
     """Issue #29: a learnable per-head value of a user scheme (the guide's temperature) reaches
     W&B, summary.json, the diagnostics and nas-report with no edit to nas-run."""
-    from nas_cli.wandb_offline import read_run
+    from nas_cli.infra.wandb_offline import read_run
 
     (tmp_path / "my_tempered.py").write_text(_block("`my_tempered.py`", "python"))
     (tmp_path / "my_conf" / "attention").mkdir(parents=True)

@@ -426,9 +426,9 @@ def test_a_half_written_first_checkpoint_is_cleaned_up_on_resume(tmp_path):
 
 
 def _take(run_dir, results, start):
-    import nas_cli.rundir as rundir
+    import nas_cli.infra.rundir as rundir
     from nas_cli.errors import UserError
-    from nas_cli.rundir import acquire
+    from nas_cli.infra.rundir import acquire
 
     read = rundir._read
 
@@ -453,7 +453,7 @@ def test_two_takers_of_one_stale_lock_never_both_own_the_run(tmp_path):
     of eight racing processes exactly one owns the directory."""
     import multiprocessing as mp
 
-    from nas_cli.rundir import LOCK_NAME, _me
+    from nas_cli.infra.rundir import LOCK_NAME, _me
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -484,7 +484,7 @@ class _Marker:
 def test_a_legacy_format_unsafe_checkpoint_is_refused_not_called_truncated(tmp_path):
     """Issue #34 (8): torch's legacy (non-zip) format cannot be memory-mapped; the safe loader's refusal
     was reported as 'truncated'. Now it is refused as unsafe, nothing runs, and a safe legacy file loads."""
-    from nas_cli.resume import _reason, load_safe
+    from nas_cli.infra.resume import _reason, load_safe
 
     marker = tmp_path / "pwned"
     bad = tmp_path / "legacy.ckpt"
@@ -500,7 +500,7 @@ def test_a_legacy_format_unsafe_checkpoint_is_refused_not_called_truncated(tmp_p
 def test_a_busy_sweep_directory_is_refused_before_continuing_is_said(tmp_path):
     """Issue #34 (8): launching a sweep into a directory whose sweep is still running printed
     'continuing the sweep' and then the lock error."""
-    from nas_cli.rundir import LOCK_NAME, _me
+    from nas_cli.infra.rundir import LOCK_NAME, _me
 
     sweep = tmp_path / "sweep"
     args = ("-m", *FAST, "seed=1", f"hydra.sweep.dir={sweep}")

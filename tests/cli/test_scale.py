@@ -18,12 +18,12 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from nas_cli.diagnostics.callback import DiagnosticsCallback, location_scalars
-from nas_cli.registry import CONF_DIR
-from nas_cli.resume import _state
+from nas_cli.choices import CONF_DIR
+from nas_cli.infra.resume import _state
 from datafiles import write_lm, write_parallel
 from nas_cli.run import build_module, build_task
-from nas_cli.scale import shard_and_resume
-from nas_cli.wandb_offline import read_run
+from nas_cli.infra.distributed import shard_and_resume
+from nas_cli.infra.wandb_offline import read_run
 from helpers import NAS_RUN, nas_run
 
 TINY = ("debug=fast", "progress_bar=false")
@@ -490,7 +490,7 @@ def test_joblib_gives_each_sweep_job_its_own_gpu():
     # issue #28 (3): job i of a joblib sweep gets GPU i mod G as its Lightning device list; CPU trainers and machines
     # without GPUs are left alone; a job asking for several devices is refused with one line
     from nas_cli.errors import UserError
-    from nas_cli.launchers import joblib_gpu
+    from nas_cli.infra.launchers import joblib_gpu
 
     assert [joblib_gpu(i, 4, "gpu", 1) for i in range(6)] == [[0], [1], [2], [3], [0], [1]]
     assert [joblib_gpu(i, 2, "auto", "auto") for i in range(3)] == [[0], [1], [0]]

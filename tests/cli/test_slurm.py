@@ -161,7 +161,7 @@ def test_preemption_requeues_resume_bit_identically_and_close_wandb_cleanly(clus
     # then `scontrol requeue` (SIGTERM: last.ckpt, SLURM requeues): each time the job resumes from last.ckpt in the
     # same W&B run, and the final weights equal an uninterrupted run's bit for bit (deterministic mode). No W&B
     # traceback in the job's log (4), and the records logged before the first stop are in the first run file.
-    from nas_cli.wandb_offline import read_run
+    from nas_cli.infra.wandb_offline import read_run
 
     setup = ("debug=fast", "progress_bar=false", "trainer.max_steps=160", "trainer.val_check_interval=40",
              "trainer.log_every_n_steps=5", "run_test=false", "trainer.deterministic=true", "threads=1", "seed=1",

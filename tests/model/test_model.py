@@ -4,7 +4,7 @@ import torch
 from omegaconf import OmegaConf
 
 from nas_cli.model import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
-from nas_cli.registry import CONF_DIR
+from nas_cli.choices import CONF_DIR
 from nas_cli.plan import make_core_factory
 
 SIZES = dict(d_model=32, heads=4, ffn=64, dropout=0.0, max_len=64)

@@ -10,7 +10,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from nas_cli.errors import UserError
-from nas_cli.registry import CONF_DIR
+from nas_cli.choices import CONF_DIR
 from nas_cli.run import train
 
 # three steps, every step logged; dropout off so the runs are deterministic

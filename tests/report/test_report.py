@@ -17,8 +17,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from nas_cli.registry import CONF_DIR
-from nas_cli.wandb_offline import read_run
+from nas_cli.choices import CONF_DIR
+from nas_cli.infra.wandb_offline import read_run
 
 BIN = Path(sys.executable).parent
 NAS_RUN = shutil.which("nas-run") or str(BIN / "nas-run")

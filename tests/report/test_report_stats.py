@@ -416,10 +416,16 @@ def _study_report():
     return load_benchmark("study_report")
 
 
+def _study_common():
+    from helpers import load_benchmark
+
+    return load_benchmark("study_common")
+
+
 def test_study_ordering_claim_holds_only_if_every_link_does():
     """An ordering claim (CODA > CODA-CS > RealFormer > Transformer) is decided link by link with
     the paired t-test over seeds; one link not significant, or reversed, and the order does not hold."""
-    mod = _study_report()
+    mod = _study_common()
     up = stats.compare_seeds("jsd", [3.8, 3.7, 3.9], [4.9, 4.7, 5.1], [1, 2, 3])  # clearly higher
     flat = stats.compare_seeds("jsd", [3.8, 3.7, 3.9], [3.7, 3.9, 3.8], [1, 2, 3])  # noise
     holds, words = mod.chain([("A", "B", up), ("B", "C", up)])

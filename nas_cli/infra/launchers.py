@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
-from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _plugin
 
 #: the sweep directory's list of jobs that ended before they wrote anything
 ENDED_FILE = "ended_jobs.json"
@@ -165,7 +164,7 @@ def joblib_gpu(job_num: int, gpus: int, accelerator: str, devices) -> list[int] 
     over the GPUs instead of all taking GPU 0. None: nothing to choose (no GPU, or a CPU trainer).
     A job that asks for several devices cannot run in a joblib worker (it would start processes):
     refused with one line."""
-    from .errors import UserError
+    from ..errors import UserError
 
     accel = str(accelerator).lower()
     if gpus <= 0 or accel not in ("gpu", "cuda", "auto"):

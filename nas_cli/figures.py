@@ -1,18 +1,31 @@
-"""Comparison figures for ``nas-report`` (matplotlib Agg -> PNG bytes).
+"""Every figure nas-run draws (matplotlib, Agg backend: files only, no display).
 
-Laid out for comparing runs, not one run (that is :mod:`nas_cli.diagnostics.plots`):
-rows are runs, columns are layers, colour scales and bins are shared. Only numpy and
-matplotlib are imported, so the report starts without loading torch.
+One drawing per figure, two ways out: the functions without a prefix return PNG bytes (what
+``nas-report`` embeds in its HTML page); the ``plot_*`` functions take one run's arrays or
+tensors and a path, write the PNG and return the path (the diagnostics callback and
+``nas-repro``). Rows are runs, columns are layers; colour scales and bins are shared.
+
+* head-JSD heat maps (Zheng et al. 2021, CODA Figs. 2 and 4): :func:`heatmap_grid`,
+  :func:`plot_jsd_heatmaps`;
+* the histogram of log_e sum_i pi_ij over keys with -log Sk marked (Ding et al. 2020, Fig. 1,
+  Theorem 2's DNAS floor): :func:`log_mass_overlay`, :func:`plot_log_mass_histograms`;
+* a per-head value a scheme learns, over training (HNAS's u, Ding et al. Figs. 3-5):
+  :func:`trajectory_panels`, :func:`plot_trajectories`;
+* a metric against the number of heads (CODA Fig. 3): :func:`metric_vs_heads`.
+
+Only numpy and matplotlib are imported, so the report starts without loading torch.
 """
 from __future__ import annotations
 
 import io
 import math
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["metric_vs_heads", "heatmap_grid", "log_mass_overlay", "histogram_range", "trajectory_panels"]
+__all__ = ["metric_vs_heads", "heatmap_grid", "log_mass_overlay", "histogram_range", "trajectory_panels",
+           "plot_jsd_heatmaps", "plot_log_mass_histograms", "plot_trajectories"]
 
 COLOURS = ["tab:blue", "tab:red", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:gray"]
 
@@ -80,12 +93,16 @@ def _honest_ylim(ax, points) -> None:
     ax.set_ylim(lo - pad, hi + pad)
 
 
-def heatmap_grid(rows: Sequence[tuple[str, Sequence[np.ndarray]]], title: str) -> bytes:
+def heatmap_grid(rows: Sequence[tuple[str, Sequence[np.ndarray]]], title: str,
+                 col_titles: Sequence[str] | None = None, vmax: float | None = None) -> bytes:
     """Head-JSD matrices side by side: one row per run (label, [H x H per layer]), one column
-    per layer, one colour scale for all panels (CODA Figs. 2/4)."""
+    per layer (titled ``layer c`` unless ``col_titles``), one colour scale for all panels
+    (0 .. ``vmax``, default the largest entry; CODA Figs. 2/4). Each title carries the mean
+    over head pairs i < i'."""
     plt = _pyplot()
     n_cols = max(len(mats) for _, mats in rows)
-    top = max((float(np.max(m)) for _, mats in rows for m in mats), default=1.0) or 1.0
+    top = vmax if vmax is not None else max((float(np.max(m)) for _, mats in rows for m in mats), default=1.0)
+    top = top if top > 0 else 1.0
     fig, axes = plt.subplots(len(rows), n_cols, figsize=(2.3 * n_cols + 1.6, 2.1 * len(rows) + 0.6), squeeze=False)
     im = None
     for r, (label, mats) in enumerate(rows):
@@ -98,7 +115,7 @@ def heatmap_grid(rows: Sequence[tuple[str, Sequence[np.ndarray]]], title: str) -
             h = m.shape[0]
             pair = float(m[np.triu_indices(h, 1)].mean()) if h > 1 else 0.0
             im = ax.imshow(m, vmin=0.0, vmax=top, cmap="viridis")
-            ax.set_title(f"layer {c} (mean {pair:.3g})", fontsize=8)
+            ax.set_title(f"{col_titles[c] if col_titles else f'layer {c}'} (mean {pair:.3g})", fontsize=8)
             ax.set_xticks(range(h))
             ax.set_yticks(range(h))
             ax.tick_params(labelsize=6)
@@ -170,3 +187,72 @@ def trajectory_panels(steps: Sequence[int], u: np.ndarray, names: Sequence[str],
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return _png(fig)
+
+
+# ---------------------------------------------------------------- one run's figures, as files
+
+def _np(x: Any) -> np.ndarray:
+    """torch tensor (any device) or array-like -> float64 numpy array."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _write(png: bytes, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(png)
+    return path
+
+
+def plot_jsd_heatmaps(matrices: Sequence[Any] | Mapping[str, Any], path: str | Path,
+                      titles: Sequence[str] | None = None, vmax: float | None = None,
+                      suptitle: str | None = None) -> Path:
+    """One heat map per layer of an (H, H) head-JSD matrix: ``matrices`` is a list of (H, H)
+    arrays (layer order) or {panel title: (H, H)}; one colour scale (see :func:`heatmap_grid`)."""
+    if isinstance(matrices, Mapping):
+        titles = list(matrices.keys()) if titles is None else list(titles)
+        mats = [_np(m) for m in matrices.values()]
+    else:
+        mats = [_np(m) for m in matrices]
+    if not mats:
+        raise ValueError("plot_jsd_heatmaps needs at least one matrix")
+    return _write(heatmap_grid([("", mats)], suptitle or "head JSD", col_titles=titles, vmax=vmax), path)
+
+
+def plot_log_mass_histograms(histograms: Mapping[str, Any], path: str | Path, bin_edges: Any | None = None,
+                             neg_log_sk: float | None = None, title: str | None = None) -> Path:
+    """Ding et al. Fig. 1 for one set of runs: ``histograms`` is {label: counts}, counts (n_bins,)
+    or (H, n_bins) (summed over heads) on the shared ``bin_edges``; a value may also be an
+    ``ExplainedAwayStats``, whose own counts, edges and -log Sk are used."""
+    hists, edges = {}, bin_edges
+    for label, h in histograms.items():
+        if hasattr(h, "counts") and hasattr(h, "bin_edges"):
+            edges = h.bin_edges if edges is None else edges
+            if neg_log_sk is None and getattr(h, "sk_max", 0):
+                neg_log_sk = h.neg_log_sk
+            h = h.counts
+        counts = _np(h)
+        hists[label] = counts.sum(0) if counts.ndim == 2 else counts  # (H, n_bins) -> (n_bins,)
+    if edges is None:
+        raise ValueError("bin_edges must be given for plain count arrays")
+    edges = _np(edges)
+    for label, counts in hists.items():
+        if counts.shape[0] != len(edges) - 1:
+            raise ValueError(f"{label}: {counts.shape[0]} counts for {len(edges) - 1} bins")
+    return _write(log_mass_overlay(hists, edges, neg_log_sk, title or "attention mass received per key"), path)
+
+
+def plot_trajectories(history: Sequence[tuple[int, Any]], path: str | Path, layer_names: Sequence[str] | None = None,
+                      title: str | None = None, name: str = "value") -> Path:
+    """A per-head value a scheme learns, over training: ``history`` is [(step, value (layers,
+    heads))] in any order (a (layers,) value is one head per layer)."""
+    if not history:
+        raise ValueError("plot_trajectories needs at least one (step, value) entry")
+    hist = sorted(((int(s), _np(u)) for s, u in history), key=lambda t: t[0])
+    arrays = [a[:, None] if a.ndim == 1 else a for _, a in hist]
+    if any(a.ndim != 2 or a.shape != arrays[0].shape for a in arrays):
+        raise ValueError(f"every {name} must be a (layers, heads) array of the same shape")
+    u = np.stack(arrays)  # (T, L, H)
+    names = list(layer_names) if layer_names is not None else [f"layer {i}" for i in range(u.shape[1])]
+    return _write(trajectory_panels([s for s, _ in hist], u, names, title or f"{name} over training"), path)

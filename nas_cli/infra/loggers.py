@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from ..errors import UserError
 
 
 def wandb(run_dir: Path, name: str, group: str, job_type: str, tags: list[str], hparams: dict[str, Any],
@@ -81,8 +81,8 @@ def make_logger(cfg, plan, run_dir: Path, group: str, job_type: str, run_id: str
     from hydra.utils import get_method
     from omegaconf import OmegaConf
 
-    from .errors import unwrap as _unwrap
-    from .identity import config_id
+    from ..errors import unwrap as _unwrap
+    from .config_identity import config_id
 
     cfg_id = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))
     tags = [f"task:{cfg.task.name}", f"scheme:{plan.tag}", f"heads:{cfg.model.heads}", f"cfg:{cfg_id}",
@@ -114,8 +114,8 @@ def public_config(cfg, plan=None, cfg_id: str | None = None) -> dict[str, Any]:
     attention placement spelled out per location."""
     from omegaconf import OmegaConf
 
-    from .identity import config_id
-    from .plan import AttentionPlan
+    from .config_identity import config_id
+    from ..plan import AttentionPlan
     from .redaction import redact
 
     data = redact(OmegaConf.to_container(cfg, resolve=True))

@@ -20,7 +20,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
-from .errors import UserError
+from ..errors import UserError
 
 from .atomic import atomic_write
 

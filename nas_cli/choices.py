@@ -1,4 +1,4 @@
-"""The registries are the config folders: ``conf/attention/*.yaml`` for schemes, ``conf/task/``
+"""The config choices are the config folders: ``conf/attention/*.yaml`` for schemes, ``conf/task/``
 for tasks, and so on; this module reads them and keeps no list.
 
 The folder ships inside the installed package as ``nas_cli.conf`` (``pyproject.toml`` maps

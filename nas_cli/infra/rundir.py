@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from ..errors import UserError
 
 from .atomic import atomic_write_json, atomic_write_text  # noqa: F401  (the run directory's writers)
 

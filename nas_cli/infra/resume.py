@@ -35,7 +35,7 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from .errors import SignalStop, UserError
+from ..errors import SignalStop, UserError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 CHAINED = (signal.SIGUSR1, signal.SIGUSR2)  # their earlier handlers requeue SLURM jobs; SIGTERM's only notify
