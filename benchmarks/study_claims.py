@@ -11,7 +11,7 @@ from study_common import (ADDITIVE, CLAIMS, CSV_NAME, FIG1_CUT, NAMES, _better_c
                           _flip, _groups, _link, _load, _n_note, _p, _per_seed, below_cut, chain, heads_trend)
 
 
-def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str:
+def claims_section(mt_root, lm_root, additive_root=None, heads_root=None, hf_root=None) -> str:
     """The claims table from the Multi30k and WikiText-2 sweep directories (a path or a list)."""
     g, cmp = _load(mt_root, ["test/bleu", "test/ppl", "jsd", "min_margin", "explained_away"])
     lg, lcmp = _load(lm_root, ["test/ppl", "jsd", "min_margin"], heads=None)
@@ -27,7 +27,7 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None) -> str
              "| claim (paper, quoted) | paper's number | nas-run here | difference | holds here? |",
              "|---|---|---|---|---|"]
 
-    c = _Claims(lines, g, cmp, lg, lcmp, additive_root, heads_root)
+    c = _Claims(lines, g, cmp, lg, lcmp, additive_root, heads_root, hf_root)
     for claim in CLAIM_ROWS:
         claim(c)
     if "unas" in g and "dnas" in g:
@@ -44,9 +44,10 @@ class _Claims:
     against UNAS, the WikiText-2 ones, and the additive and heads sweeps. (A plain class: the
     tests load this script without registering it as a module, which dataclasses need.)"""
 
-    def __init__(self, lines: list, g: dict, cmp: dict, lg: dict, lcmp: dict, additive_root, heads_root):
+    def __init__(self, lines: list, g: dict, cmp: dict, lg: dict, lcmp: dict, additive_root, heads_root,
+                 hf_root=None):
         self.lines, self.g, self.cmp, self.lg, self.lcmp = lines, g, cmp, lg, lcmp
-        self.additive_root, self.heads_root = additive_root, heads_root
+        self.additive_root, self.heads_root, self.hf_root = additive_root, heads_root, hf_root
 
     def row(self, *cells):
         self.lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
@@ -294,11 +295,28 @@ def _claim_causal_lm(c: "_Claims") -> None:
             _diff(r) + (f"; floor margin {_diff(m)}" if m else ""), v)
 
 
+def _claim_llama_lm(c: "_Claims") -> None:
+    """14. The WikiText-2 result in a Llama-style decoder (model=hf_llama, docs/huggingface.md)"""
+    claim = ("Causal DNAS's WikiText-2 result carries over to a Llama-style decoder (model=hf_llama: rotary "
+             "positions, grouped-query attention, RMSNorm, gated MLP)")
+    paper = "no paper measured it (the row above: nas-run's own Transformer)"
+    g, cmp = _load(c.hf_root, ["test/ppl", "jsd", "min_margin"], heads=None) if c.hf_root else ({}, {})
+    r = cmp.get(("dnas", "test/ppl"))
+    if r is None:
+        c.missing(claim, paper)
+        return
+    v = r.comparison.verdict(False)
+    v = ("yes: DNAS lower perplexity" if v.startswith("better") else "no: DNAS higher perplexity"
+         if v.startswith("worse") else _n_note(r))
+    c.row(claim, paper, f"WikiText-2 test ppl: UNAS {_ci(g.get('unas'), 'test/ppl')}, DNAS {_ci(g['dnas'], 'test/ppl')}",
+          _diff(r), v)
+
+
 #: the claims table, row by row
 CLAIM_ROWS = [
     _claim_dnas_better, _claim_hnas_better, _claim_theorem2, _claim_fig1, _claim_coda_better,
     _claim_zheng_orders, _claim_diversity_quality, _claim_sinkhorn, _claim_kernels, _claim_heads,
-    _claim_additive, _claim_causal_lm]
+    _claim_additive, _claim_causal_lm, _claim_llama_lm]
 
 
 

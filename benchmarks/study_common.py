@@ -24,6 +24,8 @@ MT_SWEEPS = ("multi30k", "multi30k_zheng", "multi30k_tsai", "multi30k_sinkhorn")
 HEADS_SWEEPS = ("multi30k", "multi30k_heads")
 ADDITIVE_SWEEPS = ("multi30k_additive",)
 LM_SWEEPS = ("wikitext2",)
+#: UNAS vs causal DNAS with model=hf_llama (benchmarks/study_queue_hf.sh)
+LM_HF_SWEEPS = ("wikitext2_hf_llama",)
 NAMES = {"unas": "UNAS", "dnas": "DNAS", "hnas": "HNAS", "coda": "CODA", "coda_cs": "CODA-CS",
          "realformer": "RealFormer", "sinkhorn": "Sinkhorn-3", "kernel_rbf": "RBF", "kernel_poly": "poly",
          "kernel_linear": "linear"}

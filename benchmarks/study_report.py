@@ -45,7 +45,7 @@ from nas_cli.report.table import Group
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below
 from study_claims import CLAIM_ROWS, claims_section  # noqa: E402,F401
-from study_common import (ADDITIVE, ADDITIVE_SWEEPS, CSV_NAME, FIG1_CUT, HEADS, HEADS_SWEEPS, LM_METRICS,
+from study_common import (ADDITIVE, ADDITIVE_SWEEPS, LM_HF_SWEEPS, CSV_NAME, FIG1_CUT, HEADS, HEADS_SWEEPS, LM_METRICS,
                           LM_SWEEPS, MT_METRICS, MT_SWEEPS, NAMES, RESULTS, ROOT, STUDY, _ci, _groups, _p,
                           _roots, below_cut, heads_trend)  # noqa: E402
 
@@ -223,18 +223,20 @@ def generate(study: Path, out: Path, figures: Path | None, csv_path: Path | None
                                (at(("multi30k_heads",)), ["--metrics", "bleu,jsd"]),
                                (at(ADDITIVE_SWEEPS), ["--baseline", f"scheme={ADDITIVE['two']}", "--metrics",
                                                       "bleu,step_variation:cross"]),
-                               (at(LM_SWEEPS), [*unas, LM_METRICS])])
+                               (at(LM_SWEEPS), [*unas, LM_METRICS]),
+                               (at(LM_HF_SWEEPS), [*unas, LM_METRICS])])
     if results is None:
         return 1
     if figures is not None:
         figures.mkdir(parents=True, exist_ok=True)
         fig1(at(MT_SWEEPS), figures)
-    write_markdown(out, claims_section(at(MT_SWEEPS), at(LM_SWEEPS), at(ADDITIVE_SWEEPS), at(HEADS_SWEEPS)))
+    write_markdown(out, claims_section(at(MT_SWEEPS), at(LM_SWEEPS), at(ADDITIVE_SWEEPS), at(HEADS_SWEEPS),
+                                       at(LM_HF_SWEEPS)))
     write_markdown(out, heads_section(at(HEADS_SWEEPS), figures))
     write_markdown(out, results + "\n")
     if csv_path is not None:
         csv_path.parent.mkdir(parents=True, exist_ok=True)
-        csv_path.write_text(runs_csv(at(sorted({*MT_SWEEPS, *HEADS_SWEEPS, *ADDITIVE_SWEEPS, *LM_SWEEPS}))))
+        csv_path.write_text(runs_csv(at(sorted({*MT_SWEEPS, *HEADS_SWEEPS, *ADDITIVE_SWEEPS, *LM_SWEEPS, *LM_HF_SWEEPS}))))
     return 0
 
 

@@ -131,11 +131,42 @@ def check_attention(cfg: DictConfig) -> None:
     try:
         lm = is_language_model(cfg)
         plan = AttentionPlan.from_config(cfg.attention)
-        plan.check(cfg.model, lm=lm)
+        if cfg.model.get("family"):
+            check_hf_model(plan, cfg, lm)
+        else:
+            plan.check(cfg.model, lm=lm)
     except SchemeError as err:
         raise UserError(str(err)) from None
     check_flex(plan, cfg)
     check_triton(plan, cfg)
+
+
+def check_hf_model(plan, cfg: DictConfig, lm: bool) -> None:
+    """``model=hf_*`` (nas_cli/hf/models.py): Transformers installed, the kind of task the family
+    serves, and schemes that can run inside the library's layers (one line naming what to change)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise UserError(f"model={cfg.model.get('name')} needs Hugging Face Transformers: "
+                        "pip install -e '.[hf]'") from None
+    from .hf.attention import refuse_reason
+    from .hf.models import FAMILIES, wrong_task
+
+    if str(cfg.model.family) not in FAMILIES:
+        raise UserError(f"model.family={cfg.model.family} is not a Hugging Face family nas-run maps; choose one "
+                        f"of {', '.join(FAMILIES)}")
+    wrong = wrong_task(cfg.model, lm)
+    if wrong:
+        raise UserError(wrong)
+    if cfg.model.get("adaptive_softmax"):
+        raise UserError(f"model.adaptive_softmax is not available with model={cfg.model.get('name')}: "
+                        "add model.adaptive_softmax=null (and optim.label_smoothing as you like)")
+    for loc in (("decoder",) if lm else ("encoder", "decoder", "cross")):
+        reason = refuse_reason(plan.core(loc, 0, loc == "decoder", int(cfg.model.heads)))
+        if reason:
+            where = "attention" if len(set(plan.names().values())) == 1 else f"attention.{loc}"
+            raise UserError(f"{where}={plan.placed[loc].scheme} cannot run inside model={cfg.model.get('name')}: "
+                            f"it {reason}")
 
 
 def check_triton(plan, cfg: DictConfig) -> None:

@@ -24,6 +24,10 @@ def build_model(model_cfg: DictConfig, attention: AttentionPlan | DictConfig, ta
     """The model for ``task`` (seq2seq or LM) with the cores of ``attention`` (the job's plan,
     or a composed ``attention`` node from which one is made)."""
     plan = attention if isinstance(attention, AttentionPlan) else AttentionPlan.from_config(attention)
+    if model_cfg.get("family"):  # a Hugging Face family (model=hf_llama, ...)
+        from .hf.models import build_hf_model
+
+        return build_hf_model(model_cfg, plan, task)
     factory = plan.core_factory(int(model_cfg.heads), float(model_cfg.get("attention_dropout", 0.0)))
     common = dict(d_model=model_cfg.d_model, heads=model_cfg.heads, ffn=model_cfg.ffn, dropout=model_cfg.dropout,
                   norm_first=model_cfg.norm_first, positions=model_cfg.positions, max_len=model_cfg.max_len,

@@ -267,30 +267,9 @@ class Seq2SeqTransformer(nn.Module):
         logits, dec = self.decode(tgt_in, memory, memory_mask, need_weights)
         return logits, {**enc, **dec}
 
-    @torch.no_grad()
     def greedy_decode(self, src, bos_id: int, eos_id: int, max_len: int, incremental: bool = True) -> torch.Tensor:
-        """Greedy decoding. Incremental (cached keys/values and running column normalizers)
-        when every decoder core supports ``step``, else the decoder re-runs on the whole
-        prefix; both equal teacher forcing. Returns (B, <= max_len) token ids without BOS,
-        padded with pad_id after EOS."""
-        memory, memory_mask, _ = self.encode(src)
-        ys = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)
-        done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
-        step_cache = {} if incremental and self.can_step else None
-        for _ in range(max_len):
-            if step_cache is not None:
-                last = self.decode_step(ys[:, -1:], memory, memory_mask, step_cache).clone()
-            else:
-                logits, _ = self.decode(ys, memory, memory_mask, last_only=True)
-                last = logits[:, -1].clone()
-            last[:, [self.pad_id, bos_id]] = float("-inf")  # never emit padding or a second BOS
-            nxt = last.argmax(-1)
-            nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
-            ys = torch.cat([ys, nxt[:, None]], dim=1)
-            done |= nxt == eos_id
-            if done.all():
-                break
-        return ys[:, 1:]
+        """Greedy decoding (:func:`greedy_decode`)."""
+        return greedy_decode(self, src, bos_id, eos_id, max_len, incremental)
 
 
 class DecoderOnlyLM(nn.Module):
@@ -345,6 +324,33 @@ class DecoderOnlyLM(nn.Module):
         if self.adaptive:
             return self.generator(h, target).output
         return F.log_softmax(self.generator(h).float(), dim=-1).gather(1, target[:, None]).squeeze(1)
+
+
+@torch.no_grad()
+def greedy_decode(model, src, bos_id: int, eos_id: int, max_len: int, incremental: bool = True) -> torch.Tensor:
+    """Greedy decoding with any encoder-decoder that has ``encode``, ``decode``, ``can_step``,
+    ``decode_step`` and ``pad_id`` (:class:`Seq2SeqTransformer`, a Hugging Face pair). Incremental
+    (cached keys/values and running column normalizers) when every decoder core supports
+    ``step``, else the decoder re-runs on the whole prefix; both equal teacher forcing. Returns
+    (B, <= max_len) token ids without BOS, padded with pad_id after EOS."""
+    memory, memory_mask, _ = model.encode(src)
+    ys = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)
+    done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
+    step_cache = {} if incremental and model.can_step else None
+    for _ in range(max_len):
+        if step_cache is not None:
+            last = model.decode_step(ys[:, -1:], memory, memory_mask, step_cache).clone()
+        else:
+            logits, _ = model.decode(ys, memory, memory_mask, last_only=True)
+            last = logits[:, -1].clone()
+        last[:, [model.pad_id, bos_id]] = float("-inf")  # never emit padding or a second BOS
+        nxt = last.argmax(-1)
+        nxt = torch.where(done, torch.full_like(nxt, model.pad_id), nxt)
+        ys = torch.cat([ys, nxt[:, None]], dim=1)
+        done |= nxt == eos_id
+        if done.all():
+            break
+    return ys[:, 1:]
 
 
 def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float = 0.0):

@@ -1,0 +1,44 @@
+"""nas-run's schemes inside Hugging Face Transformers models.
+
+    import nas_cli.hf                       # registers every scheme of conf/attention/ by its name
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="dnas")
+    nas_cli.hf.attach(model)                # schemes that learn parameters (hnas, additive) need it
+
+``import nas_cli.hf`` registers, for every scheme ``conf/attention/<name>.yaml``, an attention
+function (``AttentionInterface.register``) and a mask function of the same name
+(``AttentionMaskInterface.register``; without it the library hands the function no mask and
+causal and padding masking disappear). Every model family the library converted to its
+attention interface (Llama, Mistral, Qwen2, GPT-2, BERT, ...) then runs the scheme in every
+attention layer: one nas-run core per layer, built from the scheme's YAML like nas-run's own
+model builds it (:class:`nas_cli.plan.AttentionPlan`), kept on the layer as ``nas_core``.
+
+How a call is served:
+
+* **Forms.** Self-attention of a layer the library marks ``is_causal`` is nas-run's decoder form
+  (``location="decoder"``: causal keys, DNAS's column step over earlier queries only, never a form
+  that leaks); other self-attention is the encoder form; cross-attention (BERT or GPT-2 decoders
+  with ``add_cross_attention``) is nas-run's cross form (queries generated left to right).
+* **Masks.** The mask function gives the library's boolean mask (True = attend) at every call.
+  It is read back as nas-run's masks (real keys, real queries, causal) and checked: a mask that
+  is not padding (left or right) plus causal (a sliding window, packed sequences) is refused in
+  one line. Padded queries give zeros; in self-attention they never enter a column normalizer.
+* **Grouped-query attention.** Keys and values are repeated to the query heads
+  (``module.num_key_value_groups``), as the library's SDPA path does.
+* **Scaling.** nas-run's cores divide scores by sqrt(head_dim); a layer whose ``scaling`` differs
+  (GPT-2's ``scale_attn_by_inverse_layer_idx``) gets its queries rescaled to match.
+* **Generation with a KV cache, exact.** With ``use_cache`` a causal layer also keeps, per head
+  and cached key, what the scheme carries from query to query (:meth:`AttentionCore.step`: DNAS's
+  running column log-sum-exp, one per Sinkhorn iteration); each new query continues from it, so
+  cached generation gives the tokens uncached generation gives. Beam search's reordering of the
+  cache is followed (the state's batch rows are matched to the cached keys). A scheme without a
+  one-query step (a kernel with relative positions) refuses cached generation in one line.
+* **Refused, in one line naming the scheme:** schemes that need the model's cooperation (CODA and
+  RealFormer read the previous layer's attention, symmetric kernels tie W_q = W_k, positional
+  variants place positions themselves), T5-style ``position_bias``, ``softcap``, and a scheme
+  with parameters on a model that :func:`attach` has not prepared.
+"""
+from .attention import (SUPPORTED, HFAttentionError, attach, attention, build_core, mask_function,  # noqa: F401
+                        read_masks, register)
+
+#: the schemes registered by ``import nas_cli.hf``
+SCHEMES = register()
