@@ -19,8 +19,6 @@ class HFAttentionError(SchemeError):
 
 
 def refuse_reason(core: AttentionCore) -> str | None:
-    if core.uses_prev:
-        return "reads the previous layer's attention, which a Hugging Face layer does not hand on"
     if core.tie_qk:
         return "ties keys to the query projection (W_q = W_k), which the model's own projections do not"
     if core.input_positions or core.requires_no_input_positions:
@@ -70,9 +68,29 @@ def attach(model: torch.nn.Module, name: str | None = None, factory=None) -> tor
         if _is_attention_layer(module) and "nas_core" not in module._modules:
             heads = int(getattr(module, "num_heads", 0) or getattr(module.config, "num_attention_heads", 0))
             core = build_core(name, module, heads, factory)
-            like = next(module.parameters(), None)  # the layer's device and dtype (attach after .double() too)
-            module.nas_core = core if like is None else core.to(device=like.device, dtype=like.dtype)
+            like = next(module.parameters(), None)  # the layer's device, dtype and mode (attach after
+            core = core if like is None else core.to(device=like.device, dtype=like.dtype)  # .double(), .eval())
+            module.nas_core = core.train(module.training)
+    _link_cascades(model)
     return model
+
+
+def _link_cascades(model: torch.nn.Module) -> None:
+    """A core that reads the previous layer's attention (CODA's cascade, RealFormer's residual
+    scores) gets the core of the layer below at its location; the library calls the layers in
+    order within a forward, so that core's output of this forward is there to read. (Kept out of
+    the module tree: plain attributes, not submodules.)"""
+    by_location: dict[str, list[AttentionCore]] = {}
+    for m in model.modules():
+        core = getattr(m, "_modules", {}).get("nas_core")
+        if core is not None:
+            by_location.setdefault(core.location, []).append(core)
+    for cores in by_location.values():
+        cores.sort(key=lambda c: c.layer)
+        for below, core in zip([None, *cores], cores):
+            core.__dict__["_hf_below"] = below if core.uses_prev else None
+            if below is not None and core.uses_prev:
+                below.__dict__["_hf_keep"] = True
 
 
 def _is_attention_layer(module) -> bool:
@@ -86,6 +104,9 @@ def _core(name: str, module, query: torch.Tensor) -> AttentionCore:
         if any(True for _ in core.parameters()):
             raise HFAttentionError(f"attention '{name}' learns parameters: call nas_cli.hf.attach(model) after "
                                    "from_config, before making an optimizer or loading weights")
+        if core.uses_prev:
+            raise HFAttentionError(f"attention '{name}' reads the previous layer's attention: call "
+                                   "nas_cli.hf.attach(model) after from_config, so each layer knows the one below")
         module.nas_core = core.to(query.device)
     return core
 
@@ -166,11 +187,22 @@ def attention(name: str, module, query, key, value, attention_mask, dropout: flo
     if causal and sk > sq:
         out, weights = _continue(name, core, module, query, key, value, k_mask, keys_seen, want)
     else:
-        res = core(query, key, value, q_mask=q_mask, k_mask=k_mask, need_weights=want)
+        res = core(query, key, value, q_mask=q_mask, k_mask=k_mask, need_weights=want, **_below(core))
+        if core.__dict__.get("_hf_keep"):  # the layer above reads it in this same forward
+            core.__dict__["_hf_output"] = res
         out, weights = res.out, res.weights
         if causal and kwargs.get("use_cache"):
             _remember(name, core, module, query, key, value, q_mask, k_mask, keys_seen)
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _below(core: AttentionCore) -> dict[str, Any]:
+    """``prev=``: the output of the layer below in this forward (None in the first layer), taken
+    once (so it is not kept past its use)."""
+    if not core.uses_prev:
+        return {}
+    below = core.__dict__.get("_hf_below")
+    return {"prev": below.__dict__.pop("_hf_output", None) if below is not None else None}
 
 
 # ---------------------------------------------------------------- cached generation

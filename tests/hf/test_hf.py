@@ -118,12 +118,13 @@ class Recorder:
         return out, w
 
 
-@pytest.mark.parametrize("scheme", ["dnas", "hnas", "sinkhorn"])
+@pytest.mark.parametrize("scheme", ["dnas", "hnas", "sinkhorn", "coda", "realformer"])
 @pytest.mark.parametrize("family", ["llama", "bert"])
 def test_schemes_equal_nas_run_cores_on_the_librarys_qkv(scheme, family):
     """Each layer's output through the library equals nas-run's own core (built by nas-run's plan,
     decoder form for Llama, encoder form for BERT) on the q/k/v the library computed, with
-    q_mask = k_mask = the 2-D padding mask (left padding for Llama, right for BERT)."""
+    q_mask = k_mask = the 2-D padding mask (left padding for Llama, right for BERT); a cascade
+    (CODA, RealFormer) gets the previous layer's output, as nas-run's model hands it on."""
     from transformers import AttentionInterface, BertModel, LlamaForCausalLM
 
     rec = Recorder(scheme)
@@ -141,12 +142,15 @@ def test_schemes_equal_nas_run_cores_on_the_librarys_qkv(scheme, family):
     assert len(rec.calls) == 2
     causal = family == "llama"
     real = am.bool()
+    prev = None
     for module, q, k, v, out in rec.calls:
         core = make_core_factory(scheme_config(scheme), q.shape[1])("decoder" if causal else "encoder", 0, causal)
         core.load_state_dict(module.nas_core.state_dict())
         core = core.double().eval()
         rep = q.shape[1] // k.shape[1]
-        want = core(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), q_mask=real, k_mask=real).out
+        kw = {"prev": prev} if core.uses_prev else {}
+        prev = core(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), q_mask=real, k_mask=real, **kw)
+        want = prev.out
         got = out.transpose(1, 2)
         assert (got - want)[real[:, None, :, None].expand_as(got)].abs().max().item() < 1e-12
         assert got[~real[:, None, :, None].expand_as(got)].abs().max().item() == 0  # padded queries: zeros
@@ -224,7 +228,9 @@ def test_refusals_are_one_line_naming_scheme_and_form():
     from transformers import LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     ids = torch.tensor([[5, 6, 7, 8]])
-    for scheme, words in (("coda", "previous layer's attention"), ("pe_product_symmetric", "")):
+    for scheme, words in (("realformer", "reads the previous layer's attention: call nas_cli.hf.attach(model)"),
+                          ("coda", "learns parameters: call nas_cli.hf.attach(model)"),
+                          ("pe_product_symmetric", "ties keys to the query projection")):
         model = transformers.AutoModelForCausalLM.from_config(llama_config(), attn_implementation=scheme)
         with pytest.raises(nh.HFAttentionError) as err:
             model(ids)

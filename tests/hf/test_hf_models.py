@@ -50,7 +50,7 @@ def test_hf_gpt2_trains_with_dnas(tmp_path):
 
 
 @pytest.mark.parametrize("args,words", [
-    (["attention=coda"], "attention=coda cannot run inside model=hf_llama: it reads the previous layer's attention"),
+    (["attention=pe_lookup"], "attention=pe_lookup cannot run inside model=hf_llama: it places positions itself"),
     (["task=sort"], "model=hf_llama is a decoder-only language model: use it with a language-model task"),
     (["model=hf_bert"], "model=hf_bert is an encoder-decoder: use it with a translation task"),
     (["model.family=t5"], "model.family=t5 is not a Hugging Face family nas-run maps; choose one of llama, gpt2, bert"),
