@@ -35,10 +35,6 @@ def _form(module) -> tuple[str, bool]:
     return ("decoder" if causal else "encoder"), causal
 
 
-def _heads(module, query: torch.Tensor) -> int:
-    return int(query.shape[1])
-
-
 def build_core(name: str, module, heads: int, factory=None) -> AttentionCore:
     """The nas-run core of scheme ``name`` for one library layer (its form read from the layer).
     ``factory(location, layer, causal)``: nas-run's core factory (a job's attention plan, with the
@@ -100,14 +96,14 @@ def _is_attention_layer(module) -> bool:
 def _core(name: str, module, query: torch.Tensor) -> AttentionCore:
     core = module._modules.get("nas_core")
     if core is None:
-        core = build_core(name, module, _heads(module, query))
+        core = build_core(name, module, int(query.shape[1]))
         if any(True for _ in core.parameters()):
             raise HFAttentionError(f"attention '{name}' learns parameters: call nas_cli.hf.attach(model) after "
                                    "from_config, before making an optimizer or loading weights")
         if core.uses_prev:
             raise HFAttentionError(f"attention '{name}' reads the previous layer's attention: call "
                                    "nas_cli.hf.attach(model) after from_config, so each layer knows the one below")
-        module.nas_core = core.to(query.device)
+        module.nas_core = core.to(query.device).train(module.training)
     return core
 
 
