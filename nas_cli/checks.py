@@ -158,9 +158,9 @@ def check_hf_model(plan, cfg: DictConfig, lm: bool) -> None:
     wrong = wrong_task(cfg.model, lm)
     if wrong:
         raise UserError(wrong)
-    if cfg.model.get("adaptive_softmax"):
-        raise UserError(f"model.adaptive_softmax is not available with model={cfg.model.get('name')}: "
-                        "add model.adaptive_softmax=null (and optim.label_smoothing as you like)")
+    if cfg.model.get("adaptive_softmax") and not lm:
+        raise UserError(f"model.adaptive_softmax is for language models; with model={cfg.model.get('name')} "
+                        "add model.adaptive_softmax=null")
     for loc in (("decoder",) if lm else ("encoder", "decoder", "cross")):
         reason = refuse_reason(plan.core(loc, 0, loc == "decoder", int(cfg.model.heads)))
         if reason:

@@ -272,6 +272,17 @@ class Seq2SeqTransformer(nn.Module):
         return greedy_decode(self, src, bos_id, eos_id, max_len, incremental)
 
 
+def adaptive_output(d_model: int, vocab: int, options: dict) -> nn.AdaptiveLogSoftmaxWithLoss:
+    """``model.adaptive_softmax`` ({cutoffs, div_value}): Grave et al. 2017's output layer, frequent
+    words in a full head, rarer ones in smaller tail clusters (word ids are in frequency order: the
+    word-level vocabulary is built that way)."""
+    cutoffs = [int(c) for c in options["cutoffs"]]
+    if not cutoffs or cutoffs != sorted(set(cutoffs)) or cutoffs[0] <= 0 or cutoffs[-1] >= vocab:
+        raise ValueError(f"model.adaptive_softmax.cutoffs must increase strictly between 0 and the vocabulary "
+                         f"size {vocab} (got {cutoffs})")
+    return nn.AdaptiveLogSoftmaxWithLoss(d_model, vocab, cutoffs, div_value=float(options.get("div_value", 4.0)))
+
+
 class DecoderOnlyLM(nn.Module):
     """GPT-style causal language model; its self-attention location is ``decoder``."""
 
@@ -288,14 +299,7 @@ class DecoderOnlyLM(nn.Module):
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         self.adaptive = bool(adaptive_softmax)
         if self.adaptive:
-            # Grave et al. 2017: frequent words in a full head, rarer ones in smaller tail clusters
-            # (word ids are in frequency order: the word-level vocabulary is built that way)
-            cutoffs = [int(c) for c in adaptive_softmax["cutoffs"]]
-            if not cutoffs or cutoffs != sorted(set(cutoffs)) or cutoffs[0] <= 0 or cutoffs[-1] >= vocab:
-                raise ValueError(f"model.adaptive_softmax.cutoffs must increase strictly between 0 and the vocabulary "
-                                 f"size {vocab} (got {cutoffs})")
-            self.generator = nn.AdaptiveLogSoftmaxWithLoss(d_model, vocab, cutoffs,
-                                                           div_value=float(adaptive_softmax.get("div_value", 4.0)))
+            self.generator = adaptive_output(d_model, vocab, adaptive_softmax)
         else:
             self.generator = nn.Linear(d_model, vocab, bias=False)
             self.generator.weight = self.embed.tokens.weight

@@ -179,7 +179,9 @@ def attention(name: str, module, query, key, value, attention_mask, dropout: flo
         query = query * (scaling * math.sqrt(d))
     sq, sk = query.shape[-2], key.shape[-2]
     q_mask, k_mask = read_masks(name, attention_mask, sq, sk, causal, location == "cross")
-    want = bool(kwargs.get("output_attentions", False))
+    # some families (GPT-2) do not pass output_attentions on to the function: nas-run's model
+    # wrappers (nas_cli/hf/models.py) then ask the cores directly
+    want = bool(kwargs.get("output_attentions") or core.__dict__.get("_hf_weights"))
     if causal and sk > sq:
         out, weights = _continue(name, core, module, query, key, value, k_mask, keys_seen, want)
     else:

@@ -16,6 +16,7 @@ maps them onto each family's config class.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -24,7 +25,7 @@ from torch import nn
 
 from ..attention.base import AttentionOutput
 from ..errors import UserError
-from ..model import greedy_decode
+from ..model import adaptive_output, greedy_decode
 
 
 def _llama(m: dict[str, Any], vocab: int, pad: int) -> tuple[str, dict[str, Any]]:
@@ -97,26 +98,60 @@ def _by_location(module: nn.Module) -> dict[str, list[nn.Module]]:
     return {loc: sorted(cores, key=lambda c: c.layer) for loc, cores in found.items()}
 
 
+@contextmanager
+def _weights_asked(model: nn.Module, on: bool):
+    """While on: every core of ``model`` returns its weights, whether or not the family passes
+    ``output_attentions`` on to the attention function (GPT-2 does not)."""
+    cores = [c for cs in _by_location(model).values() for c in cs] if on else []
+    for core in cores:
+        core.__dict__["_hf_weights"] = True
+    try:
+        yield
+    finally:
+        for core in cores:
+            core.__dict__.pop("_hf_weights", None)
+
+
 def _outputs(weights, cores) -> list[AttentionOutput]:
     return [AttentionOutput(None, w, core.aux()) for w, core in zip(weights, cores)]
 
 
 class HFCausalLM(nn.Module):
-    """A library causal LM behind nas-run's language-model interface (location ``decoder``)."""
+    """A library causal LM behind nas-run's language-model interface (location ``decoder``).
+    With ``adaptive_softmax`` ({cutoffs, div_value}, as ``model.adaptive_softmax``) the library's
+    output layer is replaced by nas-run's adaptive softmax over the base model's hidden states
+    (:func:`nas_cli.model.adaptive_output`), as in nas-run's own language model."""
 
-    adaptive = False
-
-    def __init__(self, hf_model: nn.Module, pad_id: int):
+    def __init__(self, hf_model: nn.Module, pad_id: int, adaptive_softmax: dict | None = None):
         super().__init__()
         self.hf = hf_model
         self.pad_id = pad_id
+        self.adaptive = bool(adaptive_softmax)
+        if self.adaptive:
+            self.generator = adaptive_output(hf_model.config.hidden_size, hf_model.config.vocab_size, adaptive_softmax)
+
+    def _attention(self, out, need_weights: bool) -> dict:
+        return {"decoder": _outputs(out.attentions, _by_location(self.hf)["decoder"])} if need_weights else {}
+
+    def features(self, ids: torch.Tensor, need_weights: bool = False):
+        """The base model's last hidden states (B, T, d) and the attention weights found."""
+        with _weights_asked(self.hf, need_weights):
+            out = self.hf.base_model(input_ids=ids, attention_mask=(ids != self.pad_id).long(),
+                                     output_attentions=need_weights, use_cache=False)
+        return out.last_hidden_state, self._attention(out, need_weights)
 
     def forward(self, ids: torch.Tensor, need_weights: bool = False):
-        mask = (ids != self.pad_id).long()
-        out = self.hf(input_ids=ids, attention_mask=mask, output_attentions=need_weights, use_cache=False)
-        if not need_weights:
-            return out.logits, {}
-        return out.logits, {"decoder": _outputs(out.attentions, _by_location(self.hf)["decoder"])}
+        if self.adaptive:  # its full log-probabilities: logits of the same distribution
+            h, attn = self.features(ids, need_weights)
+            return self.generator.log_prob(h.flatten(0, -2)).view(*h.shape[:-1], -1), attn
+        with _weights_asked(self.hf, need_weights):
+            out = self.hf(input_ids=ids, attention_mask=(ids != self.pad_id).long(), output_attentions=need_weights,
+                          use_cache=False)
+        return out.logits, self._attention(out, need_weights)
+
+    def target_log_prob(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """log p(target) for hidden states (N, d) without the vocabulary's logits (adaptive only)."""
+        return self.generator(h, target).output
 
 
 class HFSeq2Seq(nn.Module):
@@ -134,14 +169,16 @@ class HFSeq2Seq(nn.Module):
 
     def encode(self, src: torch.Tensor, need_weights: bool = False):
         mask = src != self.pad_id
-        out = self.encoder(input_ids=src, attention_mask=mask.long(), output_attentions=need_weights)
+        with _weights_asked(self.encoder, need_weights):
+            out = self.encoder(input_ids=src, attention_mask=mask.long(), output_attentions=need_weights)
         attn = {"encoder": _outputs(out.attentions, _by_location(self.encoder)["encoder"])} if need_weights else {}
         return out.last_hidden_state, mask, attn
 
     def decode(self, tgt_in, memory, memory_mask, need_weights: bool = False, last_only: bool = False):
-        out = self.decoder(input_ids=tgt_in, attention_mask=(tgt_in != self.pad_id).long(),
-                           encoder_hidden_states=memory, encoder_attention_mask=memory_mask.long(),
-                           output_attentions=need_weights, use_cache=False)
+        with _weights_asked(self.decoder, need_weights):
+            out = self.decoder(input_ids=tgt_in, attention_mask=(tgt_in != self.pad_id).long(),
+                               encoder_hidden_states=memory, encoder_attention_mask=memory_mask.long(),
+                               output_attentions=need_weights, use_cache=False)
         logits = out.logits[:, -1:] if last_only else out.logits
         if not need_weights:
             return logits, {}
@@ -183,5 +220,7 @@ def build_hf_model(model_cfg: DictConfig, plan, task) -> nn.Module:
         decoder = made(transformers.AutoModelForCausalLM,
                        hf_config(model_cfg, task.tgt_vocab_size, task.pad_id, decoder=True))
         return HFSeq2Seq(encoder, decoder, task.pad_id)
+    adaptive = model_cfg.get("adaptive_softmax")
+    adaptive = OmegaConf.to_container(adaptive, resolve=True) if isinstance(adaptive, DictConfig) else adaptive
     return HFCausalLM(made(transformers.AutoModelForCausalLM,
-                           hf_config(model_cfg, task.src_vocab_size, task.pad_id)), task.pad_id)
+                           hf_config(model_cfg, task.src_vocab_size, task.pad_id)), task.pad_id, adaptive)

@@ -40,13 +40,39 @@ def test_nas_run_trains_hf_llama_with_diagnostics_in_wandb_and_resumes(tmp_path)
     assert again["steps"] == 30 and again["resumed_from"]
 
 
-def test_hf_gpt2_trains_with_dnas(tmp_path):
+def test_hf_gpt2_trains_with_dnas_and_the_adaptive_softmax(tmp_path):
+    """model=hf_gpt2 with nas-run's adaptive softmax in place of the library's output layer (the
+    WikiText-2 preset's, here on copy_lm's 20 symbols)."""
     run = tmp_path / "run"
-    proc = nas_run("model=hf_gpt2", "attention=dnas", *SMALL, "trainer.max_steps=10", "logger=csv",
-                   f"hydra.run.dir={run}", cwd=tmp_path)
+    proc = nas_run("model=hf_gpt2", "attention=dnas", *SMALL, "model.adaptive_softmax={cutoffs:[8,14],div_value:2}",
+                   "optim.label_smoothing=0", "trainer.max_steps=10", "logger=csv", f"hydra.run.dir={run}",
+                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["model"] == "hf_gpt2" and summary["scheme"] == "dnas"
+    assert summary["model"] == "hf_gpt2" and summary["scheme"] == "dnas" and summary["test"]["test/ppl"] > 1
+
+
+@pytest.mark.parametrize("family", ["hf_llama", "hf_gpt2"])
+def test_adaptive_softmax_over_the_librarys_hidden_states(family):
+    """HFCausalLM with model.adaptive_softmax: forward gives normalized log-probabilities, the
+    training path's target_log_prob equals them at the targets, and the diagnostics' weights come
+    through the same features."""
+    from nas_cli.lit import build_model
+    from nas_cli.plan import AttentionPlan
+
+    cfg = compose_cfg(f"model={family}", "attention=dnas", "model.adaptive_softmax={cutoffs:[8,14],div_value:2}",
+                      *[a for a in SMALL if a.startswith(("model.", "task="))])
+    task = type("T", (), {"kind": "lm", "src_vocab_size": 20, "pad_id": 0})()
+    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention), task).double().eval()
+    assert model.adaptive
+    ids = torch.tensor([[3, 4, 5, 6, 7, 0], [7, 8, 9, 10, 11, 12]])
+    logp, attn = model(ids, need_weights=True)
+    assert logp.shape == (2, 6, 20) and torch.allclose(logp.logsumexp(-1), torch.zeros((), dtype=logp.dtype))
+    h, _ = model.features(ids)
+    target = torch.tensor([4, 5, 6, 7, 19, 1])
+    got = model.target_log_prob(h[0], target)
+    assert torch.allclose(got, logp[0].gather(1, target[:, None]).squeeze(1))
+    assert len(attn["decoder"]) == 2 and attn["decoder"][0].weights.shape == (2, 2, 6, 6)
 
 
 @pytest.mark.parametrize("args,words", [
