@@ -2,7 +2,7 @@
 
     import nas_cli.hf                       # registers every scheme of conf/attention/ by its name
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="dnas")
-    nas_cli.hf.attach(model)                # schemes that learn parameters (hnas, additive) need it
+    nas_cli.hf.attach(model)                # schemes with parameters or a cascade (hnas, coda) need it
 
 ``import nas_cli.hf`` registers, for every scheme ``conf/attention/<name>.yaml``, an attention
 function (``AttentionInterface.register``) and a mask function of the same name
@@ -31,11 +31,17 @@ How a call is served:
   running column log-sum-exp, one per Sinkhorn iteration); each new query continues from it, so
   cached generation gives the tokens uncached generation gives. Beam search's reordering of the
   cache is followed (the state's batch rows are matched to the cached keys). A scheme without a
-  one-query step (a kernel with relative positions) refuses cached generation in one line.
-* **Refused, in one line naming the scheme:** schemes that need the model's cooperation (CODA and
-  RealFormer read the previous layer's attention, symmetric kernels tie W_q = W_k, positional
-  variants place positions themselves), T5-style ``position_bias``, ``softcap``, and a scheme
-  with parameters on a model that :func:`attach` has not prepared.
+  one-query step (CODA, CODA-CS, RealFormer) refuses cached generation in one line.
+* **Cascades.** CODA and RealFormer read the previous layer's attention at the same location:
+  :func:`attach` links each layer's core to the one below, and the library's layer order within
+  a forward hands it on.
+* **Refused, in one line naming the scheme:** schemes that need the model's own cooperation
+  (symmetric kernels tie W_q = W_k, positional variants place positions themselves), T5-style
+  ``position_bias``, ``softcap``, and a scheme with parameters or a cascade on a model that
+  :func:`attach` has not prepared.
+
+:mod:`nas_cli.hf.models` makes library families nas-run models (``model=hf_llama``, ``hf_gpt2``,
+``hf_bert``); docs/huggingface.md has the example, the families that work and the ones that cannot.
 """
 from .attention import (SUPPORTED, HFAttentionError, attach, attention, build_core, mask_function,  # noqa: F401
                         read_masks, register)
