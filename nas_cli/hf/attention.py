@@ -67,6 +67,9 @@ def attach(model: torch.nn.Module, name: str | None = None, factory=None) -> tor
             like = next(module.parameters(), None)  # the layer's device, dtype and mode (attach after
             core = core if like is None else core.to(device=like.device, dtype=like.dtype)  # .double(), .eval())
             module.nas_core = core.train(module.training)
+    if not any("nas_core" in getattr(m, "_modules", {}) for m in model.modules()):
+        raise HFAttentionError(f"attach: {type(model).__name__} has no attention layer nas-run recognizes (a family "
+                               "not converted to the library's attention interface?)")
     _link_cascades(model)
     return model
 

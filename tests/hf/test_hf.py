@@ -246,6 +246,9 @@ def test_refusals_are_one_line_naming_scheme_and_form():
     model = LlamaForCausalLM._from_config(llama_config(), attn_implementation="hnas")
     with pytest.raises(nh.HFAttentionError, match=r"attention 'hnas' learns parameters: call nas_cli\.hf\.attach"):
         model(ids)
+    # a module with no attention layer of a converted family
+    with pytest.raises(nh.HFAttentionError, match=r"^attach: Linear has no attention layer nas-run recognizes"):
+        nh.attach(torch.nn.Linear(2, 2), "dnas")
     # a sliding-window mask is not padding + causal
     cfg = MistralConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                         num_attention_heads=4, num_key_value_heads=2, sliding_window=2)
