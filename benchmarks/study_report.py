@@ -95,7 +95,7 @@ def heads_section(root, figures: Path | None) -> str:
         per = ", ".join(f"s{s} {v:+.3f}" for s, v in sorted(slopes.items()))
         lines.append(f"- **Trend of CODA - UNAS in {label} per doubling of heads**: {c.diff:+.3f}"
                      + ("" if math.isnan(c.low) else f" [{c.low:+.3f}, {c.high:+.3f}], p={_p(c.p)}")
-                     + f" over {c.n} seeds (per-seed slopes: {per}; {c.test}).")
+                     + f" over {c.n} seed{'s' if c.n != 1 else ''} (per-seed slopes: {per}; {c.test}).")
     lines += ["", "![BLEU and head JSD of UNAS and CODA against the number of heads](study/heads.png)"]
     png = heads_figure(groups) if figures is not None else None
     if png:
