@@ -81,12 +81,24 @@ def test_adaptive_softmax_over_the_librarys_hidden_states(family):
     (["model=hf_bert"], "model=hf_bert is an encoder-decoder: use it with a translation task"),
     (["model.family=t5"], "model.family=t5 is not a Hugging Face family nas-run maps; choose one of llama, gpt2, bert"),
 ])
-def test_bad_combinations_are_one_line_and_exit_2(tmp_path, args, words):
+def test_bad_combinations_are_refused_before_anything_is_made(args, words):
+    """The checks nas-run runs on the composed config before any data, model or W&B run exists."""
+    from nas_cli.checks import check_attention
+    from nas_cli.errors import UserError
+
     model = [] if any(a.startswith("model=") for a in args) else ["model=hf_llama"]
-    proc = nas_run(*model, "task=copy_lm", *args, "trainer.max_steps=1", f"hydra.run.dir={tmp_path / 'r'}",
+    task = [] if any(a.startswith("task=") for a in args) else ["task=copy_lm"]
+    with pytest.raises(UserError) as err:
+        check_attention(compose_cfg(*model, *task, *args))
+    assert "\n" not in str(err.value) and words in str(err.value)
+
+
+def test_a_bad_combination_is_one_line_and_exit_2_from_the_command(tmp_path):
+    proc = nas_run("model=hf_llama", "task=sort", "trainer.max_steps=1", f"hydra.run.dir={tmp_path / 'r'}",
                    cwd=tmp_path)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr[-2000:]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "model=hf_llama is a decoder-only language model: use it with a language-model task" in lines[0]
     assert not (tmp_path / "r" / "summary.json").exists()
 
 
