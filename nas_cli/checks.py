@@ -147,8 +147,8 @@ def check_hf_model(plan, cfg: DictConfig, lm: bool) -> None:
     try:
         import transformers  # noqa: F401
     except ImportError:
-        raise UserError(f"model={cfg.model.get('name')} needs Hugging Face Transformers: "
-                        "pip install -e '.[hf]'") from None
+        raise UserError(f"model={cfg.model.get('name')} needs Hugging Face Transformers (the hf extra): "
+                        "pip install 'transformers>=5.24,<6'") from None
     from .hf.attention import refuse_reason
     from .hf.models import FAMILIES, wrong_task
 
