@@ -154,17 +154,29 @@ def runs_csv(roots: list[str]) -> str:
 
 
 
+def _training_time(s: dict) -> str:
+    """A run's training time: over every launch where the summary records them (nas-run since the
+    per-launch record), else what the summary's `fit_seconds` covers."""
+    by_launch = s.get("fit_seconds_by_launch")
+    if by_launch is not None:
+        if None in by_launch:
+            return "unknown (resumed from a checkpoint without the earlier time)"
+        total = f"{sum(by_launch) / 60:.1f} min"
+        return total if len(by_launch) == 1 else f"{total} over {len(by_launch)} launches"
+    minutes = f"{(s.get('fit_seconds') or 0) / 60:.1f} min"
+    return f"{minutes} after the resume only" if s.get("resumed_from") else minutes
+
+
 def durations(roots: list[str]) -> list[str]:
     runs = sorted((r for r in find_runs(roots) if r.finished), key=lambda r: (r.seed or 0, r.scheme, r.heads or 0))
     out = ["**training time of each run** (wall clock of `trainer.fit`, `fit_seconds`: two jobs shared the 2-core "
-           "CPU, time a job was paused counts, and a resumed run counts only its part after the resume; not the "
-           "preset's speed, which is measured in *Setup*)", "",
+           "CPU and time a job was paused counts; a run resumed under an older nas-run records only its part after "
+           "the resume; not the preset's speed, which is measured in *Setup*)", "",
            "| run | scheme | heads | seed | updates | training time | resumed |", "|---|---|---:|---|---:|---:|---|"]
     for r in runs:
         s = r.summary or {}
-        minutes = (s.get("fit_seconds") or 0) / 60
         out.append(f"| {Path(r.path).parent.name}/{Path(r.path).name} | {r.scheme} | {r.heads} | {r.seed} | "
-                   f"{s.get('steps', '-')} | {minutes:.1f} min | {'yes' if s.get('resumed_from') else 'no'} |")
+                   f"{s.get('steps', '-')} | {_training_time(s)} | {'yes' if s.get('resumed_from') else 'no'} |")
     return out
 
 

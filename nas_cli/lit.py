@@ -19,6 +19,9 @@ from .model import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
 from .plan import AttentionPlan
 from .infra.distributed import gather_eval
 
+#: where a checkpoint keeps the run's training time and tokens so far (resume continues them)
+TIMING_KEY = "nas_run_timing"
+
 
 def build_model(model_cfg: DictConfig, attention: AttentionPlan | DictConfig, task) -> torch.nn.Module:
     """The model for ``task`` (seq2seq or LM) with the cores of ``attention`` (the job's plan,
@@ -94,13 +97,18 @@ class NasLitModule(pl.LightningModule):
         self.items: dict[str, dict] = {}  # per-item outputs of the last evaluation per split (paired tests)
         self._sums: dict[str, torch.Tensor] = {}
         self._tokens = None  # running count (a tensor on the batches' device: no host sync per step)
+        self._earlier_tokens = 0  # counted by earlier launches (from the checkpoint resumed from)
         self.train_seconds = 0.0
         self._t0 = None
+        # training time over every launch of this run: the seconds of earlier launches (up to the
+        # checkpoint resumed from; None where that checkpoint did not record them) and this launch's start
+        self.earlier_fit_seconds: list[float | None] = []
+        self._fit_t0 = None
 
     @property
     def train_tokens(self) -> int:
         """Non-padding source + target-input tokens of all training batches so far."""
-        return 0 if self._tokens is None else int(self._tokens)
+        return self._earlier_tokens + (0 if self._tokens is None else int(self._tokens))
 
     def _log_now(self) -> bool:
         """Whether Lightning hands this training step's metrics to the logger (every
@@ -164,6 +172,28 @@ class NasLitModule(pl.LightningModule):
         return sum((t != 0).sum() for k, t in batch.items() if k in ("src", "tgt_in", "ids"))
 
     # ---- training ------------------------------------------------------------------
+    # ---- training time across launches (a resumed run reports all of its training) -----
+    def on_fit_start(self):
+        self._fit_t0 = time.perf_counter()
+
+    def fit_seconds_by_launch(self) -> list[float | None]:
+        """Seconds of training per launch of this run, this launch last (so far)."""
+        now = time.perf_counter() - self._fit_t0 if self._fit_t0 is not None else 0.0
+        return [*self.earlier_fit_seconds, now]
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint[TIMING_KEY] = {"fit_seconds_by_launch": self.fit_seconds_by_launch(),
+                                  "train_seconds": self.train_seconds, "train_tokens": self.train_tokens}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        saved = checkpoint.get(TIMING_KEY)
+        if saved is None:  # written before nas-run recorded it: the earlier launches' time is unknown
+            self.earlier_fit_seconds = [None]
+            return
+        self.earlier_fit_seconds = list(saved["fit_seconds_by_launch"])
+        self.train_seconds = float(saved["train_seconds"])
+        self._earlier_tokens = int(saved["train_tokens"])
+
     def on_train_batch_start(self, batch, batch_idx):
         self._t0 = time.perf_counter()
 

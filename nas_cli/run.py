@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import sys
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,7 +133,8 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
     compiled = compile_model(module, cfg.get("compile", False))
     logger = _start_logger(cfg, job)
     trainer, ckpt = _make_trainer(cfg, job, task, logger)
-    fit_seconds = _fit(cfg, job, trainer, module, data, compiled, phase)
+    _fit(cfg, job, trainer, module, data, compiled, phase)
+    fit_seconds = module.fit_seconds_by_launch()  # this launch's training and, resumed, the earlier ones'
     # tokens of all processes (a collective: every process runs it)
     train_tokens = float(trainer.strategy.reduce(torch.tensor(float(module.train_tokens)), reduce_op="sum"))
     best, tested = _choose_tested(cfg, job, trainer, ckpt, task)
@@ -225,9 +225,8 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
     return trainer, ckpt
 
 
-def _fit(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, compiled, phase: dict) -> float:
-    """Train (from the checkpoint to resume, if any); returns the seconds it took."""
-    start = time.perf_counter()
+def _fit(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, compiled, phase: dict) -> None:
+    """Train (from the checkpoint to resume, if any)."""
     phase.update(name="training", trainer=trainer)
     try:
         trainer.fit(module, datamodule=data, ckpt_path=str(job.resume[0]) if job.resume else None, weights_only=True)
@@ -241,7 +240,6 @@ def _fit(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, compiled
         raise
     if trainer.interrupted:
         raise UserError(f"run interrupted; partial run left in {job.run_dir} (no summary.json written)")
-    return time.perf_counter() - start
 
 
 def _choose_tested(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoint,
@@ -269,7 +267,7 @@ def _test(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, best: s
 
 
 def _summary(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoint, module, task, tested: dict,
-             test: dict, fit_seconds: float, train_tokens: float) -> dict[str, Any]:
+             test: dict, fit_seconds: list[float | None], train_tokens: float) -> dict[str, Any]:
     """summary.json: what the run is, what it measured, and how it ran."""
     return {
         "task": cfg.task.name,
@@ -282,7 +280,10 @@ def _summary(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoin
         "seed": int(cfg.seed),
         "config_id": job.config_id,
         "steps": int(trainer.global_step),
-        "fit_seconds": fit_seconds,
+        # training (with validation and checkpoints) over every launch up to the weights kept; null
+        # where a launch resumed from a checkpoint that did not record the earlier launches' time
+        "fit_seconds": None if None in fit_seconds else sum(fit_seconds),
+        "fit_seconds_by_launch": fit_seconds,
         "tokens_per_s": train_tokens / module.train_seconds if module.train_seconds else None,
         "best_checkpoint": tested["checkpoint"],
         "tested": tested,

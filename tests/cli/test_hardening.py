@@ -116,6 +116,11 @@ def test_killed_during_the_final_test_relaunches_to_testing_in_a_moved_directory
     s = summary(moved)
     assert s["steps"] == 30 and s["resumed_from"] == "checkpoints/last.ckpt" and s["test"]
     assert s["tested"]["checkpoint"] == "checkpoints/best.ckpt"
+    # the training time and throughput are the first launch's (kept in the checkpoint), not the ~0 s
+    # of a launch that only tested
+    first, second = s["fit_seconds_by_launch"]
+    assert first > 10 * second and second < 5 and s["fit_seconds"] == pytest.approx(first + second)
+    assert s["tokens_per_s"] and s["tokens_per_s"] > 0
     # the diagnostics written by the first process survive the resume that only tests
     assert json.loads((moved / "diagnostics" / "summary.json").read_text())["locations"] == diag["locations"]
 
@@ -315,6 +320,7 @@ def test_a_killed_sweep_launched_again_skips_finished_jobs_and_resumes_the_rest(
     assert (first / "summary.json").read_bytes() == finished  # not trained again
     s = summary(second)
     assert s["steps"] == 40 and s["resumed_from"] == "checkpoints/last.ckpt"
+    assert len(s["fit_seconds_by_launch"]) == 2 and all(t > 0 for t in s["fit_seconds_by_launch"])
 
 
 def test_max_steps_lifts_the_epoch_limit_and_resuming_trains_exactly_the_steps_asked(tmp_path):
