@@ -308,8 +308,11 @@ def _claim_llama_lm(c: "_Claims") -> None:
     v = r.comparison.verdict(False)
     v = ("yes: DNAS lower perplexity" if v.startswith("better") else "no: DNAS higher perplexity"
          if v.startswith("worse") else _n_note(r))
-    c.row(claim, paper, f"WikiText-2 test ppl: UNAS {_ci(g.get('unas'), 'test/ppl')}, DNAS {_ci(g['dnas'], 'test/ppl')}",
-          _diff(r), v)
+    m = cmp.get(("dnas", "min_margin"))
+    c.row(claim, paper, f"WikiText-2 test ppl: UNAS {_ci(g.get('unas'), 'test/ppl')}, DNAS {_ci(g['dnas'], 'test/ppl')}"
+          + (f"; smallest log mass over the -log Sk floor: UNAS {_ci(g.get('unas'), 'min_margin')}, DNAS "
+             f"{_ci(g['dnas'], 'min_margin')}" if m else ""),
+          _diff(r) + (f"; floor margin {_diff(m)}" if m else ""), v)
 
 
 #: the claims table, row by row
