@@ -34,7 +34,8 @@ from .infra.config_identity import config_id
 from .lit import NasLitModule
 from .infra.loggers import make_logger, public_config, wandb_run_id  # noqa: F401  (public_config: re-exported)
 from .plan import AttentionPlan
-from .trainer import _compile_failure, _trainer_kwargs, check_trainer, compile_model, environment, set_threads
+from .trainer import (_compile_failure, _trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
+                      environment, set_threads)
 from .infra.resume import (CHAINED, STOP_SIGNALS, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint,
                      continue_finished, pick_checkpoint)
 from .infra.redaction import redact, redact_files, redacted_argv  # noqa: F401  (redact_files: used by the CLI)
@@ -233,6 +234,9 @@ def _fit(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, compiled
     except SIGTERMException as stop:
         raise _stopped(stop, trainer, job.run_dir, "training") from None
     except Exception as err:
+        refusal = data_dependent_refusal(err, cfg)
+        if refusal:
+            raise UserError(refusal) from None
         failure = _compile_failure(err) if compiled else None  # compilation happens at the first forward
         if failure:
             raise UserError(f"compile={cfg.compile}: torch.compile ({compiled}) failed on this platform "

@@ -109,3 +109,16 @@ def _compile_failure(err: BaseException) -> str | None:
     inner = getattr(err, "inner_exception", None) or err.__cause__ or err
     lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
     return f"{type(inner).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def data_dependent_refusal(err: BaseException, cfg: DictConfig) -> str | None:
+    """One line for a trainer option Lightning can only reject once the data is known (None if
+    ``err`` is not one): ``trainer.val_check_interval`` above the training batches of an epoch."""
+    m = re.search(r"`val_check_interval` \((\d+)\) must be less than or equal to the number of the training "
+                  r"batches \((\d+)\)", str(err))
+    if not isinstance(err, ValueError) or not m:
+        return None
+    return (f"trainer.val_check_interval={m.group(1)} is more than the {m.group(2)} training batches of one epoch "
+            f"of task={cfg.task.name}; set it to at most {m.group(2)}, or add trainer.check_val_every_n_epoch=null "
+            "to count it in updates across epochs")
+

@@ -96,6 +96,25 @@ def test_bad_trainer_option_refused_before_anything_starts(tmp_path, args, needl
     assert not run.exists()  # nothing made (issue #34, 8)
 
 
+def test_validation_interval_longer_than_an_epoch_is_one_line_naming_the_fix(tmp_path):
+    """Lightning rejects trainer.val_check_interval above an epoch's batches only once the data
+    is known (a ValueError with a traceback): nas-run says it in one line, with both ways out, and
+    the suggested one trains."""
+    args = ("task=sort", "task.train_size=500", "task.test_size=50", "trainer.max_steps=20",
+            "trainer.val_check_interval=10", "logger=csv", "progress_bar=false")
+    proc = nas_run(*args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout
+    last = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1]
+    assert last == ("nas-run: error: trainer.val_check_interval=10 is more than the 8 training batches of one "
+                    "epoch of task=sort; set it to at most 8, or add trainer.check_val_every_n_epoch=null to "
+                    "count it in updates across epochs")
+    assert not (tmp_path / "run" / "summary.json").exists() and (tmp_path / "run" / "failed.json").exists()
+    fixed = nas_run(*args, "trainer.check_val_every_n_epoch=null", f"hydra.run.dir={tmp_path / 'fixed'}",
+                    cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert json.loads((tmp_path / "fixed" / "summary.json").read_text())["steps"] == 20
+
+
 def test_unknown_group_choice_lists_valid_options(tmp_path):
     proc = nas_run("attention=bogus", cwd=tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
