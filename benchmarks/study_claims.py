@@ -8,7 +8,8 @@ from nas_cli.report.compare import compare_groups
 
 
 from study_common import (ADDITIVE, CLAIMS, CSV_NAME, FIG1_CUT, NAMES, _better_claim, _blocks, _ci, _diff,
-                          _flip, _groups, _link, _load, _n_note, _p, _per_seed, below_cut, chain, heads_trend)
+                          _flip, _groups, _link, _load, _n_note, _p, _per_seed, below_cut, chain, did_not_train,
+                          heads_trend)
 
 
 def claims_section(mt_root, lm_root, additive_root=None, heads_root=None, hf_root=None) -> str:
@@ -27,7 +28,7 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None, hf_roo
              "| claim (paper, quoted) | paper's number | nas-run here | difference | holds here? |",
              "|---|---|---|---|---|"]
 
-    c = _Claims(lines, g, cmp, lg, lcmp, additive_root, heads_root, hf_root)
+    c = _Claims(lines, g, cmp, lg, lcmp, additive_root, heads_root, hf_root, mt_root)
     for claim in CLAIM_ROWS:
         claim(c)
     if "unas" in g and "dnas" in g:
@@ -45,9 +46,9 @@ class _Claims:
     tests load this script without registering it as a module, which dataclasses need.)"""
 
     def __init__(self, lines: list, g: dict, cmp: dict, lg: dict, lcmp: dict, additive_root, heads_root,
-                 hf_root=None):
+                 hf_root=None, mt_root=None):
         self.lines, self.g, self.cmp, self.lg, self.lcmp = lines, g, cmp, lg, lcmp
-        self.additive_root, self.heads_root, self.hf_root = additive_root, heads_root, hf_root
+        self.additive_root, self.heads_root, self.hf_root, self.mt_root = additive_root, heads_root, hf_root, mt_root
 
     def row(self, *cells):
         self.lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
@@ -219,13 +220,16 @@ def _claim_kernels(c: "_Claims") -> None:
         links = [("exp (UNAS)", "poly", _flip(cmp[("kernel_poly", "test/bleu")].comparison))]
         if "kernel_rbf" in g:
             links.append(("RBF", "poly", _link(g, "kernel_rbf", "kernel_poly", "test/bleu")))
-        if "kernel_linear" in g:
-            links.append(("poly", "linear", _link(g, "kernel_poly", "kernel_linear", "test/bleu")))
+        stopped = did_not_train(c.mt_root, "kernel_linear") if "kernel_linear" not in g else None
+        if "kernel_linear" in g or stopped:
+            links.append(("poly", "linear", stopped or _link(g, "kernel_poly", "kernel_linear", "test/bleu")))
         holds, words = chain(links)
         row(claim, paper, "BLEU: exp (UNAS) " + _ci(g.get("unas"), "test/bleu") + ", "
-            + ", ".join(f"{NAMES[s]} {_ci(g[s], 'test/bleu')}" for s in kernels),
+            + ", ".join(f"{NAMES[s]} {_ci(g[s], 'test/bleu')}" for s in kernels)
+            + (", linear: did not train" if stopped else ""),
             "; ".join(f"{NAMES[s]}: {_diff(cmp[(s, 'test/bleu')])}" for s in kernels),
-            ("yes: " if holds else "not here: ") + words + ("" if "kernel_linear" in g else "; linear not run"))
+            ("yes: " if holds else "not here: ") + words
+            + ("" if "kernel_linear" in g or stopped else "; linear not run"))
 
 
 def _claim_heads(c: "_Claims") -> None:

@@ -85,6 +85,23 @@ def _link(g: dict, high: str, low: str, metric: str):
     return compare_groups([g[low], g[high]], g[low], [metric], samples=1000, trials=10000)[0].comparison
 
 
+class DidNotTrain(str):
+    """A link ``a > b`` whose ``b`` never finished training in any seed (every run of it stopped with
+    a recorded failure, e.g. a vanishing normalizer): the words say why; the link holds (a scheme
+    that cannot be trained does not beat one that can; Tsai et al. report linear so)."""
+
+
+def did_not_train(root, scheme: str) -> DidNotTrain | None:
+    """Why ``scheme`` did not train under ``root``: every run of it failed (failed.json), none
+    finished; None where it has a finished run or no run at all."""
+    runs = [r for r in find_runs(_roots(root)) if r.scheme == scheme] if _roots(root) else []
+    failed = [r for r in runs if r.status == "failed"]
+    if not failed or any(r.finished for r in runs):
+        return None
+    reasons = sorted({str((r.failure or {}).get("reason", "?")) for r in failed})
+    return DidNotTrain(f"{len(failed)} of {len(runs)} seeds stopped: " + "; ".join(reasons))
+
+
 def chain(links: list[tuple[str, str, object]]) -> tuple[bool, str]:
     """An ordering claim ``a > b > c ...`` from its links ``(a, b, comparison of a against b)``.
     It holds only where every link is significantly in the claimed direction (each link is tested
@@ -95,12 +112,16 @@ def chain(links: list[tuple[str, str, object]]) -> tuple[bool, str]:
         if c is None:
             words.append(f"{high} > {low}: not run")
             continue
+        if isinstance(c, DidNotTrain):
+            words.append(f"{high} > {low}: yes ({low} did not train: {c})")
+            continue
         d = c.direction()
         p = _p(c.p_adj if c.p_adj is not None else c.p)
         ci = "no interval" if math.isnan(c.low) else f"[{c.low:+.2f}, {c.high:+.2f}]"
         words.append(f"{high} > {low}: " + ("yes" if d > 0 else "no, reversed" if d < 0 else "not significant")
                      + f" ({c.diff:+.2f} {ci}, p{p if p.startswith('<') else '=' + p})")
-    holds = bool(links) and all(c is not None and c.direction() > 0 for _, _, c in links)
+    holds = bool(links) and all(isinstance(c, DidNotTrain) or (c is not None and c.direction() > 0)
+                                for _, _, c in links)
     return holds, "; ".join(words)
 
 

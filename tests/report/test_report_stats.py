@@ -441,6 +441,26 @@ def test_study_ordering_claim_holds_only_if_every_link_does():
     assert not holds and "B > C: not run" in words
 
 
+def test_a_scheme_that_never_trained_is_named_with_its_reason_in_an_ordering(tmp_path):
+    """Tsai et al.'s linear kernel "does not converge": where every seed of a scheme stopped with a
+    recorded failure (failed.json), the ordering's link to it holds and says why; a scheme with a
+    finished run, or none at all, is not called untrainable."""
+    sweep = tmp_path / "sweep"
+    proc = nas_run("-m", "task=sort", "attention=kernel_linear", "seed=1,2", "optim.lr=1e30", "trainer.max_steps=5",
+                   "task.train_size=500", "task.test_size=50", "logger=csv", "progress_bar=false",
+                   f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode != 0 and len(list(sweep.glob("*/failed.json"))) == 2, proc.stderr[-2000:]
+    mod = _study_common()
+    why = mod.did_not_train(str(sweep), "kernel_linear")
+    assert why is not None and why.startswith("2 of 2 seeds stopped: attention kernel 'linear' (encoder layer 0) produced non-finite")
+    up = stats.compare_seeds("bleu", [30.0, 31.0, 29.5], [33.0, 34.0, 33.2], [1, 2, 3])
+    holds, words = mod.chain([("exp", "poly", up), ("poly", "linear", why)])
+    assert holds and "poly > linear: yes (linear did not train: 2 of 2 seeds stopped: attention kernel" in words
+    holds, _ = mod.chain([("exp", "poly", None), ("poly", "linear", why)])
+    assert not holds
+    assert mod.did_not_train(str(sweep), "unas") is None and mod.did_not_train(str(tmp_path / "none"), "x") is None
+
+
 def test_study_claims_table_reads_nas_reports_comparison(compare_sweep, tmp_path):
     """benchmarks/study_report.py (docs/study.md's generated claims table) decides each claim from
     nas-report's own comparison: the DNAS row carries nas-report's difference and Holm p."""
