@@ -186,6 +186,9 @@ class NasLitModule(pl.LightningModule):
                                   "train_seconds": self.train_seconds, "train_tokens": self.train_tokens}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        trainer = self._trainer
+        if trainer is None or trainer.state.fn != "fit":  # testing the best weights is no resume
+            return
         saved = checkpoint.get(TIMING_KEY)
         if saved is None:  # written before nas-run recorded it: the earlier launches' time is unknown
             self.earlier_fit_seconds = [None]

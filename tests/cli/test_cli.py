@@ -1,4 +1,5 @@
 """End-to-end: the installed ``nas-run`` command, real Lightning, real W&B (offline)."""
+import csv
 import json
 
 import pytest
@@ -109,10 +110,17 @@ def test_validation_interval_longer_than_an_epoch_is_one_line_naming_the_fix(tmp
                     "epoch of task=sort; set it to at most 8, or add trainer.check_val_every_n_epoch=null to "
                     "count it in updates across epochs")
     assert not (tmp_path / "run" / "summary.json").exists() and (tmp_path / "run" / "failed.json").exists()
-    fixed = nas_run(*args, "trainer.check_val_every_n_epoch=null", f"hydra.run.dir={tmp_path / 'fixed'}",
-                    cwd=tmp_path)
+    fixed = nas_run(*args, "trainer.check_val_every_n_epoch=null", "trainer.max_steps=40",
+                    f"hydra.run.dir={tmp_path / 'fixed'}", cwd=tmp_path)
     assert fixed.returncode == 0, fixed.stderr[-2000:]
-    assert json.loads((tmp_path / "fixed" / "summary.json").read_text())["steps"] == 20
+    summary = json.loads((tmp_path / "fixed" / "summary.json").read_text())
+    assert summary["steps"] == 40 and len(summary["fit_seconds_by_launch"]) == 1
+    # the throughput is the whole training's, also when the test loads an earlier best checkpoint
+    # (whose recorded training time must not replace the run's): near the last value logged
+    logged = [float(r["train/tokens_per_s"]) for r in csv.DictReader((tmp_path / "fixed" / "csv").rglob(
+        "metrics.csv").__next__().open()) if r.get("train/tokens_per_s")]
+    assert summary["tested"]["step"] < 40 and logged
+    assert summary["tokens_per_s"] == pytest.approx(logged[-1], rel=0.3)
 
 
 def test_unknown_group_choice_lists_valid_options(tmp_path):
