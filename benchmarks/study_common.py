@@ -49,7 +49,8 @@ def _diff(row) -> str:
     c = getattr(row, "comparison", row)
     if math.isnan(c.low):
         return f"{c.diff:+.2f} (n={len(c.seeds)}, no interval)"
-    return f"{c.diff:+.2f} [{c.low:+.2f}, {c.high:+.2f}], p(Holm)={_p(c.p_adj if c.p_adj is not None else c.p)}"
+    p = _p(c.p_adj if c.p_adj is not None else c.p)
+    return f"{c.diff:+.2f} [{c.low:+.2f}, {c.high:+.2f}], p(Holm){p if p.startswith('<') else '=' + p}"
 
 
 def _p(p: float) -> str:

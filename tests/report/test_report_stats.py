@@ -471,7 +471,7 @@ def test_study_claims_table_reads_nas_reports_comparison(compare_sweep, tmp_path
                   "--no-item-tests", cwd=tmp_path)
     verdict = json.loads(proc.stdout)["comparison"]["rows"][0]
     p = verdict["p_holm"]
-    assert f"{verdict['difference']:+.2f} [" in dnas and f"p(Holm)={'<0.001' if p < 0.001 else f'{p:.3f}'}" in dnas
+    assert f"{verdict['difference']:+.2f} [" in dnas and f"p(Holm){'<0.001' if p < 0.001 else f'={p:.3f}'}" in dnas
     expected = ("not shown here: no significant difference" if verdict["verdict"].startswith("no significant")
                 else "yes: DNAS better here" if verdict["verdict"].startswith("better") else "no: DNAS worse here")
     assert expected in dnas
