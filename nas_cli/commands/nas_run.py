@@ -22,7 +22,7 @@ from ..errors import Refused, Stopped, UserError
 from ..choices import CONF_DIR, CONF_PACKAGE
 from ..resolvers import register_resolvers
 from ..infra.rundir import CONTINUE_ENV, continuing
-from .nas_run_hydra import (SWEEP_CONTINUE_ENV, RunGuard, SweepSummary, _console, _fail,  # noqa: F401 (re-exported)
+from .nas_run_hydra import (SWEEP_CONTINUE_ENV, RunGuard, SweepSummary, _console, _fail, restore_finished_configs,  # noqa: F401 (re-exported)
                             _sweep_overrides, summary_table)
 
 
@@ -67,6 +67,7 @@ def _job(cfg: DictConfig):
     optuna = "optuna" in str(hc.sweeper.get("_target_", ""))
     group = _prepare_job(cfg, hc, run_dir, multirun, optuna)
     if multirun and (run_dir / "summary.json").is_file() and os.environ.get(SWEEP_CONTINUE_ENV):
+        restore_finished_configs(run_dir, hc.output_subdir)
         return _finished_before(run_dir)
     summary = _train_job(cfg, hc, run_dir, group, multirun)
     if not isinstance(summary, dict):  # another process of a multi-process run (None), or a failed sweep job

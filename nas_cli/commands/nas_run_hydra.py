@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -111,6 +112,35 @@ def _sweep_overrides(root: Path) -> list[str] | None:
         return None
 
 
+#: where a continued sweep keeps a finished job's saved configs while Hydra writes the job's again
+KEPT_CONFIGS = ".nas-run-kept-configs"
+
+
+def keep_finished_configs(root: Path, output_subdir) -> None:
+    """Before a continued sweep's launcher runs: Hydra writes every job's configs (``.hydra/``) again,
+    also those of a job that finished in an earlier launch and is skipped, whose saved configs must
+    keep saying what ran (the same overrides typed in another order, a changed preset). Copy them
+    aside; :func:`restore_finished_configs` puts them back when the job is skipped. A copy left by
+    a killed launch is kept: it holds the originals."""
+    if output_subdir is None:
+        return
+    for summary in root.glob("*/summary.json"):
+        saved, kept = summary.parent / str(output_subdir), summary.parent / KEPT_CONFIGS
+        if saved.is_dir() and not kept.exists():
+            shutil.copytree(saved, kept)
+
+
+def restore_finished_configs(run_dir: Path, output_subdir) -> None:
+    """A skipped job's saved configs back as its finished run wrote them (see keep_finished_configs)."""
+    kept = run_dir / KEPT_CONFIGS
+    if output_subdir is None or not kept.is_dir():
+        return
+    saved = run_dir / str(output_subdir)
+    for f in kept.iterdir():
+        shutil.copy2(f, saved / f.name)
+    shutil.rmtree(kept)
+
+
 class RunGuard(Callback):
     """Hydra callback, before Hydra writes anything: check the composed options (one line per
     problem), never start in a directory that holds a finished run or sweep, and own the
@@ -156,6 +186,7 @@ class RunGuard(Callback):
                                     "exact command to continue it")
                 acquire(root, "sweep")  # first: a sweep still running there is refused before anything is said
                 os.environ[SWEEP_CONTINUE_ENV] = str(root.resolve())
+                keep_finished_configs(root, config.hydra.output_subdir)
                 done = len(list(root.glob("*/summary.json")))
                 Console(stderr=True).print(f"[bold yellow]nas-run: continuing the sweep in {root}:[/] {done} finished "
                                            "job(s) are skipped, unfinished ones resume from their checkpoints",

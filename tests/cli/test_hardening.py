@@ -308,6 +308,10 @@ def test_a_killed_sweep_launched_again_skips_finished_jobs_and_resumes_the_rest(
     first, second = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert (first / "summary.json").is_file() and not (second / "summary.json").exists()
     finished = (first / "summary.json").read_bytes()
+    # what an older nas-run composed for the finished job (its presets have changed since): a mark
+    with (first / ".hydra" / "config.yaml").open("a") as f:
+        f.write("# composed by an earlier nas-run\n")
+    configs = {f.name: f.read_bytes() for f in (first / ".hydra").iterdir()}
 
     other = nas_run("-m", *FAST, "trainer.max_steps=20,30", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert "holds a sweep of other overrides" in one_line_error(other)
@@ -318,6 +322,10 @@ def test_a_killed_sweep_launched_again_skips_finished_jobs_and_resumes_the_rest(
     assert again.returncode == 0, again.stderr[-3000:]
     assert "continuing the sweep" in again.stderr and f"{first.name}: finished in an earlier launch" in again.stderr
     assert (first / "summary.json").read_bytes() == finished  # not trained again
+    # ... and its saved configs still say what ran: Hydra wrote the configs of this launch there,
+    # nas-run put the finished job's own back
+    assert {f.name: f.read_bytes() for f in (first / ".hydra").iterdir()} == configs
+    assert not (first / ".nas-run-kept-configs").exists()
     s = summary(second)
     assert s["steps"] == 40 and s["resumed_from"] == "checkpoints/last.ckpt"
     assert len(s["fit_seconds_by_launch"]) == 2 and all(t > 0 for t in s["fit_seconds_by_launch"])
