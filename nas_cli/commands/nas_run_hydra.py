@@ -71,6 +71,8 @@ class SweepSummary(Callback):
         failed = [(p.parent, read_failed(p.parent)) for p in sorted(root.glob("*/failed.json"))]
         failed = [(d, f) for d, f in failed if f and not (d / "summary.json").is_file()]
         failed += _ended_before_start(root)
+        for kept in root.glob(f"*/{KEPT_CONFIGS}"):  # a finished job this launch did not reach (a sweeper of
+            restore_finished_configs(kept.parent, config.hydra.output_subdir)  # its own): nothing left aside
         release(root)
         if rows:
             rows.sort(key=lambda s: (s["task"], s["scheme"], s["heads"]))
@@ -186,7 +188,8 @@ class RunGuard(Callback):
                                     "exact command to continue it")
                 acquire(root, "sweep")  # first: a sweep still running there is refused before anything is said
                 os.environ[SWEEP_CONTINUE_ENV] = str(root.resolve())
-                keep_finished_configs(root, config.hydra.output_subdir)
+                if "optuna" not in str(config.hydra.sweeper.get("_target_", "")):  # Optuna: new trials, new dirs
+                    keep_finished_configs(root, config.hydra.output_subdir)
                 done = len(list(root.glob("*/summary.json")))
                 Console(stderr=True).print(f"[bold yellow]nas-run: continuing the sweep in {root}:[/] {done} finished "
                                            "job(s) are skipped, unfinished ones resume from their checkpoints",

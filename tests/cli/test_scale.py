@@ -478,6 +478,7 @@ def test_an_optuna_sweep_with_a_storage_continues_its_study(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     dirs = sorted(p.name.split("_")[0] for p in (tmp_path / "opt").iterdir() if (p / "summary.json").is_file())
     assert dirs == ["0", "1", "2", "3"]
+    assert not list((tmp_path / "opt").glob("*/.nas-run-kept-configs"))  # old trials are not launched again
     with sqlite3.connect(tmp_path / "optuna.db") as db:
         states = [r[0] for r in db.execute("select state from trials")]
     assert len(states) == 4 and set(states) == {"COMPLETE"}
