@@ -171,7 +171,6 @@ class NasLitModule(pl.LightningModule):
         """Non-padding tokens of the batch's inputs, as a tensor (no host sync)."""
         return sum((t != 0).sum() for k, t in batch.items() if k in ("src", "tgt_in", "ids"))
 
-    # ---- training ------------------------------------------------------------------
     # ---- training time across launches (a resumed run reports all of its training) -----
     def on_fit_start(self):
         self._fit_t0 = time.perf_counter()
@@ -197,6 +196,7 @@ class NasLitModule(pl.LightningModule):
         self.train_seconds = float(saved["train_seconds"])
         self._earlier_tokens = int(saved["train_tokens"])
 
+    # ---- training ------------------------------------------------------------------
     def on_train_batch_start(self, batch, batch_idx):
         self._t0 = time.perf_counter()
 

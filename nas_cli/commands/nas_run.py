@@ -22,8 +22,8 @@ from ..errors import Refused, Stopped, UserError
 from ..choices import CONF_DIR, CONF_PACKAGE
 from ..resolvers import register_resolvers
 from ..infra.rundir import CONTINUE_ENV, continuing
-from .nas_run_hydra import (SWEEP_CONTINUE_ENV, RunGuard, SweepSummary, _console, _fail, restore_finished_configs,  # noqa: F401 (re-exported)
-                            _sweep_overrides, summary_table)
+from .nas_run_hydra import (SWEEP_CONTINUE_ENV, RunGuard, SweepSummary, _console, _fail,  # noqa: F401 (re-exported)
+                            _sweep_overrides, restore_finished_configs, summary_table)
 
 
 def _spawns_processes(trainer_cfg) -> bool:
