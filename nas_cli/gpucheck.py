@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -196,18 +198,32 @@ def train_cases(device: str, data: dict[str, Path]) -> list[tuple[str, list[str]
                  ("bf16-mixed + compile", ["trainer=gpu", "trainer.precision=bf16-mixed", "compile=true"])]
                 if device == "cuda" else [("float32", ["trainer=cpu"])])
     cases = [(f"{fam}, {name}", [*args, *common, *extra]) for fam, args in families for name, extra in settings]
+    if device == "cuda":  # the fused paths, at the lengths of real batches (a new length each step)
+        cases += [(f"translation, DNAS impl={impl}, bf16-mixed",
+                   [*families[0][1], *common, "trainer=gpu", "trainer.precision=bf16-mixed", "attention=dnas",
+                    f"attention.impl={impl}", "model.attention_dropout=0.0"]) for impl in ("flex", "triton")]
     if device == "cuda" and torch.cuda.device_count() > 1:
         cases.append(("translation, DDP on 2 GPUs", [*families[0][1], *common, "trainer=ddp", "trainer.devices=2",
                                                      "trainer.precision=bf16-mixed"]))
     return cases
 
 
-def check_training(device: str, timeout: int = 600) -> list[dict]:
-    nas_run = str(Path(sys.executable).with_name("nas-run"))
-    rows = []
+def _nas_run() -> str:
+    """The nas-run beside this interpreter (a virtual environment), else the one on PATH (an
+    install with ``pip --target`` or ``--user``)."""
+    beside = Path(sys.executable).with_name("nas-run")
+    return str(beside) if beside.is_file() else (shutil.which("nas-run") or str(beside))
+
+
+def check_training(device: str, timeout: int = 600, jobs: int = 1) -> list[dict]:
+    """Each case through the real ``nas-run``; ``jobs`` cases at a time (they share the device:
+    for checking, not for timing)."""
+    nas_run = _nas_run()
     with tempfile.TemporaryDirectory() as tmp:
         data = _write_data(Path(tmp) / "data")
-        for i, (name, args) in enumerate(train_cases(device, data)):
+
+        def one(i_case):
+            i, (name, args) = i_case
             run_dir = Path(tmp) / f"run{i}"
             t0 = time.perf_counter()
             try:
@@ -218,9 +234,11 @@ def check_training(device: str, timeout: int = 600) -> list[dict]:
                 loss = json.loads((run_dir / "summary.json").read_text())["test"].get("test/loss") if ok else None
             except subprocess.TimeoutExpired:
                 ok, problem, loss = False, f"timed out after {timeout} s", None
-            rows.append({"check": "training", "case": name, "seconds": time.perf_counter() - t0, "test_loss": loss,
-                         "ok": ok and loss is not None and loss == loss, "problem": problem})
-    return rows
+            return {"check": "training", "case": name, "seconds": time.perf_counter() - t0, "test_loss": loss,
+                    "ok": ok and loss is not None and loss == loss, "problem": problem}
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            return list(pool.map(one, enumerate(train_cases(device, data))))
 
 
 # ---- entry point -------------------------------------------------------------------------------------
@@ -240,20 +258,22 @@ def main(args) -> int:
         print(f"nas-bench gpu-check: error: --dtypes {','.join(unknown)}: use float32, bf16, fp16", file=sys.stderr)
         return 2
     schemes = [s.strip() for s in args.schemes.split(",")] if args.schemes else None
-    rows = check_numerics(device, dtypes, schemes)
-    if not args.skip_training:
-        rows += check_training(device)
+    rows = [] if args.only == "training" else check_numerics(device, dtypes, schemes)
+    if not args.skip_training and args.only != "numerics":
+        rows += check_training(device, jobs=args.jobs)
     console = Console(width=160)
     where = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     num = Table(title=f"nas-bench gpu-check: numerics on {where} (torch {torch.__version__}); error = max |x - "
                       "x_ref| / max |x_ref| vs float64")
     for col in ("scheme", "form", "dtype", "output err", "grad err", "tolerance", "result"):
         num.add_column(col)
-    for r in (r for r in rows if r["check"] == "numerics"):
+    numerics = [r for r in rows if r["check"] == "numerics"]
+    for r in numerics:
         fmt = (lambda x: "-" if x is None else f"{x:.2e}")
         num.add_row(r["scheme"], r["form"], r["dtype"], fmt(r["err_out"]), fmt(r["err_grad"]), fmt(r["tolerance"]),
                     "ok" if r["ok"] else f"[red]FAIL[/] {r['problem']}")
-    console.print(num)
+    if numerics:
+        console.print(num)
     train = [r for r in rows if r["check"] == "training"]
     if train:
         t = Table(title="training steps through nas-run")
@@ -278,4 +298,6 @@ def add_parser(sub) -> None:
     p.add_argument("--dtypes", help="comma-separated: float32, bf16, fp16 (default: all on CUDA, float32,bf16 on CPU)")
     p.add_argument("--schemes", help="comma-separated scheme names (default: every conf/attention/*.yaml)")
     p.add_argument("--skip-training", action="store_true", help="numerics only")
+    p.add_argument("--only", choices=["numerics", "training"], help="run one of the two checks")
+    p.add_argument("--jobs", type=int, default=1, help="training cases run at a time (default 1)")
     p.add_argument("--out-json", help="also write the rows as JSON")

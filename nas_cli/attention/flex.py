@@ -51,7 +51,10 @@ def _kernel(device_type: str):
     from torch.nn.attention.flex_attention import flex_attention
 
     if device_type == "cuda":
-        return torch.compile(flex_attention, dynamic=False)
+        # dynamic=None: a second sequence length recompiles once with symbolic lengths. With
+        # dynamic=False every new batch length compiled anew, until Dynamo's recompile limit (8)
+        # sent every later call to the eager, score-materializing flex_attention
+        return torch.compile(flex_attention, dynamic=None)
     return flex_attention
 
 

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Every GPU check and measurement of docs/speed.md in one command, on a CUDA machine with
+# nas-run installed:
+#
+#     benchmarks/gpu_measure.sh OUT_DIR [SECONDS_PER_STEP_SCALE]
+#
+# 1. correctness, not timed: `nas-bench gpu-check`'s numerics and its training cases at once
+#    (they share the GPU);
+# 2. timings, one at a time on an otherwise idle GPU: the attention core of the encoder form
+#    (FlexAttention) and of the decoder's prefix form (Triton kernels) against SDPA, then
+#    end-to-end training steps of Transformer-base at WMT14 shapes (bf16-mixed).
+#
+# Each step writes its own JSON and text into OUT_DIR as it ends and is stopped by `timeout`
+# if it runs long, so a cut-short session keeps what finished. Exit status: the number of steps
+# that failed or timed out.
+set -u
+out=${1:?usage: benchmarks/gpu_measure.sh OUT_DIR [SECONDS_PER_STEP_SCALE]}
+scale=${2:-1}
+mkdir -p "$out"
+step() {  # step NAME SECONDS command...
+    local name=$1 secs=$2
+    shift 2
+    local t0=$SECONDS
+    timeout --kill-after=10 "$(( secs * scale ))" "$@" > "$out/$name.txt" 2>&1
+    local rc=$?
+    echo "$name: exit $rc after $(( SECONDS - t0 )) s" | tee -a "$out/steps.txt"
+}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+} > "$out/machine.txt" 2>&1
+
+# 1. correctness (numerics in one process, the training cases eight at a time beside it)
+step gpu_check_training 300 nas-bench gpu-check --only training --jobs 8 --out-json "$out/gpu_check_training.json" &
+step gpu_check_numerics 300 nas-bench gpu-check --only numerics --out-json "$out/gpu_check_numerics.json"
+wait
+
+# 2. timings
+step attention_encoder 150 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+    --causal off --lengths 512,1024,2048,4096,8192,16384 --schemes unas,dnas-flex,hnas-flex,sinkhorn-flex,dnas \
+    --out-json "$out/attention_encoder.json" --out-md "$out/attention_encoder.md"
+step attention_prefix 120 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+    --causal on --lengths 512,1024,2048,4096,8192 --schemes unas,dnas-triton,hnas-triton,dnas \
+    --out-json "$out/attention_prefix.json" --out-md "$out/attention_prefix.md"
+step train_base 150 nas-bench train --model base --src-len 128 --batch 32 --device cuda --precision bf16-mixed \
+    --steps 10 --repeats 3 --schemes unas,dnas-efficient,dnas-flex,dnas-triton \
+    --out-json "$out/train_base.json" --out-md "$out/train_base.md"
+exit "$(grep -vc ': exit 0 ' "$out/steps.txt")"
