@@ -30,18 +30,19 @@ step() {  # step NAME SECONDS command...
 } > "$out/machine.txt" 2>&1
 
 # 1. correctness (numerics in one process, the training cases eight at a time beside it)
-step gpu_check_training 300 nas-bench gpu-check --only training --jobs 8 --out-json "$out/gpu_check_training.json" &
-step gpu_check_numerics 300 nas-bench gpu-check --only numerics --out-json "$out/gpu_check_numerics.json"
+step gpu_check_training 240 nas-bench gpu-check --only training --jobs 8 --out-json "$out/gpu_check_training.json" &
+# shellcheck disable=SC2086  # GPU_CHECK_ARGS: e.g. "--schemes dnas-flex,dnas-triton" to recheck some schemes
+step gpu_check_numerics 240 nas-bench gpu-check --only numerics --out-json "$out/gpu_check_numerics.json" ${GPU_CHECK_ARGS:-}
 wait
 
 # 2. timings
-step attention_encoder 150 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+step attention_encoder 110 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
     --causal off --lengths 512,1024,2048,4096,8192,16384 --schemes unas,dnas-flex,hnas-flex,sinkhorn-flex,dnas \
     --out-json "$out/attention_encoder.json" --out-md "$out/attention_encoder.md"
-step attention_prefix 120 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+step attention_prefix 80 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
     --causal on --lengths 512,1024,2048,4096,8192 --schemes unas,dnas-triton,hnas-triton,dnas \
     --out-json "$out/attention_prefix.json" --out-md "$out/attention_prefix.md"
-step train_base 150 nas-bench train --model base --src-len 128 --batch 32 --device cuda --precision bf16-mixed \
+step train_base 100 nas-bench train --model base --src-len 128 --batch 32 --device cuda --precision bf16-mixed \
     --steps 10 --repeats 3 --schemes unas,dnas-efficient,dnas-flex,dnas-triton \
     --out-json "$out/train_base.json" --out-md "$out/train_base.md"
 exit "$(grep -vc ': exit 0 ' "$out/steps.txt")"

@@ -45,17 +45,54 @@ def _unavailable(device_type: str, training: bool) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(device_type: str):
-    """flex_attention, compiled on CUDA (the fused kernel); eager elsewhere (a reference)."""
+# Four call forms, each its own function and so its own compiled frame. Dynamo caches compiled code
+# per code object and recompiles for each new guard (score_mod's code, return_lse, a mask or none,
+# a new length) up to its recompile limit (8), after which it runs the eager flex_attention, which
+# materializes every score: one compiled flex_attention shared by all forms reached that limit
+# within one benchmark run on an H200 (DNAS at S=4096 then held 27 GiB). Each form here sees two
+# lengths at most before its lengths turn symbolic (dynamic=None), and a mask or none.
+def _plain(q, k, v, block_mask):
     from torch.nn.attention.flex_attention import flex_attention
 
+    return flex_attention(q, k, v, block_mask=block_mask)
+
+
+def _plain_lse(q, k, v, block_mask):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v, block_mask=block_mask, return_lse=True)
+
+
+def _biased(q, k, v, bias, block_mask):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def score_mod(score, b, h, qi, kj):
+        return score - bias[b, h, kj]
+
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+
+
+def _biased_lse(q, k, v, bias, block_mask):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def score_mod(score, b, h, qi, kj):
+        return score - bias[b, h, kj]
+
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=True)
+
+
+_FORMS = {(False, False): _plain, (False, True): _plain_lse, (True, False): _biased, (True, True): _biased_lse}
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(device_type: str, biased: bool, lse: bool):
+    """The call form, compiled on CUDA (the fused kernel); eager elsewhere (a reference)."""
+    fn = _FORMS[biased, lse]
     if device_type == "cuda":
-        # dynamic=None: a second sequence length recompiles once with symbolic lengths. With
-        # dynamic=False every new batch length compiled anew, until Dynamo's recompile limit (8)
-        # sent every later call to the eager, score-materializing flex_attention
-        return torch.compile(flex_attention, dynamic=None)
-    return flex_attention
+        # dynamic=None: a second length recompiles once with symbolic lengths (dynamic=False compiled
+        # every new batch length anew)
+        return torch.compile(fn, dynamic=None)
+    return fn
 
 
 def _attend(q, k, v, bias=None, bias_dim: str = "k", allowed=None, lse: bool = False):
@@ -66,16 +103,9 @@ def _attend(q, k, v, bias=None, bias_dim: str = "k", allowed=None, lse: bool = F
 
     from torch.nn.attention.flex_attention import create_block_mask
 
-    # Always a score_mod, never the same tensor as keys and values: a None score_mod on some calls
-    # and aliased k/v crashed torch._dynamo after a few shapes ('NoneType' object is not subscriptable)
-    if bias is None:
-        def score_mod(score, b, h, qi, kj):
-            return score
-    else:
-        def score_mod(score, b, h, qi, kj):
-            return score - bias[b, h, kj]
     if v is k or v is q:
-        v = v.detach().clone()  # a dummy (the output is not used): its own storage
+        # a dummy (the output is not used) with its own storage: aliased k/v crashed torch._dynamo
+        v = v.detach().clone()
 
     block_mask = None
     if allowed is not None:
@@ -83,10 +113,10 @@ def _attend(q, k, v, bias=None, bias_dim: str = "k", allowed=None, lse: bool = F
             return allowed[b, kj]
 
         block_mask = create_block_mask(mask_mod, q.size(0), None, q.size(-2), k.size(-2), device=q.device)
+    fn = _kernel(q.device.type, bias is not None, bool(lse))
     with warnings.catch_warnings():  # the CPU path warns that it is not compiled: it is a reference there
         warnings.simplefilter("ignore")
-        res = _kernel(q.device.type)(q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=lse)
-    return res
+        return fn(q, k, v, block_mask) if bias is None else fn(q, k, v, bias, block_mask)
 
 
 def column_lse(q, k, q_mask=None, row_bias=None):

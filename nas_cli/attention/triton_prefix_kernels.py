@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-NEG = -1.0e30
+NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain global inside a kernel (the interpreter accepts it)
 
 
 @triton.jit
