@@ -184,7 +184,7 @@ def check_triton(plan, cfg: DictConfig) -> None:
 
     _check_fused(cfg, f"attention.impl=triton ({names})", "the query gradients are accumulated with atomics",
                  lambda device: triton_unavailable(torch.device(device)))
-    other = [loc for loc, p in chosen.items() if loc not in ("decoder", "cross") or "sinkhorn" in str(p.name)]
+    other = [loc for loc, p in chosen.items() if loc not in ("decoder", "cross") or "sinkhorn" in str(p.scheme)]
     if other:
         import sys
 

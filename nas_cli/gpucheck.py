@@ -215,6 +215,13 @@ def _nas_run() -> str:
     return str(beside) if beside.is_file() else (shutil.which("nas-run") or str(beside))
 
 
+def _last_error_line(stderr: str) -> str:
+    """The line that says what went wrong: the last one, less Hydra's closing hint
+    ('Set the environment variable HYDRA_FULL_ERROR=1 ...'), which says nothing of the error."""
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip() and "HYDRA_FULL_ERROR" not in ln]
+    return (lines or ["no output"])[-1][:200]
+
+
 def check_training(device: str, timeout: int = 600, jobs: int = 1) -> list[dict]:
     """Each case through the real ``nas-run``; ``jobs`` cases at a time (they share the device:
     for checking, not for timing)."""
@@ -230,7 +237,7 @@ def check_training(device: str, timeout: int = 600, jobs: int = 1) -> list[dict]
                 proc = subprocess.run([nas_run, *args, f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
                                       timeout=timeout, cwd=tmp)
                 ok = proc.returncode == 0 and (run_dir / "summary.json").is_file()
-                problem = None if ok else (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+                problem = None if ok else _last_error_line(proc.stderr)
                 loss = json.loads((run_dir / "summary.json").read_text())["test"].get("test/loss") if ok else None
             except subprocess.TimeoutExpired:
                 ok, problem, loss = False, f"timed out after {timeout} s", None

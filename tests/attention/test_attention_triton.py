@@ -11,7 +11,7 @@ import torch
 
 triton = pytest.importorskip("triton", reason="pip install triton (the [test] extra has it)")
 
-from helpers import build_core  # noqa: E402
+from helpers import build_core, compose_cfg  # noqa: E402
 from nas_cli.attention.base import AttentionCore  # noqa: E402
 
 
@@ -146,3 +146,17 @@ def test_impl_triton_refused_with_one_line_where_it_cannot_run(tmp_path):
         assert proc.returncode == 2, proc.stderr[-1500:]
         assert words in proc.stderr and "Traceback" not in proc.stderr
         assert not (tmp_path / "outputs").exists()
+
+
+def test_impl_triton_for_every_location_passes_the_checks_and_names_the_chunked_ones(capsys):
+    """Found on an H200: ``attention=dnas attention.impl=triton`` (every location, the encoder too)
+    crashed in the pre-run check (an AttributeError) instead of saying which locations keep the
+    chunked path; only the decoder-level spelling had been run."""
+    from nas_cli.checks import check_config
+
+    check_config(compose_cfg("attention=dnas", "attention.impl=triton", "trainer.accelerator=cpu"))
+    note = capsys.readouterr().err
+    assert "encoder attention uses the chunked exact path" in note, note
+    assert "decoder" not in note.split(";")[1], note  # the decoder and cross-attention run the kernels
+    check_config(compose_cfg("attention=sinkhorn", "attention.impl=triton", "trainer.accelerator=cpu"))
+    assert "encoder, decoder, cross attention uses the chunked" in capsys.readouterr().err

@@ -45,3 +45,14 @@ def test_gpu_check_cli_on_the_cpu_prints_a_table_and_fails_on_a_failure(tmp_path
     bad = subprocess.run([NAS_BENCH, "gpu-check", "--device", "cpu", "--dtypes", "float8"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "--dtypes float8" in bad.stderr
+
+
+def test_training_rows_name_the_error_not_hydras_hint_and_cover_the_fused_paths(tmp_path):
+    """On an H200 the impl=triton training case failed with 'Set the environment variable
+    HYDRA_FULL_ERROR=1 ...' as its only reason; the row now shows the error above that hint."""
+    stderr = ("Error executing job with overrides: ['attention=dnas']\nTraceback (most recent call last):\n"
+              "AttributeError: 'Placed' object has no attribute 'name'\n\n"
+              "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
+    assert gpucheck._last_error_line(stderr) == "AttributeError: 'Placed' object has no attribute 'name'"
+    names = [name for name, _ in gpucheck.train_cases("cuda", gpucheck._write_data(tmp_path))]
+    assert "translation, DNAS impl=flex, bf16-mixed" in names and "translation, DNAS impl=triton, bf16-mixed" in names
