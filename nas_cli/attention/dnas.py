@@ -54,9 +54,21 @@ def resolve_impl(impl: str, block_size) -> str:
         raise ValueError(f"{err}, or auto (picks one per sequence length)") from None
 
 
+def auto_picks_fused(device_type: str, length: int) -> bool:
+    """Whether ``impl=auto`` takes a fused path here: FlexAttention for the encoder form, the Triton
+    kernels for the prefix form. Only on CUDA, from AUTO_NAIVE_BELOW on, and never under
+    ``torch.use_deterministic_algorithms`` (``trainer.deterministic=true``): both accumulate
+    gradients with atomics. Measured on an H200 (docs/speed.md, bf16, B=8, H=8, d_head=64, forward
+    + backward of one core): FlexAttention DNAS 2.9-3.5x faster than the chunked path at S=512-8192,
+    the Triton prefix kernels 7.1x at S=512 down to 1.9x at S=8192; below S=256 the naive formula
+    stays (not measured against them on a GPU)."""
+    return (device_type == "cuda" and length >= AUTO_NAIVE_BELOW
+            and not torch.are_deterministic_algorithms_enabled())
+
+
 def flex_applies(core, q, k, need_weights: bool) -> bool:
     """Whether this call goes through FlexAttention (nas_cli/attention/flex.py): ``impl=flex``,
-    or ``impl=auto`` on CUDA from AUTO_NAIVE_BELOW on, for the encoder form (no prefix
+    or ``impl=auto`` where :func:`auto_picks_fused`, for the encoder form (no prefix
     normalization) without attention dropout in training, where FlexAttention can run it. The
     other cases keep the chunked path, which gives the same values and gradients."""
     from .flex import flex_unavailable
@@ -65,19 +77,22 @@ def flex_applies(core, q, k, need_weights: bool) -> bool:
         return False
     if core.training and core.dropout > 0:
         return False
-    if core.impl == "auto" and (q.device.type != "cuda" or max(q.size(-2), k.size(-2)) < AUTO_NAIVE_BELOW):
+    if core.impl == "auto" and not auto_picks_fused(q.device.type, max(q.size(-2), k.size(-2))):
         return False
     return flex_unavailable(q.device, torch.is_grad_enabled() and q.requires_grad) is None
 
 
-def triton_applies(core, q, need_weights: bool) -> bool:
-    """Whether this call runs the Triton kernels (nas_cli/attention/triton_prefix.py): ``impl=triton``
-    for the prefix form (decoder self- and cross-attention) of DNAS, without attention dropout in
-    training, where Triton can run (CUDA, or its interpreter). Elsewhere ``impl=triton`` runs as
-    ``auto`` (the run says so once, nas_cli/checks.py)."""
-    if core.impl != "triton" or not core.prefix_queries or need_weights or getattr(core, "iterations", 1) != 1:
+def triton_applies(core, q, k, need_weights: bool) -> bool:
+    """Whether this call runs the Triton kernels (nas_cli/attention/triton_prefix.py): ``impl=triton``,
+    or ``impl=auto`` where :func:`auto_picks_fused`, for the prefix form (decoder self- and
+    cross-attention) of DNAS, without attention dropout in training, where Triton can run (CUDA, or
+    its interpreter for ``impl=triton``). Elsewhere ``impl=triton`` runs as ``auto`` (the run says so
+    once, nas_cli/checks.py)."""
+    if core.impl not in ("triton", "auto") or not core.prefix_queries or need_weights:
         return False
-    if core.training and core.dropout > 0:
+    if getattr(core, "iterations", 1) != 1 or (core.training and core.dropout > 0):
+        return False
+    if core.impl == "auto" and not auto_picks_fused(q.device.type, max(q.size(-2), k.size(-2))):
         return False
     from .triton_prefix import triton_unavailable
 
@@ -131,7 +146,7 @@ class DNAS(AttentionCore):
             return super().forward(q, k, v, q_mask, k_mask, need_weights)
         if flex_applies(self, q, k, need_weights):
             out = self._flex(q, k, v, q_mask, k_mask)
-        elif triton_applies(self, q, need_weights):
+        elif triton_applies(self, q, k, need_weights):
             out = self._triton(q, k, v, q_mask, k_mask)
         elif self.uses_naive(q, k):
             if self.iterations != 1:  # Sinkhorn-k: the materialized formula

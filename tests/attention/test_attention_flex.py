@@ -67,6 +67,25 @@ def test_impl_auto_picks_flex_only_on_cuda_from_the_naive_threshold():
     assert flex_unavailable("cpu", training=False) is None
 
 
+def test_impl_auto_takes_a_fused_path_only_on_cuda_from_the_threshold_and_never_when_deterministic():
+    """impl=auto's choice of FlexAttention (encoder form) and the Triton kernels (prefix form): both
+    accumulate gradients with atomics, so a trainer.deterministic run (Lightning turns on
+    torch.use_deterministic_algorithms) keeps the chunked path; before, auto took FlexAttention there."""
+    n = dnas_mod.AUTO_NAIVE_BELOW
+    assert dnas_mod.auto_picks_fused("cuda", n) and not dnas_mod.auto_picks_fused("cuda", n - 1)
+    assert not dnas_mod.auto_picks_fused("cpu", 4 * n)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not dnas_mod.auto_picks_fused("cuda", 4 * n)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    # on the CPU (TRITON_INTERPRET=1 in the tests) auto never runs the interpreter's kernels
+    core = build_core("dnas", causal=True, location="decoder", impl="auto").double()
+    q, k, _ = qkv(sq=n, sk=n)
+    assert not dnas_mod.triton_applies(core, q, k, need_weights=False)
+
+
 def test_training_with_impl_flex_on_the_cpu_is_refused_before_anything_runs():
     from nas_cli.checks import check_config
     from nas_cli.errors import UserError
