@@ -42,7 +42,7 @@ step attention_prefix 80 nas-bench attention --device cuda --dtype bfloat16 --ba
 step attention_encoder 110 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
     --causal off --lengths 512,1024,2048,4096,8192,16384 --schemes unas,dnas-flex,hnas-flex,sinkhorn-flex,dnas \
     --out-json "$out/attention_encoder.json" --out-md "$out/attention_encoder.md"
-step train_base 100 nas-bench train --model base --src-len 128 --batch 32 --device cuda --precision bf16-mixed \
-    --steps 10 --repeats 3 --schemes unas,dnas-efficient,dnas-flex,dnas-triton \
+step train_base 200 nas-bench train --model base --src-len 128 --batch 32 --device cuda --precision bf16-mixed \
+    --steps 10 --repeats 5 --schemes unas,dnas@encoder,dnas-flex@encoder,dnas,dnas-efficient,dnas-triton \
     --out-json "$out/train_base.json" --out-md "$out/train_base.md"
 exit "$(grep -vc ': exit 0 ' "$out/steps.txt")"

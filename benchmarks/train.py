@@ -66,14 +66,38 @@ def _split_scheme(scheme: str) -> tuple[str, str | None]:
     return (name, suffix) if name and suffix in IMPL_SUFFIXES else (scheme, None)
 
 
+#: ``<scheme>@<location>[+<location>...]``: that scheme at those locations, UNAS at the others
+#: (e.g. ``dnas@encoder``: DNAS in the encoder only, as Ding et al. ran it)
+LOCATION_SEP = "@"
+
+
 def _attention_cfg(scheme: str):
     from ..choices import scheme_config
 
-    name, impl = _split_scheme(scheme)
+    spec, _, where = scheme.partition(LOCATION_SEP)
+    name, impl = _split_scheme(spec)
     cfg = scheme_config(name)
     if impl is not None:
         cfg.impl = impl
-    return cfg
+    if not where:
+        return cfg
+    plan = scheme_config("unas")
+    for loc in where.split("+"):
+        plan[loc] = cfg
+    return plan
+
+
+def check_scheme(scheme: str, valid: list[str]) -> str | None:
+    """Why ``scheme`` is not a valid ``--schemes`` entry (None: it is)."""
+    from ..plan import LOCATIONS
+
+    spec, sep, where = scheme.partition(LOCATION_SEP)
+    if spec not in valid:
+        return f"unknown scheme {spec!r}"
+    bad = [loc for loc in where.split("+") if loc not in LOCATIONS] if sep else []
+    if bad:
+        return f"{scheme!r}: unknown location {bad[0]!r} (use {', '.join(LOCATIONS)}, joined by '+')"
+    return None
 
 
 def _bench_task(vocab: int):
@@ -295,9 +319,10 @@ def train_main(args, parser, argv: list[str]) -> int:
     from ..choices import available
 
     valid = train_schemes()
-    bad = [s for s in args.schemes if s not in valid]
+    bad = [why for why in (check_scheme(s, valid) for s in args.schemes) if why]
     if bad:
-        parser.error(f"unknown scheme(s) {', '.join(bad)}; valid: {', '.join(valid)}")
+        parser.error(f"argument --schemes: {'; '.join(bad)}; valid: {', '.join(valid)}, each optionally "
+                     "followed by @<location>[+<location>] (e.g. dnas@encoder: UNAS elsewhere)")
     if args.model not in available("model"):
         parser.error(f"argument --model: unknown model {args.model!r}; valid: {', '.join(available('model'))}")
     if args.device == "cuda" and not torch.cuda.is_available():

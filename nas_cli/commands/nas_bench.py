@@ -98,8 +98,10 @@ def _add_train(sub) -> None:
                     help="untimed steps at the start of each repeat (default: 1)")
     tr.add_argument("--repeats", type=_positive(int), default=3)
     tr.add_argument("--schemes", type=_csv(str), default=TRAIN_DEFAULT_SCHEMES,
-                    help="comma-separated; names in conf/attention/, or <name>-naive|efficient|auto for the "
-                         f"schemes with an impl option (default: {','.join(TRAIN_DEFAULT_SCHEMES)}; unas always runs)")
+                    help="comma-separated; names in conf/attention/, or <name>-naive|efficient|auto|flex|triton "
+                         "for the schemes with an impl option, each optionally followed by @<location>[+<location>] "
+                         "for those locations only, UNAS elsewhere (e.g. dnas@encoder) "
+                         f"(default: {','.join(TRAIN_DEFAULT_SCHEMES)}; unas always runs)")
     tr.add_argument("--precision", choices=TRAIN_PRECISIONS, default="32-true",
                     help="32-true, or bf16-mixed (autocast in both loops)")
     tr.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
