@@ -68,24 +68,7 @@ def test_attention_bench_isolated_case(tmp_path):
     assert rec["mem_ratio"] == 1.0 and data["config"]["isolate"] is True
 
 
-def test_train_bench_runs_a_scheme_at_some_locations_only(tmp_path):
-    """``dnas@encoder``: DNAS in the encoder, UNAS in the decoder and cross-attention (the issue's
-    DNAS-encoder target); ``hnas@decoder+cross``: HNAS's mixing weights at those two only."""
-    from nas_cli.plan import AttentionPlan
-
-    plan = AttentionPlan.from_config(bench_train._attention_cfg("dnas-naive@encoder"))
-    assert plan.names() == {"encoder": "dnas", "decoder": "unas", "cross": "unas"}
-    assert plan.placed["encoder"].options["impl"] == "naive"
-    data, md = run_train_bench(tmp_path, "--schemes", "dnas@encoder,hnas@decoder+cross")
-    by = {r["loop"]: r for r in data["results"]}
-    assert {r["status"] for r in data["results"]} == {"ok"}
-    assert by["dnas@encoder"]["parameters"] == by["unas"]["parameters"]
-    assert by["hnas@decoder+cross"]["parameters"] == by["unas"]["parameters"] + 2 * 2 * 4  # 2 locations x 2 layers x 4 heads
-    assert by["dnas@encoder"]["ratio_to"] == "unas" and "nas-run dnas@encoder" in md
-
-
 @pytest.mark.parametrize("bad", [
-    ["--schemes", "dnas@decoderr"],
     ["--schemes", "dnas,nope"],
     ["--lengths", "32,abc"],
     ["--lengths", "0"],
