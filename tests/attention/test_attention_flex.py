@@ -80,6 +80,13 @@ def test_impl_auto_takes_a_fused_path_only_on_cuda_from_the_threshold_and_never_
         assert not dnas_mod.auto_picks_fused("cuda", 4 * n)
     finally:
         torch.use_deterministic_algorithms(before)
+    # fp16 (16-mixed): auto keeps the chunked path (FlexAttention's fp16 error was 6x SDPA's on an H200)
+    x = torch.zeros(1, 1, 4, 8)
+    assert not dnas_mod.runs_in_fp16(x) and dnas_mod.runs_in_fp16(x.half())
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert dnas_mod.runs_in_fp16(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not dnas_mod.runs_in_fp16(x)
     # on the CPU (TRITON_INTERPRET=1 in the tests) auto never runs the interpreter's kernels
     core = build_core("dnas", causal=True, location="decoder", impl="auto").double()
     q, k, _ = qkv(sq=n, sk=n)
