@@ -39,7 +39,7 @@ wait
 step attention_prefix 80 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
     --causal on --lengths 512,1024,2048,4096,8192 --schemes unas,dnas-triton,hnas-triton,dnas \
     --out-json "$out/attention_prefix.json" --out-md "$out/attention_prefix.md"
-step attention_encoder 110 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+step attention_encoder 170 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
     --causal off --lengths 512,1024,2048,4096,8192,16384 --schemes unas,dnas-flex,hnas-flex,sinkhorn-flex,dnas \
     --out-json "$out/attention_encoder.json" --out-md "$out/attention_encoder.md"
 step train_base 200 nas-bench train --model base --src-len 128 --batch 32 --device cuda --precision bf16-mixed \
