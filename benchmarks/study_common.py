@@ -203,7 +203,9 @@ def _verdict_text(row) -> str:
 
 def heads_trend(root, metric: str = "test/bleu"):
     """CODA - UNAS paired by seed at each number of heads, regressed on log2(heads) per seed and
-    tested over seeds. None when fewer than two numbers of heads have both schemes."""
+    tested over seeds: (comparison, {seed: slope}, {seed: heads}), where a seed's heads are those at
+    which both schemes have finished (a sweep under way has seeds with fewer). None when fewer than
+    two numbers of heads have both schemes."""
     from nas_cli.report.stats import trend_over_seeds
 
     groups = _groups(root)
@@ -219,4 +221,13 @@ def heads_trend(root, metric: str = "test/bleu"):
             points.setdefault(seed, []).append((math.log2(h), v - at[("unas", h, seed)]))
     if len({x for pts in points.values() for x, _ in pts}) < 2:
         return None
-    return trend_over_seeds(metric, points)
+    comparison, slopes = trend_over_seeds(metric, points)
+    return comparison, slopes, {seed: sorted(round(2 ** x) for x, _ in pts) for seed, pts in points.items()}
+
+
+def heads_missing(heads_by_seed: dict) -> str:
+    """'' when every seed has every number of heads, else e.g. 's2 without 32 heads'."""
+    every = sorted({h for hs in heads_by_seed.values() for h in hs})
+    gaps = [f"s{seed} without {'/'.join(str(h) for h in every if h not in hs)} heads"
+            for seed, hs in sorted(heads_by_seed.items()) if len(hs) < len(every)]
+    return ", ".join(gaps)

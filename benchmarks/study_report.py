@@ -91,8 +91,8 @@ def heads_section(root, figures: Path | None) -> str:
         t = heads_trend(root, metric)
         if t is None:
             continue
-        c, slopes = t
-        per = ", ".join(f"s{s} {v:+.3f}" for s, v in sorted(slopes.items()))
+        c, slopes, heads_of = t
+        per = ", ".join(f"s{s} {v:+.3f} (heads {'/'.join(map(str, heads_of[s]))})" for s, v in sorted(slopes.items()))
         lines.append(f"- **Trend of CODA - UNAS in {label} per doubling of heads**: {c.diff:+.3f}"
                      + ("" if math.isnan(c.low) else f" [{c.low:+.3f}, {c.high:+.3f}], p={_p(c.p)}")
                      + f" over {c.n} seed{'s' if c.n != 1 else ''} (per-seed slopes: {per}; {c.test}).")

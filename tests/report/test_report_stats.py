@@ -422,6 +422,14 @@ def _study_common():
     return load_benchmark("study_common")
 
 
+def test_study_heads_trend_names_the_seeds_a_sweep_under_way_lacks():
+    """The heads trend is tested over the seeds' slopes while the sweep runs; the claims row says which
+    seeds lack which numbers of heads, so a mid-sweep verdict reads as one."""
+    mod = _study_common()
+    assert mod.heads_missing({1: [4, 8, 16, 32], 2: [4, 8, 16, 32]}) == ""
+    assert mod.heads_missing({1: [4, 8, 16, 32], 2: [4, 8, 16], 3: [4]}) == "s2 without 32 heads, s3 without 8/16/32 heads"
+
+
 def test_study_ordering_claim_holds_only_if_every_link_does():
     """An ordering claim (CODA > CODA-CS > RealFormer > Transformer) is decided link by link with
     the paired t-test over seeds; one link not significant, or reversed, and the order does not hold."""
