@@ -10,6 +10,10 @@
 #    (FlexAttention) and of the decoder's prefix form (Triton kernels) against SDPA, then
 #    end-to-end training steps of Transformer-base at WMT14 shapes (bf16-mixed).
 #
+# Environment: MULTI30K=<folder> also trains the study's Multi30k preset on the GPU beside the
+# checks; SKIP_NUMERICS=1 / SKIP_ATTENTION=1 leave out gpu-check's numerics / the attention-core
+# timings (e.g. when only the training path changed since they were measured).
+#
 # Each step writes its own JSON and text into OUT_DIR as it ends and is stopped by `timeout`
 # if it runs long, so a cut-short session keeps what finished. Exit status: the number of steps
 # that failed or timed out.
@@ -29,17 +33,26 @@ step() {  # step NAME SECONDS command...
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 } > "$out/machine.txt" 2>&1
 
+# 0. optional, beside the correctness checks: the study's Multi30k preset on this GPU (UNAS and
+#    DNAS, seeds 1-3, bf16-mixed, six runs at once), to set beside the CPU study's BLEU
+#    (MULTI30K=<the folder of train.de, ...>; left out when unset)
+if [ -n "${MULTI30K:-}" ]; then
+    step multi30k_gpu 330 nas-run -m experiment=study_multi30k trainer=gpu trainer.deterministic=warn logger=csv \
+        task.path="$MULTI30K" seed=1,2,3 attention=unas,dnas hydra/launcher=joblib hydra.launcher.n_jobs=6 \
+        progress_bar=false hydra.sweep.dir="$out/multi30k_gpu" &
+fi
 # 1. correctness (numerics in one process, the training cases eight at a time beside it)
 step gpu_check_training 240 nas-bench gpu-check --only training --jobs 8 --out-json "$out/gpu_check_training.json" &
 # shellcheck disable=SC2086  # GPU_CHECK_ARGS: e.g. "--schemes dnas-flex,dnas-triton" to recheck some schemes
-step gpu_check_numerics 240 nas-bench gpu-check --only numerics --out-json "$out/gpu_check_numerics.json" ${GPU_CHECK_ARGS:-}
+[ "${SKIP_NUMERICS:-0}" = 1 ] || step gpu_check_numerics 240 nas-bench gpu-check --only numerics \
+    --out-json "$out/gpu_check_numerics.json" ${GPU_CHECK_ARGS:-}
 wait
 
-# 2. timings
-step attention_prefix 80 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+# 2. timings (SKIP_ATTENTION=1: only the end-to-end one)
+[ "${SKIP_ATTENTION:-0}" = 1 ] || step attention_prefix 80 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
     --causal on --lengths 512,1024,2048,4096,8192 --schemes unas,dnas-triton,hnas-triton,dnas \
     --out-json "$out/attention_prefix.json" --out-md "$out/attention_prefix.md"
-step attention_encoder 170 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+[ "${SKIP_ATTENTION:-0}" = 1 ] || step attention_encoder 170 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
     --causal off --lengths 512,1024,2048,4096,8192,16384 --schemes unas,dnas-flex,hnas-flex,sinkhorn-flex,dnas \
     --out-json "$out/attention_encoder.json" --out-md "$out/attention_encoder.md"
 step train_base 200 nas-bench train --model base --src-len 128 --batch 32 --device cuda --precision bf16-mixed \

@@ -40,6 +40,24 @@ def loader_workers(value) -> int:
     return n
 
 
+def worker_options(num_workers: int, persistent: bool = False) -> dict:
+    """DataLoader keywords for ``num_workers`` worker processes. Inside a joblib sweep job
+    (``hydra/launcher=joblib``) the process's default start method is joblib's own (loky), which
+    cannot start a DataLoader worker (every job failed with "'Process' object has no attribute
+    'env'" on a 16-core machine, where ``task.num_workers=auto`` gives workers): the workers
+    are started with the platform's standard method instead (fork on Linux, as PyTorch does
+    outside joblib; spawn elsewhere)."""
+    if num_workers <= 0:
+        return {"num_workers": 0}
+    import multiprocessing
+
+    opts = {"num_workers": num_workers, "persistent_workers": persistent}
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "fork", "spawn", "forkserver"):
+        opts["multiprocessing_context"] = multiprocessing.get_context(
+            "fork" if sys.platform.startswith("linux") else "spawn")
+    return opts
+
+
 def pad_batch(seqs, front: int | None = None, back: int | None = None, pad_id: int = PAD) -> torch.Tensor:
     """Sequences of token ids (lists, tuples or arrays) -> one (B, longest) LongTensor, the rest
     ``pad_id``; ``front`` / ``back``: one id put before / after every sequence (BOS / EOS)."""

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .base import EOS, PAD, Task, loader_workers, pad_batch
+from .base import EOS, PAD, Task, loader_workers, pad_batch, worker_options
 from .sources import DataError, check_dir, disk_split, fingerprint, hub_split, read_lines, resolve_source
 from .vocab import default_cache_dir, word_level
 
@@ -140,13 +140,12 @@ class LanguageModelTask(Task):
         ds = _Blocks(self.streams["train"], train_windows(len(self.streams["train"]), self.block))
         gen = torch.Generator().manual_seed(self.seed)
         return DataLoader(ds, batch_size=self.batch_size, shuffle=True, collate_fn=_collate, generator=gen,
-                          num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
-                          persistent_workers=self.num_workers > 0)
+                          pin_memory=torch.cuda.is_available(), **worker_options(self.num_workers, persistent=True))
 
     def _eval_loader(self, split):
         ds = _Blocks(self.streams[split], eval_windows(len(self.streams[split]), self.block, self.context))
         return DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False, collate_fn=_collate,
-                          num_workers=self.num_workers)
+                          **worker_options(self.num_workers))
 
     def val_dataloader(self):
         return self._eval_loader("valid")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .base import BOS, EOS, PAD, Task, collate_seq2seq, loader_workers, pad_batch
+from .base import BOS, EOS, PAD, Task, collate_seq2seq, loader_workers, pad_batch, worker_options
 
 SPECIALS = 3  # PAD, BOS, EOS
 ALPHABET = [f"{chr(97 + i % 26)}{i // 26 or ''}" for i in range(512)]  # a..z, a1..z1, ...
@@ -80,7 +80,7 @@ class SyntheticSeq2Seq(Task):
 
     def _loader(self, split, shuffle):
         return DataLoader(self.splits[split], batch_size=self.batch_size, shuffle=shuffle,
-                          collate_fn=collate_seq2seq, num_workers=self.num_workers)
+                          collate_fn=collate_seq2seq, **worker_options(self.num_workers))
 
     def ids_to_text(self, ids) -> str:
         words = []
@@ -130,7 +130,7 @@ class SyntheticLM(Task):
 
     def _loader(self, split, shuffle):
         return DataLoader(self.inner.splits[split], batch_size=self.batch_size, shuffle=shuffle,
-                          collate_fn=self._collate, num_workers=self.num_workers)
+                          collate_fn=self._collate, **worker_options(self.num_workers))
 
     def ids_to_text(self, ids) -> str:
         return self.inner.ids_to_text(ids)

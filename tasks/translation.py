@@ -32,7 +32,7 @@ import sacrebleu
 import torch
 from torch.utils.data import DataLoader
 
-from .base import EMPTY_WARNING, EOS, Task, collate_seq2seq, empty_share, loader_workers, note
+from .base import EMPTY_WARNING, EOS, Task, collate_seq2seq, empty_share, loader_workers, note, worker_options
 from .batching import TokenBatchSampler
 from .sources import DataError, check_dir, disk_split, fingerprint, hub_split, local_parallel, resolve_source
 from .vocab import default_cache_dir, joint_bpe
@@ -213,8 +213,8 @@ class TranslationTask(Task):
         lengths = [max(len(s), len(t) + 1) for s, t in zip(src, tgt)]
         budget = self.max_tokens if shuffle else self.eval_max_tokens
         sampler = TokenBatchSampler(lengths, max(budget, max(lengths)), shuffle=shuffle, seed=self.seed)
-        return DataLoader(_Indexed(src, tgt), batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
-                          pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0)
+        return DataLoader(_Indexed(src, tgt), batch_sampler=sampler, collate_fn=collate,
+                          pin_memory=torch.cuda.is_available(), **worker_options(self.num_workers, persistent=True))
 
     # ---- text and scores ---------------------------------------------------------------
     def ids_to_text(self, ids) -> str:

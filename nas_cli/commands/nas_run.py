@@ -165,12 +165,33 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
             raise
         import traceback
 
-        reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        reason = _error_line(err)
+        first = _first_error(err)
+        if first is not err:  # an error while handling another (Lightning's teardown after a failed start, say)
+            reason = f"{_error_line(first)} (then, while handling it: {reason})"
         (run_dir / "failed.traceback.txt").write_text(traceback.format_exc())
         return _job_error(run_dir, "failed", reason, multirun, record=True, code=1,
                           why=f"{reason} (traceback in {run_dir / 'failed.traceback.txt'})")
     release(run_dir)
     return summary
+
+
+def _error_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _first_error(err: BaseException) -> BaseException:
+    """The error that started a chain of errors raised while handling one another (the cause a
+    user needs: the last one is often only a consequence). An error raised ``from`` another on
+    purpose is the one meant to be read: the chain stops there."""
+    seen = {id(err)}
+    while True:
+        nxt = None if err.__cause__ is not None or err.__suppress_context__ else err.__context__
+        if nxt is None or id(nxt) in seen:
+            return err
+        seen.add(id(nxt))
+        err = nxt
 
 
 def _job_error(run_dir: Path, kind: str, reason: str, multirun: bool, record: bool = False, code: int | None = None,

@@ -232,6 +232,27 @@ def test_a_run_that_fails_before_training_is_marked_failed(tmp_path):
     assert "1 failed, 0 unfinished" in report.stdout and "failed:" in report.stdout
 
 
+def test_a_failed_jobs_reason_names_the_error_that_started_it():
+    # a job whose DataLoader workers could not start failed with Lightning's teardown error
+    # ("Please call `iter(combined_loader)` first."), raised while handling the real one
+    from nas_cli.commands.nas_run import _error_line, _first_error
+
+    try:
+        try:
+            raise AttributeError("'Process' object has no attribute 'env'")
+        except AttributeError:
+            raise RuntimeError("Please call `iter(combined_loader)` first.")  # noqa: B904 - the chain under test
+    except RuntimeError as err:
+        chained = err
+    first = _first_error(chained)
+    assert isinstance(first, AttributeError) and _error_line(first) == \
+        "AttributeError: 'Process' object has no attribute 'env'"
+    try:  # raised `from` another on purpose: that one is the message meant for the reader
+        raise ValueError("task.path: no such folder") from KeyError("x")
+    except ValueError as err:
+        assert _first_error(err) is err
+
+
 def test_a_failing_sweep_job_does_not_stop_the_others(tmp_path):
     sweep = tmp_path / "sweep"
     proc = nas_run("-m", *FAST, "trainer.max_steps=5", "model.heads=3,4", f"hydra.sweep.dir={sweep}", cwd=tmp_path)

@@ -148,9 +148,11 @@ def test_slurm_launcher_submits_what_the_config_says(tmp_path, monkeypatch):
 
 
 def test_joblib_and_optuna_sweeps_and_no_overwrite(tmp_path):
-    # joblib: two jobs in parallel worker processes, one W&B run each in one group; -m anywhere (issue #28, 3)
+    # joblib: two jobs in parallel worker processes, one W&B run each in one group; -m anywhere (issue #28, 3).
+    # With DataLoader workers inside joblib's processes: every job failed on a 16-core machine, where
+    # task.num_workers=auto starts workers (this 2-core one starts none)
     proc = nas_run(*TINY, "trainer.max_steps=6", "run_test=false", "hydra/launcher=joblib", "-m",
-                   "hydra.launcher.n_jobs=2", "attention=unas,dnas", cwd=tmp_path, timeout=600)
+                   "hydra.launcher.n_jobs=2", "attention=unas,dnas", "task.num_workers=1", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # optuna: 3 trials, maximizing the reverse task's val/exact_match
     # a trial that would never validate has nothing to optimize: refused before training, one line
