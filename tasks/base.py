@@ -40,18 +40,42 @@ def loader_workers(value) -> int:
     return n
 
 
+class WorkerInit:
+    """A DataLoader worker's ``worker_init_fn``: the worker ignores the signals that stop a run
+    (SIGTERM, SIGUSR1, SIGUSR2), which the training process answers by saving ``last.ckpt`` and
+    exiting with a resume hint. A cluster's time limit or preemption (SLURM signals every process
+    of a job step), ``timeout`` and ``kill -TERM -<group>`` signal the workers too; a worker
+    killed by the signal made PyTorch raise "DataLoader worker ... is killed by signal" in the
+    training process before it could save. The training process ends its workers itself, and a
+    worker whose training process is gone exits on its own (PyTorch's watchdog). Then, as
+    Lightning's own worker_init_fn would (it adds one only where there is none), each worker is
+    seeded after ``seed_everything(workers=True)``."""
+
+    def __call__(self, worker_id: int) -> None:
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):  # nas_cli.infra.resume.STOP_SIGNALS
+            signal.signal(sig, signal.SIG_IGN)
+        if int(os.environ.get("PL_SEED_WORKERS", 0)):
+            from lightning_fabric.utilities.seed import pl_worker_init_function
+
+            pl_worker_init_function(worker_id)
+
+
 def worker_options(num_workers: int, persistent: bool = False) -> dict:
-    """DataLoader keywords for ``num_workers`` worker processes. Inside a joblib sweep job
-    (``hydra/launcher=joblib``) the process's default start method is joblib's own (loky), which
-    cannot start a DataLoader worker (every job failed with "'Process' object has no attribute
-    'env'" on a 16-core machine, where ``task.num_workers=auto`` gives workers): the workers
-    are started with the platform's standard method instead (fork on Linux, as PyTorch does
-    outside joblib; spawn elsewhere)."""
+    """DataLoader keywords for ``num_workers`` worker processes (none: ``{"num_workers": 0}``).
+
+    * The workers ignore the signals that stop a run (:class:`WorkerInit`).
+    * Inside a joblib sweep job (``hydra/launcher=joblib``) the process's default start method is
+      joblib's own (loky), which cannot start a DataLoader worker (every job failed with
+      "'Process' object has no attribute 'env'" on a 16-core machine, where
+      ``task.num_workers=auto`` gives workers): the workers start with the platform's standard
+      method instead (fork on Linux, as PyTorch does outside joblib; spawn elsewhere)."""
     if num_workers <= 0:
         return {"num_workers": 0}
     import multiprocessing
 
-    opts = {"num_workers": num_workers, "persistent_workers": persistent}
+    opts = {"num_workers": num_workers, "persistent_workers": persistent, "worker_init_fn": WorkerInit()}
     if multiprocessing.get_start_method(allow_none=True) not in (None, "fork", "spawn", "forkserver"):
         opts["multiprocessing_context"] = multiprocessing.get_context(
             "fork" if sys.platform.startswith("linux") else "spawn")

@@ -37,7 +37,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from ..errors import SignalStop, UserError
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)  # DataLoader workers ignore these (tasks.base.WorkerInit)
 CHAINED = (signal.SIGUSR1, signal.SIGUSR2)  # their earlier handlers requeue SLURM jobs; SIGTERM's only notify
 
 

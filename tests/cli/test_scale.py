@@ -263,6 +263,25 @@ def test_sigterm_saves_last_checkpoint_and_exits_with_a_resume_hint(tmp_path):
     assert json.loads((run / "summary.json").read_text())["steps"] == 240
 
 
+def test_sigterm_to_the_whole_process_group_with_dataloader_workers_still_saves(tmp_path):
+    # what a SLURM time limit, `timeout` or `kill -TERM -<group>` do: the DataLoader workers get the
+    # signal too. A worker killed by it made the run fail ("DataLoader worker ... is killed by signal")
+    # before it could save; the workers now leave the stop to the training process
+    run = tmp_path / "group"
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    proc = subprocess.Popen([NAS_RUN, *LONG, "logger=csv", "task.num_workers=2", f"hydra.run.dir={run}"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(run / "checkpoints" / "last.ckpt", proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "SIGTERM during training" in err and f"nas-run resume={run}" in err and "Traceback" not in err
+    assert 0 < torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] < 240
+    time.sleep(6)  # a worker outliving its training process exits within PyTorch's 5 s watchdog interval
+    left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"processes left in the run's group: {left.stdout}"
+
+
 @pytest.mark.parametrize("args,needle", [
     (["resume=/nonexistent/run"], "no such run directory"),
     (["resume=.", "-m"], "cannot be combined with -m"),
