@@ -7,8 +7,8 @@
 * What a checkpoint carries besides Lightning's own state (model, optimizer, LR scheduler, loop
   progress, the training loader's position): :class:`FaultTolerance` adds the W&B run id, group
   and job type, a fingerprint of the configuration and the RNG states, all as plain types.
-* Stopping cleanly: SIGTERM, SIGUSR1 and SIGUSR2 are noted and acted on at the next batch
-  boundary (all processes together): ``last.ckpt`` is written, a handler that was there before
+* Stopping cleanly: SIGTERM, SIGUSR1, SIGUSR2 and SIGINT (Ctrl-C; a second one stops at once)
+  are noted and acted on at the next batch boundary (all processes together): ``last.ckpt`` is written, a handler that was there before
   (Lightning's or submitit's SLURM requeue) is called, and training stops with
   :class:`Preempted`. ``last.ckpt`` is also refreshed every ``every`` optimizer steps and after
   every validation, so a SIGKILL costs at most ``every`` steps. :class:`FaultTolerance` alone
@@ -37,7 +37,8 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from ..errors import SignalStop, UserError
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)  # DataLoader workers ignore these (tasks.base.WorkerInit)
+#: signals that stop a run cleanly; DataLoader workers ignore them (tasks.base.WorkerInit)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 CHAINED = (signal.SIGUSR1, signal.SIGUSR2)  # their earlier handlers requeue SLURM jobs; SIGTERM's only notify
 
 
@@ -342,6 +343,8 @@ class FaultTolerance(pl.Callback):
             signal.signal(sig, self._note)
 
     def _note(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.pending is not None:
+            raise KeyboardInterrupt  # Ctrl-C again while stopping: stop at once (Lightning's own handling)
         _PENDING.append(signum)
         if self.pending is None:
             self.pending = signum
