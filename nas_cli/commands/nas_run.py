@@ -396,7 +396,39 @@ def main() -> None:
         sys.argv = [sys.argv[0], *resume_argv(sys.argv[1:])]
     except UserError as err:
         _fail(str(err))
-    _hydra_entry()
+    import signal
+
+    def stop(signum, frame):  # outside a job's own handlers (training, startup, test): a sweep's process
+        raise _ProcessStop(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        _hydra_entry()
+    except KeyboardInterrupt:  # Ctrl-C in a sweep's own process (joblib's wait, say): one line, not a traceback
+        _fail(f"interrupted (Ctrl-C){_continue_hint()}", 130, kind="stopped", color="yellow")
+    except _ProcessStop as err:
+        _fail(f"{signal.Signals(err.signum).name}{_continue_hint()}", 128 + err.signum, kind="stopped", color="yellow")
+
+
+class _ProcessStop(BaseException):
+    """SIGTERM to nas-run's own process outside a job's handlers (a BaseException, as Ctrl-C's
+    KeyboardInterrupt: Hydra turns an Exception into a traceback)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = int(signum)
+
+
+def _continue_hint() -> str:
+    """How to continue after Ctrl-C reached nas-run's own process (a run in training says it itself)."""
+    from .nas_run_hydra import STARTED
+
+    if "sweep" in STARTED:
+        return (f"; the jobs that were training saved last.ckpt: the same command with "
+                f"hydra.sweep.dir={STARTED['sweep']} continues the sweep (finished jobs are skipped)")
+    if "run" in STARTED:
+        return f"; continue with: nas-run resume={STARTED['run']}"
+    return ""
 
 
 if __name__ == "__main__":

@@ -143,6 +143,10 @@ def restore_finished_configs(run_dir: Path, output_subdir) -> None:
     shutil.rmtree(kept)
 
 
+#: the run or sweep directory this process started ("run" / "sweep"), for a stop's one line
+STARTED: dict[str, Path] = {}
+
+
 class RunGuard(Callback):
     """Hydra callback, before Hydra writes anything: check the composed options (one line per
     problem), never start in a directory that holds a finished run or sweep, and own the
@@ -153,6 +157,7 @@ class RunGuard(Callback):
         from ..infra.rundir import acquire
 
         run_dir = Path(str(config.hydra.run.dir))
+        STARTED["run"] = run_dir
         try:
             check_config(config)
             if (run_dir / "summary.json").is_file() and not continuing(run_dir):
@@ -168,6 +173,7 @@ class RunGuard(Callback):
         from ..infra.rundir import acquire
 
         root = Path(str(config.hydra.sweep.dir))
+        STARTED["sweep"] = root  # what a stop of this process names (nas_run.main)
         from ..infra.launchers import install, install_optuna
 
         install()  # hydra/launcher=slurm: a job the scheduler ends fails alone (after Hydra loaded its plugins)

@@ -285,6 +285,28 @@ def test_a_stop_signal_to_the_whole_process_group_with_dataloader_workers_still_
     assert left.stdout.strip() == "", f"processes left in the run's group: {left.stdout}"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "ctrl-c"])
+def test_a_stopped_joblib_sweep_says_how_to_continue_in_one_line(tmp_path, sig):
+    # the sweep's own process waits in joblib: Ctrl-C printed a KeyboardInterrupt traceback there, and
+    # SIGTERM ended it without a word, leaving joblib's worker processes behind
+    sweep = tmp_path / "sweep"
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    proc = subprocess.Popen([NAS_RUN, "-m", *LONG, "logger=csv", "task.num_workers=1", "hydra/launcher=joblib",
+                             "hydra.launcher.n_jobs=2", "attention=unas,dnas", f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    for job in ("0_reverse_unas-h4", "1_reverse_dnas-h4"):
+        wait_for(sweep / job / "checkpoints" / "last.ckpt", proc)
+    os.killpg(proc.pid, sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = [ln for ln in err.splitlines() if ln.startswith("nas-run: stopped:")][-1]
+    assert last.endswith(f"the same command with hydra.sweep.dir={sweep} continues the sweep (finished jobs are skipped)")
+    time.sleep(6)
+    left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"processes left in the sweep's group: {left.stdout}"
+
+
 def test_a_second_ctrl_c_while_stopping_stops_at_once(tmp_path):
     from nas_cli.infra.resume import FaultTolerance
 
