@@ -8,8 +8,9 @@
   progress, the training loader's position): :class:`FaultTolerance` adds the W&B run id, group
   and job type, a fingerprint of the configuration and the RNG states, all as plain types.
 * Stopping cleanly: SIGTERM, SIGUSR1, SIGUSR2 and SIGINT (Ctrl-C; a second one stops at once)
-  are noted and acted on at the next batch boundary (all processes together): ``last.ckpt`` is written, a handler that was there before
-  (Lightning's or submitit's SLURM requeue) is called, and training stops with
+  are noted and acted on at the next batch boundary (all processes together): ``last.ckpt`` is
+  written, a handler that was there before (Lightning's or submitit's SLURM requeue) is called,
+  and training stops with
   :class:`Preempted`. ``last.ckpt`` is also refreshed every ``every`` optimizer steps and after
   every validation, so a SIGKILL costs at most ``every`` steps. :class:`FaultTolerance` alone
   writes ``last.ckpt``: Lightning's ``ModelCheckpoint(save_last=True)`` refreshes it only after a
