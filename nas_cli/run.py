@@ -36,7 +36,7 @@ from .infra.loggers import make_logger, public_config, wandb_run_id  # noqa: F40
 from .plan import AttentionPlan
 from .trainer import (_compile_failure, _trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
                       environment, set_threads)
-from .infra.resume import (CHAINED, STOP_SIGNALS, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint,
+from .infra.resume import (CHAINED, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint, stop_signals_here,
                      continue_finished, pick_checkpoint)
 from .infra.redaction import redact, redact_files, redacted_argv  # noqa: F401  (redact_files: used by the CLI)
 from .infra.rundir import atomic_write_json, atomic_write_text, continuing
@@ -361,7 +361,7 @@ def stop_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    previous = {sig: signal.getsignal(sig) for sig in stop_signals_here()}
 
     def handler(signum, frame):
         before = previous.get(signum)
@@ -369,7 +369,7 @@ def stop_signals() -> Iterator[None]:
             before(signum, frame)
         raise SignalStop(signum)
 
-    for sig in STOP_SIGNALS:
+    for sig in previous:
         signal.signal(sig, handler)
     try:
         yield

@@ -40,6 +40,13 @@ from ..errors import SignalStop, UserError
 
 #: signals that stop a run cleanly; DataLoader workers ignore them (tasks.base.WorkerInit)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+
+
+def stop_signals_here() -> list[int]:
+    """The stop signals this process answers: SIGINT only where it is not ignored. A shell script
+    starts its background jobs (``nas-run ... &``) with SIGINT ignored, so that Ctrl-C meant for
+    the script leaves them running; Python keeps that too (no KeyboardInterrupt then)."""
+    return [s for s in STOP_SIGNALS if s != signal.SIGINT or signal.getsignal(s) != signal.SIG_IGN]
 CHAINED = (signal.SIGUSR1, signal.SIGUSR2)  # their earlier handlers requeue SLURM jobs; SIGTERM's only notify
 
 
@@ -339,7 +346,7 @@ class FaultTolerance(pl.Callback):
     def on_train_start(self, trainer, pl_module):
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in STOP_SIGNALS:
+        for sig in stop_signals_here():
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, self._note)
 

@@ -307,6 +307,23 @@ def test_a_stopped_joblib_sweep_says_how_to_continue_in_one_line(tmp_path, sig):
     assert left.stdout.strip() == "", f"processes left in the sweep's group: {left.stdout}"
 
 
+def test_a_run_started_with_sigint_ignored_keeps_ignoring_it(tmp_path):
+    # a shell script's background job (`nas-run ... &`) starts with SIGINT ignored, so that Ctrl-C meant
+    # for the script leaves it running: nas-run's Ctrl-C handling must not undo that
+    run = tmp_path / "bg"
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    proc = subprocess.Popen([NAS_RUN, *LONG, "logger=csv", f"hydra.run.dir={run}"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    wait_for(run / "checkpoints" / "last.ckpt", proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(3)
+    assert proc.poll() is None, proc.stderr.read()[-3000:]  # still training
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM and "stopped: SIGTERM during training" in err, err[-3000:]
+
+
 def test_a_second_ctrl_c_while_stopping_stops_at_once(tmp_path):
     from nas_cli.infra.resume import FaultTolerance
 
