@@ -42,7 +42,7 @@ def loader_workers(value) -> int:
 
 class WorkerInit:
     """A DataLoader worker's ``worker_init_fn``: the worker ignores the signals that stop a run
-    (SIGTERM, SIGUSR1, SIGUSR2, SIGINT), which the training process answers by saving
+    (SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP), which the training process answers by saving
     ``last.ckpt`` and exiting with a resume hint. A cluster's time limit or preemption (SLURM
     signals every process of a job step), ``timeout``, ``kill -TERM -<group>`` and Ctrl-C in a
     terminal signal the workers too; a worker killed by the signal made PyTorch raise
@@ -55,7 +55,7 @@ class WorkerInit:
     def __call__(self, worker_id: int) -> None:
         import signal
 
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT):  # nas_cli.infra.resume.STOP_SIGNALS
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGHUP):  # ..STOP_SIGNALS
             signal.signal(sig, signal.SIG_IGN)
         if int(os.environ.get("PL_SEED_WORKERS", 0)):
             from lightning_fabric.utilities.seed import pl_worker_init_function

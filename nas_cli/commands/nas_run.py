@@ -402,6 +402,8 @@ def main() -> None:
         raise _ProcessStop(signum)
 
     signal.signal(signal.SIGTERM, stop)
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # not under nohup
+        signal.signal(signal.SIGHUP, stop)
     try:
         _hydra_entry()
     except KeyboardInterrupt:  # Ctrl-C in a sweep's own process (joblib's wait, say): one line, not a traceback
@@ -411,7 +413,7 @@ def main() -> None:
 
 
 class _ProcessStop(BaseException):
-    """SIGTERM to nas-run's own process outside a job's handlers (a BaseException, as Ctrl-C's
+    """SIGTERM or SIGHUP to nas-run's own process outside a job's handlers (a BaseException, as Ctrl-C's
     KeyboardInterrupt: Hydra turns an Exception into a traceback)."""
 
     def __init__(self, signum: int):

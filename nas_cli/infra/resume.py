@@ -7,8 +7,8 @@
 * What a checkpoint carries besides Lightning's own state (model, optimizer, LR scheduler, loop
   progress, the training loader's position): :class:`FaultTolerance` adds the W&B run id, group
   and job type, a fingerprint of the configuration and the RNG states, all as plain types.
-* Stopping cleanly: SIGTERM, SIGUSR1, SIGUSR2 and SIGINT (Ctrl-C; a second one stops at once)
-  are noted and acted on at the next batch boundary (all processes together): ``last.ckpt`` is
+* Stopping cleanly: SIGTERM, SIGUSR1, SIGUSR2, SIGINT (Ctrl-C; a second one stops at once) and
+  SIGHUP (a closed terminal; not under ``nohup``) are noted and acted on at the next batch boundary (all processes together): ``last.ckpt`` is
   written, a handler that was there before (Lightning's or submitit's SLURM requeue) is called,
   and training stops with
   :class:`Preempted`. ``last.ckpt`` is also refreshed every ``every`` optimizer steps and after
@@ -38,15 +38,19 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from ..errors import SignalStop, UserError
 
-#: signals that stop a run cleanly; DataLoader workers ignore them (tasks.base.WorkerInit)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+#: signals that stop a run cleanly (SIGHUP: the terminal closed, an SSH connection dropped);
+#: DataLoader workers ignore them (tasks.base.WorkerInit)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGHUP)
+#: answered only where the process did not start with them ignored
+_KEPT_IF_IGNORED = (signal.SIGINT, signal.SIGHUP)
 
 
 def stop_signals_here() -> list[int]:
-    """The stop signals this process answers: SIGINT only where it is not ignored. A shell script
-    starts its background jobs (``nas-run ... &``) with SIGINT ignored, so that Ctrl-C meant for
-    the script leaves them running; Python keeps that too (no KeyboardInterrupt then)."""
-    return [s for s in STOP_SIGNALS if s != signal.SIGINT or signal.getsignal(s) != signal.SIG_IGN]
+    """The stop signals this process answers: SIGINT and SIGHUP only where they are not ignored.
+    A shell script starts its background jobs (``nas-run ... &``) with SIGINT ignored, so that
+    Ctrl-C meant for the script leaves them running (Python keeps that too: no KeyboardInterrupt
+    then), and ``nohup`` starts a command with SIGHUP ignored, so that it outlives the terminal."""
+    return [s for s in STOP_SIGNALS if s not in _KEPT_IF_IGNORED or signal.getsignal(s) != signal.SIG_IGN]
 CHAINED = (signal.SIGUSR1, signal.SIGUSR2)  # their earlier handlers requeue SLURM jobs; SIGTERM's only notify
 
 

@@ -263,7 +263,7 @@ def test_sigterm_saves_last_checkpoint_and_exits_with_a_resume_hint(tmp_path):
     assert json.loads((run / "summary.json").read_text())["steps"] == 240
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "ctrl-c"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "ctrl-c", "hangup"])
 def test_a_stop_signal_to_the_whole_process_group_with_dataloader_workers_still_saves(tmp_path, sig):
     # what a SLURM time limit, `timeout`, `kill -TERM -<group>` and Ctrl-C in a terminal do: the
     # DataLoader workers get the signal too. A worker killed by SIGTERM made the run fail ("DataLoader
@@ -307,16 +307,17 @@ def test_a_stopped_joblib_sweep_says_how_to_continue_in_one_line(tmp_path, sig):
     assert left.stdout.strip() == "", f"processes left in the sweep's group: {left.stdout}"
 
 
-def test_a_run_started_with_sigint_ignored_keeps_ignoring_it(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["background-job", "nohup"])
+def test_a_run_started_with_the_signal_ignored_keeps_ignoring_it(tmp_path, sig):
     # a shell script's background job (`nas-run ... &`) starts with SIGINT ignored, so that Ctrl-C meant
-    # for the script leaves it running: nas-run's Ctrl-C handling must not undo that
+    # for the script leaves it running, and `nohup` ignores SIGHUP: nas-run's stop handling must not undo that
     run = tmp_path / "bg"
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
     proc = subprocess.Popen([NAS_RUN, *LONG, "logger=csv", f"hydra.run.dir={run}"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+                            preexec_fn=lambda: signal.signal(sig, signal.SIG_IGN))
     wait_for(run / "checkpoints" / "last.ckpt", proc)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, sig)
     time.sleep(3)
     assert proc.poll() is None, proc.stderr.read()[-3000:]  # still training
     proc.send_signal(signal.SIGTERM)
