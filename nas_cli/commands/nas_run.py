@@ -377,6 +377,10 @@ def main() -> None:
     # Lightning's hint on a machine with SLURM's client tools ("The `srun` command is available on your system
     # but is not used"): nas-run's SLURM jobs go through hydra/launcher=slurm, whose jobs submitit starts with srun
     warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system")
+    # ... and in the processes a sweep starts afresh (joblib's workers), which do not inherit the filter
+    srun_hint = "ignore:The `srun` command is available on your system"
+    if srun_hint not in os.environ.get("PYTHONWARNINGS", ""):
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), srun_hint]))
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("WANDB_DISABLE_GIT", "true")
     for name in ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda", "lightning.fabric"):

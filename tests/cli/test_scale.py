@@ -154,6 +154,8 @@ def test_joblib_and_optuna_sweeps_and_no_overwrite(tmp_path):
     proc = nas_run(*TINY, "trainer.max_steps=6", "run_test=false", "hydra/launcher=joblib", "-m",
                    "hydra.launcher.n_jobs=2", "attention=unas,dnas", "task.num_workers=1", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # Lightning's hint where SLURM's tools are installed (this machine), once per job before: not for nas-run
+    assert "The `srun` command is available" not in proc.stderr
     # optuna: 3 trials, maximizing the reverse task's val/exact_match
     # a trial that would never validate has nothing to optimize: refused before training, one line
     bad = nas_run("-m", *TINY, "trainer.max_steps=6", "sweep=optuna", "hydra.sweeper.n_trials=2",
