@@ -213,6 +213,19 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
         time.sleep(0.05)
 
 
+def start_group(cwd: Path, *args: str, **popen) -> subprocess.Popen:
+    """nas-run in a process group of its own (what a terminal, `timeout` or a SLURM step signal as one)."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    return subprocess.Popen([NAS_RUN, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, **popen)
+
+
+def assert_group_gone(pgid: int) -> None:
+    time.sleep(6)  # a DataLoader worker outliving its training process exits within PyTorch's 5 s watchdog interval
+    left = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"processes left in the group: {left.stdout}"
+
+
 def test_sigkill_at_a_random_step_then_resume_matches_uninterrupted_run(tmp_path):
     ref = nas_run(*LONG, f"hydra.run.dir={tmp_path / 'ref'}", cwd=tmp_path, timeout=600)
     assert ref.returncode == 0, ref.stderr[-3000:]
@@ -273,18 +286,14 @@ def test_a_stop_signal_to_the_whole_process_group_with_dataloader_workers_still_
     # word, losing the steps since the last periodic checkpoint. The workers now leave the stop to the
     # training process, which saves and says how to continue
     run = tmp_path / "group"
-    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
-    proc = subprocess.Popen([NAS_RUN, *LONG, "logger=csv", "task.num_workers=2", f"hydra.run.dir={run}"], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_group(tmp_path, *LONG, "logger=csv", "task.num_workers=2", f"hydra.run.dir={run}")
     wait_for(run / "checkpoints" / "last.ckpt", proc)
     os.killpg(proc.pid, sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig, err[-3000:]
     assert f"stopped: {sig.name} during training" in err and f"nas-run resume={run}" in err and "Traceback" not in err
     assert 0 < torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] < 240
-    time.sleep(6)  # a worker outliving its training process exits within PyTorch's 5 s watchdog interval
-    left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
-    assert left.stdout.strip() == "", f"processes left in the run's group: {left.stdout}"
+    assert_group_gone(proc.pid)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "ctrl-c"])
@@ -292,10 +301,8 @@ def test_a_stopped_joblib_sweep_says_how_to_continue_in_one_line(tmp_path, sig):
     # the sweep's own process waits in joblib: Ctrl-C printed a KeyboardInterrupt traceback there, and
     # SIGTERM ended it without a word, leaving joblib's worker processes behind
     sweep = tmp_path / "sweep"
-    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
-    proc = subprocess.Popen([NAS_RUN, "-m", *LONG, "logger=csv", "task.num_workers=1", "hydra/launcher=joblib",
-                             "hydra.launcher.n_jobs=2", "attention=unas,dnas", f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_group(tmp_path, "-m", *LONG, "logger=csv", "task.num_workers=1", "hydra/launcher=joblib",
+                       "hydra.launcher.n_jobs=2", "attention=unas,dnas", f"hydra.sweep.dir={sweep}")
     for job in ("0_reverse_unas-h4", "1_reverse_dnas-h4"):
         wait_for(sweep / job / "checkpoints" / "last.ckpt", proc)
     os.killpg(proc.pid, sig)
@@ -304,9 +311,7 @@ def test_a_stopped_joblib_sweep_says_how_to_continue_in_one_line(tmp_path, sig):
     assert "Traceback" not in err, err[-3000:]
     last = [ln for ln in err.splitlines() if ln.startswith("nas-run: stopped:")][-1]
     assert last.endswith(f"the same command with hydra.sweep.dir={sweep} continues the sweep (finished jobs are skipped)")
-    time.sleep(6)
-    left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
-    assert left.stdout.strip() == "", f"processes left in the sweep's group: {left.stdout}"
+    assert_group_gone(proc.pid)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["background-job", "nohup"])
@@ -314,10 +319,8 @@ def test_a_run_started_with_the_signal_ignored_keeps_ignoring_it(tmp_path, sig):
     # a shell script's background job (`nas-run ... &`) starts with SIGINT ignored, so that Ctrl-C meant
     # for the script leaves it running, and `nohup` ignores SIGHUP: nas-run's stop handling must not undo that
     run = tmp_path / "bg"
-    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
-    proc = subprocess.Popen([NAS_RUN, *LONG, "logger=csv", f"hydra.run.dir={run}"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(sig, signal.SIG_IGN))
+    proc = start_group(tmp_path, *LONG, "logger=csv", f"hydra.run.dir={run}",
+                       preexec_fn=lambda: signal.signal(sig, signal.SIG_IGN))
     wait_for(run / "checkpoints" / "last.ckpt", proc)
     os.killpg(proc.pid, sig)
     time.sleep(3)
