@@ -9,7 +9,7 @@ from nas_cli.report.compare import compare_groups
 
 from study_common import (ADDITIVE, CLAIMS, CSV_NAME, FIG1_CUT, NAMES, _better_claim, _blocks, _ci, _diff,
                           _flip, _groups, _link, _load, _n_note, _p, _per_seed, below_cut, chain, did_not_train,
-                          heads_missing, heads_trend)
+                          heads_missing, heads_trend, heads_verdict)
 
 
 def claims_section(mt_root, lm_root, additive_root=None, heads_root=None, hf_root=None) -> str:
@@ -249,8 +249,8 @@ def _claim_heads(c: "_Claims") -> None:
             (f"{c.diff:+.2f} (n={c.n}, no interval)" if math.isnan(c.low) else
              f"{c.diff:+.2f} [{c.low:+.2f}, {c.high:+.2f}] BLEU per doubling, p={_p(c.p)}")
             + (f" (so far: {gaps})" if gaps else ""),
-            "yes" if c.direction() > 0 else "no: the advantage shrinks with heads here" if c.direction() < 0
-            else _n_note(c))
+            heads_verdict("yes" if c.direction() > 0 else "no: the advantage shrinks with heads here"
+                          if c.direction() < 0 else _n_note(c), gaps))
 
 
 def _claim_additive(c: "_Claims") -> None:

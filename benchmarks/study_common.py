@@ -225,6 +225,13 @@ def heads_trend(root, metric: str = "test/bleu"):
     return comparison, slopes, {seed: sorted(round(2 ** x) for x, _ in pts) for seed, pts in points.items()}
 
 
+def heads_verdict(verdict: str, gaps: str) -> str:
+    """The claims row's 'holds here?' for the heads trend: ``verdict`` once every seed has every
+    number of heads; while the sweep runs, not a verdict (a seed's slope over fewer heads can
+    read 'yes' that the full sweep does not keep: it happened once, at p=0.006)."""
+    return f"not decided yet: the sweep is under way (on the runs so far: {verdict})" if gaps else verdict
+
+
 def heads_missing(heads_by_seed: dict) -> str:
     """'' when every seed has every number of heads, else e.g. 's2 without 32 heads'."""
     every = sorted({h for hs in heads_by_seed.values() for h in hs})

@@ -428,6 +428,10 @@ def test_study_heads_trend_names_the_seeds_a_sweep_under_way_lacks():
     mod = _study_common()
     assert mod.heads_missing({1: [4, 8, 16, 32], 2: [4, 8, 16, 32]}) == ""
     assert mod.heads_missing({1: [4, 8, 16, 32], 2: [4, 8, 16], 3: [4]}) == "s2 without 32 heads, s3 without 8/16/32 heads"
+    # and the row gives no verdict until the sweep is complete
+    assert mod.heads_verdict("yes", "") == "yes"
+    assert mod.heads_verdict("yes", "s3 without 32 heads") == \
+        "not decided yet: the sweep is under way (on the runs so far: yes)"
 
 
 def test_study_ordering_claim_holds_only_if_every_link_does():
