@@ -430,8 +430,8 @@ def _continue_hint() -> str:
     from .nas_run_hydra import STARTED
 
     if "sweep" in STARTED:
-        return (f"; the jobs that were training saved last.ckpt: the same command with "
-                f"hydra.sweep.dir={STARTED['sweep']} continues the sweep (finished jobs are skipped)")
+        return (f"; the same command with hydra.sweep.dir={STARTED['sweep']} continues the sweep "
+                f"(finished jobs are skipped, the others resume from their last.ckpt)")
     if "run" in STARTED:
         return f"; continue with: nas-run resume={STARTED['run']}"
     return ""

@@ -310,7 +310,8 @@ def test_a_stopped_joblib_sweep_says_how_to_continue_in_one_line(tmp_path, sig):
     assert proc.returncode == 128 + sig, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     last = [ln for ln in err.splitlines() if ln.startswith("nas-run: stopped:")][-1]
-    assert last.endswith(f"the same command with hydra.sweep.dir={sweep} continues the sweep (finished jobs are skipped)")
+    assert last.endswith(f"the same command with hydra.sweep.dir={sweep} continues the sweep (finished jobs are "
+                         "skipped, the others resume from their last.ckpt)")
     assert_group_gone(proc.pid)
 
 
