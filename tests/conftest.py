@@ -33,3 +33,9 @@ def scheme(request):
 from nas_cli.resolvers import register_resolvers  # noqa: E402
 
 register_resolvers()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import zygote  # tests/zygote.py: the server that forks the tests' nas-run processes, if one started
+
+    zygote.shutdown()

@@ -52,5 +52,6 @@ main()
 def run_with_fault(fault: str, *args: str, cwd, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
     env.update(NAS_TEST_FAULT=fault, NO_COLOR="1")
-    return subprocess.run([sys.executable, "-c", _SCRIPT, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    from helpers import run_command  # a process forked after the heavy imports (tests/zygote.py)
+
+    return run_command([sys.executable, "-c", _SCRIPT, *args], cwd=cwd, env=env, timeout=timeout)

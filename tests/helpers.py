@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import torch
+import zygote
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -56,11 +57,29 @@ def qkv(b=2, h=4, sq=7, sk=7, d=8, seed=0, dtype=torch.float64):
 NAS_RUN = shutil.which("nas-run") or str(Path(sys.executable).parent / "nas-run")
 
 
+def run_command(argv, *, cwd=None, env=None, timeout=None, check=False, capture_output=True,
+                text=True) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, capture_output=True, text=True, ...)``. One of this environment's
+    nas-* commands runs in a process forked from a server that imported torch, Lightning and
+    Hydra once (tests/zygote.py; ``NAS_TEST_ZYGOTE=0`` turns that off): the same installed
+    script, in a process of its own, without its 5 seconds of imports."""
+    assert capture_output and text, "run_command captures text output, as the tests read it"
+    argv = [str(a) for a in argv]
+    if zygote.serves(*argv[:2]):
+        proc = zygote.run(argv, cwd=os.getcwd() if cwd is None else cwd,
+                          env=dict(os.environ) if env is None else env, timeout=timeout)
+    else:
+        proc = subprocess.run(argv, cwd=cwd, env=env, timeout=timeout, capture_output=True, text=True)
+    if check:
+        proc.check_returncode()
+    return proc
+
+
 def nas_run(*args, cwd, timeout=300):
-    """The real ``nas-run`` command in a subprocess, logging to W&B as configured (offline)."""
+    """The real ``nas-run`` command in a process of its own, logging to W&B as configured (offline)."""
     env = {**os.environ, "WANDB_MODE": "", "NO_COLOR": "1"}
     env.pop("WANDB_MODE")
-    return subprocess.run([NAS_RUN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return run_command([NAS_RUN, *args], cwd=cwd, env=env, timeout=timeout)
 
 
 def load_benchmark(name: str):

@@ -3,7 +3,6 @@ CPU by Triton's interpreter (TRITON_INTERPRET=1) at small sizes, against the flo
 formula (the naive path of the DNAS core), values and q/k/v gradients; causality (perturbing the
 future changes nothing, exactly); HNAS's mix with u's gradient; the dispatch and its refusals."""
 import os
-import subprocess
 import sys
 
 import pytest
@@ -11,7 +10,7 @@ import torch
 
 triton = pytest.importorskip("triton", reason="pip install triton (the [test] extra has it)")
 
-from helpers import build_core, compose_cfg  # noqa: E402
+from helpers import build_core, compose_cfg, run_command  # noqa: E402
 from nas_cli.attention.base import AttentionCore  # noqa: E402
 
 
@@ -141,7 +140,7 @@ def test_impl_triton_refused_with_one_line_where_it_cannot_run(tmp_path):
     nas_run = os.path.join(os.path.dirname(sys.executable), "nas-run")
     for extra, words in [((), "Triton kernels run on CUDA GPUs"),
                          (("trainer.deterministic=true",), "not deterministic")]:
-        proc = subprocess.run([nas_run, "attention=dnas", "attention.impl=triton", "debug=fast", *extra],
+        proc = run_command([nas_run, "attention=dnas", "attention.impl=triton", "debug=fast", *extra],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr[-1500:]
         assert words in proc.stderr and "Traceback" not in proc.stderr

@@ -1,7 +1,6 @@
 """Issue #21, the parts a CPU can check: ``nas-bench gpu-check`` (numerics of every scheme against
 a float64 reference, also under half-precision autocast) and its behaviour without CUDA."""
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -9,13 +8,14 @@ import pytest
 import torch
 
 from nas_cli import gpucheck
+from helpers import run_command
 
 NAS_BENCH = shutil.which("nas-bench") or str(Path(sys.executable).parent / "nas-bench")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check would run")
 def test_gpu_check_without_cuda_says_so_and_exits_0():
-    proc = subprocess.run([NAS_BENCH, "gpu-check"], capture_output=True, text=True, timeout=120)
+    proc = run_command([NAS_BENCH, "gpu-check"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip().count("\n") == 0
     assert "no CUDA device on this machine; nothing was run" in proc.stdout
 
@@ -37,12 +37,12 @@ def test_doubly_normalized_schemes_stay_finite_under_fp16_autocast():
 
 
 def test_gpu_check_cli_on_the_cpu_prints_a_table_and_fails_on_a_failure(tmp_path):
-    ok = subprocess.run([NAS_BENCH, "gpu-check", "--device", "cpu", "--skip-training", "--schemes", "unas,dnas",
+    ok = run_command([NAS_BENCH, "gpu-check", "--device", "cpu", "--skip-training", "--schemes", "unas,dnas",
                          "--dtypes", "float32", "--out-json", str(tmp_path / "g.json")],
                         capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "10 of 10 checks passed" in ok.stdout and (tmp_path / "g.json").is_file()  # 2 schemes x 5 forms
-    bad = subprocess.run([NAS_BENCH, "gpu-check", "--device", "cpu", "--dtypes", "float8"], capture_output=True,
+    bad = run_command([NAS_BENCH, "gpu-check", "--device", "cpu", "--dtypes", "float8"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "--dtypes float8" in bad.stderr
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 
 from datafiles import write_parallel
+from helpers import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 NAS_RUN = str(Path(sys.executable).with_name("nas-run"))
@@ -30,7 +30,7 @@ def _nas_run(*args, cwd: Path, env_extra: dict | None = None):
     env = {**os.environ, "WANDB_MODE": "offline", **(env_extra or {})}
     if env_extra and "PYTHONPATH" in env_extra and os.environ.get("PYTHONPATH"):  # keep the caller's too
         env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
-    return subprocess.run([NAS_RUN, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env,
+    return run_command([NAS_RUN, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env,
                           check=False)
 
 
@@ -79,13 +79,13 @@ def test_a_user_runs_the_contract_checks_on_their_own_scheme(tmp_path):
     args = _guide_command("through the contract every packaged scheme passes", "nas-bench")
     bench = str(Path(NAS_RUN).with_name("nas-bench"))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    ok = subprocess.run([bench, *args], cwd=tmp_path, capture_output=True, text=True, env=env, check=False)
+    ok = run_command([bench, *args], cwd=tmp_path, capture_output=True, text=True, env=env, check=False)
     assert ok.returncode == 0 and "12 of 12 checks passed" in ok.stdout, ok.stdout + ok.stderr[-2000:]
-    bad = subprocess.run([bench, "check-scheme", "my_conf/attention/leaky.yaml"], cwd=tmp_path, capture_output=True,
+    bad = run_command([bench, "check-scheme", "my_conf/attention/leaky.yaml"], cwd=tmp_path, capture_output=True,
                          text=True, env=env, check=False)
     assert bad.returncode == 1 and "FAILED: the future leaks" in bad.stdout
     assert "failed: padding, padding_causal" in bad.stdout
-    missing = subprocess.run([bench, "check-scheme", "my_conf/attention/nope.yaml"], cwd=tmp_path,
+    missing = run_command([bench, "check-scheme", "my_conf/attention/nope.yaml"], cwd=tmp_path,
                              capture_output=True, text=True, env=env, check=False)
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
 
@@ -138,7 +138,7 @@ def test_a_new_diagnostic_is_one_python_file_and_one_config_entry(tmp_path):
         assert "jsd_mean" in data  # the default metrics still run
     summary = json.loads((run / "diagnostics" / "summary.json").read_text())
     assert summary["columns"]["max_weight"] == ["max weight", "p3"]
-    report = subprocess.run([str(Path(NAS_RUN).with_name("nas-report")), str(run), "--format", "csv"],
+    report = run_command([str(Path(NAS_RUN).with_name("nas-report")), str(run), "--format", "csv"],
                             capture_output=True, text=True, timeout=300, check=False)
     assert report.returncode == 0, report.stderr[-2000:]
     import csv
@@ -159,7 +159,7 @@ def _guide_command(after: str, program: str) -> list[str]:
 
 
 def _report(*args, cwd: Path):
-    return subprocess.run([str(Path(NAS_RUN).with_name("nas-report")), *args], capture_output=True, text=True,
+    return run_command([str(Path(NAS_RUN).with_name("nas-report")), *args], capture_output=True, text=True,
                           cwd=cwd, check=False)
 
 

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from faults import run_with_fault
-from helpers import NAS_RUN, nas_run
+from helpers import NAS_RUN, nas_run, run_command
 
 FAST = ("debug=fast", "progress_bar=false", "logger=csv")
 NAS_REPORT = str(Path(NAS_RUN).with_name("nas-report"))
@@ -187,11 +187,11 @@ def test_a_finished_run_trains_longer_in_the_same_wandb_run(tmp_path):
     assert after["wandb_run_id"] == before["wandb_run_id"]  # the W&B history continues
     # nas-eval rebuilds the model from the config: one that does not match the checkpoint is refused
     # (4 -> 2 heads keeps every parameter's shape: it would otherwise evaluate a different model silently)
-    ev = subprocess.run([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--set", "model.heads=2"],
+    ev = run_command([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--set", "model.heads=2"],
                         capture_output=True, text=True, cwd=tmp_path)
     assert ev.returncode == 2 and "was trained with another configuration" in ev.stderr and "Traceback" not in ev.stderr
     # a typo in --set is named as a typo, not blamed on another configuration (issue #34, 8)
-    typo = subprocess.run([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--set", "model.head=4"],
+    typo = run_command([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--set", "model.head=4"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert typo.returncode == 2 and "--set model.head: this run's config has no such key; did you mean model.heads?" \
         in typo.stderr and len(typo.stderr.strip().splitlines()) == 1
@@ -227,7 +227,7 @@ def test_a_run_that_fails_before_training_is_marked_failed(tmp_path):
                                   cwd=tmp_path))
     failed = json.loads((run / "failed.json").read_text())
     assert failed["reason"] in line and "nope" in failed["reason"]
-    report = subprocess.run([NAS_REPORT, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
+    report = run_command([NAS_REPORT, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "1 failed, 0 unfinished" in report.stdout and "failed:" in report.stdout
 
@@ -262,7 +262,7 @@ def test_a_failing_sweep_job_does_not_stop_the_others(tmp_path):
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert (jobs[1] / "summary.json").is_file()  # the job after the failing one ran
     assert "model.heads=3" in json.loads((jobs[0] / "failed.json").read_text())["reason"]
-    report = subprocess.run([NAS_REPORT, str(sweep)], capture_output=True, text=True, cwd=tmp_path)
+    report = run_command([NAS_REPORT, str(sweep)], capture_output=True, text=True, cwd=tmp_path)
     assert "1 failed, 0 unfinished" in report.stdout
 
 

@@ -24,7 +24,7 @@ from datafiles import write_lm, write_parallel
 from nas_cli.run import build_module, build_task
 from nas_cli.infra.distributed import shard_and_resume
 from nas_cli.infra.wandb_offline import read_run
-from helpers import NAS_RUN, nas_run
+from helpers import NAS_RUN, nas_run, run_command
 
 TINY = ("debug=fast", "progress_bar=false")
 
@@ -54,7 +54,7 @@ def test_ddp_two_cpu_processes_one_wandb_run_metrics_equal_single_process(tmp_pa
     assert wb["id"] == summary["wandb_run_id"]
 
     # the same checkpoint evaluated by one process
-    ev = subprocess.run([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--split", "valid",
+    ev = run_command([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--split", "valid",
                          "--ckpt", str(run / "checkpoints" / "last.ckpt"), "--name", "single"],
                         capture_output=True, text=True, timeout=300)
     assert ev.returncode == 0, ev.stderr[-2000:]
@@ -371,7 +371,7 @@ def test_resume_refuses_finished_run_and_unsafe_checkpoint(tmp_path):
         torch.save({"state_dict": {}, "loops": {}, "evil": Evil()}, run / "checkpoints" / name)
     proc = nas_run(f"resume={run}", cwd=tmp_path)
     assert proc.returncode == 2 and "no readable checkpoint" in proc.stderr and "Traceback" not in proc.stderr
-    ev = subprocess.run([str(Path(NAS_RUN).with_name("nas-eval")), str(run)], capture_output=True, text=True)
+    ev = run_command([str(Path(NAS_RUN).with_name("nas-eval")), str(run)], capture_output=True, text=True)
     assert ev.returncode == 2 and "cannot read checkpoint" in ev.stderr
     assert not marker.exists()
 
@@ -541,7 +541,7 @@ def test_a_job_the_scheduler_ends_fails_alone_and_the_same_command_finishes_it(t
     failed = json.loads((long_job / "failed.json").read_text())
     assert failed["reason"].startswith("ended by the scheduler before it finished") and "failed" in out
     assert (next(sweep.glob("0_*")) / "summary.json").is_file()
-    again = subprocess.run([NAS_RUN, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    again = run_command([NAS_RUN, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     summary = json.loads((long_job / "summary.json").read_text())
     assert summary["steps"] == 150 and summary.get("resumed_from") == "checkpoints/last.ckpt"

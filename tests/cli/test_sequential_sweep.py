@@ -10,7 +10,7 @@ import time
 import numpy as np
 from scipy import stats as sps
 
-from helpers import NAS_RUN, nas_run
+from helpers import NAS_RUN, nas_run, run_command
 from nas_cli.report import sequential as seq
 
 SWEEP = ("-m", "attention=unas,dnas", "seed=auto", "debug=fast", "progress_bar=false", "hydra.sweeper.max_seeds=3",
@@ -60,7 +60,7 @@ def test_sequential_sweep_continues_after_a_kill_and_runs_no_seed_twice(tmp_path
     assert (abs(t) >= c) == (comp["decision"] in ("higher", "lower"))
     assert (root / "sequential.png").is_file()
     # nas-report on the sweep shows the same decision and names the method
-    rep = subprocess.run([NAS_RUN.replace("nas-run", "nas-report"), str(root)], capture_output=True, text=True,
+    rep = run_command([NAS_RUN.replace("nas-run", "nas-report"), str(root)], capture_output=True, text=True,
                          env={**env, "COLUMNS": "200"})
     assert rep.returncode == 0, rep.stderr[-2000:]
     assert "Group-sequential paired t-test" in rep.stdout and "attention=dnas" in rep.stdout

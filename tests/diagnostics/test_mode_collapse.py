@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 
 from nas_cli.diagnostics import mode_collapse as mc
+from helpers import run_command
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -113,7 +113,7 @@ def test_nas_repro_mode_collapse_cli(tmp_path):
     exe = Path(sys.executable).with_name("nas-repro")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "nas_cli.commands.nas_repro"]
     out = tmp_path / "tmp"
-    proc = subprocess.run(cmd + ["mode-collapse", "--out", str(out), "--sweep-seeds", "1"],
+    proc = run_command(cmd + ["mode-collapse", "--out", str(out), "--sweep-seeds", "1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "mode_collapse.json").read_text())

@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 
 from nas_cli.choices import CONF_DIR
 from nas_cli.infra.wandb_offline import read_run
+from helpers import run_command
 
 BIN = Path(sys.executable).parent
 NAS_RUN = shutil.which("nas-run") or str(BIN / "nas-run")
@@ -36,7 +37,7 @@ def _env():
 
 
 def run_cmd(exe, *args, cwd, timeout=300):
-    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env())
+    return run_command([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env())
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ comparison end to end: a real sweep, then ``nas-report --baseline ... --format l
 import json
 import math
 import random
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 from scipy import stats as st
 
 from nas_cli.report import stats
-from helpers import NAS_RUN, nas_run
+from helpers import NAS_RUN, nas_run, run_command
 
 NAS_REPORT = str(Path(NAS_RUN).with_name("nas-report"))
 WORDS = "the a cat dog sat on mat ran far home big small red blue".split()
@@ -219,7 +218,7 @@ def compare_sweep(tmp_path_factory):
 
 
 def report(*args, cwd):
-    return subprocess.run([NAS_REPORT, *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    return run_command([NAS_REPORT, *map(str, args)], capture_output=True, text=True, cwd=cwd)
 
 
 def test_every_run_keeps_its_per_item_test_outputs(compare_sweep):
@@ -394,7 +393,7 @@ def test_nas_eval_results_are_rows_of_their_own_and_can_be_compared(compare_swee
     copy = tmp_path / "copy"
     shutil.copytree(compare_sweep, copy)
     job = sorted(p for p in copy.iterdir() if (p / "summary.json").exists())[0]
-    ev = subprocess.run([str(Path(NAS_RUN).with_name("nas-eval")), str(job), "--name", "again"],
+    ev = run_command([str(Path(NAS_RUN).with_name("nas-eval")), str(job), "--name", "again"],
                         capture_output=True, text=True, cwd=tmp_path)
     assert ev.returncode == 0, ev.stderr[-2000:]
     assert (job / "eval" / "again.items.json").is_file()

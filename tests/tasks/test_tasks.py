@@ -2,7 +2,6 @@
 batching, beam search, BLEU/ROUGE, checkpoint averaging, context-window perplexity."""
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from tasks.batching import TokenBatchSampler
 from tasks.language_model import LanguageModelTask, eval_windows, train_windows
 from tasks.sources import DataError
 from tasks.translation import SummarizationTask, TranslationTask
-from helpers import compose_cfg
+from helpers import compose_cfg, run_command
 
 NAS_EVAL = str(Path(sys.executable).parent / "nas-eval")
 
@@ -52,14 +51,14 @@ def test_translation_local_end_to_end_and_nas_eval(tmp_path, cache):
     (run_dir / ".hydra").mkdir()
     from omegaconf import OmegaConf
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
-    proc = subprocess.run([NAS_EVAL, str(run_dir), "--average-last", "3", "--beam", "2"], capture_output=True,
+    proc = run_command([NAS_EVAL, str(run_dir), "--average-last", "3", "--beam", "2"], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((run_dir / "eval" / "test-avg3-beam2.json").read_text())
     assert len(result["checkpoints"]) == 3 and "test/bleu" in result["metrics"]
     hyps = (run_dir / "eval" / "test-avg3-beam2.hyp.txt").read_text().splitlines()
     assert len(hyps) == 40  # every test sentence, in the original order
-    proc = subprocess.run([NAS_EVAL, str(run_dir), "--average-last", "9"], capture_output=True, text=True, timeout=300)
+    proc = run_command([NAS_EVAL, str(run_dir), "--average-last", "9"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "only 3 periodic checkpoints" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -182,7 +181,7 @@ def test_bad_data_messages(tmp_path, cache):
 
 
 def test_bad_data_from_the_command_line(tmp_path):
-    proc = subprocess.run([str(Path(sys.executable).parent / "nas-run"), "task=multi30k",
+    proc = run_command([str(Path(sys.executable).parent / "nas-run"), "task=multi30k",
                            f"task.path={tmp_path / 'missing'}", "debug=fast", "logger=none"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2
@@ -304,7 +303,7 @@ def test_adaptive_softmax_lm_scores_the_same_distribution_it_trains(tmp_path, ca
 ])
 def test_adaptive_softmax_bad_settings_are_one_line_errors(tmp_path, cache, overrides, needle):
     data = write_lm(tmp_path / "lm")
-    proc = subprocess.run([str(Path(sys.executable).parent / "nas-run"), "task=wikitext2", f"task.path={data}",
+    proc = run_command([str(Path(sys.executable).parent / "nas-run"), "task=wikitext2", f"task.path={data}",
                            "task.tokens_per_sample=32", "task.context_window=24",
                            "model.adaptive_softmax={cutoffs:[6,14],div_value:2}", *overrides, "logger=none",
                            "debug=fast", f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True,
@@ -358,12 +357,12 @@ def test_sources_longer_than_the_model_refused_before_training_and_decoding_capp
     nas_run = str(Path(sys.executable).parent / "nas-run")
     common = ["task=iwslt14", f"task.path={data}", "task.vocab_size=200", "task.max_tokens=1024", "task.num_workers=0",
               "debug=fast", "logger=none", "progress_bar=false", "trainer.max_steps=4", "trainer.val_check_interval=2"]
-    proc = subprocess.run([nas_run, *common, "model.max_len=40", f"hydra.run.dir={tmp_path / 'a'}"],
+    proc = run_command([nas_run, *common, "model.max_len=40", f"hydra.run.dir={tmp_path / 'a'}"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2 and "the longest test source has" in proc.stderr and "model.max_len=40" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "a" / "checkpoints").exists()
     # sources fit, but max_len_a x length + max_len_b does not: decoding is capped, said once
-    ok = subprocess.run([nas_run, *common, "model.max_len=40", "task.max_len=40", "task.max_len_a=3",
+    ok = run_command([nas_run, *common, "model.max_len=40", "task.max_len=40", "task.max_len_a=3",
                          f"hydra.run.dir={tmp_path / 'b'}"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert ok.stderr.count("decoding stops at model.max_len - 1 = 39 tokens") == 1

@@ -1,0 +1,279 @@
+"""Start the test suite's ``nas-run`` processes without paying for their imports each time.
+
+Every ``nas-run`` process spends about 5 of its 9 seconds (a ``debug=fast`` run, this 2-core
+machine) importing torch, Lightning (which imports torchmetrics, transformers, scipy.signal),
+Hydra, W&B and matplotlib. The end-to-end tests start some 250 of them. This module keeps one
+server process per test worker that has imported those libraries once and forks a child for
+each ``nas-run`` command: the child takes the command's argv, working directory, environment
+and standard streams, and runs the console script's own ``main()`` in a fresh process (its own
+pid, process group, exit status, atexit handlers); nothing of nas-run itself is imported
+before the fork.
+
+What differs from a ``subprocess.run`` of the installed script: the libraries above were
+imported under the test worker's environment (the tests change only variables those imports
+do not read) and the child is its own process group leader. Tests that signal a process or
+its group, or need the installed script itself, start it with ``subprocess`` (NAS_RUN); so do
+all tests with ``NAS_TEST_ZYGOTE=0`` in the environment.
+
+Run as a script, this file is the server: ``python zygote.py <socket path>``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+#: what the server imports once: the heavy third-party libraries every nas-run process needs.
+#: Not W&B: it makes a temporary folder at import that the first child to exit would delete.
+PRELOAD = ("torch", "numpy", "pytorch_lightning", "lightning_fabric", "torchmetrics", "hydra",
+           "hydra._internal.utils", "hydra._internal.config_loader_impl", "omegaconf", "rich.console",
+           "rich.table", "matplotlib", "matplotlib.pyplot", "scipy.stats", "sacrebleu", "tokenizers", "yaml")
+
+_HEADER = struct.Struct("!I")
+
+
+#: the console scripts the server runs (pyproject.toml's [project.scripts]), from this environment's bin folder
+COMMANDS = ("nas-run", "nas-eval", "nas-report", "nas-bench", "nas-repro")
+
+
+def serves(argv0: str, argv1: str | None = None) -> bool:
+    """Whether the server runs this command (and is enabled): one of this environment's nas-*
+    console scripts, or this Python with ``-c <code>`` (tests/faults.py)."""
+    if os.environ.get("NAS_TEST_ZYGOTE", "1") == "0" or not hasattr(socket, "send_fds") or not hasattr(os, "fork"):
+        return False
+    if argv0 == sys.executable:
+        return argv1 == "-c"
+    path = os.path.abspath(argv0)
+    return (os.path.basename(path) in COMMANDS and os.path.dirname(path) == os.path.dirname(sys.executable)
+            and os.path.isfile(path))
+
+
+# ----------------------------------------------------------------------------------- client
+class _Server:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="nas-zygote-")
+        self.path = os.path.join(self.dir, "s")
+        self.log = open(os.path.join(self.dir, "server.log"), "wb")
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.path],
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(self.path):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the test zygote did not start: {open(self.log.name).read()[-2000:]}")
+            time.sleep(0.05)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+_server: _Server | None = None
+_lock = threading.Lock()
+#: the process id (and process group) of the last command started
+last_pid: int | None = None
+
+
+def _get_server() -> _Server:
+    global _server
+    with _lock:
+        if _server is None or not _server.alive():
+            _server = _Server()
+        return _server
+
+
+def shutdown():
+    global _server
+    if _server is not None:
+        _server.close()
+        _server = None
+
+
+def _recv_line(reader) -> bytes:
+    line = reader.readline()
+    if not line.endswith(b"\n"):
+        raise EOFError("the test zygote closed the connection")
+    return line
+
+
+def run(argv: list[str], *, cwd, env: dict, timeout: float | None) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)``,
+    run by a child forked from the server; ``argv[0]`` is an installed console script (serves())."""
+    server = _get_server()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(server.path)
+        payload = json.dumps({"argv": [str(a) for a in argv], "cwd": os.path.abspath(str(cwd)),
+                              "env": dict(env)}).encode()
+        socket.send_fds(sock, [_HEADER.pack(len(payload)) + payload], [null, out_w, err_w])
+    finally:
+        for fd in (out_w, err_w, null):
+            os.close(fd)
+    global last_pid
+    reader = sock.makefile("rb")
+    pid = last_pid = int(_recv_line(reader))
+    chunks = {out_r: [], err_r: []}
+    sel = selectors.DefaultSelector()
+    for fd in chunks:
+        sel.register(fd, selectors.EVENT_READ)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while sel.get_map():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                _recv_line(reader)
+                raise subprocess.TimeoutExpired(argv, timeout, b"".join(chunks[out_r]), b"".join(chunks[err_r]))
+            for key, _ in sel.select(left):
+                data = os.read(key.fd, 65536)
+                if data:
+                    chunks[key.fd].append(data)
+                else:
+                    sel.unregister(key.fd)
+        returncode = int(_recv_line(reader))
+    finally:
+        sel.close()
+        reader.close()
+        sock.close()
+        for fd in chunks:
+            os.close(fd)
+    return subprocess.CompletedProcess(argv, returncode, b"".join(chunks[out_r]).decode(errors="replace"),
+                                       b"".join(chunks[err_r]).decode(errors="replace"))
+
+
+# ----------------------------------------------------------------------------------- server
+class _Child(BaseException):
+    """Raised in a freshly forked child to leave the server's loop before running the command."""
+
+    def __init__(self, request):
+        self.request = request
+
+
+def _recv_request(conn):
+    msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    if not msg:
+        return None, fds
+    (size,) = _HEADER.unpack(msg[:4])
+    data = msg[4:]
+    while len(data) < size:
+        more = conn.recv(size - len(data))
+        if not more:
+            raise EOFError
+        data += more
+    return json.loads(data), fds
+
+
+def _serve(path: str) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".tmp")
+    listener.listen(8)
+    os.rename(path + ".tmp", path)  # the client waits for this name: the server is ready
+    parent = os.getppid()
+    listener.settimeout(2.0)
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            if os.getppid() != parent:  # the test worker is gone (even killed): so is its server
+                return
+            continue
+        conn.setblocking(True)
+        with conn:
+            request, fds = _recv_request(conn)
+            if request is None or len(fds) != 3:
+                for fd in fds:
+                    os.close(fd)
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                conn.detach()
+                request["fds"] = fds
+                raise _Child(request)
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(f"{pid}\n".encode())
+            _, status = os.waitpid(pid, 0)
+            try:
+                conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            except OSError:
+                pass
+
+
+def _run_child(request) -> None:
+    """In the forked child: become the command's process and run the installed console script."""
+    import importlib
+    import random
+    import runpy
+
+    import numpy
+
+    os.setpgid(0, 0)
+    for target, fd in zip((0, 1, 2), request["fds"]):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    argv = request["argv"]
+    code = argv[2] if argv[1:2] == ["-c"] else None  # python -c <code> <args>, else a console script
+    # sys.path as Python builds it: the script's folder ('' for -c), then $PYTHONPATH, then the rest
+    before = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    rest = sys.path[1 + len(before):] if sys.path[1:1 + len(before)] == before else sys.path[1:]
+    sys.path[:] = ["" if code is not None else os.path.dirname(argv[0]),
+                   *[p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p], *rest]
+    importlib.invalidate_caches()
+    os.environ.clear()
+    os.environ.update(request["env"])
+    random.seed()  # a fresh process draws fresh entropy (W&B run ids, temporary names)
+    numpy.random.seed()
+    if code is not None:
+        sys.argv = ["-c", *argv[3:]]
+        main = sys.modules["__main__"]
+        for name in [n for n in vars(main) if not n.startswith("__")]:  # the server's own names
+            delattr(main, name)
+        main.__dict__.pop("__file__", None)
+        main.__dict__.pop("__cached__", None)
+        exec(compile(code, "<string>", "exec"), vars(main))
+    else:
+        sys.argv = list(argv)
+        runpy.run_path(argv[0], run_name="__main__")  # the script ends with sys.exit(main())
+
+
+def _main() -> None:
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    if threading.active_count() != 1:  # forking a process with threads is unsafe: serve nothing
+        raise SystemExit(f"the test zygote has {threading.active_count()} threads after its imports")
+    try:
+        _serve(sys.argv[1])
+    except _Child as child:
+        _run_child(child.request)
+
+
+if __name__ == "__main__":
+    _main()
