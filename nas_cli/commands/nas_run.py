@@ -22,7 +22,7 @@ from ..errors import Refused, Stopped, UserError
 from ..choices import CONF_DIR, CONF_PACKAGE
 from ..resolvers import register_resolvers
 from ..infra.rundir import CONTINUE_ENV, continuing
-from .nas_run_hydra import (SWEEP_CONTINUE_ENV, RunGuard, SweepSummary, _console, _fail,  # noqa: F401 (re-exported)
+from .nas_run_hydra import (STOPPING, SWEEP_CONTINUE_ENV, RunGuard, SweepSummary, _console, _fail,  # noqa: F401
                             _sweep_overrides, restore_finished_configs, summary_table)
 
 
@@ -64,6 +64,8 @@ def _job(cfg: DictConfig):
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    if multirun and (Path(hc.sweep.dir) / STOPPING).exists():  # the sweep is stopping: start nothing new
+        return float("nan")
     optuna = "optuna" in str(hc.sweeper.get("_target_", ""))
     group = _prepare_job(cfg, hc, run_dir, multirun, optuna)
     if multirun and (run_dir / "summary.json").is_file() and os.environ.get(SWEEP_CONTINUE_ENV):
@@ -402,18 +404,79 @@ def main() -> None:
         _fail(str(err))
     import signal
 
+    stops: list[int] = []
+
     def stop(signum, frame):  # outside a job's own handlers (training, startup, test): a sweep's process
+        stops.append(signum)
+        if len(stops) == 1:  # a second signal while the jobs save: stop at once
+            _let_sweep_jobs_save()
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise _ProcessStop(signum)
 
     signal.signal(signal.SIGTERM, stop)
-    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # not under nohup
-        signal.signal(signal.SIGHUP, stop)
+    for sig in (signal.SIGHUP, signal.SIGINT):
+        if signal.getsignal(sig) != signal.SIG_IGN:  # not under nohup, not a shell script's background job
+            signal.signal(sig, stop)
     try:
         _hydra_entry()
     except KeyboardInterrupt:  # Ctrl-C in a sweep's own process (joblib's wait, say): one line, not a traceback
         _fail(f"interrupted (Ctrl-C){_continue_hint()}", 130, kind="stopped", color="yellow")
     except _ProcessStop as err:
         _fail(f"{signal.Signals(err.signum).name}{_continue_hint()}", 128 + err.signum, kind="stopped", color="yellow")
+    finally:
+        from .nas_run_hydra import STARTED
+
+        if stops and "sweep" in STARTED:
+            (STARTED["sweep"] / STOPPING).unlink(missing_ok=True)
+
+
+def _joblib_workers() -> list[int]:
+    """The process ids of this process's joblib (loky) worker processes (Linux's /proc; none elsewhere)."""
+    me = str(os.getpid())
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = stat.read_text().rsplit(")", 1)[1].split()[1]
+            if ppid == me and b"popen_loky_posix" in (stat.parent / "cmdline").read_bytes():
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):  # a process that ended meanwhile
+            continue
+    return found
+
+
+def _let_sweep_jobs_save(wait_s: float = 120.0) -> None:
+    """A stop signal reached a joblib sweep's own process. Stopping it ends joblib's worker
+    processes at once, losing their jobs' steps since the last periodic checkpoint. So first:
+    no job starts any more, each worker gets SIGTERM (after a signal to the whole process
+    group they have it already; a second one changes nothing), and this process waits until
+    every job a worker trains has saved its last.ckpt and released its directory, at most
+    ``wait_s`` seconds (a second signal stops at once)."""
+    import signal
+    import time
+
+    from .nas_run_hydra import STARTED
+    from ..infra.rundir import LOCK_NAME, _read
+
+    sweep = STARTED.get("sweep")
+    workers = set(_joblib_workers()) if sweep is not None else set()
+    if not workers:
+        return
+    try:
+        (sweep / STOPPING).touch()
+    except OSError:
+        pass
+    for pid in workers:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        held = {_read(lock).get("pid") for lock in sweep.glob(f"*/{LOCK_NAME}")}
+        if not held & workers & set(_joblib_workers()):
+            return
+        time.sleep(0.2)
 
 
 class _ProcessStop(BaseException):

@@ -145,6 +145,8 @@ def restore_finished_configs(run_dir: Path, output_subdir) -> None:
 
 #: the run or sweep directory this process started ("run" / "sweep"), for a stop's one line
 STARTED: dict[str, Path] = {}
+#: in a sweep directory while its joblib sweep stops: a job that starts then leaves at once (nas_run.main)
+STOPPING = ".nas-run-stopping"
 
 
 class RunGuard(Callback):
@@ -201,6 +203,7 @@ class RunGuard(Callback):
                                            "job(s) are skipped, unfinished ones resume from their checkpoints",
                                            highlight=False, soft_wrap=True)
             acquire(root, "sweep")
+            (root / STOPPING).unlink(missing_ok=True)  # left by a stop this sweep's process did not outlive
             if not (root / "multirun.yaml").is_file():  # what a later launch is compared with (Hydra's basic
                 OmegaConf.save(config, root / "multirun.yaml")  # sweeper writes it too; Optuna's does not)
         except UserError as err:

@@ -355,8 +355,10 @@ class FaultTolerance(pl.Callback):
             signal.signal(sig, self._note)
 
     def _note(self, signum, frame) -> None:
-        if signum == signal.SIGINT and self.pending is not None:
+        if signum == signal.SIGINT and self.pending == signal.SIGINT:
             raise KeyboardInterrupt  # Ctrl-C again while stopping: stop at once (Lightning's own handling)
+        # (Ctrl-C after another stop signal is only noted: a joblib sweep's own process passes Ctrl-C on
+        # to its workers as SIGTERM, and the terminal's SIGINT may reach a worker after that)
         _PENDING.append(signum)
         if self.pending is None:
             self.pending = signum

@@ -4,6 +4,7 @@ plugins, real W&B (offline); no cluster: SLURM stops at the sbatch file submitit
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -296,23 +297,50 @@ def test_a_stop_signal_to_the_whole_process_group_with_dataloader_workers_still_
     assert_group_gone(proc.pid)
 
 
+@pytest.mark.parametrize("to", ["group", "process"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "ctrl-c"])
-def test_a_stopped_joblib_sweep_says_how_to_continue_in_one_line(tmp_path, sig):
+def test_a_stopped_joblib_sweep_saves_every_job_and_says_how_to_continue_in_one_line(tmp_path, sig, to):
     # the sweep's own process waits in joblib: Ctrl-C printed a KeyboardInterrupt traceback there, and
-    # SIGTERM ended it without a word, leaving joblib's worker processes behind
+    # SIGTERM ended it without a word, leaving joblib's worker processes behind. Stopping it ends joblib's
+    # workers at once: signalled alone (`kill <pid>`, not its group), the jobs lost their steps since the
+    # last periodic checkpoint. It now passes the stop to them and waits until each has saved
     sweep = tmp_path / "sweep"
     proc = start_group(tmp_path, "-m", *LONG, "logger=csv", "task.num_workers=1", "hydra/launcher=joblib",
-                       "hydra.launcher.n_jobs=2", "attention=unas,dnas", f"hydra.sweep.dir={sweep}")
-    for job in ("0_reverse_unas-h4", "1_reverse_dnas-h4"):
-        wait_for(sweep / job / "checkpoints" / "last.ckpt", proc)
-    os.killpg(proc.pid, sig)
-    _, err = proc.communicate(timeout=120)
+                       "hydra.launcher.n_jobs=2", "attention=unas,dnas", "seed=1,2", f"hydra.sweep.dir={sweep}")
+    end = time.time() + 240
+    while len(jobs := sorted(sweep.glob("*/checkpoints/last.ckpt"))) < 2:  # both workers are training
+        assert proc.poll() is None and time.time() < end, proc.stderr.read()[-3000:]
+        time.sleep(0.05)
+    jobs = [p.parents[1].name for p in jobs]
+    if to == "group":
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=180)
     assert proc.returncode == 128 + sig, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     last = [ln for ln in err.splitlines() if ln.startswith("nas-run: stopped:")][-1]
     assert last.endswith(f"the same command with hydra.sweep.dir={sweep} continues the sweep (finished jobs are "
                          "skipped, the others resume from their last.ckpt)")
+    for job in jobs:  # each job saved where it stopped, and said so
+        said = re.search(rf"SIG(?:TERM|INT) during training at step (\d+) \(checkpoints/last.ckpt saved; no "
+                         rf"summary.json\); continue with: nas-run resume={re.escape(str(sweep / job))}", err)
+        assert said, err[-3000:]
+        assert torch.load(sweep / job / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == int(said[1])
+    others = [p for p in sweep.iterdir() if p.is_dir() and p.name not in jobs]
+    assert len(others) <= 2 and not any((p / "checkpoints").exists() for p in others)  # never started training
+    assert not (sweep / ".nas-run-stopping").exists()
     assert_group_gone(proc.pid)
+
+
+def test_a_stop_mark_left_by_a_killed_sweep_process_does_not_skip_the_next_launch(tmp_path):
+    # a sweep process killed (SIGKILL) while its jobs saved leaves the mark that keeps new jobs from starting
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / ".nas-run-stopping").touch()
+    proc = nas_run("-m", *TINY, "trainer.max_steps=2", "run_test=false", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list(sweep.glob("*/summary.json"))) == 1 and not (sweep / ".nas-run-stopping").exists()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["background-job", "nohup"])
@@ -341,6 +369,10 @@ def test_a_second_ctrl_c_while_stopping_stops_at_once(tmp_path):
         ft._note(signal.SIGINT, None)
     ft._note(signal.SIGTERM, None)  # other signals while stopping: nothing more
     assert ft.pending == signal.SIGINT
+    other = FaultTolerance(tmp_path / "last.ckpt", 10, {})
+    other._note(signal.SIGTERM, None)  # a joblib sweep's process passes Ctrl-C on as SIGTERM; the terminal's
+    other._note(signal.SIGINT, None)  # own SIGINT may come after it: still one stop, saved as usual
+    assert other.pending == signal.SIGTERM
 
 
 @pytest.mark.parametrize("args,needle", [
