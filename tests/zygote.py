@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -81,6 +82,7 @@ class _Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _server: _Server | None = None
