@@ -219,11 +219,14 @@ def committed_copy(study: Path, dest: Path) -> Path:
 
 def stage(study: Path) -> list[str]:
     """git-add every finished run under ``study``, and every failed one (its failed.json: the page says
-    why a scheme did not train), its small files (.gitignore keeps out the rest)."""
+    why a scheme did not train), its small files (.gitignore keeps out the rest), and the
+    multirun.yaml of its sweep (the sweep's command and configuration)."""
     added = []
     for run in sorted((r for r in find_runs([str(study)]) if r.status in ("finished", "failed")),
                       key=lambda r: str(r.path)):
-        subprocess.run(["git", "add", "--", str(run.path)], cwd=ROOT, check=True)
+        sweep_file = Path(run.path).parent / "multirun.yaml"
+        subprocess.run(["git", "add", "--", str(run.path), *([str(sweep_file)] if sweep_file.is_file() else [])],
+                       cwd=ROOT, check=True)
         added.append(str(Path(run.path).relative_to(ROOT)))
     return added
 
