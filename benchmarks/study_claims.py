@@ -9,7 +9,7 @@ from nas_cli.report.compare import compare_groups
 
 from study_common import (ADDITIVE, CLAIMS, CSV_NAME, FIG1_CUT, NAMES, _better_claim, _blocks, _ci, _diff,
                           _flip, _groups, _link, _load, _n_note, _p, _per_seed, below_cut, chain, did_not_train,
-                          heads_missing, heads_trend, heads_verdict)
+                          heads_missing, heads_trend, heads_verdict, under_way)
 
 
 def claims_section(mt_root, lm_root, additive_root=None, heads_root=None, hf_root=None) -> str:
@@ -163,7 +163,7 @@ def _claim_zheng_orders(c: "_Claims") -> None:
                    ("the links run so far hold: " if holds else "the links run so far do not all hold: ") + words
                    + f"; {', '.join(absent)} not run in this round")
         row(claim, paper, f"{label}: " + ", ".join(f"{NAMES[s]} {_ci(g[s], metric)}" for s in ran),
-            "link by link (each paired over seeds)", verdict)
+            "link by link (each paired over seeds)", under_way(verdict, {NAMES[s]: g[s] for s in ran}))
 
 
 def _claim_diversity_quality(c: "_Claims") -> None:
@@ -185,8 +185,9 @@ def _claim_diversity_quality(c: "_Claims") -> None:
         row(claim, "4 systems, the same order in both",
             f"Pearson r between a run's head JSD and its BLEU over {len(pairs)} runs ({ran}): {res.statistic:+.2f} "
             f"[{lo:+.2f}, {hi:+.2f}] (Fisher z interval, runs treated as independent)",
-            "-", "yes" if lo > 0 else "no: higher JSD goes with lower BLEU here" if hi < 0
-            else "not shown: the interval includes 0")
+            "-", under_way("yes" if lo > 0 else "no: higher JSD goes with lower BLEU here" if hi < 0
+                           else "not shown: the interval includes 0",
+                           {NAMES[s]: g[s] for s in ("unas", "coda", "coda_cs", "realformer") if s in g}))
 
 
 def _claim_sinkhorn(c: "_Claims") -> None:
@@ -202,9 +203,10 @@ def _claim_sinkhorn(c: "_Claims") -> None:
     else:
         row(claim, paper, f"BLEU: DNAS {_ci(g['dnas'], 'test/bleu')}, Sinkhorn-3 {_ci(g['sinkhorn'], 'test/bleu')}",
             f"Sinkhorn-3 - DNAS: {_diff(c)}",
-            (f"holds: not significantly better (n={c.n}); the interval leaves room for a gain up to {c.high:+.2f} BLEU"
-             if c.direction() <= 0 else "no: Sinkhorn-3 better here")
-            + " (training speed is not compared: two jobs shared the CPU)")
+            under_way((f"holds: not significantly better (n={c.n}); the interval leaves room for a gain up to "
+                       f"{c.high:+.2f} BLEU" if c.direction() <= 0 else "no: Sinkhorn-3 better here")
+                      + " (training speed is not compared: two jobs shared the CPU)",
+                      {"DNAS": g["dnas"], "Sinkhorn-3": g["sinkhorn"]}))
 
 
 def _claim_kernels(c: "_Claims") -> None:
@@ -229,8 +231,8 @@ def _claim_kernels(c: "_Claims") -> None:
             + ", ".join(f"{NAMES[s]} {_ci(g[s], 'test/bleu')}" for s in kernels)
             + (", linear: did not train" if stopped else ""),
             "; ".join(f"{NAMES[s]}: {_diff(cmp[(s, 'test/bleu')])}" for s in kernels),
-            ("yes: " if holds else "not here: ") + words
-            + ("" if "kernel_linear" in g or stopped else "; linear not run"))
+            under_way(("yes: " if holds else "not here: ") + words
+                      + ("" if "kernel_linear" in g or stopped else "; linear not run"), {NAMES[s]: g[s] for s in kernels}))
 
 
 def _claim_heads(c: "_Claims") -> None:
@@ -276,9 +278,10 @@ def _claim_additive(c: "_Claims") -> None:
             f"{_ci(ag['two'], 'step_variation:cross', '{:.3g}')}; BLEU: one layer {_ci(ag['one'], 'test/bleu')}, "
             f"two layers {_ci(ag['two'], 'test/bleu')}",
             f"two - one layer: step variation {_diff(sv)}; BLEU {_diff(bleu)}",
-            ("yes: exactly 0 in every one-layer run" if zero else "no: a one-layer run varies")
-            + "; BLEU: " + ("two layers better" if bleu.direction() > 0 else "one layer better"
-                            if bleu.direction() < 0 else "no significant difference"))
+            under_way(("yes: exactly 0 in every one-layer run" if zero else "no: a one-layer run varies")
+                      + "; BLEU: " + ("two layers better" if bleu.direction() > 0 else "one layer better"
+                                      if bleu.direction() < 0 else "no significant difference"),
+                      {"one layer": ag["one"], "two layers": ag["two"]}))
 
 
 def _claim_causal_lm(c: "_Claims") -> None:

@@ -225,6 +225,20 @@ def heads_trend(root, metric: str = "test/bleu"):
     return comparison, slopes, {seed: sorted(round(2 ** x) for x, _ in pts) for seed, pts in points.items()}
 
 
+#: the seeds every study sweep runs (seed=1,2,3)
+PLANNED_SEEDS = 3
+
+
+def under_way(verdict: str, groups: dict) -> str:
+    """A claims row's 'holds here?' while a sweep it reads still runs (a scheme with fewer than
+    PLANNED_SEEDS finished runs): not a verdict, as for the heads trend (heads_verdict); ``groups``
+    maps a scheme's name on the page to its group of runs."""
+    short = [f"{name} {len(grp.runs)} of {PLANNED_SEEDS} seeds" for name, grp in groups.items()
+             if len(grp.runs) < PLANNED_SEEDS]
+    return (f"not decided yet: the sweep is under way ({', '.join(short)}; on the runs so far: {verdict})"
+            if short else verdict)
+
+
 def heads_verdict(verdict: str, gaps: str) -> str:
     """The claims row's 'holds here?' for the heads trend: ``verdict`` once every seed has every
     number of heads; while the sweep runs, not a verdict (slopes over fewer heads can read 'yes'

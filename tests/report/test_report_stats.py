@@ -433,6 +433,19 @@ def test_study_heads_trend_names_the_seeds_a_sweep_under_way_lacks():
         "not decided yet: the sweep is under way (on the runs so far: yes)"
 
 
+def test_a_claims_row_gives_no_verdict_while_a_sweep_it_reads_lacks_seeds():
+    """Every claims row that reads a sweep (Zheng et al.'s orders, diversity and quality, Sinkhorn, the
+    kernels, additive attention) says 'not decided yet' while a scheme has fewer than 3 finished seeds:
+    with CODA-CS and RealFormer at 1 seed the page printed 'not the whole order' as a verdict."""
+    from types import SimpleNamespace
+
+    mod = _study_common()
+    three, one = SimpleNamespace(runs=[1, 2, 3]), SimpleNamespace(runs=[1])
+    assert mod.under_way("yes", {"CODA": three, "UNAS": three}) == "yes"
+    assert mod.under_way("no", {"CODA": three, "CODA-CS": one, "RealFormer": one}) == \
+        "not decided yet: the sweep is under way (CODA-CS 1 of 3 seeds, RealFormer 1 of 3 seeds; on the runs so far: no)"
+
+
 def test_study_ordering_claim_holds_only_if_every_link_does():
     """An ordering claim (CODA > CODA-CS > RealFormer > Transformer) is decided link by link with
     the paired t-test over seeds; one link not significant, or reversed, and the order does not hold."""
