@@ -456,7 +456,7 @@ def _let_sweep_jobs_save(wait_s: float = 120.0) -> None:
     import time
 
     from .nas_run_hydra import STARTED
-    from ..infra.rundir import LOCK_NAME, _read
+    from ..infra.rundir import holders
 
     sweep = STARTED.get("sweep")
     workers = set(_joblib_workers()) if sweep is not None else set()
@@ -473,8 +473,7 @@ def _let_sweep_jobs_save(wait_s: float = 120.0) -> None:
             pass
     end = time.monotonic() + wait_s
     while time.monotonic() < end:
-        held = {_read(lock).get("pid") for lock in sweep.glob(f"*/{LOCK_NAME}")}
-        if not held & workers & set(_joblib_workers()):
+        if not holders(sweep) & workers & set(_joblib_workers()):
             return
         time.sleep(0.2)
 

@@ -151,6 +151,11 @@ def _release_all() -> None:
         release(d)
 
 
+def holders(root: Path) -> set:
+    """The process ids holding the run directories directly under ``root`` (a sweep's jobs)."""
+    return {_read(lock).get("pid") for lock in Path(root).glob(f"*/{LOCK_NAME}")}
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
