@@ -100,7 +100,7 @@ class _Waited:
             try:
                 return self.job.results()
             except self.uncompleted as err:
-                if not _still_queued(self.job):
+                if not _result_written(self.job) and not _still_queued(self.job):
                     return [ended_job(self.job, err, self.idx, self.overrides, self.sweep_dir)]
                 # requeued (scontrol requeue, a preemption, a node failure): submitit's accounting poll saw the
                 # old run end between two states; the job is in the queue again, so wait for it
@@ -118,19 +118,47 @@ _QUEUED = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUE
            "RESIZING", "SIGNALING", "STAGE_OUT"}
 
 
-def _still_queued(job) -> bool:
-    """Whether SLURM still lists the job as waiting or running (a requeued job is)."""
+def _result_written(job) -> bool:
+    """Whether the job wrote its result meanwhile (it finished after submitit's last look)."""
+    try:
+        return Path(job.paths.result_pickle).exists()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _still_queued(job, looks: int = 3, pause_s: float = 5.0) -> bool:
+    """Whether SLURM still lists the job as waiting or running (a requeued job is). A job counts
+    as ended only when squeue answers, ``looks`` times ``pause_s`` apart, without it in a queued
+    state: a controller too busy to answer (squeue exits non-zero: "Socket timed out", a loaded
+    machine) or a job between two states of a requeue is not an ended job."""
     import shutil
     import subprocess
+    import time
 
-    if shutil.which("squeue") is None or not getattr(job, "job_id", None):
-        return False
     try:
-        out = subprocess.run(["squeue", "-h", "-j", str(job.job_id), "-o", "%T"], capture_output=True, text=True,
-                             timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
+        from submitit.slurm.slurm import SlurmJob
+    except ImportError:
         return False
-    return any(state.strip() in _QUEUED for state in out.splitlines())
+    if not isinstance(job, SlurmJob) or shutil.which("squeue") is None or not getattr(job, "job_id", None):
+        return False  # submitit_local's jobs are processes of this machine, not SLURM's
+    answered = 0
+    for attempt in range(looks * 4):
+        if attempt:
+            time.sleep(pause_s)
+        try:
+            proc = subprocess.run(["squeue", "-h", "-j", str(job.job_id), "-o", "%T"], capture_output=True,
+                                  text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if any(state.strip() in _QUEUED for state in proc.stdout.splitlines()):
+            return True
+        # squeue exits non-zero both when the controller does not answer and when it no longer knows the job
+        # ("Invalid job id specified"): only the latter is an answer
+        if proc.returncode == 0 or "Invalid job id" in proc.stderr:
+            answered += 1
+            if answered >= looks:
+                return False
+    return False
 
 
 def install_optuna() -> None:

@@ -612,3 +612,41 @@ def test_joblib_gives_each_sweep_job_its_own_gpu():
     assert joblib_gpu(3, 0, "auto", 1) is None and joblib_gpu(3, 4, "cpu", 1) is None
     with pytest.raises(UserError, match=r"trainer.devices=2 needs several"):
         joblib_gpu(0, 4, "gpu", 2)
+
+
+def test_a_busy_slurm_controller_does_not_end_a_requeued_job(tmp_path, monkeypatch):
+    # a CI run once marked a preempted-and-requeued SLURM job as failed ("ended by the scheduler"). The wait asks
+    # squeue whether the job is still queued; a controller too busy to answer (squeue exits 1, "Socket timed
+    # out") or one answer without the job are not an ended job: it takes 3 answers without it. squeue here is a
+    # script that plays back a sequence of answers (the real cluster's states: tests/cli/test_slurm.py).
+    from types import SimpleNamespace
+
+    from submitit.slurm.slurm import SlurmJob
+
+    from nas_cli.infra.launchers import _still_queued
+
+    def squeue(*answers):
+        (tmp_path / "n").write_text("0")
+        lines = ["#!/bin/sh", f'n=$(cat {tmp_path}/n); echo $((n + 1)) > {tmp_path}/n', 'case "$n" in']
+        for i, (rc, out, err) in enumerate(answers):
+            lines.append(f'{i}) printf "{out}"; printf "{err}" >&2; exit {rc};;')
+        lines += ['*) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1;;', "esac"]
+        (tmp_path / "squeue").write_text("\n".join(lines) + "\n")
+        (tmp_path / "squeue").chmod(0o755)
+
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    job = SlurmJob(folder=tmp_path / "jobs", job_id="7")
+    timeout = (1, "", "slurm_load_jobs error: Socket timed out on send/recv operation\\n")
+    squeue(timeout, timeout, (0, "", ""), (0, "COMPLETING\\n", ""))
+    assert _still_queued(job, pause_s=0)
+    squeue((0, "", ""), timeout, (0, "", ""), (0, "PENDING\\n", ""))
+    assert _still_queued(job, pause_s=0)
+    squeue((0, "", ""), (0, "", ""), timeout)  # then "Invalid job id": the job is gone
+    assert not _still_queued(job, pause_s=0)
+    assert (tmp_path / "n").read_text().strip() == "4"  # decided after the third answer without it
+    squeue(*[timeout] * 20)  # a controller that never answers: given up on after 12 looks
+    assert not _still_queued(job, pause_s=0)
+    assert (tmp_path / "n").read_text().strip() == "12"
+    squeue((0, "RUNNING\\n", ""))  # hydra/launcher=submitit_local: a local process, never asked of squeue
+    assert not _still_queued(SimpleNamespace(job_id="7"), pause_s=0)
+    assert (tmp_path / "n").read_text().strip() == "0"

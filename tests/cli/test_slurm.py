@@ -15,7 +15,9 @@ import torch
 from helpers import NAS_RUN
 from slurm_cluster import SlurmCluster, available
 
-pytestmark = [pytest.mark.slurm,
+# one xdist worker runs them all (pyproject's --dist loadgroup): one accounting cluster and one two-node cluster
+# per test run, not one per worker side by side on a 2-core machine
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm"),
               pytest.mark.skipif(available(accounting=True) is not None, reason=str(available(accounting=True)))]
 
 TINY = ("debug=fast", "progress_bar=false", "trainer.max_steps=4", "run_test=false")
@@ -155,6 +157,14 @@ def _release_when_requeued(cluster, job, timeout=120):
     raise AssertionError(f"job {job} was {'requeued but never started again' if pending else 'not requeued'}")
 
 
+def _why(sweep: Path) -> str:
+    """What a failed job left: its failed.json and the end of its SLURM logs (for an assertion's message)."""
+    parts = [f"--- {p}\n{p.read_text()}" for p in sweep.glob("*/failed.json")]
+    for p in sorted((sweep / ".submitit").rglob("*_log.*")):
+        parts.append(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-25:]))
+    return "\n".join(parts)[-6000:]
+
+
 def _step(ckpt: Path) -> int:
     try:
         return int(torch.load(ckpt, weights_only=True)["global_step"])
@@ -196,7 +206,7 @@ def test_preemption_requeues_resume_bit_identically_and_close_wandb_cleanly(clus
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 0, err[-1500:] + _why(tmp_path / "sw") + cluster.log()
     run_dir = next((tmp_path / "sw").glob("0_*"))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from"] and summary["steps"] == 160
