@@ -126,7 +126,7 @@ def _result_written(job) -> bool:
         return False
 
 
-def _still_queued(job, looks: int = 3, pause_s: float = 5.0) -> bool:
+def _still_queued(job, looks: int = 3, pause_s: float = 2.0) -> bool:
     """Whether SLURM still lists the job as waiting or running (a requeued job is). A job counts
     as ended only when squeue answers, ``looks`` times ``pause_s`` apart, without it in a queued
     state: a controller too busy to answer (squeue exits non-zero: "Socket timed out", a loaded
