@@ -80,6 +80,7 @@ def _run(core, q, k, v, q_mask, k_mask, upstream, autocast_dtype=None):
     with ctx:
         out = core(q, k, v, q_mask=q_mask, k_mask=k_mask).out
     (out.to(upstream.dtype) * upstream).sum().backward()
+    _run.out_dtype = out.dtype  # what the core computed in (checked against the autocast dtype)
     return [t.detach().double() for t in (out, q.grad, k.grad, v.grad)]
 
 
@@ -140,7 +141,12 @@ def check_numerics(device: str, dtypes: list[str], schemes: list[str] | None = N
                     errs = [_rel(x, r, kp, top if float(r.abs().max()) < 1e-9 * top else 0.0)
                             for x, r, kp in zip(got, ref, keeps)]
                     finite = all(bool(torch.isfinite(x).all()) for x in got)
+                    # a half-precision output in another half precision than autocast's: the core ignored
+                    # the run's precision (FlexAttention under bf16 autocast computed in float16)
+                    other = (cast is not None and _run.out_dtype in (torch.float16, torch.bfloat16)
+                             and _run.out_dtype != cast)
                     rows.append(_row(scheme, form, dtype, errs[0], max(errs[1:]), tol,
+                                     f"computes in {_run.out_dtype} under {dtype} autocast" if other else
                                      None if finite and max(errs) <= tol else
                                      ("non-finite values" if not finite else "above tolerance")))
                 except Exception as err:  # noqa: BLE001

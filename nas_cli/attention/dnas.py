@@ -77,19 +77,9 @@ def flex_applies(core, q, k, need_weights: bool) -> bool:
         return False
     if core.training and core.dropout > 0:
         return False
-    if core.impl == "auto" and (not auto_picks_fused(q.device.type, max(q.size(-2), k.size(-2)))
-                                or runs_in_fp16(q)):
+    if core.impl == "auto" and not auto_picks_fused(q.device.type, max(q.size(-2), k.size(-2))):
         return False
     return flex_unavailable(q.device, torch.is_grad_enabled() and q.requires_grad) is None
-
-
-def runs_in_fp16(q: torch.Tensor) -> bool:
-    """Whether attention on ``q`` computes in float16 (fp16 inputs, or ``16-mixed``'s autocast). On an
-    H200, FlexAttention DNAS in fp16 was off from float64 by up to 4.6e-3 (values) and 8.8e-3
-    (gradients), 6x SDPA's fp16 error and over gpu-check's 5e-3 tolerance, while the chunked path
-    stayed within 1.2e-3: so ``impl=auto`` does not take FlexAttention in fp16."""
-    dt = q.device.type
-    return q.dtype == torch.float16 or (torch.is_autocast_enabled(dt) and torch.get_autocast_dtype(dt) == torch.float16)
 
 
 def triton_applies(core, q, k, need_weights: bool) -> bool:

@@ -27,6 +27,8 @@ import functools
 
 import torch
 
+from .tiles import _no_autocast, _sdpa_dtype
+
 
 def flex_unavailable(device: torch.device | str, training: bool) -> str | None:
     """None when FlexAttention can run this (device, training) case, else the reason.
@@ -114,9 +116,18 @@ def _attend(q, k, v, bias=None, bias_dim: str = "k", allowed=None, lse: bool = F
 
         block_mask = create_block_mask(mask_mod, q.size(0), None, q.size(-2), k.size(-2), device=q.device)
     fn = _kernel(q.device.type, bias is not None, bool(lse))
-    with warnings.catch_warnings():  # the CPU path warns that it is not compiled: it is a reference there
+    # the precision is made explicit: under autocast the inputs are cast to the autocast dtype and the call
+    # runs with autocast off. Left to autocast, the compiled call did not follow the autocast dtype (torch
+    # 2.11, H200): a graph compiled under one served the other (fp16 computed in bf16; after an fp16 run had
+    # filled the compile cache, bf16 computed in float16). The bias (a log-sum-exp) stays float32 (float64
+    # for float64 inputs).
+    dtype = _sdpa_dtype(q)
+    with warnings.catch_warnings(), _no_autocast(q.device):  # the CPU path warns that it is not compiled
         warnings.simplefilter("ignore")
-        return fn(q, k, v, block_mask) if bias is None else fn(q, k, v, bias, block_mask)
+        q, k, v = (t.to(dtype) for t in (q, k, v))
+        if bias is None:
+            return fn(q, k, v, block_mask)
+        return fn(q, k, v, bias.to(torch.promote_types(dtype, torch.float32)), block_mask)
 
 
 def column_lse(q, k, q_mask=None, row_bias=None):

@@ -80,13 +80,6 @@ def test_impl_auto_takes_a_fused_path_only_on_cuda_from_the_threshold_and_never_
         assert not dnas_mod.auto_picks_fused("cuda", 4 * n)
     finally:
         torch.use_deterministic_algorithms(before)
-    # fp16 (16-mixed): auto keeps the chunked path (FlexAttention's fp16 error was 6x SDPA's on an H200)
-    x = torch.zeros(1, 1, 4, 8)
-    assert not dnas_mod.runs_in_fp16(x) and dnas_mod.runs_in_fp16(x.half())
-    with torch.autocast("cpu", dtype=torch.float16):
-        assert dnas_mod.runs_in_fp16(x)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not dnas_mod.runs_in_fp16(x)
     # on the CPU (TRITON_INTERPRET=1 in the tests) auto never runs the interpreter's kernels
     core = build_core("dnas", causal=True, location="decoder", impl="auto").double()
     q, k, _ = qkv(sq=n, sk=n)
@@ -154,3 +147,17 @@ def test_impl_flex_is_refused_when_deterministic_and_says_once_where_it_falls_ba
     assert err.count("nas-run: note: attention.impl=flex: decoder, cross attention is prefix-normalized") == 1
     check_config(compose_cfg("attention=dnas", "attention.impl=flex", "attention.decoder=unas", "attention.cross=unas"))
     assert "prefix-normalized" not in capsys.readouterr().err  # the encoder alone: nothing falls back
+
+
+def test_flex_computes_in_the_autocast_dtype_with_autocast_off_inside():
+    # on an H200 (torch 2.11) the compiled FlexAttention call computed in float16 under bf16 autocast (a float16
+    # output with fp16's error under bf16-mixed); the precision is now explicit: inputs cast to the autocast
+    # dtype, the call itself without autocast. Here: bf16 autocast gives exactly the call on bf16 inputs.
+    q, k, v = (t.float() for t in qkv(sq=7, sk=9))
+    q_mask, k_mask = _masks(sq=7, sk=9)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = dnas_flex(q, k, v, q_mask, k_mask)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, dnas_flex(q.bfloat16(), k.bfloat16(), v.bfloat16(), q_mask, k_mask),
+                               rtol=0, atol=0)
+    assert dnas_flex(q, k, v, q_mask, k_mask).dtype == torch.float32  # no autocast: the inputs' dtype

@@ -56,3 +56,27 @@ def test_training_rows_name_the_error_not_hydras_hint_and_cover_the_fused_paths(
     assert gpucheck._last_error_line(stderr) == "AttributeError: 'Placed' object has no attribute 'name'"
     names = [name for name, _ in gpucheck.train_cases("cuda", gpucheck._write_data(tmp_path))]
     assert "translation, DNAS impl=flex, bf16-mixed" in names and "translation, DNAS impl=triton, bf16-mixed" in names
+
+
+def test_gpu_check_flags_a_scheme_that_computes_in_another_half_precision(monkeypatch):
+    # what gpu-check found on an H200: FlexAttention gave float16 under bf16 autocast, with errors that pass
+    # bf16's tolerance (fp16 is the more precise). The check now also compares the output's dtype with the
+    # autocast dtype. A core made to answer in float16 under bf16 autocast is flagged; the real one is not.
+    from dataclasses import replace
+
+    real = gpucheck.make_core
+
+    class Float16Out(torch.nn.Module):
+        def __init__(self, core):
+            super().__init__()
+            self.core = core
+
+        def forward(self, q, k, v, **kw):
+            res = self.core(q, k, v, **kw)
+            return replace(res, out=res.out.half()) if torch.is_autocast_enabled("cpu") else res
+
+    ok = gpucheck.check_numerics("cpu", ["bf16"], ["dnas"], s=16, d=8)
+    assert ok and all(r["ok"] for r in ok), ok
+    monkeypatch.setattr(gpucheck, "make_core", lambda *a, **kw: Float16Out(real(*a, **kw)))
+    bad = gpucheck.check_numerics("cpu", ["bf16"], ["dnas"], s=16, d=8)
+    assert bad and all(r["problem"] == "computes in torch.float16 under bf16 autocast" for r in bad), bad
