@@ -39,3 +39,15 @@ def pytest_sessionfinish(session, exitstatus):
     import zygote  # tests/zygote.py: the server that forks the tests' nas-run processes, if one started
 
     zygote.shutdown()
+
+
+#: module-scoped fixtures that train a sweep (tests/report/): the tests that use one run on one xdist worker
+#: (pyproject's --dist loadgroup), so that it is built once per test run, not once per worker
+SHARED_SWEEPS = {"compare_sweep", "sweep", "seed_sweep", "report"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SHARED_SWEEPS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
