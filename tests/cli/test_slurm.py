@@ -139,22 +139,28 @@ def test_ddp_over_two_slurm_nodes(two_nodes, tmp_path):
 
 
 def _release_when_requeued(cluster, job, timeout=120):
-    """A requeued job waits about 120 s in PD (BeginTime) in this Slurm version: make it eligible now,
-    and again until it has left PD. (Once, in a full suite run under load, the requeued job did not
-    start for the next 180 s after a single update: an update made while the requeue is still being
-    processed can be overwritten by the requeue's own begin time.)"""
+    """A requeued job waits about 120 s in PD (BeginTime) in this Slurm version: make it eligible
+    sooner, and again until it has left PD. Not at once: slurmd revokes the old run's job credential
+    at the second of the requeue and refuses a credential issued within that second, so a job
+    released at once failed to start ("Killing non-startable batch JobId=9: Job credential revoked",
+    state FAILED; the sweep then rightly called it failed: this test's failure in a full suite run
+    and in CI). Slurm's own begin-time delay is there to avoid this; 2 s are enough here. (Once, in a
+    full suite run under load, the requeued job did not start for the next 180 s after a single
+    update: an update made while the requeue is still being processed can be overwritten by the
+    requeue's own begin time; hence the repeated update.)"""
     deadline = time.time() + timeout
-    pending = False
+    pending_since = None
     while time.time() < deadline:
         state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
                                env=cluster.env).stdout.strip()
         if state == "PENDING":
-            pending = True
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=cluster.env)
-        elif pending:  # requeued, then started (or already over)
+            pending_since = pending_since or time.time()
+            if time.time() - pending_since >= 2.0:
+                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=cluster.env)
+        elif pending_since is not None:  # requeued, then started (or already over)
             return
-        time.sleep(1.0 if pending else 0.3)
-    raise AssertionError(f"job {job} was {'requeued but never started again' if pending else 'not requeued'}")
+        time.sleep(0.5 if pending_since is not None else 0.3)
+    raise AssertionError(f"job {job} was {'requeued but never started again' if pending_since else 'not requeued'}")
 
 
 def _why(sweep: Path) -> str:
