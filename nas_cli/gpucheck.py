@@ -80,8 +80,8 @@ def _run(core, q, k, v, q_mask, k_mask, upstream, autocast_dtype=None):
     with ctx:
         out = core(q, k, v, q_mask=q_mask, k_mask=k_mask).out
     (out.to(upstream.dtype) * upstream).sum().backward()
-    _run.out_dtype = out.dtype  # what the core computed in (checked against the autocast dtype)
-    return [t.detach().double() for t in (out, q.grad, k.grad, v.grad)]
+    # and the dtype the core answered in (checked against the autocast dtype)
+    return [t.detach().double() for t in (out, q.grad, k.grad, v.grad)], out.dtype
 
 
 class _null:
@@ -124,7 +124,7 @@ def check_numerics(device: str, dtypes: list[str], schemes: list[str] | None = N
                 ref_core = copy.deepcopy(base).double()
                 if hasattr(ref_core, "impl"):  # the reference is the materialized formula
                     ref_core.impl = "naive"
-                ref = _run(ref_core, q, k, v, q_mask, k_mask, upstream)
+                ref, _ = _run(ref_core, q, k, v, q_mask, k_mask, upstream)
             except Exception as err:  # noqa: BLE001 - recorded, not raised: the table shows every case
                 rows.append(_row(scheme, form, "float64", None, None, None, f"reference failed: {_short(err)}"))
                 continue
@@ -133,7 +133,7 @@ def check_numerics(device: str, dtypes: list[str], schemes: list[str] | None = N
                 try:
                     core = copy.deepcopy(base).float()
                     cast = {"float32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-                    got = _run(core, q.float(), k.float(), v.float(), q_mask, k_mask, upstream.float(), cast)
+                    got, out_dtype = _run(core, q.float(), k.float(), v.float(), q_mask, k_mask, upstream.float(), cast)
                     keeps = (keep_q, keep_q, keep_k, keep_k)
                     # a gradient that is exactly 0 in float64 (one-layer additive attention's dq) is
                     # measured against the other tensors' scale, not against 0
@@ -143,10 +143,9 @@ def check_numerics(device: str, dtypes: list[str], schemes: list[str] | None = N
                     finite = all(bool(torch.isfinite(x).all()) for x in got)
                     # a half-precision output in another half precision than autocast's: the core ignored
                     # the run's precision (FlexAttention under bf16 autocast computed in float16)
-                    other = (cast is not None and _run.out_dtype in (torch.float16, torch.bfloat16)
-                             and _run.out_dtype != cast)
+                    other = cast is not None and out_dtype in (torch.float16, torch.bfloat16) and out_dtype != cast
                     rows.append(_row(scheme, form, dtype, errs[0], max(errs[1:]), tol,
-                                     f"computes in {_run.out_dtype} under {dtype} autocast" if other else
+                                     f"computes in {out_dtype} under {dtype} autocast" if other else
                                      None if finite and max(errs) <= tol else
                                      ("non-finite values" if not finite else "above tolerance")))
                 except Exception as err:  # noqa: BLE001
