@@ -167,6 +167,13 @@ def compare_groups(groups: Sequence[Group], baseline: Group, metrics: Sequence[s
     for m in metrics:
         found = []
         for g in others:
+            why = _undefined(m, g.runs) or _undefined(m, baseline.runs)
+            if why:  # no value by design (a linear kernel's signed weights have no JSD): said, not refused
+                nan = math.nan
+                c = stats.Comparison(m, [], nan, nan, nan, nan, nan, nan, "none", n_base=baseline.n, n_sys=g.n,
+                                     undefined=why)
+                found.append(Row(g, c, higher_is_better(m)))
+                continue
             c = _over_seeds(m, baseline, g)
             c.detect = (detect or {}).get(m)
             if m in item_metrics:
@@ -174,6 +181,34 @@ def compare_groups(groups: Sequence[Group], baseline: Group, metrics: Sequence[s
             found.append(Row(g, c, higher_is_better(m)))
         rows.extend(_holm(found))
     return rows
+
+
+def _undefined(metric: str, runs: Sequence[Run]) -> str | None:
+    """Why ``metric`` has no value for any of ``runs`` by design, else None: a head-diversity or
+    column-mass diagnostic of runs whose attention weights have negative entries (Tsai et al.'s
+    linear kernel), which is not a distribution over keys."""
+    if not runs or not is_run_metric(metric):
+        return None
+    for run in runs:
+        try:
+            if run.value(metric) is not None:
+                return None
+        except KeyError:
+            return None
+        if not any(_signed(loc) for loc in run.diag_locations().values()):
+            return None
+    return (f"{metric_name(metric)} is undefined for these runs (attention weights with negative entries, "
+            "not distributions over keys)")
+
+
+def _signed(location: dict) -> bool:
+    """A location's diagnostics say its weights have negative entries (diagnostics/callback.py
+    writes SIGNED_NOTE there, and ``signed_weights`` per layer in latest.json)."""
+    from ..diagnostics.callback import SIGNED_NOTE
+
+    layers = location.get("layers")
+    return location.get("note") == SIGNED_NOTE or (isinstance(layers, list) and any(
+        isinstance(layer, dict) and layer.get("signed_weights") for layer in layers))
 
 
 def _values(metric: str, runs: Sequence[Run]) -> list[float]:
@@ -277,6 +312,10 @@ def verdict_table(rows: Sequence[Row], baseline: Group) -> tuple[list[str], list
     out = []
     for r in rows:
         c = r.comparison
+        if c.undefined:  # no numbers by design: the verdict column says why
+            out.append([r.group.label, metric_name(c.metric), *["-"] * 6, c.verdict(r.higher_is_better), "-"]
+                       + (["-"] if planning else []))
+            continue
         det = c.detectable()
         row = [r.group.label, metric_name(c.metric), _seeds(c), _num(c.base_mean), _num(c.sys_mean),
                f"{c.diff:+.3g} " + _ci(c.low, c.high), "-" if math.isnan(c.p) else stats._p(c.p),
@@ -297,7 +336,7 @@ def verdict_records(rows: Sequence[Row]) -> list[dict]:
         need = c.needed()
         out.append({"system": r.group.label, "metric": metric_name(c.metric), "paired": c.paired,
                     "seeds": c.seeds, "n_baseline": c.n_base, "n_system": c.n_sys,
-                    "baseline_mean": c.base_mean, "system_mean": c.sys_mean, "difference": c.diff,
+                    "baseline_mean": _nan(c.base_mean), "system_mean": _nan(c.sys_mean), "difference": _nan(c.diff),
                     "ci_low": _nan(c.low), "ci_high": _nan(c.high), "p": _nan(c.p),
                     "p_holm": _nan(c.p_adj if c.p_adj is not None else math.nan),
                     "direction": c.direction(), "verdict": c.verdict(r.higher_is_better), "test": c.test,

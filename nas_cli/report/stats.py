@@ -160,6 +160,7 @@ class Comparison:
     sd_other: float | None = None  # unpaired: the system group's spread
     detect: float | None = None  # a difference the user asked about (--detect)
     items: list = field(default_factory=list)  # question (b): ItemComparison per paired seed
+    undefined: str | None = None  # why the metric has no value for these runs by design (then no test)
 
     @property
     def n(self) -> int:
@@ -193,6 +194,8 @@ class Comparison:
         head diversity) with p, or 'no significant difference' with n, the interval and p, or
         'no verdict' when a group has fewer than :data:`MIN_SEEDS` seeds."""
         p = self.p_adj if self.p_adj is not None else self.p
+        if self.undefined:
+            return f"not compared: {self.undefined}"
         if math.isnan(p):
             return (f"no verdict (n={self.n}: a verdict over seeds needs at least {MIN_SEEDS} "
                     f"{'paired ' if self.paired else ''}seeds in both groups)")

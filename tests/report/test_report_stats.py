@@ -566,3 +566,23 @@ def test_a_a_on_trained_runs_gets_no_verdict(tmp_path):
     rows = json.loads(proc.stdout)["comparison"]["rows"]
     assert len(rows) == 4 and all(r["direction"] == 0 and not r["paired"] for r in rows)
     assert all(r["verdict"].startswith("no significant difference (n=3") for r in rows)
+
+
+def test_a_metric_undefined_by_design_is_not_compared_and_the_rest_is(tmp_path):
+    # the study's linear-kernel runs (Tsai et al.: signed weights) have no head JSD: nas-report refused the whole
+    # comparison ("--metrics jsd: run ... has no such value"), which stopped the study page. Now that group's JSD
+    # row says why it is not compared, and every other row is as before; a metric missing for another reason
+    # is still refused with one line
+    sweep = tmp_path / "sw"
+    proc = nas_run("-m", "debug=fast", "progress_bar=false", "logger=csv", "attention=unas,kernel_linear,kernel_rbf",
+                   "seed=1,2", "trainer.max_steps=6", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = report(sweep, "--baseline", "scheme=unas", "--metrics", "jsd,ppl", "--format", "json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {(r["system"], r["metric"]): r for r in json.loads(out.stdout)["comparison"]["rows"]}
+    linear = rows[("kernel_linear h4", "jsd")]
+    assert linear["verdict"].startswith("not compared: jsd is undefined for these runs") and linear["p"] is None
+    assert rows[("kernel_rbf h4", "jsd")]["p"] is not None  # the other scheme is compared as before
+    assert rows[("kernel_linear h4", "ppl")]["p"] is not None  # and the linear kernel on what it does have
+    bad = report(sweep, "--baseline", "scheme=unas", "--metrics", "jsd:nowhere", cwd=tmp_path)
+    assert bad.returncode != 0 and "has no such value" in bad.stderr and "Traceback" not in bad.stderr
