@@ -51,7 +51,7 @@ from ..infra.atomic import atomic_write_json
 from ..attention.base import learned_titles, learned_values
 from .collector import AttentionDiagnostics, flatten_results, location_masks
 from .explained_away import DEFAULT_EPS
-from .metrics import LayerMetric, build_metrics
+from .metrics import SIGNED_NOTE, LayerMetric, build_metrics
 from .metrics import finite as _finite
 from .metrics import finite_list as _finite_list
 
@@ -85,9 +85,6 @@ def _finite_tree(data: Any) -> Any:
     return data
 
 
-#: why a location's JSD / explained-away read null
-SIGNED_NOTE = ("attention weights with negative entries (e.g. attention.kernel=linear): JSD and explained-away "
-               "assume probability distributions over keys and are undefined (null)")
 
 
 def location_scalars(layers: list[dict[str, Any]], metrics: list[LayerMetric] | None = None) -> dict[str, Any]:

@@ -37,6 +37,10 @@ import torch
 from .explained_away import DEFAULT_EPS, ExplainedAwayAccumulator
 from .jsd import JSDAccumulator, mean_pair_jsd
 
+#: why a location's JSD / explained-away read null (diagnostics files; nas-report reads it: nas_cli/report/compare.py)
+SIGNED_NOTE = ("attention weights with negative entries (e.g. attention.kernel=linear): JSD and explained-away "
+               "assume probability distributions over keys and are undefined (null)")
+
 Key = tuple[str, int]
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..diagnostics.metrics import SIGNED_NOTE
 from . import stats
 from .collect import Run
 from .table import Group, field_value
@@ -195,20 +196,10 @@ def _undefined(metric: str, runs: Sequence[Run]) -> str | None:
                 return None
         except KeyError:
             return None
-        if not any(_signed(loc) for loc in run.diag_locations().values()):
+        if not any(loc.get("note") == SIGNED_NOTE for loc in run.diag_locations().values()):
             return None
     return (f"{metric_name(metric)} is undefined for these runs (attention weights with negative entries, "
             "not distributions over keys)")
-
-
-def _signed(location: dict) -> bool:
-    """A location's diagnostics say its weights have negative entries (diagnostics/callback.py
-    writes SIGNED_NOTE there, and ``signed_weights`` per layer in latest.json)."""
-    from ..diagnostics.callback import SIGNED_NOTE
-
-    layers = location.get("layers")
-    return location.get("note") == SIGNED_NOTE or (isinstance(layers, list) and any(
-        isinstance(layer, dict) and layer.get("signed_weights") for layer in layers))
 
 
 def _values(metric: str, runs: Sequence[Run]) -> list[float]:
