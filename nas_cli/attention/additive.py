@@ -10,7 +10,8 @@ Why the second layer matters (the blog post "Why Bahdanau's neural attention
 requires two layers"): with one layer the query term q_i . r_h is the same for every key
 j, and softmax is shift invariant, so the weights do not depend on the query at all: in
 cross-attention every decoder step attends to the source in exactly the same way.
-:func:`step_variation` measures this (0 for one layer, > 0 for two).
+:func:`step_variation` measures this: 0 for one layer in exact arithmetic (in float32 the row
+softmax's rounding leaves about 1e-8, below :data:`ROUND_OFF`), > 0 for two.
 
 Each score depends on one (query, key) pair, so the scheme is causal and works in all
 three locations. Cost: the two-layer form holds a (B, H, Sq, Sk, hidden) tensor.
@@ -22,6 +23,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from .base import AttentionCore, AttentionOutput, allowed_mask, masked_row_softmax
+
+
+#: a step variation below this is float32 rounding, not attention that changes over steps: one-layer
+#: additive cross-attention measures about 1e-8 (its softmax of k_j . u + q_i . r rounds differently
+#: for each query's shift q_i . r), two layers 1e-3 and more after a few updates
+ROUND_OFF = 1e-5
 
 
 class Additive(AttentionCore):
@@ -93,8 +100,9 @@ def step_variation(weights: torch.Tensor, q_mask: torch.Tensor | None = None) ->
     """How much attention over the keys changes across query (decoder) steps.
 
     weights (B, H, Sq, Sk), q_mask (B, Sq) True for real queries -> (B, H): the largest
-    |pi_i - pi_0|_inf over real query steps i. Exactly 0 for one-layer additive attention
-    in cross-attention (the blog post's diagnostic), > 0 when the query matters."""
+    |pi_i - pi_0|_inf over real query steps i. 0 for one-layer additive attention in
+    cross-attention (the blog post's diagnostic; below :data:`ROUND_OFF` in float32), > 0 when the
+    query matters."""
     diff = (weights - weights[:, :, :1]).abs().amax(-1)  # (B, H, Sq)
     if q_mask is not None:
         diff = diff * q_mask[:, None, :].to(diff.dtype)

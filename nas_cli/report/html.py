@@ -27,6 +27,7 @@ import numpy as np
 
 from ..locations import LOCATIONS
 from .. import figures
+from ..attention.additive import ROUND_OFF
 from .collect import TEST_METRICS, Run
 from .table import Group, table_rows, unfinished_rows
 
@@ -233,8 +234,9 @@ def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[
             parts += ["<h2>Attention diagnostics per location</h2>", _table(dh, dr),
                       '<p class="note">min margin &gt;= 0: every key keeps mass &gt;= 1/Sk (Ding et al. Theorem 2, '
                       "guaranteed for DNAS in the non-causal encoder). Step variation (cross-attention): largest "
-                      "change of a head's attention over the source across decoder steps; 0 means the attention "
-                      "ignores the decoder state, as one-layer additive attention does.</p>"]
+                      "change of a head's attention over the source across decoder steps; 0 (in float32 below "
+                      f"{ROUND_OFF:g}, the softmax's rounding) means the attention ignores the decoder state, as "
+                      "one-layer additive attention does.</p>"]
         figs = []
         for task in sorted({g.common(lambda r: r.task) for g in groups}):
             png = metric_vs_heads(groups, task)

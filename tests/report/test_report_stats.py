@@ -2,6 +2,7 @@
 references (scipy, sacreBLEU's own PairedTest, a hand-computed Holm example), and the
 comparison end to end: a real sweep, then ``nas-report --baseline ... --format latex --pivot``."""
 import json
+import sys
 import math
 import random
 from pathlib import Path
@@ -444,6 +445,24 @@ def test_a_claims_row_gives_no_verdict_while_a_sweep_it_reads_lacks_seeds():
     assert mod.under_way("yes", {"CODA": three, "UNAS": three}) == "yes"
     assert mod.under_way("no", {"CODA": three, "CODA-CS": one, "RealFormer": one}) == \
         "not decided yet: the sweep is under way (CODA-CS 1 of 3 seeds, RealFormer 1 of 3 seeds; on the runs so far: no)"
+
+
+def test_the_additive_claim_reads_float32_rounding_as_flat():
+    """The blog post's one-layer additive attention is flat over decoding steps in exact arithmetic;
+    a trained one-layer run measures about 1e-8 (float32 rounding of the row softmax, a real
+    4-run sweep here gave 1.66e-08), which is flat, not 'a run that varies'. Two layers must be
+    above that in every run and significantly more than one layer."""
+    from nas_cli.attention.additive import ROUND_OFF
+
+    study_claims = sys.modules[_study_report().claims_section.__module__]
+    one, two = [1.7e-8, 1.6e-8, 1.8e-8], [0.21, 0.18, 0.25]
+    more = stats.compare_seeds("step_variation", one, two, [1, 2, 3])
+    assert study_claims.step_verdict(one, two, more).startswith("yes: every one-layer run below 1e-05")
+    assert study_claims.step_verdict([1.7e-8, 2 * ROUND_OFF, 1.8e-8], two, more) == "no: a one-layer run varies by 2e-05"
+    flat2 = [2e-8, 1.5e-8, 0.3]
+    assert study_claims.step_verdict(one, flat2, stats.compare_seeds("step_variation", one, flat2, [1, 2, 3])) \
+        .startswith("only half: one layer stays flat")
+    assert study_claims.step_verdict([None, 1e-8], two, more) == "no step variation recorded for one layer"
 
 
 def test_study_ordering_claim_holds_only_if_every_link_does():
