@@ -1,7 +1,6 @@
 """The study page's shared pieces: where the sweeps are, the schemes' names, and the helpers that
 turn nas-report's comparisons into the page's words (intervals, per-seed values, ordering chains).
 Used by ``study_claims.py`` and ``study_report.py``; see the latter for the page."""
-import dataclasses
 import math
 from pathlib import Path
 
@@ -182,12 +181,6 @@ def _per_seed(group: Group | None, name: str, fmt: str = "{:.2f}") -> str:
     return ", ".join(f"s{s} {fmt.format(v)}" for s, v in vals if v is not None)
 
 
-
-
-def _flip(c):
-    """A comparison read the other way round (baseline minus system): for a link whose claimed
-    winner is the baseline."""
-    return dataclasses.replace(c, diff=-c.diff, low=-c.high, high=-c.low, base_mean=c.sys_mean, sys_mean=c.base_mean)
 
 
 def _blocks(groups: dict) -> str:
