@@ -36,3 +36,87 @@ def test_below_cut_reads_the_histograms(tmp_path):
     assert mod.below_cut(run) == pytest.approx(3 / 20)
     with pytest.raises(ValueError, match="not a histogram bin edge"):
         mod.below_cut(run, -20.2)
+
+
+def _reading(page: str) -> str:
+    """The Reading's own statements: its prose, and of the first-round table only the last column
+    (what the re-run says now; the first two columns quote the withdrawn round)."""
+    text = page[page.index("## Reading"):page.index("## The claims, measured")]
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            line = line.strip().strip("|").split(" | ")[-1]
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _numbers(sources: str) -> tuple[list[tuple[float, float]], list[float], list[float]]:
+    """The intervals, the Holm-adjusted p-values and all p-values that ``sources`` give: the
+    claims table's ``[a, b]`` and ``p(Holm)=x``, nas-report's tables' ``CI a..b``, ``p`` and
+    ``p (Holm)`` columns and verdicts (``p=x``, Holm-adjusted there)."""
+    import re
+
+    num = r"([+-]?\d+(?:\.\d+)?(?:e-?\d+)?)"
+    intervals = [(float(a), float(b)) for a, b in re.findall(rf"\[{num}, {num}\]", sources)]
+    intervals += [(float(a), float(b)) for a, b in re.findall(rf"CI {num}\.\.{num}", sources)]
+    holm = [float(v) for v in re.findall(rf"p\(Holm\)\s*[=<]\s*{num}", sources)]
+    plain = [float(v) for v in re.findall(rf"\bp\s*[=<]\s*{num}", sources)]
+    holm += [float(v) for v in re.findall(rf"(?:better|worse|difference) \((?:n=\d+, CI [^,]+, )?p={num}\)", sources)]
+    head = None
+    for line in sources.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else None
+        if cells is None:
+            head = None
+        elif head is None:
+            head = cells
+        elif not line.startswith("|---") and len(cells) == len(head):
+            for name, values in (("p (Holm)", holm), ("p", plain)):
+                if name in head and re.fullmatch(num, cells[head.index(name)]):
+                    values.append(float(cells[head.index(name)]))
+    return intervals, holm, holm + plain
+
+
+def _stale_numbers(reading: str, sources: str) -> list[str]:
+    """Every interval ``[a, b]`` and p-value of ``reading`` that ``sources`` do not give, at the
+    reading's precision: an interval as written or negated (the reverse comparison), ``Holm p``
+    as a Holm-adjusted p, a plain ``p`` as any p-value (an unadjusted link or trend p, or
+    docs/speed.md's)."""
+    import re
+
+    def near(value: str, x: float) -> bool:
+        decimals = len(value.split(".")[1]) if "." in value else 0
+        return abs(float(value) - x) <= 0.5 * 10 ** -decimals + 1e-12
+
+    intervals, holm, any_p = _numbers(sources)
+    stale = []
+    for m in re.finditer(r"\[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]", reading):
+        lo, hi = m.groups()
+        if not any((near(lo, a) and near(hi, b)) or (near(lo, -b) and near(hi, -a)) for a, b in intervals):
+            stale.append(m.group(0))
+    for m in re.finditer(r"(Holm )?p\s*([=<])\s*(\d\.\d+)((?: and \d\.\d+)*)", reading):
+        for value in [m.group(3), *re.findall(r"\d\.\d+", m.group(4))]:
+            given = holm if m.group(1) else any_p
+            if m.group(2) == "<" and not any(x <= float(value) for x in given) or \
+                    m.group(2) == "=" and not any(near(value, x) for x in given):
+                stale.append(f"{m.group(0)} ({value})")
+    return stale
+
+
+def test_the_readings_numbers_are_the_generated_ones():
+    """The Reading is written by hand, so a Holm family that grew with a new sweep, or a re-run,
+    leaves its numbers behind the generated tables; each interval and p it gives must be one the
+    generated sections (or docs/speed.md, for the GPU runs) give now."""
+    page = (ROOT / "docs" / "study.md").read_text()
+    sources = page[page.index("## The claims, measured"):] + (ROOT / "docs" / "speed.md").read_text()
+    assert _stale_numbers(_reading(page), sources) == []
+
+
+def test_the_reading_check_finds_a_stale_number():
+    sources = ("| +0.47 [-0.31, +1.24], p=0.121 | RealFormer: -2.51 [-3.38, -1.64], p(Holm)=0.006; p(Holm)<0.001\n\n"
+               "| system | difference [95% CI] | p | p (Holm) | verdict |\n|---|---|---|---|---|\n"
+               "| coda_cs h4 | -1.69 [-3.3, -0.0749] | 0.0460 | 0.276 | no significant difference (n=3, CI -3.3..-0.0749, p=0.276) |\n")
+    assert _stale_numbers("+2.51 [+1.64, +3.38], Holm p = 0.006; p = 0.121; Holm p < 0.001; [-3.30, -0.07], "
+                          "p = 0.046, Holm p = 0.28", sources) == []
+    assert _stale_numbers("[-0.31, +1.25]; Holm p = 0.121; p = 0.007; Holm p = 0.006 and 0.010; Holm p = 0.046",
+                          sources) == ["[-0.31, +1.25]", "Holm p = 0.121 (0.121)", "p = 0.007 (0.007)",
+                                       "Holm p = 0.006 and 0.010 (0.010)", "Holm p = 0.046 (0.046)"]
