@@ -13,6 +13,7 @@ it must match exactly one group. Two questions, answered separately (:mod:`nas_c
 """
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -102,10 +103,12 @@ def metrics_for(groups: Sequence[Group], wanted: Sequence[str] | None) -> list[s
         names = [w if w.startswith("test/") or is_run_metric(w) else f"test/{w}" for w in wanted]
         unknown = [n for n in names if not is_run_metric(n) and n not in stats.METRICS and n not in reported]
         if unknown:
-            raise CompareError(f"--metrics {','.join(unknown)}: no run reports it; choose from "
-                               f"{', '.join(sorted(m.split('/')[1] for m in reported | set(stats.METRICS)))} "
-                               f"(test set) or {', '.join(RUN_METRICS)} (attention diagnostics; also "
-                               "<name>:<location> and diag:<key>)")
+            tests = sorted(m.split("/", 1)[1] for m in reported | set(stats.METRICS))
+            close = difflib.get_close_matches(unknown[0].split("/", 1)[1], [*tests, *RUN_METRICS], n=1, cutoff=0.6)
+            raise CompareError(f"--metrics {','.join(u.split('/', 1)[1] for u in unknown)}: no run reports it"
+                               + (f" (did you mean {close[0]}?)" if close else "")
+                               + f"; choose from {', '.join(tests)} (test set) or {', '.join(RUN_METRICS)} "
+                               "(attention diagnostics; also <name>:<location> and diag:<key>)")
         return names
     from ..metrics import present
 

@@ -343,7 +343,10 @@ def test_report_comparison_bad_input_one_line(compare_sweep, tmp_path):
     assert len(bad.stderr.strip().splitlines()) == 1
     for args, needle in ((["--format", "docx"], "--format docx: unknown"),
                          (["--pivot", "colour"], "--pivot colour: not a column"),
-                         (["--baseline", "scheme=unas", "--metrics", "meteor"], "--metrics test/meteor: no run"),
+                         (["--baseline", "scheme=unas", "--metrics", "meteor"], "--metrics meteor: no run reports it; "),
+                         (["--baseline", "scheme=unas", "--metrics", "bleu,blue"],
+                          "--metrics blue: no run reports it (did you mean bleu?); choose from bleu, "),
+                         (["--baseline", "scheme=unas", "--metrics", "step_varation"], "(did you mean step_variation?)"),
                          (["--detect", "1"], "--detect plans seeds for a comparison: add --baseline")):
         proc = report(compare_sweep, *args, cwd=tmp_path)
         assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, args
