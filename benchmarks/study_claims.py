@@ -296,7 +296,8 @@ def _claim_additive(c: "_Claims") -> None:
             f"two layers {_ci(ag['two'], 'test/bleu')}",
             f"two - one layer: step variation {sv_words}; BLEU {_diff(bleu)}",
             under_way(verdict + "; BLEU: " + ("two layers better" if bleu.direction() > 0 else "one layer better"
-                                              if bleu.direction() < 0 else "no significant difference"),
+                                              if bleu.direction() < 0 else "no significant difference"
+                                              if bleu.testable else "no test below 2 seeds"),
                       {"one layer": ag["one"], "two layers": ag["two"]}))
 
 
@@ -308,9 +309,12 @@ def step_verdict(one: list, two: list, sv) -> str:
         return "no step variation recorded for one layer"
     if max(one) >= ROUND_OFF:
         return f"no: a one-layer run varies by {max(one):.3g}"
-    if all(v is not None and v >= ROUND_OFF for v in two) and sv.direction() > 0:
+    varies = all(v is not None and v >= ROUND_OFF for v in two)
+    if varies and sv.direction() > 0:
         return (f"yes: every one-layer run below {ROUND_OFF:g} (float32 rounding of the proof's exact 0), "
                 "two layers vary in every run, significantly")
+    if varies and not sv.testable:
+        return (f"one layer below {ROUND_OFF:g} and two layers varying in every run; no test below 2 seeds")
     return "only half: one layer stays flat, but two layers do not vary significantly more here"
 
 

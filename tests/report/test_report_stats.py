@@ -466,6 +466,9 @@ def test_the_additive_claim_reads_float32_rounding_as_flat():
     assert study_claims.step_verdict(one, flat2, stats.compare_seeds("step_variation", one, flat2, [1, 2, 3])) \
         .startswith("only half: one layer stays flat")
     assert study_claims.step_verdict([None, 1e-8], two, more) == "no step variation recorded for one layer"
+    single = stats.compare_seeds("step_variation", [5e-8], [0.84], [1])  # one seed: no test
+    assert study_claims.step_verdict([5e-8], [0.84], single) == \
+        "one layer below 1e-05 and two layers varying in every run; no test below 2 seeds"
 
 
 def test_study_ordering_claim_holds_only_if_every_link_does():
