@@ -286,15 +286,12 @@ def _claim_additive(c: "_Claims") -> None:
                               trials=10000)[0].comparison
         one = [r.value("step_variation:cross") for r in ag["one"].runs]
         two = [r.value("step_variation:cross") for r in ag["two"].runs]
-        p = _p(sv.p_adj if sv.p_adj is not None else sv.p)
-        sv_words = (f"{sv.diff:+.3g} (n={len(sv.seeds)}, no interval)" if math.isnan(sv.low) else
-                    f"{sv.diff:+.3g} [{sv.low:+.3g}, {sv.high:+.3g}], p{p if p.startswith('<') else '=' + p}")
         verdict = step_verdict(one, two, sv)
         row(claim, paper, "cross-attention step variation (max change of a head's attention over the source "
             f"across decoder steps): one layer {_ci(ag['one'], 'step_variation:cross', '{:.3g}')}, two layers "
             f"{_ci(ag['two'], 'step_variation:cross', '{:.3g}')}; BLEU: one layer {_ci(ag['one'], 'test/bleu')}, "
             f"two layers {_ci(ag['two'], 'test/bleu')}",
-            f"two - one layer: step variation {sv_words}; BLEU {_diff(bleu)}",
+            f"two - one layer: step variation {_diff(sv, '{:+.3g}', 'p')}; BLEU {_diff(bleu)}",
             under_way(verdict + "; BLEU: " + ("two layers better" if bleu.direction() > 0 else "one layer better"
                                               if bleu.direction() < 0 else "no significant difference"
                                               if bleu.testable else "no test below 2 seeds"),

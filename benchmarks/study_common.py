@@ -44,12 +44,13 @@ def _ci(group: Group | None, name: str, fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(m)} ± {fmt.format(half)} (n={n})" if n > 1 else f"{fmt.format(m)} (n=1)"
 
 
-def _diff(row) -> str:
+def _diff(row, fmt: str = "{:+.2f}", p_label: str = "p(Holm)") -> str:
     c = getattr(row, "comparison", row)
     if math.isnan(c.low):
-        return f"{c.diff:+.2f} (n={len(c.seeds)}, no interval)"
+        return f"{fmt.format(c.diff)} (n={len(c.seeds)}, no interval)"
     p = _p(c.p_adj if c.p_adj is not None else c.p)
-    return f"{c.diff:+.2f} [{c.low:+.2f}, {c.high:+.2f}], p(Holm){p if p.startswith('<') else '=' + p}"
+    return (f"{fmt.format(c.diff)} [{fmt.format(c.low)}, {fmt.format(c.high)}], "
+            f"{p_label}{p if p.startswith('<') else '=' + p}")
 
 
 def _p(p: float) -> str:
