@@ -432,17 +432,32 @@ def main() -> None:
 
 
 def _joblib_workers() -> list[int]:
-    """The process ids of this process's joblib (loky) worker processes (Linux's /proc; none elsewhere)."""
+    """The process ids of this process's joblib (loky) worker processes: the children Linux's
+    /proc names as loky workers, and, on every platform (macOS, Windows: no /proc), the workers
+    of the executor joblib's loky backend reuses."""
+    found = set(_loky_executor_workers())
     me = str(os.getpid())
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for stat in Path("/proc").glob("[0-9]*/stat"):  # none where there is no /proc
         try:
             ppid = stat.read_text().rsplit(")", 1)[1].split()[1]
             if ppid == me and b"popen_loky_posix" in (stat.parent / "cmdline").read_bytes():
-                found.append(int(stat.parent.name))
+                found.add(int(stat.parent.name))
         except (OSError, IndexError, ValueError):  # a process that ended meanwhile
             continue
-    return found
+    return sorted(found)
+
+
+def _loky_executor_workers() -> list[int]:
+    """The live worker processes of joblib's reusable loky executor, if this process started one."""
+    module = sys.modules.get("joblib.externals.loky.reusable_executor")  # never imported here for it
+    executor = getattr(module, "_executor", None)
+    processes = getattr(executor, "_processes", None)
+    if not isinstance(processes, dict):
+        return []
+    try:
+        return [proc.pid for proc in list(processes.values()) if proc.is_alive()]
+    except (AttributeError, OSError, ValueError):  # a loky whose insides differ, or a closed process
+        return []
 
 
 def _let_sweep_jobs_save(wait_s: float = 120.0) -> None:

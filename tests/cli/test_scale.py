@@ -333,6 +333,26 @@ def test_a_stopped_joblib_sweep_saves_every_job_and_says_how_to_continue_in_one_
     assert_group_gone(proc.pid)
 
 
+def test_the_sweep_finds_its_joblib_workers_without_proc_too(monkeypatch):
+    # a stop signal to a joblib sweep's own process reaches its workers only if it can name them: Linux's
+    # /proc lists them, and where there is no /proc (macOS, Windows) joblib's loky executor does; both
+    # must name the same live worker processes of this one
+    from joblib import Parallel, delayed
+    from joblib.externals.loky import get_reusable_executor
+
+    from nas_cli.commands import nas_run as entry
+
+    with Parallel(n_jobs=2, backend="loky") as parallel:
+        pids = set(parallel(delayed(os.getpid)() for _ in range(8)))
+        from_proc = set(entry._joblib_workers())
+        from_loky = set(entry._loky_executor_workers())
+        assert from_loky == from_proc and pids <= from_loky and len(from_loky) == 2
+        monkeypatch.setattr(entry, "Path", lambda *a: Path("/nonexistent-proc"))  # a system without /proc
+        assert set(entry._joblib_workers()) == from_loky
+    get_reusable_executor().shutdown(wait=True)
+    assert entry._loky_executor_workers() == []
+
+
 def test_a_stop_mark_left_by_a_killed_sweep_process_does_not_skip_the_next_launch(tmp_path):
     # a sweep process killed (SIGKILL) while its jobs saved leaves the mark that keeps new jobs from starting
     sweep = tmp_path / "sweep"
