@@ -28,8 +28,9 @@ def claims_section(mt_root, lm_root, additive_root=None, heads_root=None, hf_roo
              f"sweeps compare with UNAS (up to {len(family)}: {', '.join(family)}; one with fewer than 2 seeds, or "
              "whose metric is undefined, has no test and is not counted): a sweep added to them grows this family, "
              "so an adjusted p can rise. The links of an ordering, Sinkhorn against "
-             "DNAS, one against two additive layers and DNAS against UNAS on WikiText-2 are single paired tests, "
-             "marked p, not p(Holm) (an ordering holds only if every link does: no correction is needed). A claim *holds* only where that comparison is significant in the "
+             "DNAS, one against two additive layers and DNAS against UNAS on WikiText-2 (both decoders) are single "
+             "paired tests, marked p, not p(Holm) (an ordering holds only if every link does: no correction is "
+             "needed). A claim *holds* only where that comparison is significant in the "
              "claimed direction (for an ordering: every link; for 'no better': where it is not significantly "
              "better); with fewer than 2 seeds there is no verdict.", "",
              "| claim (paper, quoted) | paper's number | nas-run here | difference | holds here? |",
@@ -209,7 +210,7 @@ def _claim_sinkhorn(c: "_Claims") -> None:
         missing(claim, paper)
     else:
         row(claim, paper, f"BLEU: DNAS {_ci(g['dnas'], 'test/bleu')}, Sinkhorn-3 {_ci(g['sinkhorn'], 'test/bleu')}",
-            f"Sinkhorn-3 - DNAS: {_diff(c, p_label='p')}",
+            f"Sinkhorn-3 - DNAS: {_diff(c, holm=False)}",
             under_way((f"holds: not significantly better (n={c.n}); the interval leaves room for a gain up to "
                        f"{c.high:+.2f} BLEU" if c.direction() <= 0 else "no: Sinkhorn-3 better here")
                       + " (training speed is not compared: two jobs shared the CPU)",
@@ -291,7 +292,7 @@ def _claim_additive(c: "_Claims") -> None:
             f"across decoder steps): one layer {_ci(ag['one'], 'step_variation:cross', '{:.3g}')}, two layers "
             f"{_ci(ag['two'], 'step_variation:cross', '{:.3g}')}; BLEU: one layer {_ci(ag['one'], 'test/bleu')}, "
             f"two layers {_ci(ag['two'], 'test/bleu')}",
-            f"two - one layer: step variation {_diff(sv, '{:+.3g}', 'p')}; BLEU {_diff(bleu, p_label='p')}",
+            f"two - one layer: step variation {_diff(sv, '{:+.3g}', holm=False)}; BLEU {_diff(bleu, holm=False)}",
             under_way(verdict + "; BLEU: " + ("two layers better" if bleu.direction() > 0 else "one layer better"
                                               if bleu.direction() < 0 else "no significant difference"
                                               if bleu.testable else "no test below 2 seeds"),
@@ -333,7 +334,7 @@ def _claim_causal_lm(c: "_Claims") -> None:
             f"DNAS {_ci(lg['dnas'], 'test/ppl')}"
             + (f"; smallest log mass over the -log Sk floor: UNAS {_ci(lg['unas'], 'min_margin')}, DNAS "
                f"{_ci(lg['dnas'], 'min_margin')}" if m else ""),
-            _diff(r, p_label="p") + (f"; floor margin {_diff(m, p_label='p')}" if m else ""), v)
+            _diff(r, holm=False) + (f"; floor margin {_diff(m, holm=False)}" if m else ""), v)
 
 
 def _claim_llama_lm(c: "_Claims") -> None:
@@ -353,7 +354,7 @@ def _claim_llama_lm(c: "_Claims") -> None:
     c.row(claim, paper, f"WikiText-2 test ppl: UNAS {_ci(g.get('unas'), 'test/ppl')}, DNAS {_ci(g['dnas'], 'test/ppl')}"
           + (f"; smallest log mass over the -log Sk floor: UNAS {_ci(g.get('unas'), 'min_margin')}, DNAS "
              f"{_ci(g['dnas'], 'min_margin')}" if m else ""),
-          _diff(r, p_label="p") + (f"; floor margin {_diff(m, p_label='p')}" if m else ""), v)
+          _diff(r, holm=False) + (f"; floor margin {_diff(m, holm=False)}" if m else ""), v)
 
 
 #: the claims table, row by row

@@ -44,13 +44,16 @@ def _ci(group: Group | None, name: str, fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(m)} ± {fmt.format(half)} (n={n})" if n > 1 else f"{fmt.format(m)} (n=1)"
 
 
-def _diff(row, fmt: str = "{:+.2f}", p_label: str = "p(Holm)") -> str:
+def _diff(row, fmt: str = "{:+.2f}", holm: bool = True) -> str:
+    """A paired difference with its interval and p: Holm-adjusted over the schemes compared with
+    UNAS (``p(Holm)``), or, for a single paired test (``holm=False``), its own ``p``."""
     c = getattr(row, "comparison", row)
     if math.isnan(c.low):
         return f"{fmt.format(c.diff)} (n={len(c.seeds)}, no interval)"
-    p = _p(c.p_adj if c.p_adj is not None else c.p)
+    adjusted = holm and c.p_adj is not None
+    p = _p(c.p_adj if adjusted else c.p)
     return (f"{fmt.format(c.diff)} [{fmt.format(c.low)}, {fmt.format(c.high)}], "
-            f"{p_label}{p if p.startswith('<') else '=' + p}")
+            f"{'p(Holm)' if adjusted else 'p'}{p if p.startswith('<') else '=' + p}")
 
 
 def _p(p: float) -> str:
