@@ -43,7 +43,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 #: module-scoped fixtures that train a sweep (tests/report/): the tests that use one run on one xdist worker
 #: (pyproject's --dist loadgroup), so that it is built once per test run, not once per worker
-SHARED_SWEEPS = {"compare_sweep", "sweep", "seed_sweep", "report"}
+SHARED_SWEEPS = {"compare_sweep", "sweep", "seed_sweep", "report", "readme_sweep"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups

@@ -183,8 +183,13 @@ def _checkpoints(args, run_dir: Path) -> list[Path]:
 def _set_decoding(task, beam: int | None, lenpen: float | None) -> None:
     if beam is None and lenpen is None:
         return
-    if task.decoding is None:
-        raise UserError(f"task '{task.name}' has no beam search (--beam/--lenpen apply to translation tasks)")
+    if task.kind != "seq2seq":
+        raise UserError(f"task '{task.name}' is a language model: --beam/--lenpen apply to tasks that decode "
+                        "with the encoder-decoder (translation, the synthetic seq2seq tasks)")
+    if beam is not None and beam < 1:
+        raise UserError(f"--beam {beam}: the beam size must be at least 1 (1 = greedy)")
+    if task.decoding is None:  # a greedy-decoding task (reverse, sort, ...): the same search, wider
+        task.decoding = {"beam": 1, "lenpen": 1.0}
     if beam is not None:
         task.decoding["beam"] = task.valid_beam = beam
     if lenpen is not None:

@@ -30,16 +30,25 @@ def _parser() -> argparse.ArgumentParser:
                         "config keys (attention.u_init); 'run' = one row per run. Default: runs that differ only by seed share a row")
     p.add_argument("--title", default="nas-report", help="title of the table and the HTML page")
     p.add_argument("--baseline", metavar="SELECTOR",
-                   help="compare every other group with this one (field=value[,...], e.g. scheme=unas or "
-                        "placement.encoder=unas,heads=4): the verdict over seeds (paired t-test on each run's "
-                        "number, 95%% CI, Holm-adjusted; none below 2 seeds), and each paired seed's two runs "
-                        "compared on the test items as supporting detail")
+                   help="compare every other group with the baseline (field=value[,...], e.g. scheme=unas or "
+                        "placement.encoder=unas,heads=4); a selector that matches several groups (scheme=unas on a "
+                        "grid over heads) compares each group with the baseline at the same values of every other "
+                        "field (dnas h8 against unas h8), as seed=auto does: the verdict over seeds (paired t-test "
+                        "on each run's number, 95%% CI, Holm-adjusted; none below 2 seeds), and each paired seed's "
+                        "two runs compared on the test items as supporting detail")
     p.add_argument("--metrics", metavar="NAMES", help="comma-separated metrics to compare/show: test metrics (bleu, "
                                                        "chrf, exact_match, ppl, rouge1, rouge2, rougeL, or any test "
                                                        "metric a task reports) and attention diagnostics (jsd, "
                                                        "explained_away, min_margin, entropy, step_variation, also as "
                                                        "jsd:encoder); every verdict is a paired t-test over seeds")
-    p.add_argument("--format", default="rich", metavar="FMT", help="rich (default), markdown, latex, csv or json")
+    p.add_argument("--format", default="rich", metavar="FMT",
+                   help="rich (default), markdown, latex, json (everything), or csv (one tidy table: the comparison "
+                        "with --baseline, else the runs; --table picks another)")
+    p.add_argument("--table", metavar="NAME", help="the table --format csv writes: runs, comparison, test_set, "
+                                                   "sequential or unfinished")
+    p.add_argument("--out", metavar="DIR", help="also write every table as its own tidy CSV file, DIR/<table>.csv "
+                                                "(numbers in numeric columns: mean, ci_low, ci_high, sd, n; "
+                                                "difference, p, p_holm, direction)")
     p.add_argument("--pivot", metavar="FIELD", help="spread the values of FIELD (scheme, heads, task) into columns, "
                                                      "one table cell per metric: mean ± CI (†: differs from the "
                                                      "baseline, p < 0.05 after Holm)")
@@ -75,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.format not in FORMATS:
             raise _Fail(f"--format {args.format}: unknown; use one of {', '.join(FORMATS)}")
+        _check_tables(args)
         runs, groups, by = _load(args)
         metrics, verdicts, marked, compared = _compare(args, groups)
         sections = [*_runs_section(args, runs, groups, by, metrics, verdicts, marked),
@@ -82,9 +92,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     *_unfinished_section(runs)]
     except (_Fail, BadField, CompareError, UserError, FileNotFoundError) as err:
         return _fail(str(err))
-    notes = _notes(groups, compared)
+    notes = _notes(groups, compared, verdicts[2] if verdicts else None)
     console = Console() if sys.stdout.isatty() else Console(width=200)
-    _print(args, sections, notes, console, groups, by, verdicts)
+    try:
+        table = _csv_table(args, sections) if args.format == "csv" else None
+        written = _write_out(args.out, sections) if args.out else []
+    except (_Fail, OSError) as err:
+        return _fail(str(err) if isinstance(err, _Fail) else f"cannot write --out {args.out}: {err.strerror or err}")
+    _print(args, sections, notes, console, groups, by, verdicts, table)
+    if written:
+        (console.print if args.format == "rich" else lambda m: print(m, file=sys.stderr))(
+            f"CSV tables: {', '.join(written)}")
     if args.html:
         from ..report.compare import ITEM_NOTE, item_table
         from ..report.html import write_html
@@ -116,7 +134,7 @@ def _compare(args, groups):
     """The metrics asked for and, with --baseline, every group against it: (metrics, (verdict
     table, method note, baseline) or None, {(group, metric): significant}, the comparison rows)."""
     from ..report.compare import (CompareError, compare_groups, method_note, metrics_for, parse_detect,
-                                  select_baseline, verdict_table)
+                                  select_baselines, verdict_table)
 
     wanted = _wanted(args)
     metrics = metrics_for(groups, wanted) if (args.baseline or wanted) else []
@@ -124,7 +142,7 @@ def _compare(args, groups):
         raise CompareError("--detect plans seeds for a comparison: add --baseline, e.g. --baseline scheme=unas")
     if not args.baseline:
         return metrics, None, {}, []
-    baseline = select_baseline(groups, args.baseline)
+    baseline = select_baselines(groups, args.baseline)
     detect = parse_detect(args.detect, metrics)
     compared = compare_groups(groups, baseline, metrics, samples=max(10, args.samples),
                               trials=10 * max(10, args.samples), item_tests=not args.no_item_tests, detect=detect)
@@ -212,15 +230,64 @@ def _unfinished_section(runs) -> list[tuple]:
     return [("unfinished", title, head, rows, "", [dict(zip(head, r)) for r in rows])]
 
 
-def _print(args, sections, notes, console, groups, by, verdicts) -> None:
-    from ..report.formats import csv_sections, json_document, render
+def _check_tables(args) -> None:
+    from ..report.formats import TABLES
+
+    if args.table is not None:
+        if args.format != "csv":
+            raise _Fail(f"--table {args.table}: picks the table of --format csv; add --format csv "
+                        "(or use --out DIR for every table)")
+        if args.table not in TABLES:
+            raise _Fail(f"--table {args.table}: unknown; use one of {', '.join(TABLES)}")
+        if args.table in ("comparison", "test_set") and not args.baseline:
+            raise _Fail(f"--table {args.table}: needs a comparison; add --baseline, e.g. --baseline scheme=unas")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise _Fail(f"--out {args.out}: is a file, not a folder; give a folder for the CSV tables")
+
+
+def _csv_table(args, sections) -> str:
+    """--format csv: one table as tidy CSV (the comparison with --baseline, else the runs; --table)."""
+    from ..report.formats import csv_text, tidy
+
+    want = args.table or ("comparison" if args.baseline else "runs")
+    found = [s for s in sections if s[0] == want]
+    if not found:
+        why = {"test_set": "no run has per-item test outputs (test_items.json)",
+               "sequential": "no seed=auto sweep among the PATHs", "unfinished": "every run finished"}.get(want, "")
+        raise _Fail(f"--table {want}: there is no such table here ({why}); use --table runs")
+    key, _, head, rows, _, records = found[0]
+    return csv_text(tidy(key, head, rows, records))
+
+
+def _write_out(folder: str, sections) -> list[str]:
+    """--out DIR: each table as DIR/<table>.csv (a second sequential sweep: sequential-2.csv), each
+    file written whole or not at all."""
+    import os
+
+    from ..report.formats import csv_text, tidy
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    written, seen = [], {}
+    for key, _, head, rows, _, records in sections:
+        seen[key] = seen.get(key, 0) + 1
+        path = out / (f"{key}.csv" if seen[key] == 1 else f"{key}-{seen[key]}.csv")
+        tmp = path.with_name(f".{path.name}.partial")
+        tmp.write_text(csv_text(tidy(key, head, rows, records)))
+        os.replace(tmp, path)
+        written.append(str(path))
+    return written
+
+
+def _print(args, sections, notes, console, groups, by, verdicts, table=None) -> None:
+    from ..report.formats import json_document, render
     from ..report.table import rich_table
 
     if args.format == "json":
         sys.stdout.write(json_document(args.title, sections, notes, verdicts[2].label if verdicts else None))
         return
     if args.format == "csv":
-        sys.stdout.write(csv_sections(sections))
+        sys.stdout.write(table)
         return
     for key, title, head, rows, caption, _ in sections:
         if args.format != "rich":
@@ -236,9 +303,17 @@ def _print(args, sections, notes, console, groups, by, verdicts) -> None:
             sys.stdout.write(f"note: {line}\n")
 
 
-def _notes(groups, compared) -> list[str]:
-    """One line each: replicates counted once, runs without per-item outputs."""
+def _notes(groups, compared, baseline=None) -> list[str]:
+    """One line each: systems without a baseline at their settings, verdicts that lean on the
+    t-test's assumption, replicates counted once, runs without per-item outputs."""
     out = []
+    if baseline is not None and baseline.unmatched:
+        out.append(f"no baseline at the same {', '.join(baseline.matched_on)} for "
+                   f"{'; '.join(g.label for g in baseline.unmatched)}: not compared")
+    if compared:
+        from ..report.compare import cautions
+
+        out += cautions(compared)
     repeats = [pair for g in groups for pair in g.repeats]
     if repeats:
         listed = "; ".join(f"{dup.path} repeats {kept.path}" for dup, kept in repeats[:3])
@@ -256,7 +331,7 @@ def _notes(groups, compared) -> list[str]:
 
 
 def _mark(head, rows, groups, marked, baseline):
-    """† after the metric cells that differ significantly from the baseline; the baseline's row says so."""
+    """† after the metric cells that differ significantly from the baseline; the baselines' rows say so."""
     from ..report.compare import metric_title
 
     out = []
@@ -265,7 +340,7 @@ def _mark(head, rows, groups, marked, baseline):
         for (gid, metric), sig in marked.items():
             if gid == id(g) and sig and metric_title(metric) in head:
                 row[head.index(metric_title(metric))] += " †"
-        if baseline is not None and g is baseline and "scheme" in head:
+        if baseline is not None and any(g is b for b in baseline.groups) and "scheme" in head:
             row[head.index("scheme")] += " (baseline)"
         out.append(row)
     return out

@@ -385,7 +385,10 @@ def main() -> None:
         os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), srun_hint]))
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("WANDB_DISABLE_GIT", "true")
-    for name in ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda", "lightning.fabric"):
+    # ... and alembic's "setup plugin alembic.autogenerate.*" lines, logged at INFO when Hydra's plugin scan
+    # imports optuna's sweeper (optuna imports alembic) under Hydra's INFO root logger
+    for name in ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda", "lightning.fabric",
+                 "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
     register_resolvers()
     try:

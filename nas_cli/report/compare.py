@@ -71,18 +71,83 @@ def _matches(group: Group, selector: dict[str, str]) -> bool:
     return all(all(str(field_value(r, k)) == v for r in group.runs) for k, v in selector.items())
 
 
-def select_baseline(groups: Sequence[Group], text: str) -> Group:
+@dataclass
+class Baselines:
+    """What ``--baseline SELECTOR`` chose: each system group with its baseline group. A selector
+    that matches one group: every other group against it. One that matches several (``scheme=unas``
+    on a grid over heads): each group against the baseline at the same values of every field on
+    which the baselines differ (``matched_on``, e.g. model.heads), which is the pairing of
+    ``seed=auto`` (nas_cli.sequential_design.pair_up)."""
+
+    pairs: list[tuple[Group, Group]]  # (system, its baseline)
+    groups: list[Group]  # the baseline groups
+    matched_on: list[str]
+    unmatched: list[Group]  # systems with no baseline at their values of matched_on
+
+    @property
+    def label(self) -> str:
+        if len(self.groups) == 1:
+            return self.groups[0].label
+        return f"{' / '.join(g.label for g in self.groups)} (each at the same {', '.join(self.matched_on)})"
+
+
+def coordinates(group: Group) -> dict[str, str]:
+    """The values that place a group in a grid: the run fields, its --group-by fields and, for the
+    default grouping, every config key of its setup."""
+    run = group.runs[0]
+    out = {"task": run.task, "scheme": run.scheme, "heads": run.heads,
+           **{f"placement.{k}": v for k, v in run.placement.items()}, **group.fields}
+    if group.key and group.key[0] == "config":
+        out.update(dict(group.key[2]))
+    return {k: repr(v) for k, v in out.items()}
+
+
+def select_baselines(groups: Sequence[Group], text: str) -> Baselines:
+    """The baseline group(s) of ``text`` and each other group's own (see :class:`Baselines`)."""
     selector = parse_selector(text)
     found = [g for g in groups if _matches(g, selector)]
     if len(found) > 1 and "variant" not in selector:  # the trained runs, not their nas-eval results
         found = [g for g in found if all(r.variant is None for r in g.runs)] or found
-    if len(found) == 1:
-        return found[0]
-    labels = "; ".join(g.label for g in groups)
     if not found:
+        labels = "; ".join(g.label for g in groups)
         raise CompareError(f"--baseline {text}: no group matches; the groups are: {labels}")
-    raise CompareError(f"--baseline {text}: {len(found)} groups match ({'; '.join(g.label for g in found)}); "
-                       "add fields to the selector, e.g. scheme=unas,heads=4")
+    others = [g for g in groups if all(g is not b for b in found)]
+    if len(found) == 1:
+        return Baselines([(g, found[0]) for g in others], found, [], [])
+    coords = {id(g): coordinates(g) for g in groups}
+    keys = [*dict.fromkeys(k for b in found for k in coords[id(b)] if k not in selector)]
+    varying, partitions = [], set()
+    for k in keys:  # run fields first: 'heads', not also the config key 'model.heads' that says the same
+        values = [coords[id(b)].get(k) for b in found]
+        partition = tuple(values.index(v) for v in values)
+        if len(set(values)) > 1 and partition not in partitions:
+            varying.append(k)
+            partitions.add(partition)
+    index: dict[tuple, Group] = {}
+    for b in found:
+        key = tuple(coords[id(b)].get(k) for k in varying)
+        if key in index:
+            raise CompareError(f"--baseline {text}: {index[key].label} and {b.label} match it with the same "
+                               "settings; add fields to the selector (e.g. scheme=unas,model=tiny) or --group-by")
+        index[key] = b
+    pairs, unmatched = [], []
+    for g in others:
+        b = index.get(tuple(coords[id(g)].get(k) for k in varying))
+        (pairs.append((g, b)) if b is not None else unmatched.append(g))
+    if not pairs:
+        raise CompareError(f"--baseline {text}: no other group shares a baseline's {', '.join(varying)}; the "
+                           f"baselines are {'; '.join(b.label for b in found)}")
+    return Baselines(pairs, found, varying, unmatched)
+
+
+def select_baseline(groups: Sequence[Group], text: str) -> Group:
+    """The one group ``text`` selects (refused, naming them, when it selects several)."""
+    chosen = select_baselines(groups, text)
+    if len(chosen.groups) > 1:
+        raise CompareError(f"--baseline {text}: {len(chosen.groups)} groups match "
+                           f"({'; '.join(g.label for g in chosen.groups)}); add fields to the selector, "
+                           "e.g. scheme=unas,heads=4")
+    return chosen.groups[0]
 
 
 def load_items(run: Run) -> dict | None:
@@ -127,6 +192,7 @@ class Row:
     group: Group
     comparison: stats.Comparison
     higher_is_better: bool | None  # None: a number with no better direction (the diagnostics)
+    baseline: Group | None = None  # the group it is compared with
 
 
 def parse_detect(text: str | None, metrics: Sequence[str]) -> dict[str, float]:
@@ -153,36 +219,37 @@ def parse_detect(text: str | None, metrics: Sequence[str]) -> dict[str, float]:
     return out
 
 
-def compare_groups(groups: Sequence[Group], baseline: Group, metrics: Sequence[str],
+def compare_groups(groups: Sequence[Group], baseline: Group | Baselines, metrics: Sequence[str],
                    samples: int = stats.BOOTSTRAP_SAMPLES, trials: int = stats.AR_TRIALS,
                    item_tests: bool = True, detect: dict[str, float] | None = None) -> list[Row]:
     """Every other group against ``baseline``, per metric (in the order asked for): the verdict
     over seeds (:func:`~nas_cli.report.stats.compare_seeds`, paired by seed; Welch's t when the
     groups share fewer than 2 seeds), Holm-adjusted over the groups; and, for the test metrics
     with per-item outputs, each paired seed's two runs compared on the test items (question b)."""
-    others = [g for g in groups if g is not baseline]
-    if not others:
+    if isinstance(baseline, Group):
+        baseline = Baselines([(g, baseline) for g in groups if g is not baseline], [baseline], [], [])
+    if not baseline.pairs:
         raise CompareError("--baseline: there is no other group to compare with it")
-    involved = [r for g in [baseline, *others] for r in g.runs]
+    involved = [r for g in {id(g): g for pair in baseline.pairs for g in pair}.values() for r in g.runs]
     item_metrics = [m for m in metrics if m in stats.METRICS] if item_tests else []
     items = _checked_items(involved, item_metrics) if item_metrics else {}
     cache: dict[tuple[int, str], object] = {}
     rows: list[Row] = []
     for m in metrics:
         found = []
-        for g in others:
-            why = _undefined(m, g.runs) or _undefined(m, baseline.runs)
+        for g, base in baseline.pairs:
+            why = _undefined(m, g.runs) or _undefined(m, base.runs)
             if why:  # no value by design (a linear kernel's signed weights have no JSD): said, not refused
                 nan = math.nan
-                c = stats.Comparison(m, [], nan, nan, nan, nan, nan, nan, "none", n_base=baseline.n, n_sys=g.n,
+                c = stats.Comparison(m, [], nan, nan, nan, nan, nan, nan, "none", n_base=base.n, n_sys=g.n,
                                      undefined=why)
-                found.append(Row(g, c, higher_is_better(m)))
+                found.append(Row(g, c, higher_is_better(m), base))
                 continue
-            c = _over_seeds(m, baseline, g)
+            c = _over_seeds(m, base, g)
             c.detect = (detect or {}).get(m)
             if m in item_metrics:
-                c.items = _item_level(m, _pairs(baseline, g), items, cache, samples, trials)
-            found.append(Row(g, c, higher_is_better(m)))
+                c.items = _item_level(m, _pairs(base, g), items, cache, samples, trials)
+            found.append(Row(g, c, higher_is_better(m), base))
         rows.extend(_holm(found))
     return rows
 
@@ -298,20 +365,31 @@ def _seeds(c: stats.Comparison) -> str:
     return f"unpaired: {c.n_sys} vs {c.n_base}"
 
 
-def verdict_table(rows: Sequence[Row], baseline: Group) -> tuple[list[str], list[list[str]]]:
-    """Question (a), one row per system and metric: the verdict over seeds."""
+def _several(rows: Sequence[Row]) -> bool:
+    """Rows against more than one baseline group (a selector that matched several): a column names it."""
+    return len({id(r.baseline) for r in rows}) > 1
+
+
+def _system(r: Row, several: bool) -> list[str]:
+    return [r.group.label] + ([r.baseline.label] if several else [])
+
+
+def verdict_table(rows: Sequence[Row], baseline: Group | Baselines | None = None) -> tuple[list[str], list[list[str]]]:
+    """Question (a), one row per system and metric: the verdict over seeds (with the baseline
+    group's label beside the system where the systems have different baselines)."""
     planning = any(r.comparison.detect for r in rows)
-    head = ["system", "metric", "seeds", "baseline", "system mean", "difference [95% CI]", "p", "p (Holm)",
-            "verdict", "detectable (80%)"] + (["seeds for ±detect"] if planning else [])
+    several = _several(rows)
+    head = ["system", *(["against"] if several else []), "metric", "seeds", "baseline", "system mean",
+            "difference [95% CI]", "p", "p (Holm)", "verdict", "detectable (80%)"] + (["seeds for ±detect"] if planning else [])
     out = []
     for r in rows:
         c = r.comparison
         if c.undefined:  # no numbers by design: the verdict column says why
-            out.append([r.group.label, metric_name(c.metric), *["-"] * 6, c.verdict(r.higher_is_better), "-"]
+            out.append([*_system(r, several), metric_name(c.metric), *["-"] * 6, c.verdict(r.higher_is_better), "-"]
                        + (["-"] if planning else []))
             continue
         det = c.detectable()
-        row = [r.group.label, metric_name(c.metric), _seeds(c), _num(c.base_mean), _num(c.sys_mean),
+        row = [*_system(r, several), metric_name(c.metric), _seeds(c), _num(c.base_mean), _num(c.sys_mean),
                f"{c.diff:+.3g} " + _ci(c.low, c.high), "-" if math.isnan(c.p) else stats._p(c.p),
                stats._p(c.p_adj) if c.p_adj is not None and not math.isnan(c.p_adj) else "-",
                c.verdict(r.higher_is_better), "-" if math.isnan(det) else f"±{det:.3g}"]
@@ -328,29 +406,48 @@ def verdict_records(rows: Sequence[Row]) -> list[dict]:
     for r in rows:
         c = r.comparison
         need = c.needed()
-        out.append({"system": r.group.label, "metric": metric_name(c.metric), "paired": c.paired,
+        out.append({"system": r.group.label, "baseline_group": r.baseline.label if r.baseline else None,
+                    "metric": metric_name(c.metric), "paired": c.paired,
                     "seeds": c.seeds, "n_baseline": c.n_base, "n_system": c.n_sys,
                     "baseline_mean": _nan(c.base_mean), "system_mean": _nan(c.sys_mean), "difference": _nan(c.diff),
                     "ci_low": _nan(c.low), "ci_high": _nan(c.high), "p": _nan(c.p),
                     "p_holm": _nan(c.p_adj if c.p_adj is not None else math.nan),
                     "direction": c.direction(), "verdict": c.verdict(r.higher_is_better), "test": c.test,
-                    "detectable_80": _nan(c.detectable()), "detect": c.detect, "seeds_for_detect": need})
+                    "detectable_80": _nan(c.detectable()), "detect": c.detect, "seeds_for_detect": need,
+                    "outlier_seed": c.outlier["seed"] if c.outlier else None,
+                    "outlier_p": c.outlier["p"] if c.outlier else None,
+                    "p_without_outlier": c.without_outlier[1] if c.without_outlier else None,
+                    "p_signflip": c.signflip_p})
+    return out
+
+
+def cautions(rows: Sequence[Row]) -> list[str]:
+    """One line per comparison whose verdict leans on the t-test's assumption (an outlying seed;
+    from 6 seeds, an exact sign-flip p on the other side of 0.05): see nas_cli.report.robust."""
+    out = []
+    for r in rows:
+        for line in r.comparison.cautions():
+            against = f" vs {r.baseline.label}" if r.baseline is not None else ""
+            out.append(f"{metric_name(r.comparison.metric)}, {r.group.label}{against}: {line}")
     return out
 
 
 def item_table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     """Question (b), one row per system, metric and paired seed: the two runs on the test items."""
-    head = ["system", "metric", "seed", "baseline", "system", "difference [95% CI, items]", "p (items)", "test"]
+    several = _several(rows)
+    head = ["system", *(["against"] if several else []), "metric", "seed", "baseline", "system",
+            "difference [95% CI, items]", "p (items)", "test"]
     out = []
     for r in rows:
         for it in r.comparison.items:
-            out.append([r.group.label, metric_name(it.metric), str(it.seed), _num(it.base), _num(it.system),
+            out.append([*_system(r, several), metric_name(it.metric), str(it.seed), _num(it.base), _num(it.system),
                         f"{it.diff:+.3g} " + _ci(it.low, it.high), stats._p(it.p), it.test])
     return head, out
 
 
 def item_records(rows: Sequence[Row]) -> list[dict]:
-    return [{"system": r.group.label, "metric": metric_name(it.metric), "seed": it.seed, "baseline": it.base,
+    return [{"system": r.group.label, "baseline_group": r.baseline.label if r.baseline else None,
+             "metric": metric_name(it.metric), "seed": it.seed, "baseline": it.base,
              "system_score": it.system, "difference": it.diff, "ci_low": it.low, "ci_high": it.high, "p": it.p,
              "test": it.test, "differing_items": it.differing}
             for r in rows for it in r.comparison.items]

@@ -1,5 +1,5 @@
-"""One table, five ways out: rich (terminal), markdown, LaTeX (booktabs), CSV, JSON; and the
-paper-style pivot (rows = groups' other fields, columns = the values of one field)."""
+"""One table, five ways out: rich (terminal), markdown, LaTeX (booktabs), CSV (one tidy table per
+file), JSON; and the paper-style pivot (rows = groups' other fields, columns = the values of one field)."""
 from __future__ import annotations
 
 import csv
@@ -66,27 +66,42 @@ def pivot(head: Sequence[str], rows: Sequence[Sequence[str]], field: str, values
     return new_head, [[*k, *(cells.get(c, "-") for c in columns)] for k, cells in table.items()]
 
 
-def csv_sections(sections) -> str:
-    """Every table as CSV, one after another: a ``# <key>: <title>`` line, the header and rows,
-    then a blank line. The comparison tables carry numbers as numbers (differences, interval
-    ends, p, Holm p) besides the verdict; the runs table is the table as shown."""
+#: the tables nas-report can write as CSV (``--table``), in the order --out writes them
+TABLES = ("runs", "comparison", "test_set", "sequential", "unfinished")
+
+
+def tidy(key: str, head: Sequence[str], rows: Sequence[Sequence[str]], records) -> list[dict]:
+    """One table as tidy records, every number in its own column: the runs table one row per
+    group and metric (mean, ci_low, ci_high, sd, n); the comparison and test-set tables one row per
+    system and metric (difference, ci_low, ci_high, p, p_holm, direction, ...); lists as
+    comma-joined text (the seeds)."""
+    if key == "runs":
+        out = []
+        for g in records:
+            ident = {k: v for k, v in g.items() if k not in ("n", "seeds", "runs", "metrics", "repeats")}
+            ident.update(n_runs=g["n"], seeds=g["seeds"])
+            for name, m in g["metrics"].items():
+                out.append({**ident, "metric": name, **m})
+        return [{k: _cell(v) for k, v in r.items()} for r in out]
+    if records and all(isinstance(r, dict) for r in records):
+        return [{k: _cell(v) for k, v in r.items() if not isinstance(v, dict)} for r in records]
+    return [dict(zip(head, r)) for r in rows]
+
+
+def csv_text(records: Sequence[dict]) -> str:
+    """Records as one CSV table: a header of every key (in first-seen order), one row each."""
+    fields: list[str] = []
+    for r in records:
+        fields += [k for k in r if k not in fields]
     buf = io.StringIO()
-    w = csv.writer(buf)
-    for key, title, head, rows, _, records in sections:
-        buf.write(f"# {key}: {title}\n")
-        if key in ("comparison", "test_set") and records:
-            fields = list(records[0])
-            w.writerow(fields)
-            w.writerows([[_csv(r[f]) for f in fields] for r in records])
-        else:
-            w.writerow(head)
-            w.writerows(rows)
-        buf.write("\n")
+    w = csv.DictWriter(buf, fieldnames=fields, restval="", lineterminator="\n")
+    w.writeheader()
+    w.writerows(records)
     return buf.getvalue()
 
 
-def _csv(v):
-    if isinstance(v, list):
+def _cell(v):
+    if isinstance(v, (list, tuple)):
         return ",".join(map(str, v))
     return "" if v is None else v
 
@@ -107,11 +122,18 @@ def json_document(title: str, sections, notes: Sequence[str], baseline: str | No
 
 
 def group_records(groups) -> list[dict]:
-    """Each group's numbers: mean, 95% Student-t interval and n of every metric its runs report."""
+    """Each group's numbers: mean, 95% Student-t interval, sd and n of every number its runs
+    report (the table's numeric columns, a task's own metrics and diagnostic plug-ins included),
+    each with the column title it has in the table."""
+    import numpy as np
+
     from .collect import TEST_METRICS
     from .stats import t_interval
+    from .table import columns
 
-    names = [k for k, _, _ in TEST_METRICS] + ["best_val", "jsd", "explained_away", "parameters", "tokens_per_s"]
+    titles = {c.numeric: c.title for c in columns(groups) if c.numeric}
+    names = [*dict.fromkeys([*titles, *(k for k, _, _ in TEST_METRICS), "best_val", "jsd", "explained_away",
+                             "parameters", "tokens_per_s"])]
     out = []
     for g in groups:
         metrics = {}
@@ -122,10 +144,13 @@ def group_records(groups) -> list[dict]:
                 got = None
             if got is not None:
                 m, low, high, n = got
-                metrics[name] = {"mean": m, "ci_low": None if n < 2 else low, "ci_high": None if n < 2 else high,
-                                 "n": n}
+                vals = [float(v) for v in g.values(name) if np.isfinite(float(v))]
+                metrics[name] = {"title": titles.get(name, name), "mean": m, "ci_low": None if n < 2 else low,
+                                 "ci_high": None if n < 2 else high,
+                                 "sd": float(np.std(vals, ddof=1)) if n > 1 else None, "n": n}
         out.append({"label": g.label, "task": g.common(lambda r: r.task), "scheme": g.common(lambda r: r.scheme),
-                    "heads": g.common(lambda r: r.heads), "n": g.n, "seeds": g.seeds,
+                    "heads": g.common(lambda r: r.heads), **{str(k): v for k, v in g.fields.items()},
+                    "config": " ".join(f"{k}={v}" for k, v in g.distinct.items()), "n": g.n, "seeds": g.seeds,
                     "runs": [str(r.path) for r in g.runs], "metrics": metrics,
                     "repeats": [{"set_aside": str(d.path), "repeats": str(k.path)} for d, k in g.repeats]})
     return out

@@ -161,6 +161,9 @@ class Comparison:
     detect: float | None = None  # a difference the user asked about (--detect)
     items: list = field(default_factory=list)  # question (b): ItemComparison per paired seed
     undefined: str | None = None  # why the metric has no value for these runs by design (then no test)
+    outlier: object | None = None  # paired: the seed whose difference is an outlier (nas_cli.report.robust)
+    without_outlier: tuple | None = None  # (difference, p) of the paired t-test without that seed
+    signflip_p: float | None = None  # paired, from 6 seeds: the exact sign-flip test's p
 
     @property
     def n(self) -> int:
@@ -208,6 +211,21 @@ class Comparison:
         return f"{'better' if (d > 0) == higher_is_better else 'worse'} ({_p(p, 'p')})"
 
 
+    def cautions(self) -> list[str]:
+        """Where the verdict leans on the t-test's assumption (:mod:`nas_cli.report.robust`): an
+        outlying seed, and from 6 seeds an exact sign-flip p on the other side of 0.05."""
+        out = []
+        if self.outlier:
+            o, (diff, p) = self.outlier, self.without_outlier
+            out.append(f"seed {o['seed']}'s difference ({o['difference']:+.3g}) is an outlier among the {self.n} "
+                       f"seeds (leave-one-out t, Bonferroni {_p(o['p'], 'p')}): the verdict rests on it and on the "
+                       f"t-test's normality assumption; without seed {o['seed']}: {diff:+.3g}, {_p(p, 'p')}")
+        if self.signflip_p is not None and (self.signflip_p < ALPHA) != (self.p < ALPHA):
+            out.append(f"the exact sign-flip test over the {self.n} seeds disagrees about significance: "
+                       f"{_p(self.signflip_p, 'p')} against the t-test's {_p(self.p, 'p')}")
+        return out
+
+
 def _p(p: float, name: str = "") -> str:
     """'<0.001', '0.123', or four decimals near 0.05 (0.0497 is not shown as 0.050)."""
     text = "<0.001" if p < 0.001 else f"{p:.4f}" if 0.045 <= p < 0.055 else f"{p:.3f}"
@@ -245,8 +263,32 @@ def compare_seeds(metric: str, base: Sequence[float], system: Sequence[float], s
         with warnings.catch_warnings():  # nearly equal differences: scipy warns of round-off, the p is still right
             warnings.simplefilter("ignore", RuntimeWarning)
             p = float(sps.ttest_rel(s, b).pvalue)
-    return Comparison(metric, list(seeds), float(b.mean()), float(s.mean()), float(d.mean()), low, high, p, test,
-                      n_base=n, n_sys=n, paired=True, se=se, df=df, sd=sd)
+    c = Comparison(metric, list(seeds), float(b.mean()), float(s.mean()), float(d.mean()), low, high, p, test,
+                   n_base=n, n_sys=n, paired=True, se=se, df=df, sd=sd)
+    if n >= 3 and math.isfinite(p):
+        _robustness(c, b, s)
+    return c
+
+
+def _robustness(c: Comparison, b: np.ndarray, s: np.ndarray) -> None:
+    """The checks of :mod:`nas_cli.report.robust` on a paired comparison's differences: an
+    outlying seed (and the test without it), and from 6 seeds the exact sign-flip p."""
+    from scipy import stats as sps
+
+    from . import robust
+
+    d = s - b
+    found = robust.outlier_seed(d)
+    if found is not None:
+        c.outlier = {"seed": c.seeds[found.index], "p": found.p, "t": found.t,
+                     "difference": float(d[found.index])}
+        keep = np.arange(len(d)) != found.index
+        rest = d[keep]
+        p = (float(sps.ttest_rel(s[keep], b[keep]).pvalue) if np.any(rest != rest[0])
+             else (1.0 if rest[0] == 0 else 2.0 ** (1 - len(rest))))
+        c.without_outlier = (float(rest.mean()), p)
+    if len(d) >= robust.SIGNFLIP_MIN_SEEDS:
+        c.signflip_p = robust.signflip_p(d)
 
 
 def compare_unpaired(metric: str, base: Sequence[float], system: Sequence[float], seeds: Sequence = (),

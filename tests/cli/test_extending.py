@@ -141,12 +141,14 @@ def test_a_new_diagnostic_is_one_python_file_and_one_config_entry(tmp_path):
     report = run_command([str(Path(NAS_RUN).with_name("nas-report")), str(run), "--format", "csv"],
                             capture_output=True, text=True, timeout=300, check=False)
     assert report.returncode == 0, report.stderr[-2000:]
-    import csv
+    import io
 
-    lines = [ln for ln in report.stdout.strip().splitlines() if not ln.startswith("# ")]  # table titles
-    header, row = list(csv.reader(lines))[:2]
+    import pandas as pd
+
+    table = pd.read_csv(io.StringIO(report.stdout))  # the runs table, one row per number, its title beside it
+    row = table[table["title"] == "max weight"].iloc[0]
     mean = sum(d["max_weight"] for d in summary["locations"].values()) / len(summary["locations"])
-    assert float(row[header.index("max weight")]) == pytest.approx(mean, abs=1e-3)
+    assert row["metric"] == "diag:max_weight" and row["mean"] == pytest.approx(mean, abs=1e-6)
 
 
 def _guide_command(after: str, program: str) -> list[str]:

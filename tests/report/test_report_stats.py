@@ -1,6 +1,7 @@
 """Issue #19: the statistics behind nas-report's comparisons, checked against independent
 references (scipy, sacreBLEU's own PairedTest, a hand-computed Holm example), and the
 comparison end to end: a real sweep, then ``nas-report --baseline ... --format latex --pivot``."""
+import io
 import json
 import sys
 import math
@@ -275,16 +276,41 @@ def test_report_against_a_baseline_as_latex_markdown_csv_and_json(compare_sweep,
     assert "Across seeds (the verdict)" in page and "On this test set, per trained model" in page
     assert md.returncode == 0 and "| dnas h4 | ppl |" in md.stdout and "BLEU" not in md.stdout.split("**across")[0]
     assert "**on this test set, per trained model" in md.stdout
-    # CSV: every table, the comparison with numbers in their own columns
+    # CSV (issue #46): one tidy table that pandas reads, numbers in numeric columns, equal to the JSON's
+    import pandas as pd
+
     csv_out = report(compare_sweep, "--baseline", "scheme=unas", "--format", "csv", "--metrics", "ppl",
                      "--samples", "100", cwd=tmp_path)
-    import csv
-    import io
-
-    sections = csv_out.stdout.split("\n\n")
-    cmp_rows = list(csv.DictReader(io.StringIO(sections[1].split("\n", 1)[1])))
-    assert sections[1].startswith("# comparison:") and float(cmp_rows[0]["p"]) == pytest.approx(ref.pvalue)
-    assert float(cmp_rows[0]["ci_low"]) == pytest.approx(ref.confidence_interval(0.95)[0])
+    assert csv_out.returncode == 0, csv_out.stderr
+    cmp_csv = pd.read_csv(io.StringIO(csv_out.stdout))
+    assert len(cmp_csv) == 1 and cmp_csv.loc[0, "system"] == "dnas h4" and cmp_csv.loc[0, "metric"] == "ppl"
+    for col in ("difference", "ci_low", "ci_high", "p", "p_holm", "direction", "n_system"):
+        assert pd.api.types.is_numeric_dtype(cmp_csv[col]), col
+        assert cmp_csv.loc[0, col] == pytest.approx(ppl[col] if col != "n_system" else ppl["n_system"]), col
+    assert cmp_csv.loc[0, "p"] == pytest.approx(ref.pvalue) and cmp_csv.loc[0, "seeds"] == "1,2"
+    # --out: every table its own file; the runs table one row per group and metric
+    out = report(compare_sweep, "--baseline", "scheme=unas", "--out", tmp_path / "tables", "--samples", "100",
+                 cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert {f.name for f in (tmp_path / "tables").iterdir()} == {"runs.csv", "comparison.csv", "test_set.csv"}
+    runs = pd.read_csv(tmp_path / "tables" / "runs.csv")
+    for col in ("mean", "ci_low", "ci_high", "sd", "n"):
+        assert pd.api.types.is_numeric_dtype(runs[col]), col
+    row = runs[(runs["scheme"] == "dnas") & (runs["metric"] == "test/ppl")].iloc[0]
+    group = next(g for g in doc["runs"]["groups"] if g["scheme"] == "dnas")
+    assert row["mean"] == pytest.approx(group["metrics"]["test/ppl"]["mean"]) and row["n"] == 2
+    assert row["sd"] == pytest.approx(np.std(system, ddof=1))
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx(st.t.interval(0.95, 1, np.mean(system), st.sem(system)))
+    detail = pd.read_csv(tmp_path / "tables" / "test_set.csv")
+    assert pd.api.types.is_numeric_dtype(detail["p"]) and set(detail["seed"]) == {1, 2}
+    runs_only = report(compare_sweep, "--format", "csv", cwd=tmp_path)  # no --baseline: the runs table
+    assert runs_only.returncode == 0 and set(pd.read_csv(io.StringIO(runs_only.stdout))["scheme"]) == {"unas", "dnas"}
+    for bad, says in ((["--format", "csv", "--table", "comparison"], "--table comparison: needs a comparison"),
+                      (["--table", "runs"], "--table runs: picks the table of --format csv"),
+                      (["--format", "csv", "--table", "nope"], "--table nope: unknown"),
+                      (["--out", tmp_path / "r.html"], "is a file, not a folder")):
+        proc = report(compare_sweep, *bad, cwd=tmp_path)
+        assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
 
 
 def test_report_plans_seeds_with_detect(compare_sweep, tmp_path):
