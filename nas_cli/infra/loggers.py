@@ -55,12 +55,63 @@ def _survive_a_stop(logger) -> None:
 
 
 def csv(run_dir: Path, hparams: dict[str, Any], **_: Any):
-    """``<run dir>/csv/metrics.csv`` and ``hparams.yaml``."""
-    from pytorch_lightning.loggers import CSVLogger
-
-    logger = CSVLogger(save_dir=str(run_dir), name="csv", version="")
+    """``<run dir>/csv/metrics.csv`` and ``hparams.yaml``. A resumed run continues its
+    metrics.csv (see :func:`_continuing_csv_logger`)."""
+    logger = _continuing_csv_logger()(save_dir=str(run_dir), name="csv", version="")
     logger.log_hyperparams(hparams)
     return logger
+
+
+def _continuing_csv_logger():
+    """Lightning's CSVLogger with a writer that continues an existing metrics.csv instead of
+    deleting it (Lightning's writer removes it, with a warning, when its folder is not empty: a
+    resumed run lost every row logged before the stop). The rows already there are kept up to the
+    first step the resumed run logs; rows from that step on (logged after the checkpoint the run
+    resumed from, and logged again now) are replaced, so no step is there twice."""
+    import csv as csv_module
+    import os
+
+    from lightning_fabric.loggers.logger import rank_zero_experiment
+    from pytorch_lightning.loggers import CSVLogger
+    from pytorch_lightning.loggers.csv_logs import ExperimentWriter
+
+    class ContinuingWriter(ExperimentWriter):
+        def __init__(self, log_dir: str) -> None:
+            self._kept: list[dict] = []
+            super().__init__(log_dir)
+            if os.path.isfile(self.metrics_file_path):
+                with open(self.metrics_file_path, newline="") as f:
+                    reader = csv_module.DictReader(f)
+                    self._kept = list(reader)
+                    self.metrics_keys = list(reader.fieldnames or [])
+
+        def _check_log_dir_exists(self) -> None:  # keep what is there (Lightning deletes metrics.csv)
+            pass
+
+        def save(self) -> None:
+            if self._kept and self.metrics:
+                first = min(int(m["step"]) for m in self.metrics)
+                keep = [r for r in self._kept if not r.get("step") or int(float(r["step"])) < first]
+                if len(keep) < len(self._kept):
+                    tmp = self.metrics_file_path + ".tmp"
+                    with open(tmp, "w", newline="") as f:
+                        writer = csv_module.DictWriter(f, fieldnames=self.metrics_keys)
+                        writer.writeheader()
+                        writer.writerows(keep)
+                    os.replace(tmp, self.metrics_file_path)
+                self._kept = []
+            super().save()
+
+    class ContinuingCSVLogger(CSVLogger):
+        @property
+        @rank_zero_experiment
+        def experiment(self):
+            if self._experiment is None:
+                self._fs.makedirs(self.root_dir, exist_ok=True)
+                self._experiment = ContinuingWriter(log_dir=self.log_dir)
+            return self._experiment
+
+    return ContinuingCSVLogger
 
 
 def none(**_: Any):

@@ -274,9 +274,29 @@ def test_sigterm_saves_last_checkpoint_and_exits_with_a_resume_hint(tmp_path):
     assert "SIGTERM during training" in err and f"nas-run resume={run}" in err and "Traceback" not in err
     step = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     assert 0 < step < 240 and not (run / "summary.json").exists()
+    import pandas as pd
+
+    before = pd.read_csv(run / "csv" / "metrics.csv")  # what the run logged up to the stop
+    diag_before = {p.name: p.read_text() for p in (run / "diagnostics").glob("step_*.json")}
+    assert len(before) and before["step"].min() < step
     res = nas_run(f"resume={run}", cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["steps"] == 240
+    # issue #46: the resumed run continues metrics.csv: every row logged before the checkpoint it resumed
+    # from is still there, unchanged, and no metric has a step twice
+    after = pd.read_csv(run / "csv" / "metrics.csv")
+    assert "Previous log files" not in res.stderr
+    kept = before[before["step"] < step]
+    assert len(kept)
+    pd.testing.assert_frame_equal(after[after["step"] < step][kept.columns].reset_index(drop=True),
+                                  kept.reset_index(drop=True), check_dtype=False)
+    assert after["step"].max() >= 230
+    for col in after.columns.drop("step"):
+        logged = after.dropna(subset=[col])
+        assert not logged["step"].duplicated().any(), col
+    # ... and so do the other files a run adds to as it trains: the diagnostics of each validation before it
+    kept_diag = {n: t for n, t in diag_before.items() if int(n[5:-5]) <= step}
+    assert kept_diag and all((run / "diagnostics" / n).read_text() == t for n, t in kept_diag.items())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "ctrl-c", "hangup"])
