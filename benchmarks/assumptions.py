@@ -148,10 +148,11 @@ def table(r: dict) -> str:
         share = ten["higher"] / ten["false_verdict"] if ten["false_verdict"] else 0.0
         lines.append(f"| {kind} | " + " | ".join(_pct(cells[n]["false_verdict"]) for n in SEEDS)
                      + f" | {100 * share:.0f}% | {_pct(sq['false_declaration'])} |")
-    lines += ["", "Normal and heavy-tailed symmetric differences keep the 5%; skewed ones do not, and the false "
-              "verdicts fall almost all on one side (the long tail's). **The verdict's 5% holds when the "
-              "seed-level differences are roughly symmetric**; one diverged seed breaks that, which is what the "
-              "outlier flag below is for.", "",
+    lines += ["", "Normal and heavy-tailed symmetric differences keep the 5%; skewed ones do not, and their false "
+              "verdicts fall almost all on one side, away from the long tail: most sweeps miss the rare large "
+              "difference, so their mean sits on the other side of 0 with a small spread. **The verdict's 5% "
+              "holds when the seed-level differences are roughly symmetric**; one diverged seed breaks that, "
+              "which is what the outlier flag below is for.", "",
               "Power of `seed=auto` against a fixed number of seeds, normal differences with a true difference of "
               "1 sd of the differences:", "",
               "| at most | seed=auto: power | seeds used (mean) | fixed n = at most: power (simulated) | "
