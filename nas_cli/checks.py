@@ -29,7 +29,8 @@ def _is_num(v: Any) -> bool:
 
 #: key -> (test, what the value must be); keys absent from the config (another task's) are skipped
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "seed": (_is_int, "an integer"),
+    "seed": (lambda v: _is_int(v) and 0 <= v <= 2 ** 32 - 1, "an integer from 0 to 4294967295 (the seed "
+             "range of NumPy and Lightning)"),
     "threads": (lambda v: v is None or (_is_int(v) and v > 0), "a positive integer (CPU threads) or null "
                 "(torch's default)"),
     "model.heads": (lambda v: _is_int(v) and v > 0, "a positive integer"),
@@ -89,6 +90,38 @@ def check_config(cfg: DictConfig) -> None:
     check_shapes_and_logger(cfg)
     check_attention(cfg)
     check_memory(cfg)
+    check_task_data(cfg)
+
+
+def check_launcher(cfg: DictConfig) -> None:
+    """A sweep's launcher options that would fail in the launcher, after the sweep directory is
+    made (joblib's ``n_jobs=0``): one line before anything is made."""
+    launcher = cfg.get("hydra", {}).get("launcher") if "hydra" in cfg else None
+    if not launcher or "joblib" not in str(launcher.get("_target_", "")):
+        return
+    n_jobs = launcher.get("n_jobs")
+    if not (n_jobs is None or (_is_int(n_jobs) and n_jobs != 0)):
+        raise UserError(f"hydra.launcher.n_jobs={n_jobs} is not valid: it must be a number of parallel jobs >= 1, "
+                        "or -1 for one per CPU core (e.g. hydra.launcher.n_jobs=2)")
+
+
+def check_task_data(cfg: DictConfig) -> None:
+    """The task's own check of its data files (``Task.check_data``: a data path that is a file,
+    a missing, empty or binary split file), before the run directory is made. Options the task's
+    constructor refuses are reported when the task is built, as before."""
+    if "task" not in cfg or not cfg.task.get("_target_"):
+        return
+    from hydra.utils import instantiate
+
+    try:
+        task = instantiate(cfg.task, _convert_="all")
+    except UserError:
+        raise
+    except Exception:  # noqa: BLE001 - a constructor's own refusal: reported, with its context, by build_task
+        return
+    check = getattr(task, "check_data", None)
+    if callable(check):
+        check()
 
 
 def check_shapes_and_logger(cfg: DictConfig) -> None:

@@ -39,6 +39,25 @@ def _values(override) -> list[str]:
     return [override.get_value_element_as_str()]
 
 
+def _unparsable(parser, overrides: list[str], err: Exception) -> str:
+    """One line for an override Hydra's grammar refuses: which one, and, for a value with characters
+    outside ASCII or Hydra's special characters, how to quote it."""
+    from hydra.errors import HydraException
+
+    for text in overrides:
+        try:
+            parser.parse_overrides([text])
+        except HydraException:
+            key, _, value = text.partition("=")
+            if value and not (value[0] in "'\"" and value[-1] == value[0]):
+                why = ("characters outside ASCII" if not value.isascii() else "characters Hydra's override "
+                       "grammar reserves")
+                return (f"{text}: the value has {why}; quote it, e.g. '{key}=\"{value}\"' (the single quotes keep "
+                        "the double quotes from the shell)")
+            return f"{text}: cannot parse this override ({str(err).strip().splitlines()[0]})"
+    return f"cannot parse the override(s): {str(err).strip().splitlines()[0]}"
+
+
 def check_overrides(args: list[str], conf_dir: Path) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -50,10 +69,11 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
     searchpath = [a for a in args if a.startswith(("hydra.searchpath=", "+hydra.searchpath="))]
     dirs = [conf_dir, *user_config_dirs(searchpath)]
     plain = [a for a in args if a not in ("-m", "--multirun") and "=" in a and not a.startswith(("hydra.", "hydra/"))]
+    parser = OverridesParser.create()
     try:
-        parsed = OverridesParser.create().parse_overrides(plain)
+        parsed = parser.parse_overrides(plain)
     except HydraException as err:
-        raise UserError(f"cannot parse the override(s): {str(err).strip().splitlines()[0]}") from None
+        raise UserError(_unparsable(parser, plain, err)) from None
     groups = {p.name for d in dirs for p in d.iterdir() if p.is_dir() and p.name != "hydra"}
     chosen, keys = [], []
     for o in parsed:

@@ -149,6 +149,11 @@ class Task(pl.LightningDataModule):
     #: seconds spent reading, training the tokenizer and encoding (summary.json's data_timings)
     timings: dict | None = None
 
+    def check_data(self) -> None:
+        """Called before the run directory is made (nas-run's option checks): refuse, with a
+        DataError naming the path, data that cannot be read (a missing or empty file, a binary
+        one, a data path that is a file). Default: nothing to check (generated data)."""
+
     def reference(self, split: str, index: int) -> str | None:
         """The raw reference text of item ``index`` of ``split`` ("valid"/"test"), scored instead of
         the decoded target ids (a subword round trip is not the reference); None: use the ids."""

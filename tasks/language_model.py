@@ -17,7 +17,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .base import EOS, PAD, Task, loader_workers, pad_batch, worker_options
-from .sources import DataError, check_dir, disk_split, fingerprint, hub_split, read_lines, resolve_source
+from .sources import (DataError, check_dir, check_text_file, disk_split, fingerprint, hub_split, read_lines,
+                      resolve_source)
 from .vocab import default_cache_dir, word_level
 
 SPLITS = ("train", "valid", "test")
@@ -93,6 +94,16 @@ class LanguageModelTask(Task):
         self.streams: dict[str, np.ndarray] = {}
         self.tokenizer = None
         self.timings: dict[str, float] = {}
+
+    def check_data(self) -> None:
+        """Before the run directory is made: a local folder holds every split's file, as text."""
+        kind = resolve_source(self.source, self.path, self.hf_name, self.name, "train.txt/valid.txt/test.txt")
+        if kind == "local":
+            root = check_dir(self.path)
+            for split, name in self.split_names.items():
+                check_text_file(root / f"{name}.txt", f"{split} split")
+        elif kind == "disk":
+            check_dir(self.path)
 
     def _lines(self, split: str) -> list[str]:
         name = self.split_names[split]

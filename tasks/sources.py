@@ -34,6 +34,52 @@ def existing(path: Path) -> Path:
     return gz if not path.is_file() and gz.is_file() else path
 
 
+def _not_found(path: Path, what: str) -> DataError:
+    return DataError(f"{what}: file {path} not found (nor {path.name}.gz); check task.path and the split "
+                     "names (task.splits)")
+
+
+def _empty(path: Path, what: str) -> DataError:
+    return DataError(f"{what}: file {path} is empty; it should hold one sentence per line")
+
+
+def _not_utf8(path: Path, what: str, raw: bytes, start: int) -> DataError:
+    line = raw[:start].count(b"\n") + 1
+    return DataError(f"{what}: file {path} is not valid UTF-8 (byte {start}, line {line}); "
+                     "re-encode it as UTF-8 (e.g. iconv -t UTF-8)")
+
+
+#: how much of a data file :func:`check_text_file` reads before anything is made
+HEAD_BYTES = 1 << 16
+
+
+def check_text_file(path: Path, what: str) -> None:
+    """Before the run directory is made: the file (or its ``.gz``) is there, is not empty, and
+    starts as UTF-8 text (its first 64 KiB; :func:`read_lines` reads it whole later)."""
+    path = existing(path)
+    if not path.is_file():
+        raise _not_found(path, what)
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                head = f.read(HEAD_BYTES)
+        else:
+            with open(path, "rb") as f:
+                head = f.read(HEAD_BYTES)
+    except (OSError, EOFError) as err:
+        raise DataError(f"{what}: file {path} cannot be read ({getattr(err, 'strerror', None) or err})") from None
+    if not head.strip():
+        raise _empty(path, what)
+    if b"\0" in head:
+        raise DataError(f"{what}: file {path} is binary (NUL bytes), not text with one sentence per line; "
+                        "check task.path")
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(head) - 4 or len(head) < HEAD_BYTES:  # not a character cut at the end of the chunk
+            raise _not_utf8(path, what, head, err.start) from None
+
+
 def read_lines(path: Path, what: str) -> list[str]:
     """Read a UTF-8 text file (or its ``.gz``) as a list of lines (without newlines).
 
@@ -41,8 +87,7 @@ def read_lines(path: Path, what: str) -> list[str]:
     on stderr saying so: left in, ``\\r`` and ``\\ufeff`` would become parts of tokens."""
     path = existing(path)
     if not path.is_file():
-        raise DataError(f"{what}: file {path} not found (nor {path.name}.gz); check task.path and the split "
-                        "names (task.splits)")
+        raise _not_found(path, what)
     raw = path.read_bytes()
     if path.suffix == ".gz":
         try:
@@ -51,13 +96,11 @@ def read_lines(path: Path, what: str) -> list[str]:
             raise DataError(f"{what}: file {path} is not a readable gzip file ({err}); re-compress or unpack it") \
                 from None
     if not raw.strip():
-        raise DataError(f"{what}: file {path} is empty; it should hold one sentence per line")
+        raise _empty(path, what)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n") + 1
-        raise DataError(f"{what}: file {path} is not valid UTF-8 (byte {err.start}, line {line}); "
-                        "re-encode it as UTF-8 (e.g. iconv -t UTF-8)") from None
+        raise _not_utf8(path, what, raw, err.start) from None
     fixed = []
     if text.startswith("\ufeff"):
         text = text[1:]

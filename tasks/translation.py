@@ -34,7 +34,8 @@ from torch.utils.data import DataLoader
 
 from .base import EMPTY_WARNING, EOS, Task, collate_seq2seq, empty_share, loader_workers, note, worker_options
 from .batching import TokenBatchSampler
-from .sources import DataError, check_dir, disk_split, fingerprint, hub_split, local_parallel, resolve_source
+from .sources import (DataError, check_dir, check_text_file, disk_split, fingerprint, hub_split, local_parallel,
+                      resolve_source)
 from .vocab import default_cache_dir, joint_bpe
 
 SPLITS = ("train", "valid", "test")
@@ -116,6 +117,17 @@ class TranslationTask(Task):
     def _resolve_source(self) -> str:
         return resolve_source(self.source, self.path, self.hf_name, self.name,
                               f"train.{self.src_lang}/train.{self.tgt_lang}, valid.*, test.*")
+
+    def check_data(self) -> None:
+        """Before the run directory is made: a local folder holds every split's two files, as text."""
+        kind = self._resolve_source()
+        if kind == "local":
+            root = check_dir(self.path)
+            for name in self.split_names.values():
+                for lang, side in ((self.src_lang, "source side"), (self.tgt_lang, "target side")):
+                    check_text_file(root / f"{name}.{lang}", side)
+        elif kind == "disk":
+            check_dir(self.path)
 
     def _load_text(self, split: str) -> tuple[list[str], list[str]]:
         kind = self._resolve_source()

@@ -35,7 +35,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
         try:
             state = torch.load(p, map_location="cpu", weights_only=True)["state_dict"]
         except Exception as err:  # a truncated or foreign file: say which
-            raise UserError(f"cannot read checkpoint {p}: {str(err).splitlines()[0]}") from None
+            raise UserError(f"cannot read checkpoint {p}: {_unreadable(p, err)}") from None
         if total and set(state) != set(total):
             raise UserError(f"checkpoint {p} does not match the others (different parameters)")
         for key, val in state.items():
@@ -44,6 +44,21 @@ def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
             else:
                 total[key] = val
     return {k: (v / len(paths)).to(torch.float32) if v.is_floating_point() else v for k, v in total.items()}
+
+
+def _unreadable(path: Path, err: Exception) -> str:
+    """Why a checkpoint did not load, in our words: PyTorch's own message for the safe loader's
+    refusal advises loading with ``weights_only=False``, which runs arbitrary code from a file of
+    unknown origin; nas-eval never does that."""
+    import zipfile
+
+    text = str(err)
+    if "Weights only load failed" not in text:
+        return text.splitlines()[0] if text else type(err).__name__
+    if not zipfile.is_zipfile(path):
+        return "not a PyTorch checkpoint (not a file written by torch.save); give a .ckpt from a run's checkpoints/"
+    return ("it holds objects other than tensors and plain values, so it was not written by nas-run; nas-eval "
+            "loads checkpoints only with PyTorch's safe loader and will not run code from the file")
 
 
 def check_fingerprints(cfg, paths: list[Path]) -> None:

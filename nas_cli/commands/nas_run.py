@@ -332,6 +332,9 @@ def check_output_dirs(argv: list[str]) -> None:
         key, eq, value = arg.partition("=")
         if not eq or key.lstrip("+~") not in ("hydra.run.dir", "hydra.sweep.dir") or "${" in value:
             continue
+        if not value.strip().strip("'\"").strip():  # '' would put the run's files in the current directory
+            raise UserError(f"{key}='': an empty directory; give the directory for the "
+                            f"{'run' if 'run' in key else 'sweep'}'s files (or leave {key} out for the default)")
         path = Path(value.strip("'\"")).expanduser()
         missing = []
         probe = path

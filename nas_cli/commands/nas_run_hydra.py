@@ -171,7 +171,7 @@ class RunGuard(Callback):
             _fail(str(err))
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from ..checks import check_config
+        from ..checks import check_config, check_launcher
         from ..infra.rundir import acquire
 
         root = Path(str(config.hydra.sweep.dir))
@@ -181,6 +181,7 @@ class RunGuard(Callback):
         install()  # hydra/launcher=slurm: a job the scheduler ends fails alone (after Hydra loaded its plugins)
         install_optuna()  # sweep=optuna launched again: new trials in new job directories
         try:
+            check_launcher(config)
             checked = config
             if str(config.get("seed")) == "auto":  # seed=auto: the sequential sweeper gives each job its seed
                 checked = config.copy()

@@ -282,6 +282,54 @@ def test_malformed_values_one_line_before_anything_is_created(tmp_path, override
     assert not run.exists()
 
 
+def _bad_data(tmp_path: Path, kind: str) -> str:
+    """A task.path that cannot be read: a file, a folder with a binary training file, an empty one."""
+    if kind == "file":
+        (tmp_path / "train.txt").write_text("a line\n")
+        return str(tmp_path / "train.txt")
+    data = tmp_path / kind
+    data.mkdir()
+    for split in ("valid", "test"):
+        (data / f"{split}.txt").write_text("a line\n")
+    (data / "train.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe" * 20 if kind == "binary" else b"")
+    return str(data)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["seed=-1"], "seed=-1 is not valid: it must be an integer from 0 to 4294967295"),
+    (["seed=4294967296"], "seed=4294967296 is not valid"),
+    (["hydra.run.dir=''"], "hydra.run.dir='': an empty directory"),
+    (["logger.group=Überlauf"], "logger.group=Überlauf: the value has characters outside ASCII; quote it"),
+    (["task=wikitext2", "task.path=<file>"], "is not a directory"),
+    (["task=wikitext2", "task.path=<binary>"], "train.txt is binary (NUL bytes)"),
+    (["task=wikitext2", "task.path=<empty>"], "train.txt is empty"),
+    (["-m", "seed=1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs=0 is not valid"),
+], ids=["seed-1", "seed-2^32", "empty-run-dir", "non-ascii", "path-file", "path-binary", "path-empty", "n_jobs-0"])
+def test_the_last_bad_inputs_are_one_line_and_leave_nothing(tmp_path, args, needle):
+    """Issue #46: inputs that ended in a traceback, a run directory with failed.json, or exit 0."""
+    for kind in ("file", "binary", "empty"):
+        args = [a.replace(f"<{kind}>", _bad_data(tmp_path, kind)) if f"<{kind}>" in a else a for a in args]
+    before = {p for p in tmp_path.rglob("*")}
+    run = ["hydra.sweep.dir=sweep"] if "-m" in args else ["hydra.run.dir=run"] if not any(
+        a.startswith("hydra.run.dir") for a in args) else []
+    line = one_line_error(nas_run(*FAST, *args, *run, cwd=tmp_path))
+    assert needle in line
+    assert {p for p in tmp_path.rglob("*")} == before  # no run or sweep directory, no outputs/, nothing
+
+
+def test_nas_eval_never_advises_loading_a_file_unsafely(tmp_path):
+    run = tmp_path / "run"
+    proc = nas_run(*FAST, "trainer.max_steps=2", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (tmp_path / "text.ckpt").write_text("not a checkpoint")
+    torch.save({"state_dict": {"w": torch.zeros(1)}, "extra": Path("x")}, tmp_path / "objects.ckpt")
+    nas_eval = str(Path(NAS_RUN).with_name("nas-eval"))
+    for name, says in (("text.ckpt", "not a PyTorch checkpoint"), ("objects.ckpt", "will not run code from the file")):
+        res = run_command([nas_eval, str(run), "--ckpt", str(tmp_path / name)], cwd=tmp_path)
+        assert res.returncode == 2 and says in res.stderr and "weights_only" not in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and not (run / "eval").exists()
+
+
 def test_a_full_disk_while_saving_names_the_path_and_keeps_the_previous_checkpoint(tmp_path):
     run = tmp_path / "run"
     proc = run_with_fault("kill@step:25", *FAST, "trainer.max_steps=40", "checkpoint.last_every_n_steps=10",
