@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (console.print if args.format == "rich" else lambda m: print(m, file=sys.stderr))(
             f"CSV tables: {', '.join(written)}")
     if args.html:
-        from ..report.compare import ITEM_NOTE, item_table
+        from ..report.verdicts import ITEM_NOTE, item_table
         from ..report.html import write_html
 
         try:
@@ -133,8 +133,8 @@ def _load(args):
 def _compare(args, groups):
     """The metrics asked for and, with --baseline, every group against it: (metrics, (verdict
     table, method note, baseline) or None, {(group, metric): significant}, the comparison rows)."""
-    from ..report.compare import (CompareError, compare_groups, method_note, metrics_for, parse_detect,
-                                  select_baselines, verdict_table)
+    from ..report.compare import CompareError, compare_groups, metrics_for, parse_detect, select_baselines
+    from ..report.verdicts import method_note, verdict_table
 
     wanted = _wanted(args)
     metrics = metrics_for(groups, wanted) if (args.baseline or wanted) else []
@@ -146,7 +146,7 @@ def _compare(args, groups):
     detect = parse_detect(args.detect, metrics)
     compared = compare_groups(groups, baseline, metrics, samples=max(10, args.samples),
                               trials=10 * max(10, args.samples), item_tests=not args.no_item_tests, detect=detect)
-    verdicts = (verdict_table(compared, baseline), method_note(compared), baseline)
+    verdicts = (verdict_table(compared), method_note(compared), baseline)
     marked = {(id(r.group), r.comparison.metric): r.comparison.direction() != 0 for r in compared}
     return metrics, verdicts, marked, compared
 
@@ -190,7 +190,7 @@ def _runs_section(args, runs, groups, by, metrics, verdicts, marked) -> list[tup
 
 def _verdict_sections(verdicts, compared) -> list[tuple]:
     """The verdicts over seeds and, as supporting detail, each paired seed's test-set comparison."""
-    from ..report.compare import ITEM_NOTE, item_records, item_table, verdict_records
+    from ..report.verdicts import ITEM_NOTE, item_records, item_table, verdict_records
 
     if not verdicts:
         return []
@@ -311,7 +311,7 @@ def _notes(groups, compared, baseline=None) -> list[str]:
         out.append(f"no baseline at the same {', '.join(baseline.matched_on)} for "
                    f"{'; '.join(g.label for g in baseline.unmatched)}: not compared")
     if compared:
-        from ..report.compare import cautions
+        from ..report.verdicts import cautions
 
         out += cautions(compared)
     repeats = [pair for g in groups for pair in g.repeats]

@@ -11,7 +11,8 @@ from scipy import stats as st
 
 from nas_cli.report import robust, stats
 from nas_cli.report.collect import Run
-from nas_cli.report.compare import cautions, compare_groups, verdict_records
+from nas_cli.report.compare import compare_groups
+from nas_cli.report.verdicts import cautions, verdict_records
 from nas_cli.report.table import group_runs
 
 
