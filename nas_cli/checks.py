@@ -90,7 +90,32 @@ def check_config(cfg: DictConfig) -> None:
     check_shapes_and_logger(cfg)
     check_attention(cfg)
     check_memory(cfg)
+    check_declared(cfg)
     check_task_data(cfg)
+
+
+def check_declared(cfg: DictConfig) -> None:
+    """Every key of the task and of each diagnostic plug-in is a parameter of its class's
+    constructor (nas_cli/options.py; the schemes' are checked by the attention plan): a typo in a
+    user's YAML or ``+task.<typo>=`` is one line with the closest name, not an ignored option."""
+    from hydra.utils import get_class
+
+    from .options import declared, unknown_option_message
+
+    nodes = [("task", cfg.get("task"), f"task '{cfg.task.get('name', '?')}'" if "task" in cfg else "")]
+    metrics = cfg.get("diagnostics", {}).get("metrics") if "diagnostics" in cfg else None
+    nodes += [(f"diagnostics.metrics.{k}", v, f"the diagnostic {k}") for k, v in (metrics or {}).items()]
+    for where, node, owner in nodes:
+        if not isinstance(node, DictConfig) or not node.get("_target_"):
+            continue
+        try:
+            names = declared(get_class(str(node._target_)))
+        except Exception:  # noqa: BLE001 - a class that cannot be imported is reported where it is built
+            continue
+        given = OmegaConf.to_container(node, resolve=False)
+        for key, value in given.items():
+            if names is not None and key != "_target_" and key not in names:
+                raise UserError(unknown_option_message(where, str(key), value, owner, names))
 
 
 def check_launcher(cfg: DictConfig) -> None:

@@ -223,9 +223,10 @@ class NasLitModule(pl.LightningModule):
             self._tokens = tokens if self._tokens is None else self._tokens + tokens
             if self.train_seconds > 0 and self._log_now():
                 self.log("train/tokens_per_s", self.train_tokens / self.train_seconds, batch_size=1)
-        if self.global_step % self.log_learned_every == 0:
-            for key, value in learned_scalars(learned_values(self.model)).items():
-                self.log(key, value, batch_size=1)
+        if self.global_step % self.log_learned_every == 0:  # on its own schedule, not log_every_n_steps's
+            values = learned_scalars(learned_values(self.model))
+            for logger in self.loggers if values else ():
+                logger.log_metrics({k: float(v) for k, v in values.items()}, step=self.global_step)
 
     # ---- evaluation ----------------------------------------------------------------
     def _eval_step(self, batch, split: str):

@@ -85,6 +85,8 @@ class AttentionPlan:
             else:  # a scheme name (saved configs of earlier versions)
                 legacy = OmegaConf.to_container(scheme_config(str(value)), resolve=True)
                 placed[loc] = Placed(str(value), {k: v for k, v in legacy.items() if k not in _NOT_OPTIONS})
+        for loc, p in placed.items():
+            _check_declared(p, "attention" if p.options is own else f"attention.{loc}")
         return cls(placed)
 
     # --- what runs where -------------------------------------------------------------
@@ -139,6 +141,30 @@ class AttentionPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {loc: {"scheme": p.scheme, "options": p.options} for loc, p in self.placed.items()}
+
+
+#: constructor parameters nas-run sets itself for every core: never options of a scheme's YAML
+INJECTED = {"heads": "model.heads", "dropout": "model.attention_dropout", "causal": "the location",
+            "prefix_queries": "the location", "location": "the location", "layer": "the layer"}
+
+
+def _check_declared(placed: Placed, where: str) -> None:
+    """Every option of a placed scheme is a parameter of its core's constructor (nas_cli/options.py):
+    one line with the closest name otherwise, before anything is made."""
+    from .options import declared, unknown_option_message
+
+    try:
+        names = declared(placed.core_class)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise SchemeError(f"{where}._target_={placed.options.get('_target_')} cannot be imported ({err})") from None
+    for key, value in placed.options.items():
+        if key in INJECTED:
+            raise SchemeError(f"{where}.{key}={value}: set by nas-run from {INJECTED[key]} for every core, not a "
+                              f"scheme option; set {INJECTED[key]} instead" if "." in INJECTED[key]
+                              else f"{where}.{key}={value}: set by nas-run from {INJECTED[key]}, not an option")
+        if names is not None and key != "_target_" and key not in names:
+            raise SchemeError(unknown_option_message(where, key, value, placed.scheme,
+                                                     names - set(INJECTED) - {"name"}))
 
 
 def make_core_factory(attn_cfg: DictConfig | dict, heads: int, dropout: float = 0.0):

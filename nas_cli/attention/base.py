@@ -230,7 +230,7 @@ class AttentionCore(nn.Module):
     learned_titles: dict[str, str] = {}
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
-                 location: str = "?", layer: int = 0, name: str | None = None, **_: Any):
+                 location: str = "?", layer: int = 0, name: str | None = None):
         super().__init__()
         # one name per scheme: its YAML's (= the file's stem; conf/attention/coda_cs.yaml builds the
         # CODA class as "coda_cs"), the class's own only when built without a config

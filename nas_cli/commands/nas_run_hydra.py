@@ -39,7 +39,9 @@ def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, di
         declare(s.get("metrics"))
     metrics = [(m.key, m.title, "%" if m.fmt == "pct" else 3 if m.fmt == "p3" else 2)  # a task's own metrics too
                for m in present(k for s in summaries for k in s.get("test", {}))]
-    for col in ("task", "scheme", "heads", "params", *[head for _, head, _ in metrics], "tokens/s"):
+    sweep = len(summaries) + len(failed) > 1  # a sweep's rows: the seed tells apart the seeds of one config
+    for col in ("task", "scheme", "heads", *(["seed"] if sweep else []), "params", *[head for _, head, _ in metrics],
+                "tokens/s"):
         table.add_column(col, no_wrap=True)
     for s in summaries:
         test = s.get("test", {})
@@ -47,10 +49,10 @@ def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, di
         for key, _, digits in metrics:
             v = test.get(key)
             cells.append("-" if v is None else f"{100 * v:.1f}%" if digits == "%" else _fmt(v, digits))
-        table.add_row(s["task"], s["scheme"], str(s["heads"]), _fmt(s["parameters"]), *cells,
-                      _fmt(s.get("tokens_per_s"), 0))
+        table.add_row(s["task"], s["scheme"], str(s["heads"]), *([str(s.get("seed", "-"))] if sweep else []),
+                      _fmt(s["parameters"]), *cells, _fmt(s.get("tokens_per_s"), 0))
     for d, _ in failed:
-        table.add_row(d.name, "[bold red]failed[/]", *["-"] * (len(metrics) + 3))
+        table.add_row(d.name, "[bold red]failed[/]", *["-"] * (len(metrics) + 3 + sweep))
     return table
 
 

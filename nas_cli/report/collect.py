@@ -197,17 +197,13 @@ class Run:
 
     def learned_history(self) -> dict[str, list[tuple[int, dict[str, list]]]]:
         """{name: [(step, {location: (layers, heads) nested list})]}: what the run's schemes
-        learned per head over training (diagnostics/summary.json ``learned_history``; runs
-        written before it existed kept their one such value as ``u_history``)."""
+        learned per head over training (diagnostics/summary.json ``learned_history``)."""
         d = self.diagnostics or {}
         out: dict[str, list[tuple[int, dict[str, list]]]] = {}
         for h in d.get("learned_history") or []:
             for name, per_loc in (h.get("values") or {}).items():
                 if per_loc:
                     out.setdefault(name, []).append((int(h["step"]), per_loc))
-        for h in d.get("u_history") or []:
-            if h.get("u"):
-                out.setdefault("u", []).append((int(h["step"]), h["u"]))
         return out
 
     def learned_title(self, name: str) -> str:

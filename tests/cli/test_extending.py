@@ -67,6 +67,55 @@ def test_a_new_scheme_is_one_python_file_and_one_yaml(tmp_path):
         assert len([ln for ln in bad.stderr.splitlines() if ln.strip()]) == 1 and not (tmp_path / "typo").exists()
 
 
+def test_an_option_a_user_scheme_does_not_have_stops_the_run(tmp_path):
+    """Issue #47 (1): a typo in the user scheme's YAML, or +attention.<typo>=, was trained with the default
+    and exited 0; now it is one line, exit 2, nothing made; nas-bench check-scheme refuses the YAML too."""
+    (tmp_path / "my_tempered.py").write_text(_block("`my_tempered.py`", "python"))
+    (tmp_path / "my_conf" / "attention").mkdir(parents=True)
+    guide_yaml = _block("`my_conf/attention/tempered.yaml`", "yaml")
+    assert "init: 1.0" in guide_yaml
+    yaml_file = tmp_path / "my_conf" / "attention" / "tempered.yaml"
+    search = f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]"
+    env = {"PYTHONPATH": str(tmp_path)}
+    for yaml_text, extra in ((guide_yaml.replace("init: 1.0", "intit: 2.0"), []),
+                             (guide_yaml, ["+attention.intit=2"])):
+        yaml_file.write_text(yaml_text)
+        bad = _nas_run(search, "attention=tempered", *extra, *FAST, f"hydra.run.dir={tmp_path / 'typo'}",
+                       cwd=tmp_path, env_extra=env)
+        assert bad.returncode == 2, bad.stderr[-2000:]
+        assert "tempered has no option 'intit' (did you mean attention.init?)" in bad.stderr
+        assert len([ln for ln in bad.stderr.splitlines() if ln.strip()]) == 1 and not (tmp_path / "typo").exists()
+    yaml_file.write_text(guide_yaml.replace("init: 1.0", "intit: 2.0"))
+    bench = str(Path(NAS_RUN).with_name("nas-bench"))
+    checked = run_command([bench, "check-scheme", str(yaml_file)], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, **env}, check=False)
+    assert checked.returncode == 2 and "no option 'intit' (did you mean attention.init?)" in checked.stderr
+    # the option itself reaches the core: init=2.0 starts every head's temperature at 2
+    yaml_file.write_text(guide_yaml.replace("init: 1.0", "init: 2.0"))
+    ok = _nas_run(search, "attention=tempered", *FAST, f"hydra.run.dir={tmp_path / 'ok'}", cwd=tmp_path,
+                  env_extra=env)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    import yaml
+
+    saved = yaml.safe_load((tmp_path / "ok" / ".hydra" / "config.yaml").read_text())
+    assert saved["attention"]["init"] == 2.0
+
+
+def test_learned_values_are_logged_on_their_own_schedule(tmp_path):
+    """Issue #47 (7): a learned value reached the loggers only on steps where both log_learned_every and
+    Lightning's log_every_n_steps fell (a 3-step run logged none); now every log_learned_every steps."""
+    import pandas as pd
+
+    run = tmp_path / "run"
+    proc = _nas_run("attention=hnas", *FAST, "trainer.max_steps=3", "log_learned_every=1",
+                    "trainer.log_every_n_steps=50", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = pd.read_csv(run / "csv" / "metrics.csv")
+    logged = metrics.dropna(subset=["u/encoder/L0/mean"])
+    assert logged["step"].tolist() == [1, 2, 3]
+    assert logged["u/encoder/L0/mean"].between(0, 1).all()
+
+
 def test_a_user_runs_the_contract_checks_on_their_own_scheme(tmp_path):
     """Issue #29 (3): the guide's `nas-bench check-scheme` on the guide's scheme passes; a scheme
     that ignores the mask (sees the future and the padding) fails, naming the checks."""

@@ -36,6 +36,7 @@ def readme_sweep(tmp_path_factory):
     proc = nas_run(*argv[1:], *SMALL, "hydra.sweep.dir=outputs/sweeps/grid", cwd=root, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "setup plugin" not in proc.stdout + proc.stderr  # no alembic noise from Hydra's plugin scan
+    assert re.search(r"┃ heads ┃ seed ┃", proc.stdout), proc.stdout[-2000:]  # issue #47: the seeds told apart
     return root
 
 

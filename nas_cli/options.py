@@ -1,0 +1,53 @@
+"""Every option is declared: a scheme's, a task's or a diagnostic plug-in's options are the
+parameters of its class's constructor, and a key that is not one stops the run before anything
+is made, with the closest declared name.
+
+An option that a constructor swallowed with ``**kwargs`` used to be ignored silently: a typo in a
+scheme's YAML (``intit: 2.0`` for ``init``) or ``+attention.intit=2`` trained with the default and
+looked as if it had tested the option. The declared options of a class are the named parameters
+of its ``__init__`` and, where that ``__init__`` passes ``**kwargs`` on, of its parents' (up to a
+class whose constructor takes no ``**kwargs``; ``torch.nn.Module`` and ``object`` declare nothing).
+"""
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Any, Iterable
+
+#: classes whose constructors declare no options of a plug-in (their parameters are not options)
+_ROOTS = ("Module", "object", "LightningDataModule", "HyperparametersMixin", "DataHooks", "Callback")
+
+
+def declared(cls: type) -> set[str] | None:
+    """The option names ``cls(...)`` accepts; None when some constructor takes arbitrary keywords
+    that go nowhere declared (nothing can then be checked)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass.__name__ in _ROOTS:
+            return names
+        if "__init__" not in klass.__dict__:
+            continue
+        params = inspect.signature(klass.__dict__["__init__"]).parameters.values()
+        names.update(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                     and p.name != "self")
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return names
+    return None
+
+
+def undeclared(cls: type, keys: Iterable[str], ignore: Iterable[str] = ("_target_",)) -> list[str]:
+    """The keys among ``keys`` that ``cls`` does not declare (empty when it cannot be told)."""
+    names = declared(cls)
+    if names is None:
+        return []
+    skip = set(ignore)
+    return [k for k in keys if k not in names and k not in skip]
+
+
+def unknown_option_message(where: str, key: str, value: Any, owner: str, options: Iterable[str]) -> str:
+    """One line: ``<where>.<key>=<value>: <owner> has no option <key> (did you mean x?); its options: ...``."""
+    choices = sorted(options)
+    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
+    hint = f" (did you mean {where}.{close[0]}?)" if close else ""
+    return (f"{where}.{key}={value}: {owner} has no option '{key}'{hint}; its options: "
+            f"{', '.join(choices) or 'none'} (from its YAML or the command line)")
