@@ -222,11 +222,17 @@ def test_an_unsafe_newest_checkpoint_falls_back_to_an_older_one_with_one_whole_l
 
 # ---- failures -----------------------------------------------------------------------------------
 def test_a_run_that_fails_before_training_is_marked_failed(tmp_path):
+    # a corpus whose two sides differ in length: found only when the data are read, after the run directory
+    # exists (a missing path or file is refused before it is made: test_the_last_bad_inputs_...)
+    data = tmp_path / "uneven"
+    data.mkdir()
+    for split, n_de, n_en in (("train", 3, 2), ("valid", 1, 1), ("test", 1, 1)):
+        (data / f"{split}.de").write_text("ein satz\n" * n_de)
+        (data / f"{split}.en").write_text("a sentence\n" * n_en)
     run = tmp_path / "run"
-    line = one_line_error(nas_run(*FAST, "task=iwslt14", f"task.path={tmp_path / 'nope'}", f"hydra.run.dir={run}",
-                                  cwd=tmp_path))
+    line = one_line_error(nas_run(*FAST, "task=iwslt14", f"task.path={data}", f"hydra.run.dir={run}", cwd=tmp_path))
     failed = json.loads((run / "failed.json").read_text())
-    assert failed["reason"] in line and "nope" in failed["reason"]
+    assert failed["reason"] in line and "has 3 lines but" in failed["reason"]
     report = run_command([NAS_REPORT, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "1 failed, 0 unfinished" in report.stdout and "failed:" in report.stdout
