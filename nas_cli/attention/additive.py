@@ -86,6 +86,7 @@ class Additive(AttentionCore):
         return AttentionOutput(out, w if need_weights else None)
 
     supports_step = True
+    carries_state = False  # each step: the query against the keys, nothing carried
 
     def step(self, q, k, v, k_mask, state):
         """Incremental decoding: the newest query (B, H, 1, D) against the cached keys so far."""

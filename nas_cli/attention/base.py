@@ -193,6 +193,26 @@ def prefix_normalized_step(s: torch.Tensor, k_mask: torch.Tensor | None, state, 
     return masked_row_softmax(log_pi, allowed), tuple(new_state)
 
 
+def prefix_normalized_state(s: torch.Tensor, allowed: torch.Tensor | None, iterations: int = 1) -> tuple:
+    """What :func:`prefix_normalized_step` carries after all the rows of ``s`` (B, H, T, Sk),
+    in one vectorized pass instead of T steps: level l's column log-sum-exp over every row of
+    level l-1 (level 0: the scores), rows between levels normalized with the prefix
+    normalizers, as in the steps. ``allowed``: (B|1, 1, T, Sk) pairs that take part (real
+    query, real key, j <= i). Returns a tuple of ``iterations`` (B, H, 1, Sk) tensors."""
+    log_pi = s if allowed is None else s.masked_fill(~allowed, NEG_INF)
+    seen = None if allowed is None else allowed.any(dim=-2, keepdim=True)  # columns some query took part in
+    state = []
+    for level in range(iterations):
+        c = prefix_logsumexp(log_pi, allowed)  # c_ij over rows i' <= i: row i's normalizer in the steps
+        last = c[..., -1:, :]
+        state.append(last if seen is None else last.masked_fill(~seen, NEG_INF))  # as the steps: -inf
+        log_pi = torch.nan_to_num(log_pi - c, nan=NEG_INF, posinf=NEG_INF, neginf=NEG_INF)
+        if level < iterations - 1:
+            log_pi = torch.nan_to_num(log_pi - torch.logsumexp(log_pi, -1, keepdim=True), nan=NEG_INF,
+                                      neginf=NEG_INF)
+    return tuple(state)
+
+
 class AttentionCore(nn.Module):
     """Base class of attention schemes: the contract between a scheme and the model.
 
@@ -228,6 +248,10 @@ class AttentionCore(nn.Module):
     #: titles of the values :meth:`learned` returns, for figures ({name: title}); a value with
     #: no title is titled "<name> per layer and head"
     learned_titles: dict[str, str] = {}
+    #: :meth:`step` carries a state from one query to the next (DNAS's running column
+    #: log-sum-exp); False: every step is a function of the query and the keys alone (softmax,
+    #: kernels), so a cached prefill leaves nothing to compute or keep
+    carries_state: bool = True
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
                  location: str = "?", layer: int = 0, name: str | None = None):
@@ -293,6 +317,22 @@ class AttentionCore(nn.Module):
         it must be a tensor (or tuple of tensors) with batch first, so beam search can
         reorder it. Returns (out (B, H, 1, D), state). Must equal row i of ``forward``."""
         raise NotImplementedError
+
+    def prefill_state(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_mask: torch.Tensor | None,
+                      k_mask: torch.Tensor | None) -> Any:
+        """The state :meth:`step` carries after a causal prefill: queries q (B, H, T, D), the i-th
+        against keys [0, i] of k, v (B, H, T, D); a padded query (``q_mask`` False) adds nothing.
+        None when the scheme carries nothing (:attr:`carries_state`). The default runs :meth:`step`
+        once per query (right for any scheme); a scheme overrides it with one vectorized pass."""
+        if not self.carries_state:
+            return None
+        state = None
+        for i in range(q.shape[-2]):
+            km = None if k_mask is None else k_mask[:, :i + 1]
+            if q_mask is not None:
+                km = q_mask[:, i:i + 1].expand(-1, i + 1) if km is None else km & q_mask[:, i:i + 1]
+            _, state = self.step(q[..., i:i + 1, :], k[..., :i + 1, :], v[..., :i + 1, :], km, state)
+        return state
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, causal={self.causal}, prefix_queries={self.prefix_queries}, dropout={self.dropout}"

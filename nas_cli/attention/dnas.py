@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from .base import (AttentionCore, AttentionOutput, NEG_INF, allowed_mask, doubly_normalized_logits,
-                   masked_row_softmax, prefix_normalized_step, scaled_scores)
+                   masked_row_softmax, prefix_normalized_state, prefix_normalized_step, scaled_scores)
 from .efficient import check_impl, dnas_attention
 from .fused import doubly_normalized_attention
 
@@ -182,6 +182,11 @@ class DNAS(AttentionCore):
     def step(self, q, k, v, k_mask, state):
         weights, state = prefix_normalized_step(scaled_scores(q, k), k_mask, state, self.iterations)
         return torch.matmul(weights, v), state
+
+    def prefill_state(self, q, k, v, q_mask, k_mask):
+        """The running column log-sum-exp of every iteration after a causal prefill, in one pass."""
+        allowed = allowed_mask(q_mask, k_mask, True, q.shape[-2], k.shape[-2], q.device)
+        return prefix_normalized_state(scaled_scores(q, k), allowed, self.iterations)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", impl={self.impl}"

@@ -67,6 +67,7 @@ class KernelDiverged(NonFiniteLoss):
 
 class KernelSmoother(AttentionCore):
     name = "kernel"
+    carries_state = False  # each step: the query against the keys, nothing carried
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, kernel: str = "exp",
                  symmetric: bool = False, degree: int = 2, positions: str = "direct_sum", max_distance: int = 16,

@@ -40,6 +40,7 @@ class UNAS(AttentionCore):
         return AttentionOutput(out)
 
     supports_step = True
+    carries_state = False  # each step: the query against the keys, nothing carried
 
     def step(self, q, k, v, k_mask, state):
         mask = None if k_mask is None else k_mask[:, None, None, :]

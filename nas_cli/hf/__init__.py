@@ -26,10 +26,17 @@ How a call is served:
   (``module.num_key_value_groups``), as the library's SDPA path does.
 * **Scaling.** nas-run's cores divide scores by sqrt(head_dim); a layer whose ``scaling`` differs
   (GPT-2's ``scale_attn_by_inverse_layer_idx``) gets its queries rescaled to match.
+* **UNAS is the library's SDPA.** ``attn_implementation="unas"`` runs the library's own SDPA
+  function with the library's own masks (FlashAttention where it applies); its nas-run core
+  serves only calls that ask for the weights (``output_attentions``, nas-run's diagnostics).
 * **Generation with a KV cache, exact.** With ``use_cache`` a causal layer also keeps, per head
   and cached key, what the scheme carries from query to query (:meth:`AttentionCore.step`: DNAS's
   running column log-sum-exp, one per Sinkhorn iteration); each new query continues from it, so
-  cached generation gives the tokens uncached generation gives. Beam search's reordering of the
+  cached generation gives the tokens uncached generation gives. A cached prefill (the library's
+  default call, training included) computes nothing for it: it keeps references to its queries,
+  keys and values, and the state comes from one vectorized pass
+  (:meth:`AttentionCore.prefill_state`) when a continuation first needs it; a scheme that carries
+  nothing (softmax, kernels, additive) keeps nothing. Beam search's reordering of the
   cache is followed (the state's batch rows are matched to the cached keys). A scheme without a
   one-query step (CODA, CODA-CS, RealFormer) refuses cached generation in one line.
 * **Cascades.** CODA and RealFormer read the previous layer's attention at the same location:

@@ -214,27 +214,39 @@ def _fingerprint(keys: torch.Tensor) -> torch.Tensor:
     return keys.detach().double().sum(dim=(1, 3))
 
 
-def _steps(name: str, core: AttentionCore, query, key, value, k_mask, state, start: int, q_mask=None):
-    """Queries one at a time through core.step, the i-th against keys [0, start + i]; a padded
-    query (``q_mask`` False) sees no key, so it adds nothing to what the scheme carries."""
+def _steps(core: AttentionCore, query, key, value, k_mask, state, start: int):
+    """New queries one at a time through core.step, the i-th against keys [0, start + i] (a cached
+    continuation: one query per generated token)."""
     outs = []
     for i in range(query.shape[-2]):
         end = start + i + 1
         km = None if k_mask is None else k_mask[:, :end]
-        if q_mask is not None:
-            km = q_mask[:, i:i + 1].expand(-1, end) if km is None else km & q_mask[:, i:i + 1]
         o, state = core.step(query[..., i:i + 1, :], key[..., :end, :], value[..., :end, :], km, state)
         outs.append(o)
     return torch.cat(outs, dim=-2), state
 
 
+class _Prefill:
+    """What a cached prefill leaves for a scheme that carries a state: its queries, keys, values and
+    masks (detached references, no copy). The state is computed from them in one pass
+    (``core.prefill_state``) only if a cached continuation comes; a training forward, which
+    Hugging Face models call with ``use_cache=True`` too, computes nothing."""
+
+    def __init__(self, query, key, value, q_mask, k_mask):
+        self.tensors = (query.detach(), key.detach(), value.detach(), q_mask, k_mask)
+
+    def state(self, core: AttentionCore):
+        with torch.no_grad():
+            return core.prefill_state(*self.tensors)
+
+
 def _remember(name, core, module, query, key, value, q_mask, k_mask, keys_seen) -> None:
-    """After a cached prefill: what the scheme carries to the next query, per batch row."""
+    """After a cached prefill: what the next query needs (nothing for a scheme that carries nothing)."""
     if not core.supports_step:
         module._nas_cache = None
         return
-    _, state = _steps(name, core, query, key, value, k_mask, None, 0, q_mask)
-    module._nas_cache = (key.shape[-2], state, _fingerprint(keys_seen))
+    pending = _Prefill(query, key, value, q_mask, k_mask) if core.carries_state else None
+    module._nas_cache = (key.shape[-2], pending, _fingerprint(keys_seen))
 
 
 def _continue(name, core, module, query, key, value, k_mask, keys_seen, want: bool):
@@ -245,18 +257,20 @@ def _continue(name, core, module, query, key, value, k_mask, keys_seen, want: bo
         raise HFAttentionError(f"attention '{name}' has no one-query step in this form: generate with "
                                "use_cache=False")
     past = key.shape[-2] - query.shape[-2]
-    state = _cached_state(name, module, past, keys_seen[..., :past, :])
-    out, state = _steps(name, core, query, key, value, k_mask, state, past)
+    state = _cached_state(name, core, module, past, keys_seen[..., :past, :])
+    out, state = _steps(core, query, key, value, k_mask, state, past)
     module._nas_cache = (key.shape[-2], state, _fingerprint(keys_seen))
     return out, None
 
 
-def _cached_state(name, module, past: int, past_keys: torch.Tensor):
+def _cached_state(name, core, module, past: int, past_keys: torch.Tensor):
     cached = getattr(module, "_nas_cache", None)
     if cached is None or cached[0] != past:
         raise HFAttentionError(f"attention '{name}': a cached continuation of {past} keys this layer did not "
                                "see (call the model with use_cache=True from the first token, or use_cache=False)")
     _, state, fp = cached
+    if isinstance(state, _Prefill):
+        state = state.state(core)
     now = _fingerprint(past_keys)
     if state is None or torch.equal(now, fp):
         return state
@@ -281,11 +295,43 @@ def register(names: list[str] | None = None) -> list[str]:
     names = list(names or available("attention"))
     for name in names:
         AttentionInterface.register(name, _bound(name))
-        AttentionMaskInterface.register(name, mask_function)
+        AttentionMaskInterface.register(name, unas_mask_function if name == SDPA_SCHEME else mask_function)
     return names
 
 
+#: the scheme that is the library's own SDPA path (softmax attention): it runs as the library's
+#: ``sdpa`` does, FlashAttention included, with the library's masks (a causal mask skipped where
+#: there is no padding); its nas-run core serves only calls that ask for the weights
+SDPA_SCHEME = "unas"
+
+
+def unas_mask_function(*args, **kwargs):
+    """UNAS's mask: the library's SDPA mask as the library's ``sdpa`` makes it (None where
+    ``is_causal`` or no mask at all says the same, so SDPA can take its fastest kernel)."""
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, **kwargs)
+
+
+def unas_attention(module, query, key, value, attention_mask, **kwargs: Any):
+    """UNAS inside a Hugging Face model: the library's own SDPA function, unless the weights are
+    asked for (``output_attentions``, nas-run's diagnostics), which nas-run's core gives."""
+    if kwargs.get("output_attentions") or _wants_weights(module):
+        return attention(SDPA_SCHEME, module, query, key, value, attention_mask, **kwargs)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _wants_weights(module) -> bool:
+    core = getattr(module, "_modules", {}).get("nas_core")
+    return core is not None and bool(core.__dict__.get("_hf_weights"))
+
+
 def _bound(name: str):
+    if name == SDPA_SCHEME:
+        return unas_attention
+
     def fn(module, query, key, value, attention_mask, **kwargs: Any):
         return attention(name, module, query, key, value, attention_mask, **kwargs)
 

@@ -73,6 +73,31 @@ def test_unas_equals_sdpa_llama_with_grouped_query_attention(pad):
     assert diff.abs().max().item() < 1e-10
 
 
+def test_unas_is_the_librarys_sdpa_function_unless_the_weights_are_asked_for(monkeypatch):
+    """Issue #48 (4): UNAS through a Hugging Face model runs the library's own SDPA function (its masks,
+    FlashAttention where it applies): nas-run's core serves only calls that want the weights."""
+    from transformers import LlamaForCausalLM
+    from transformers.integrations import sdpa_attention
+
+    import importlib
+
+    hf_attention = importlib.import_module("nas_cli.hf.attention")
+    calls = {"sdpa": 0, "core": 0}
+    real_sdpa, real_core = sdpa_attention.sdpa_attention_forward, hf_attention.attention
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward",
+                        lambda *a, **k: calls.__setitem__("sdpa", calls["sdpa"] + 1) or real_sdpa(*a, **k))
+    monkeypatch.setattr(hf_attention, "attention",
+                        lambda *a, **k: calls.__setitem__("core", calls["core"] + 1) or real_core(*a, **k))
+    model = build(LlamaForCausalLM, llama_config(), "unas")
+    ids, am = RIGHT
+    model(ids, attention_mask=am)
+    assert calls == {"sdpa": 2, "core": 0}  # two layers, both the library's SDPA
+    out = model(ids, attention_mask=am, output_attentions=True)
+    assert calls["core"] == 2 and out.attentions[0].shape == (2, 4, 6, 6)
+    rows = out.attentions[1][1].sum(-1)  # the unpadded row: real distributions over the keys
+    assert torch.allclose(rows, torch.ones_like(rows))
+
+
 @pytest.mark.parametrize("pad", [LEFT, RIGHT], ids=["left", "right"])
 @pytest.mark.parametrize("decoder", [False, True], ids=["encoder", "decoder"])
 def test_unas_equals_sdpa_bert(decoder, pad):
@@ -200,12 +225,56 @@ def test_cached_generation_equals_uncached(scheme):
         kw = dict(attention_mask=am, max_new_tokens=new, do_sample=False, pad_token_id=0)
         cached = model.generate(ids, use_cache=True, **kw)
         assert torch.equal(cached, model.generate(ids, use_cache=False, **kw)), (scheme, new)
-    state = model.model.layers[1].self_attn._nas_cache
-    assert state is not None and state[0] == ids.shape[1] + 8  # the state followed every cached key
+    layer = model.model.layers[1].self_attn
+    if scheme == "unas":  # the library's own SDPA path: nas-run keeps nothing beside the library's cache
+        assert not hasattr(layer, "_nas_cache")
+    else:
+        state = layer._nas_cache
+        assert state is not None and state[0] == ids.shape[1] + 8  # the state followed every cached key
     if scheme in ("dnas", "hnas", "sinkhorn"):  # one running column log-sum-exp per iteration
         assert len(state[1]) == (3 if scheme == "sinkhorn" else 1) and state[1][0].shape == (2, 4, 1, 14)
+    elif scheme != "unas":  # softmax over a kernel, additive scores: nothing carried from query to query
+        assert state[1] is None
     beams = dict(attention_mask=am, max_new_tokens=5, num_beams=3, do_sample=False, pad_token_id=0)
     assert torch.equal(model.generate(ids, use_cache=True, **beams), model.generate(ids, use_cache=False, **beams))
+
+
+@pytest.mark.parametrize("scheme", ["dnas", "hnas", "sinkhorn", "unas", "kernel_rbf", "additive"])
+def test_a_cached_forward_never_steps_query_by_query(scheme, monkeypatch):
+    """Issue #48 (4): a forward with use_cache=True (Hugging Face's default call, training included) ran
+    core.step once per query in every layer. Now it calls step never, and the state a continuation needs
+    comes from one vectorized pass (core.prefill_state), equal to the query-by-query state."""
+    from transformers import LlamaForCausalLM
+
+    from nas_cli.attention.base import AttentionCore
+
+    model = build(LlamaForCausalLM, llama_config(), scheme).train()
+    ids, am = LEFT
+    steps = []
+    for core in {type(m) for m in model.modules() if isinstance(m, AttentionCore)}:
+        monkeypatch.setattr(core, "step", lambda self, *a, _s=core.step: steps.append(1) or _s(self, *a))
+    out = model(ids, attention_mask=am, use_cache=True, labels=ids)
+    out.loss.backward()
+    assert steps == []  # not once per query: not at all
+    model.eval()
+    with torch.no_grad():
+        model(ids, attention_mask=am, use_cache=True)
+    layer = model.model.layers[0].self_attn
+    if scheme == "unas":
+        return
+    pending = layer._nas_cache[1]
+    if scheme in ("kernel_rbf", "additive"):
+        assert pending is None  # nothing to carry, nothing kept
+        return
+    core = layer.nas_core
+    q, k, v, q_mask, k_mask = pending.tensors
+    assert steps == [] and q_mask is not None and not bool(q_mask[0, :2].any())  # left padding seen
+    vectorized = core.prefill_state(q, k, v, q_mask, k_mask)
+    stepwise = AttentionCore.prefill_state(core, q, k, v, q_mask, k_mask)  # the default: step by step
+    assert len(steps) == q.shape[-2] and len(vectorized) == len(stepwise)
+    for a, b in zip(vectorized, stepwise):
+        finite = torch.isfinite(b)
+        assert torch.equal(finite, torch.isfinite(a)) and (a - b)[finite].abs().max().item() < 1e-12
 
 
 def test_cached_continuation_is_one_query_step_of_the_full_forward():
