@@ -228,35 +228,37 @@ def check_hf_model(plan, cfg: DictConfig, lm: bool) -> None:
 
 
 def check_triton(plan, cfg: DictConfig) -> None:
-    """``attention.impl=triton`` (attention/triton_prefix.py) runs where Triton runs (CUDA; the CPU only
-    under TRITON_INTERPRET=1, for tests), is not deterministic (dQ is accumulated with atomics), and
-    covers the prefix form of DNAS and HNAS: other locations and Sinkhorn-k keep the chunked path,
-    which the run says once."""
+    """``attention.impl=triton`` runs where Triton runs (CUDA; the CPU only under TRITON_INTERPRET=1,
+    for tests) and covers DNAS and HNAS in both forms: the encoder form's kernels
+    (attention/triton_encoder.py) are deterministic, the prefix form's (decoder self- and
+    cross-attention, attention/triton_prefix.py) accumulate dQ with atomics; Sinkhorn-k keeps the
+    chunked path, which the run says once."""
     chosen = {loc: p for loc, p in plan.placed.items() if p.options.get("impl") == "triton"}
     if not chosen:
         return
     import torch
 
-    names = ", ".join(chosen)
     from .attention.triton_prefix import triton_unavailable
 
-    _check_fused(cfg, f"attention.impl=triton ({names})", "the query gradients are accumulated with atomics",
-                 lambda device: triton_unavailable(torch.device(device)))
-    other = [loc for loc, p in chosen.items() if loc not in ("decoder", "cross") or "sinkhorn" in str(p.scheme)]
+    prefix = [loc for loc in chosen if loc in ("decoder", "cross")]
+    _check_fused(cfg, f"attention.impl=triton ({', '.join(prefix or chosen)})",
+                 "the prefix form's query gradients are accumulated with atomics",
+                 lambda device: triton_unavailable(torch.device(device)), deterministic=not prefix)
+    other = [loc for loc, p in chosen.items() if "sinkhorn" in str(p.scheme)]
     if other:
         import sys
 
-        print(f"nas-run: note: attention.impl=triton covers the prefix-normalized DNAS/HNAS of decoder self- and "
-              f"cross-attention; {', '.join(other)} attention uses the chunked exact path (same values and "
-              "gradients)", file=sys.stderr)
+        print(f"nas-run: note: attention.impl=triton covers DNAS and HNAS; Sinkhorn-k at {', '.join(other)} uses the "
+              "chunked exact path (same values and gradients)", file=sys.stderr)
 
 
-def _check_fused(cfg: DictConfig, what: str, atomics: str, unavailable) -> None:
-    """A fused attention path (flex, triton): refused under trainer.deterministic (its gradients use
-    atomics) and where it cannot run on the trainer's device, with one line each."""
+def _check_fused(cfg: DictConfig, what: str, atomics: str, unavailable, deterministic: bool = False) -> None:
+    """A fused attention path (flex, triton): refused under trainer.deterministic where its gradients
+    use atomics (``deterministic=False``) and where it cannot run on the trainer's device, with one
+    line each."""
     import torch
 
-    if bool((cfg.get("trainer") or {}).get("deterministic", False)):
+    if not deterministic and bool((cfg.get("trainer") or {}).get("deterministic", False)):
         raise UserError(f"{what} is not deterministic ({atomics}); with trainer.deterministic=true use "
                         "attention.impl=auto (the chunked exact path), or drop trainer.deterministic")
     accel = str((cfg.get("trainer") or {}).get("accelerator", "auto"))

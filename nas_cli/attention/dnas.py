@@ -83,12 +83,15 @@ def flex_applies(core, q, k, need_weights: bool) -> bool:
 
 
 def triton_applies(core, q, k, need_weights: bool) -> bool:
-    """Whether this call runs the Triton kernels (nas_cli/attention/triton_prefix.py): ``impl=triton``,
-    or ``impl=auto`` where :func:`auto_picks_fused`, for the prefix form (decoder self- and
-    cross-attention) of DNAS, without attention dropout in training, where Triton can run (CUDA, or
-    its interpreter for ``impl=triton``). Elsewhere ``impl=triton`` runs as ``auto`` (the run says so
-    once, nas_cli/checks.py)."""
-    if core.impl not in ("triton", "auto") or not core.prefix_queries or need_weights:
+    """Whether this call runs the Triton kernels: ``impl=triton`` in either form of DNAS (the prefix
+    form of decoder self- and cross-attention: nas_cli/attention/triton_prefix.py; the encoder form:
+    nas_cli/attention/triton_encoder.py), or ``impl=auto`` where :func:`auto_picks_fused` in the
+    prefix form (the encoder form's ``auto`` keeps FlexAttention until the kernels are timed on a
+    GPU), without attention dropout in training, where Triton can run (CUDA, or its interpreter for
+    ``impl=triton``). Elsewhere ``impl=triton`` runs as ``auto`` (the run says so once, nas_cli/checks.py)."""
+    if core.impl not in ("triton", "auto") or need_weights:
+        return False
+    if not core.prefix_queries and core.impl != "triton":
         return False
     if getattr(core, "iterations", 1) != 1 or (core.training and core.dropout > 0):
         return False
@@ -162,6 +165,10 @@ class DNAS(AttentionCore):
         return dnas_flex(q, k, v, q_mask, k_mask, self.iterations)
 
     def _triton(self, q, k, v, q_mask, k_mask):
+        if not self.prefix_queries:
+            from .triton_encoder import encoder_dnas_triton
+
+            return encoder_dnas_triton(q, k, v, q_mask, k_mask)
         from .triton_prefix import prefix_dnas_triton
 
         return prefix_dnas_triton(q, k, v, q_mask, k_mask, causal=self.causal)

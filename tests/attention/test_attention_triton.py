@@ -1,7 +1,9 @@
-"""``attention.impl=triton`` (issue #30): the Triton kernels of prefix-normalized DNAS, run on the
-CPU by Triton's interpreter (TRITON_INTERPRET=1) at small sizes, against the float64 reference
-formula (the naive path of the DNAS core), values and q/k/v gradients; causality (perturbing the
-future changes nothing, exactly); HNAS's mix with u's gradient; the dispatch and its refusals."""
+"""``attention.impl=triton`` (issues #30, #48): the Triton kernels of DNAS, the prefix form
+(decoder self- and cross-attention) and the encoder form, run on the CPU by Triton's interpreter
+(TRITON_INTERPRET=1) at small sizes, against the float64 reference formula (the naive path of the
+DNAS core), values and q/k/v gradients; causality (perturbing the future changes nothing, exactly);
+the encoder form's deterministic backward and its bf16/fp16 error against SDPA's own; HNAS's mix
+with u's gradient; the dispatch and its refusals."""
 import os
 import sys
 
@@ -125,13 +127,22 @@ def test_dnas_and_hnas_cores_dispatch_to_triton_with_the_same_values():
             gu = torch.autograd.grad(out.sum(), tri.u_logit)[0]
             gw = torch.autograd.grad(want.sum(), ref.u_logit)[0]
             torch.testing.assert_close(gu, gw, rtol=1e-10, atol=1e-12)
-        # the encoder form (full column sums) is not Triton's: the chunked path, same values
+        # the encoder form (full column sums) runs its own kernels (issue #48), same values
         enc = build_core(scheme, heads=4, causal=False, location="encoder", impl="triton").double().eval()
         enc_ref = build_core(scheme, heads=4, causal=False, location="encoder", impl="naive").double().eval()
         if scheme == "hnas":
             with torch.no_grad():
                 enc.u_logit.copy_(enc_ref.u_logit)
-        torch.testing.assert_close(enc(q, k, v).out, enc_ref(q, k, v).out, rtol=0, atol=1e-12)
+        import nas_cli.attention.triton_encoder as te
+
+        calls, real_enc = [], te.encoder_dnas_triton
+        te.encoder_dnas_triton = lambda *a, **kw: calls.append(1) or real_enc(*a, **kw)
+        try:
+            got = enc(q, k, v, qm, qm).out
+        finally:
+            te.encoder_dnas_triton = real_enc
+        assert calls, f"{scheme}: impl=triton did not run the encoder kernels"
+        torch.testing.assert_close(got, enc_ref(q, k, v, qm, qm).out, rtol=0, atol=1e-12)
 
 
 def test_impl_triton_refused_with_one_line_where_it_cannot_run(tmp_path):
@@ -154,8 +165,71 @@ def test_impl_triton_for_every_location_passes_the_checks_and_names_the_chunked_
     from nas_cli.checks import check_config
 
     check_config(compose_cfg("attention=dnas", "attention.impl=triton", "trainer.accelerator=cpu"))
-    note = capsys.readouterr().err
-    assert "encoder attention uses the chunked exact path" in note, note
-    assert "decoder" not in note.split(";")[1], note  # the decoder and cross-attention run the kernels
+    assert capsys.readouterr().err == ""  # every location runs kernels: the encoder form has its own (#48)
     check_config(compose_cfg("attention=sinkhorn", "attention.impl=triton", "trainer.accelerator=cpu"))
-    assert "encoder, decoder, cross attention uses the chunked" in capsys.readouterr().err
+    assert "Sinkhorn-k at encoder, decoder, cross uses the chunked" in capsys.readouterr().err
+    # the encoder form's backward has no atomics: trainer.deterministic=true takes it; the prefix form's not
+    check_config(compose_cfg("attention.encoder=dnas", "attention.encoder.impl=triton", "trainer.deterministic=true",
+                             "trainer.accelerator=cpu"))
+    from nas_cli.errors import UserError
+
+    with pytest.raises(UserError, match="attention.impl=triton \\(decoder\\) is not deterministic"):
+        check_config(compose_cfg("attention.decoder=dnas", "attention.decoder.impl=triton",
+                                 "trainer.deterministic=true", "trainer.accelerator=cpu"))
+
+
+# ---- the encoder form (issue #48) ----------------------------------------------------------------
+def _encoder_reference(q, k, v, qm, km):
+    core = build_core("dnas", heads=q.size(1), causal=False, location="encoder", impl="naive").double()
+    return AttentionCore.forward(core, q, k, v, qm, km).out
+
+
+@pytest.mark.parametrize("case", [
+    # (B, H, Sq, Sk, D, Dv, padded, block_q, block_k): lengths not multiples of the blocks
+    (2, 2, 37, 45, 16, 19, True, 32, 32),
+    (1, 3, 33, 33, 8, 8, False, 16, 16),
+    (2, 1, 64, 20, 24, 24, True, 16, 32),
+])
+def test_encoder_kernels_equal_the_float64_reference(case):
+    from nas_cli.attention.triton_encoder import encoder_dnas_triton
+
+    b, h, sq, sk, d, dv, padded, bq, bk = case
+    q, k, v = _inputs(b, h, sq, sk, d, dv, seed=sq + sk)
+    qm = km = None
+    if padded:
+        qm, km = torch.ones(b, sq, dtype=torch.bool), torch.ones(b, sk, dtype=torch.bool)
+        qm[0, -5:] = False
+        km[-1, -7:] = False
+    out = encoder_dnas_triton(q, k, v, qm, km, block_q=bq, block_k=bk)
+    want = _encoder_reference(q, k, v, qm, km)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    g = torch.randn_like(out)
+    for got, ref in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-11)
+
+
+def test_encoder_backward_is_deterministic_and_low_precision_is_within_sdpas_own_error():
+    """Two backward passes give the same bits (no atomics: trainer.deterministic can use it); float32 within
+    1e-5 of float64; bf16 and fp16 (tensor-core products, float32 accumulation) within 2x the error
+    SDPA's softmax attention makes in the same dtype on the same inputs."""
+    import torch.nn.functional as F
+
+    from nas_cli.attention.triton_encoder import encoder_dnas_triton
+
+    q, k, v = [t.detach() for t in _inputs(2, 2, 40, 40, 32, 32, seed=5)]
+    qm = torch.ones(2, 40, dtype=torch.bool)
+    qm[0, -5:] = False
+    want = _encoder_reference(q, k, v, qm, qm)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out = encoder_dnas_triton(*x, qm, qm)
+        assert out.dtype == dtype
+        grads = [torch.autograd.grad(encoder_dnas_triton(*x, qm, qm), x, torch.ones_like(out)) for _ in range(2)]
+        assert all(torch.equal(a, b) for a, b in zip(*grads)), dtype
+        err = (out.double() - want).abs().max().item()
+        if dtype == torch.float32:
+            assert err < 1e-5, err
+            continue
+        sdpa = (F.scaled_dot_product_attention(*(t.to(dtype) for t in (q, k, v))).double()
+                - F.scaled_dot_product_attention(q, k, v)).abs().max().item()
+        assert err <= 2 * sdpa, (dtype, err, sdpa)

@@ -1,0 +1,113 @@
+"""``attention.impl=triton`` in DNAS's encoder form (encoder self-attention: every query takes
+part in every column normalizer) as Triton kernels, never holding an (Sq x Sk) tensor, with a
+deterministic backward.
+
+**Forward, two passes over the scores:**
+
+1. Column pass, one program per (batch x head, key block): an online log-sum-exp of s_ij down the
+   query blocks gives c_j (Sk numbers per head). It loads no V and writes no output: about half
+   a FlashAttention forward.
+2. Row pass, one program per (batch x head, query block): FlashAttention's online softmax of
+   z_ij = s_ij - c_j over the key blocks; the row's log-sum-exp of z is kept (Sq numbers).
+
+**Backward, FlashAttention-2 style, no atomics.** With p_ij = exp(z_ij - L_i), D_i = dO_i . O_i,
+dz_ij = p_ij (dO_i . v_j - D_i) and the column step's weights pi_ij = exp(s_ij - c_j), the
+gradient of the scores is
+
+    ds_ij = dz_ij - pi_ij G_j,   G_j = sum_i' dz_i'j   (dc_j / ds_ij = pi_ij),
+
+so the column term is a column reduction (G), not a scatter. One program per key block sums G
+down the query blocks, then accumulates dK_j = scale sum_i ds_ij q_i and dV_j = sum_i p_ij dO_i;
+dQ has its own pass, one program per query block: dQ_i = scale sum_j ds_ij k_j. Every number is
+written by one program in a fixed order, so two backward passes give the same bits
+(``trainer.deterministic=true`` can use it).
+
+**Precision.** bf16/fp16 inputs go through ``tl.dot`` in their own dtype on the tensor cores with
+float32 accumulation (FlashAttention's choice: p, ds and dO rounded to the input dtype before
+their products); float32 and float64 inputs keep exact (IEEE) products, for the tests.
+
+Runs on CUDA; on the CPU only under Triton's interpreter (``TRITON_INTERPRET=1``, set before
+Triton is first imported), which the tests use at small sizes. Tile sizes: :data:`BLOCK_Q`,
+:data:`BLOCK_K` (the interpreter's); a GPU's best tiles are to be measured there.
+"""
+from __future__ import annotations
+
+import torch
+
+from .triton_prefix import _next_pow2, triton_unavailable
+
+BLOCK_Q = 32
+BLOCK_K = 32
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def _setup(q, k, v, q_mask, k_mask):
+    from . import triton_encoder_kernels as K
+
+    wd = torch.promote_types(q.dtype, torch.float32)
+    dummy = torch.zeros(1, dtype=torch.int8, device=q.device)
+    return dict(K=K, wd=wd, dt=K.tl.float64 if wd == torch.float64 else K.tl.float32,
+                lowp=q.dtype in LOW_PRECISION, bsz=q.size(0), heads=q.size(1), sq=q.size(2), sk=k.size(2),
+                d=q.size(3), dv=v.size(3), bd=_next_pow2(q.size(3)), bdv=_next_pow2(v.size(3)),
+                qm=dummy if q_mask is None else q_mask.to(torch.int8).contiguous(),
+                km=dummy if k_mask is None else k_mask.to(torch.int8).contiguous(),
+                has_qm=q_mask is not None, has_km=k_mask is not None)
+
+
+def _flags(st, block_q: int, block_k: int) -> dict:
+    return dict(HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"], BQ=block_q, BK=block_k,
+                BD=st["bd"])
+
+
+class _TritonEncoderDNAS(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, q_mask, k_mask, block_q: int, block_k: int):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        st = _setup(q, k, v, q_mask, k_mask)
+        K, bh, scale = st["K"], st["bsz"] * st["heads"], st["d"] ** -0.5
+        col = torch.empty(bh, st["sk"], dtype=st["wd"], device=q.device)
+        K.col_kernel[(bh, -(-st["sk"] // block_k))](q, k, st["qm"], st["km"], col, st["heads"], st["sq"], st["sk"],
+                                                    st["d"], scale, **_flags(st, block_q, block_k))
+        out = torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
+        lse = torch.empty(bh, st["sq"], dtype=st["wd"], device=q.device)
+        K.row_kernel[(bh, -(-st["sq"] // block_q))](q, k, v, st["qm"], st["km"], col, out, lse, st["heads"],
+                                                    st["sq"], st["sk"], st["d"], st["dv"], scale, BDV=st["bdv"],
+                                                    **_flags(st, block_q, block_k))
+        ctx.save_for_backward(q, k, v, *(m if m is not None else torch.empty(0) for m in (q_mask, k_mask)), col,
+                              out, lse)
+        ctx.conf = (block_q, block_k, q_mask is not None, k_mask is not None)
+        return out.to(v.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        q, k, v, q_mask, k_mask, col, out, lse = ctx.saved_tensors
+        block_q, block_k, has_qm, has_km = ctx.conf
+        st = _setup(q, k, v, q_mask if has_qm else None, k_mask if has_km else None)
+        K, bh, scale = st["K"], st["bsz"] * st["heads"], st["d"] ** -0.5
+        delta = (g.to(st["wd"]) * out).sum(-1).contiguous()
+        g = g.contiguous().to(v.dtype if st["lowp"] else st["wd"])
+        colsum = torch.empty(bh, st["sk"], dtype=st["wd"], device=q.device)
+        dq = torch.empty(q.shape, dtype=st["wd"], device=q.device)
+        dk = torch.empty(k.shape, dtype=st["wd"], device=q.device)
+        dv = torch.empty(v.shape, dtype=st["wd"], device=q.device)
+        args = (q, k, v, st["qm"], st["km"], col, lse, g, delta, colsum)
+        sizes = (st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale)
+        flags = dict(BDV=st["bdv"], **_flags(st, block_q, block_k))
+        K.bwd_kv_kernel[(bh, -(-st["sk"] // block_k))](*args, dk, dv, *sizes, **flags)
+        K.bwd_q_kernel[(bh, -(-st["sq"] // block_q))](*args, dq, *sizes, **flags)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+def encoder_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, block_q: int = BLOCK_Q,
+                        block_k: int = BLOCK_K) -> torch.Tensor:
+    """(B, H, Sq, Dv): DNAS in the encoder form (column normalizer over all real queries), zeros at
+    padded queries and at rows without a real key, as :func:`nas_cli.attention.efficient.dnas_attention`
+    gives with ``prefix=False``. q (B, H, Sq, D), k (B, H, Sk, D), v (B, H, Sk, Dv); masks (B, S)
+    bool, True = real."""
+    why = triton_unavailable(q.device)
+    if why:
+        raise RuntimeError(f"attention.impl=triton: {why}")
+    if q.size(-2) == 0 or k.size(-2) == 0:
+        return q.new_zeros(*q.shape[:-1], v.size(-1), dtype=v.dtype)
+    return _TritonEncoderDNAS.apply(q, k, v, q_mask, k_mask, int(block_q), int(block_k))

@@ -1,0 +1,201 @@
+"""Triton kernels of DNAS's encoder form (imported only when they run: importing this imports
+Triton). The algorithm and its derivation: :mod:`nas_cli.attention.triton_encoder`.
+
+Per (batch x head), on the allowed pairs (real query, real key):
+  s_ij = scale q_i . k_j,  c_j = log sum_i exp(s_ij)   (the column normalizer over all queries)
+  z_ij = s_ij - c_j,  p_ij = softmax_j z_ij,  O_i = sum_j p_ij v_j.
+
+``LOWP``: bf16/fp16 inputs go through ``tl.dot`` in their own dtype (tensor cores) with float32
+accumulation; float32 and float64 inputs keep exact (IEEE) products in the work dtype ``DT``.
+"""
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain global inside a kernel
+#: Triton's CPU interpreter multiplies bf16 tiles wrongly in tl.dot (it is numpy underneath, which has
+#: no bf16): there the low-precision products are taken in float32 from the same (exactly widened)
+#: bf16/fp16 values, which is what the tensor cores compute up to the order of the float32 sums
+INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@triton.jit
+def _dot(a, b, DT: tl.constexpr, LOWP: tl.constexpr):
+    """a @ b with float32 (or float64) accumulation: tensor cores for bf16/fp16 operands, IEEE otherwise."""
+    if LOWP:
+        if INTERPRETING:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee", out_dtype=tl.float32).to(DT)
+        return tl.dot(a, b, out_dtype=tl.float32).to(DT)
+    return tl.dot(a.to(DT), b.to(DT), input_precision="ieee", out_dtype=DT)
+
+
+@triton.jit
+def _load(P, bh, offs_r, offs_c, R, C, DT: tl.constexpr, LOWP: tl.constexpr):
+    """A (rows x cols) tile of a (B*H, R, C) tensor, zeros outside; native dtype if LOWP, else DT."""
+    x = tl.load(P + bh * R * C + offs_r[:, None] * C + offs_c[None, :],
+                mask=(offs_r[:, None] < R) & (offs_c[None, :] < C), other=0.0)
+    if LOWP:
+        return x
+    return x.to(DT)
+
+
+@triton.jit
+def _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr):
+    ok = (offs_q[:, None] < Sq) & (offs_k[None, :] < Sk)
+    if HAS_QM:
+        qm = tl.load(QM + b * Sq + offs_q, mask=offs_q < Sq, other=0)
+        ok = ok & (qm[:, None] != 0)
+    if HAS_KM:
+        km = tl.load(KM + b * Sk + offs_k, mask=offs_k < Sk, other=0)
+        ok = ok & (km[None, :] != 0)
+    return ok
+
+
+@triton.jit
+def _scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM: tl.constexpr,
+            HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr):
+    """One (BQ x BK) tile: the scores (NEG where not allowed), the allowed mask, the loaded q and k."""
+    q = _load(Q, bh, offs_q, offs_d, Sq, D, DT, LOWP)
+    k = _load(K, bh, offs_k, offs_d, Sk, D, DT, LOWP)
+    s = _dot(q, tl.trans(k), DT, LOWP) * scale
+    ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM)
+    return tl.where(ok, s, NEG), ok, q, k
+
+
+@triton.jit
+def col_kernel(Q, K, QM, KM, C, H, Sq, Sk, D, scale,
+               HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+               BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
+    """C[bh, j] = log sum_i exp(s_ij) over the allowed queries (NEG for a column with none): one
+    program per (bh, key block), an online log-sum-exp down the query blocks. No V, no output."""
+    bh = tl.program_id(0)
+    kb = tl.program_id(1)
+    b = bh // H
+    offs_k = kb * BK + tl.arange(0, BK)
+    offs_d = tl.arange(0, BD)
+    m = tl.full((BK,), NEG, DT)
+    l = tl.zeros((BK,), DT)
+    for qb in range(0, tl.cdiv(Sq, BQ)):
+        offs_q = qb * BQ + tl.arange(0, BQ)
+        s, ok, q, k = _scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT,
+                              LOWP)
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        l = l * tl.exp(m - m_new) + tl.sum(tl.where(ok, tl.exp(s - m_new[None, :]), 0.0), axis=0)
+        m = m_new
+    tl.store(C + bh * Sk + offs_k, tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), NEG), mask=offs_k < Sk)
+
+
+@triton.jit
+def row_kernel(Q, K, V, QM, KM, C, OUT, LSE, H, Sq, Sk, D, DV, scale,
+               HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+               BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """Output rows of one query block: FlashAttention's online softmax of z = s - c over the key
+    blocks; LSE[bh, i] = log sum_j exp(z_ij) is kept for the backward (0 for a row with no key)."""
+    bh = tl.program_id(0)
+    qb = tl.program_id(1)
+    b = bh // H
+    offs_q = qb * BQ + tl.arange(0, BQ)
+    offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
+    m = tl.full((BQ,), NEG, DT)
+    l = tl.zeros((BQ,), DT)
+    acc = tl.zeros((BQ, BDV), DT)
+    for kb in range(0, tl.cdiv(Sk, BK)):
+        offs_k = kb * BK + tl.arange(0, BK)
+        s, ok, q, k = _scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT,
+                              LOWP)
+        c = tl.load(C + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
+        z = tl.where(ok, s - c[None, :], NEG)
+        m_new = tl.maximum(m, tl.max(z, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.where(ok, tl.exp(z - m_new[:, None]), 0.0)
+        v = _load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DT, LOWP)
+        m = m_new
+    has = l > 0
+    out = tl.where(has[:, None], acc / tl.where(has, l, 1.0)[:, None], 0.0)
+    tl.store(OUT + bh * Sq * DV + offs_q[:, None] * DV + offs_dv[None, :], out,
+             mask=(offs_q[:, None] < Sq) & (offs_dv[None, :] < DV))
+    tl.store(LSE + bh * Sq + offs_q, tl.where(has, m + tl.log(tl.where(has, l, 1.0)), 0.0), mask=offs_q < Sq)
+
+
+@triton.jit
+def _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, bh, b, offs_q, offs_k, offs_d, offs_dv, Sq, Sk, D, DV, scale,
+               HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr):
+    """One tile of the backward: p (row weights), pi = exp(s - c) (the column step's weights),
+    dz = p (dO . v - D) (the gradient of z), and the loaded q, k, dO."""
+    s, ok, q, k = _scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT, LOWP)
+    c = tl.load(C + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
+    lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
+    z = s - c[None, :]
+    p = tl.where(ok, tl.exp(z - lse[:, None]), 0.0)
+    pi = tl.where(ok, tl.exp(z), 0.0)
+    do = _load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
+    v = _load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
+    delta = tl.load(DELTA + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
+    dz = tl.where(ok, p * (_dot(do, tl.trans(v), DT, LOWP) - delta[:, None]), 0.0)
+    return p, pi, dz, q, k, do
+
+
+@triton.jit
+def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, G, DK, DVv, H, Sq, Sk, D, DV, scale,
+                  HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+                  BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """dK and dV of one key block (FlashAttention-2's key-block program, no atomics). First the
+    column sums G_j = sum_i dz_ij down all query blocks (kept for the dQ pass), then
+    ds_ij = dz_ij - pi_ij G_j (the column step's term as a column reduction), dk_j = scale sum_i
+    ds_ij q_i and dv_j = sum_i p_ij dO_i."""
+    bh = tl.program_id(0)
+    kb = tl.program_id(1)
+    b = bh // H
+    offs_k = kb * BK + tl.arange(0, BK)
+    offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
+    nqb = tl.cdiv(Sq, BQ)
+    g = tl.zeros((BK,), DT)
+    for qb in range(0, nqb):
+        offs_q = qb * BQ + tl.arange(0, BQ)
+        p, pi, dz, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, bh, b, offs_q, offs_k, offs_d, offs_dv,
+                                         Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP)
+        g += tl.sum(dz, axis=0)
+    tl.store(G + bh * Sk + offs_k, g, mask=offs_k < Sk)
+    dk = tl.zeros((BK, BD), DT)
+    dv = tl.zeros((BK, BDV), DT)
+    for qb in range(0, nqb):
+        offs_q = qb * BQ + tl.arange(0, BQ)
+        p, pi, dz, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, bh, b, offs_q, offs_k, offs_d, offs_dv,
+                                         Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP)
+        ds = dz - pi * g[None, :]
+        dv += _dot(tl.trans(p.to(do.dtype)), do, DT, LOWP)
+        dk += _dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP)
+    tl.store(DK + bh * Sk * D + offs_k[:, None] * D + offs_d[None, :], dk * scale,
+             mask=(offs_k[:, None] < Sk) & (offs_d[None, :] < D))
+    tl.store(DVv + bh * Sk * DV + offs_k[:, None] * DV + offs_dv[None, :], dv,
+             mask=(offs_k[:, None] < Sk) & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def bwd_q_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, G, DQ, H, Sq, Sk, D, DV, scale,
+                 HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+                 BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """dQ of one query block in its own pass (no atomics): dq_i = scale sum_j (dz_ij - pi_ij G_j) k_j."""
+    bh = tl.program_id(0)
+    qb = tl.program_id(1)
+    b = bh // H
+    offs_q = qb * BQ + tl.arange(0, BQ)
+    offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
+    dq = tl.zeros((BQ, BD), DT)
+    for kb in range(0, tl.cdiv(Sk, BK)):
+        offs_k = kb * BK + tl.arange(0, BK)
+        p, pi, dz, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, bh, b, offs_q, offs_k, offs_d, offs_dv,
+                                         Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP)
+        g = tl.load(G + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
+        ds = dz - pi * g[None, :]
+        dq += _dot(ds.to(k.dtype), k, DT, LOWP)
+    tl.store(DQ + bh * Sq * D + offs_q[:, None] * D + offs_d[None, :], dq * scale,
+             mask=(offs_q[:, None] < Sq) & (offs_d[None, :] < D))
