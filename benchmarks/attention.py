@@ -57,8 +57,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def valid_schemes() -> list[str]:
     """Registry names, plus ``<name>-naive`` where a naive reference path exists (the
     schemes with an ``impl`` option, and UNAS's eager formula) and ``<name>-flex``
-    (FlexAttention, attention/flex.py) and ``<name>-triton`` (attention/triton_prefix.py: the
-    prefix form, i.e. the causal cases) for the schemes with an ``impl`` option."""
+    (FlexAttention, attention/flex.py) and ``<name>-triton`` (the Triton kernels of both forms:
+    attention/triton_encoder.py for the non-causal cases, attention/triton_prefix.py for the causal
+    ones) for the schemes with an ``impl`` option."""
     from ..choices import available, scheme_config
 
     names = available("attention")

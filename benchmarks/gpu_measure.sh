@@ -10,7 +10,8 @@
 #    (FlexAttention) and of the decoder's prefix form (Triton kernels) against SDPA, then
 #    end-to-end training steps of Transformer-base at WMT14 shapes (bf16-mixed).
 #
-# Environment: MULTI30K=<folder> also trains the study's Multi30k preset on the GPU beside the
+# Environment: ONLY_TRITON=1 stops after the Triton kernels' checks and timings and the Hugging Face
+# step (step 0b: 9 minutes at most, what one 15-minute GPU session holds); MULTI30K=<folder> also trains the study's Multi30k preset on the GPU beside the
 # checks; SKIP_NUMERICS=1 / SKIP_ATTENTION=1 leave out gpu-check's numerics / the attention-core
 # timings (e.g. when only the training path changed since they were measured).
 #
@@ -41,6 +42,24 @@ if [ -n "${MULTI30K:-}" ]; then
         task.path="$MULTI30K" seed=1,2,3 attention=unas,dnas hydra/launcher=joblib hydra.launcher.n_jobs=6 \
         progress_bar=false hydra.sweep.dir="$out/multi30k_gpu" &
 fi
+# 0b. the Triton kernels of both forms (issue #48): values, gradients and determinism in float32, bf16
+#     (tensor cores) and fp16 against float64 and SDPA's own error; then their time against SDPA, both
+#     forms, d_head 64 and 128, S up to 16k; and the Llama-style training step through Hugging Face
+step triton_check 90 python benchmarks/triton_check.py --out "$out/triton_check.json"
+step attention_triton_encoder 120 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+    --causal off --lengths 1024,2048,4096,8192,16384 --schemes unas,dnas-triton,hnas-triton,dnas-flex \
+    --out-json "$out/attention_triton_encoder.json" --out-md "$out/attention_triton_encoder.md"
+step attention_triton_prefix 120 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+    --causal on --lengths 1024,2048,4096,8192,16384 --schemes unas,dnas-triton,hnas-triton \
+    --out-json "$out/attention_triton_prefix.json" --out-md "$out/attention_triton_prefix.md"
+step attention_triton_d128 90 nas-bench attention --device cuda --dtype bfloat16 --batch 4 --heads 8 --d-head 128 \
+    --causal both --lengths 2048,8192 --schemes unas,dnas-triton \
+    --out-json "$out/attention_triton_d128.json" --out-md "$out/attention_triton_d128.md"
+step hf_step 120 python benchmarks/hf_step.py --device cuda --layers 8 --hidden 512 --heads 8 --seq 2048 --batch 4 \
+    --bf16 --reps 10 --warmup 3 --tag "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+    --out "$out/hf_step.json" --markdown "$out/hf_step.md"
+[ "${ONLY_TRITON:-0}" = 1 ] && exit "$(grep -vc ': exit 0 ' "$out/steps.txt")"
+
 # 1. correctness (numerics in one process, the training cases eight at a time beside it)
 step gpu_check_training 240 nas-bench gpu-check --only training --jobs 8 --out-json "$out/gpu_check_training.json" &
 # shellcheck disable=SC2086  # GPU_CHECK_ARGS: e.g. "--schemes dnas-flex,dnas-triton" to recheck some schemes

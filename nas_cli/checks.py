@@ -229,10 +229,10 @@ def check_hf_model(plan, cfg: DictConfig, lm: bool) -> None:
 
 def check_triton(plan, cfg: DictConfig) -> None:
     """``attention.impl=triton`` runs where Triton runs (CUDA; the CPU only under TRITON_INTERPRET=1,
-    for tests) and covers DNAS and HNAS in both forms: the encoder form's kernels
-    (attention/triton_encoder.py) are deterministic, the prefix form's (decoder self- and
-    cross-attention, attention/triton_prefix.py) accumulate dQ with atomics; Sinkhorn-k keeps the
-    chunked path, which the run says once."""
+    for tests) and covers DNAS and HNAS in both forms (the encoder form: attention/triton_encoder.py;
+    the prefix form of decoder self- and cross-attention: attention/triton_prefix.py), with
+    backward passes that use no atomics (``trainer.deterministic=true`` takes them); Sinkhorn-k
+    keeps the chunked path, which the run says once."""
     chosen = {loc: p for loc, p in plan.placed.items() if p.options.get("impl") == "triton"}
     if not chosen:
         return
@@ -240,10 +240,8 @@ def check_triton(plan, cfg: DictConfig) -> None:
 
     from .attention.triton_prefix import triton_unavailable
 
-    prefix = [loc for loc in chosen if loc in ("decoder", "cross")]
-    _check_fused(cfg, f"attention.impl=triton ({', '.join(prefix or chosen)})",
-                 "the prefix form's query gradients are accumulated with atomics",
-                 lambda device: triton_unavailable(torch.device(device)), deterministic=not prefix)
+    _check_fused(cfg, f"attention.impl=triton ({', '.join(chosen)})", "",
+                 lambda device: triton_unavailable(torch.device(device)), deterministic=True)
     other = [loc for loc, p in chosen.items() if "sinkhorn" in str(p.scheme)]
     if other:
         import sys

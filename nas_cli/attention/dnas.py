@@ -54,16 +54,17 @@ def resolve_impl(impl: str, block_size) -> str:
         raise ValueError(f"{err}, or auto (picks one per sequence length)") from None
 
 
-def auto_picks_fused(device_type: str, length: int) -> bool:
+def auto_picks_fused(device_type: str, length: int, atomics: bool = True) -> bool:
     """Whether ``impl=auto`` takes a fused path here: FlexAttention for the encoder form, the Triton
-    kernels for the prefix form. Only on CUDA, from AUTO_NAIVE_BELOW on, and never under
-    ``torch.use_deterministic_algorithms`` (``trainer.deterministic=true``): both accumulate
-    gradients with atomics. Measured on an H200 (docs/speed.md, bf16, B=8, H=8, d_head=64, forward
+    kernels for the prefix form. Only on CUDA, from AUTO_NAIVE_BELOW on, and, for a path whose
+    gradients are accumulated with atomics (``atomics``: FlexAttention's), never under
+    ``torch.use_deterministic_algorithms`` (``trainer.deterministic=true``); the Triton kernels'
+    backward has none (issue #48). Measured on an H200 (docs/speed.md, bf16, B=8, H=8, d_head=64, forward
     + backward of one core): FlexAttention DNAS 2.9-3.5x faster than the chunked path at S=512-8192,
     the Triton prefix kernels 7.1x at S=512 down to 1.9x at S=8192; below S=256 the naive formula
     stays (not measured against them on a GPU)."""
     return (device_type == "cuda" and length >= AUTO_NAIVE_BELOW
-            and not torch.are_deterministic_algorithms_enabled())
+            and not (atomics and torch.are_deterministic_algorithms_enabled()))
 
 
 def flex_applies(core, q, k, need_weights: bool) -> bool:
@@ -95,7 +96,7 @@ def triton_applies(core, q, k, need_weights: bool) -> bool:
         return False
     if getattr(core, "iterations", 1) != 1 or (core.training and core.dropout > 0):
         return False
-    if core.impl == "auto" and not auto_picks_fused(q.device.type, max(q.size(-2), k.size(-2))):
+    if core.impl == "auto" and not auto_picks_fused(q.device.type, max(q.size(-2), k.size(-2)), atomics=False):
         return False
     from .triton_prefix import triton_unavailable
 

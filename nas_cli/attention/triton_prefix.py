@@ -12,7 +12,8 @@ kernels, never holding an (Sq x Sk) tensor.
    of the tile), z = s - c, and FlashAttention's online softmax of z over the key blocks. The
    row's log-sum-exp of z is kept (Sq numbers) for the backward.
 
-**Backward, one pass**, per (batch x head, key block), query blocks from the last to the first:
+**Backward, FlashAttention-2 style, no atomics**: a key-block pass, per (batch x head, key
+block), query blocks from the last to the first:
 with dz_ij = p_ij (dO_i . v_j - D_i) (D_i = dO_i . O_i), the gradient of the scores is
 
     ds_rj = dz_rj - sum_{i >= r} dz_ij exp(s_rj - c_ij)
@@ -22,8 +23,12 @@ with dz_ij = p_ij (dO_i . v_j - D_i) (D_i = dO_i . O_i), the gradient of the sco
 where LP and LN are suffix log-sum-exp scans down the tile, carried from the later query blocks.
 Every exponent is bounded (s_rj <= c_ij for i >= r), so no spread of the normalizer can overflow
 (the chunked PyTorch path falls back to autograd for wide spreads). dK and dV accumulate in the
-program; dQ is added atomically (so gradients are not bit-for-bit deterministic on a GPU:
-``trainer.deterministic=true`` refuses ``impl=triton``).
+key-block program, which also writes the carries each query block starts from (the later blocks'
+LP and LN: Sq / BQ x Sk numbers each); dQ has its own pass, one program per query block, which
+recomputes its tiles' ds from them. Every number is written by one program in a fixed order, so
+two backward passes give the same bits. (``trainer.deterministic=true`` still refuses the prefix
+form's kernels until this is measured on a GPU.) bf16/fp16 inputs go through ``tl.dot`` in their
+own dtype (tensor cores) with float32 accumulation; float32 and float64 keep IEEE products.
 
 HNAS mixes this output with softmax attention (SDPA) by its per-head u, with u's gradient from
 autograd. Sinkhorn-k (k > 1) needs a full row normalization between its column steps (2k passes);
@@ -72,10 +77,11 @@ def _launch_setup(q, k, v, q_mask, k_mask, block_q: int, block_k: int):
     from . import triton_prefix_kernels as K
 
     dt = K.tl.float64 if wd == torch.float64 else K.tl.float32
+    lowp = q.dtype in (torch.bfloat16, torch.float16)
     qm = None if q_mask is None else q_mask.to(torch.int8).contiguous()
     km = None if k_mask is None else k_mask.to(torch.int8).contiguous()
     dummy = torch.zeros(1, dtype=torch.int8, device=q.device)
-    return dict(bsz=bsz, heads=heads, sq=sq, sk=sk, d=d, dv=dv, wd=wd, dt=dt, K=K,
+    return dict(bsz=bsz, heads=heads, sq=sq, sk=sk, d=d, dv=dv, wd=wd, dt=dt, K=K, lowp=lowp,
                 qm=qm if qm is not None else dummy, km=km if km is not None else dummy,
                 has_qm=qm is not None, has_km=km is not None, nqb=-(-sq // block_q), bd=_next_pow2(d), bdv=_next_pow2(dv), bq=block_q, bk=block_k)
 
@@ -90,14 +96,14 @@ class _TritonPrefixDNAS(torch.autograd.Function):
         carry = torch.empty(bh, st["nqb"], st["sk"], dtype=st["wd"], device=q.device)
         K.col_carry_kernel[(bh, -(-st["sk"] // block_k))](
             q, k, st["qm"], st["km"], carry, st["heads"], st["sq"], st["sk"], st["d"], scale, st["nqb"],
-            CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], BQ=block_q, BK=block_k,
-            BD=st["bd"])
+            CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"], BQ=block_q,
+            BK=block_k, BD=st["bd"])
         out = torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
         lse = torch.empty(st["bsz"], st["heads"], st["sq"], dtype=st["wd"], device=q.device)
         K.row_kernel[(bh, st["nqb"])](
             q, k, v, st["qm"], st["km"], carry, out, lse, st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale,
-            st["nqb"], CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], BQ=block_q,
-            BK=block_k, BD=st["bd"], BDV=st["bdv"])
+            st["nqb"], CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"],
+            BQ=block_q, BK=block_k, BD=st["bd"], BDV=st["bdv"])
         ctx.save_for_backward(q, k, v, q_mask if q_mask is not None else torch.empty(0),
                               k_mask if k_mask is not None else torch.empty(0), carry, out, lse)
         ctx.conf = (causal, block_q, block_k, q_mask is not None, k_mask is not None)
@@ -112,15 +118,19 @@ class _TritonPrefixDNAS(torch.autograd.Function):
         st = _launch_setup(q, k, v, q_mask, k_mask, block_q, block_k)
         K, bh = st["K"], st["bsz"] * st["heads"]
         scale = 1.0 / (st["d"] ** 0.5)
-        g = g.contiguous().to(st["wd"])
-        delta = (g * out).sum(-1).contiguous()
-        dq = torch.zeros(q.shape, dtype=st["wd"], device=q.device)
+        delta = (g.to(st["wd"]) * out).sum(-1).contiguous()
+        g = g.contiguous().to(v.dtype if st["lowp"] else st["wd"])
+        dq = torch.empty(q.shape, dtype=st["wd"], device=q.device)
         dk = torch.empty(k.shape, dtype=st["wd"], device=q.device)
         dv = torch.empty(v.shape, dtype=st["wd"], device=q.device)
-        K.bwd_col_kernel[(bh, -(-st["sk"] // block_k))](
-            q, k, v, st["qm"], st["km"], carry, lse, g, delta, dq, dk, dv, st["heads"], st["sq"], st["sk"], st["d"],
-            st["dv"], scale, st["nqb"], CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"],
-            BQ=block_q, BK=block_k, BD=st["bd"], BDV=st["bdv"])
+        # each query block's suffix carries of the later blocks (written by the key-block pass, read by dQ's)
+        lpc, lnc = (torch.full((bh, st["nqb"], st["sk"]), -1.0e30, dtype=st["wd"], device=q.device) for _ in range(2))
+        args = (q, k, v, st["qm"], st["km"], carry, lse, g, delta, lpc, lnc)
+        sizes = (st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale, st["nqb"])
+        flags = dict(CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"],
+                     BQ=block_q, BK=block_k, BD=st["bd"], BDV=st["bdv"])
+        K.bwd_col_kernel[(bh, -(-st["sk"] // block_k))](*args, dk, dv, *sizes, **flags)
+        K.bwd_q_kernel[(bh, st["nqb"])](*args, dq, *sizes, **flags)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 

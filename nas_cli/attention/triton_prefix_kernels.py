@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .triton_encoder_kernels import _dot, _load
+
 NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain global inside a kernel (the interpreter accepts it)
 
 
@@ -37,22 +39,22 @@ def _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM: tl.constexpr, HAS_KM: tl
 
 
 @triton.jit
-def _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT: tl.constexpr):
-    """scale q k^T for one (BQ x BK) tile, in the work dtype (IEEE, no TF32)."""
-    q = tl.load(Q + bh * Sq * D + offs_q[:, None] * D + offs_d[None, :],
-                mask=(offs_q[:, None] < Sq) & (offs_d[None, :] < D), other=0.0).to(DT)
-    k = tl.load(K + bh * Sk * D + offs_k[:, None] * D + offs_d[None, :],
-                mask=(offs_k[:, None] < Sk) & (offs_d[None, :] < D), other=0.0).to(DT)
-    return tl.dot(q, tl.trans(k), input_precision="ieee", out_dtype=DT) * scale, q, k
+def _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT: tl.constexpr, LOWP: tl.constexpr):
+    """scale q k^T for one (BQ x BK) tile: IEEE products in the work dtype, or for bf16/fp16 inputs
+    the tensor cores' products with float32 accumulation."""
+    q = _load(Q, bh, offs_q, offs_d, Sq, D, DT, LOWP)
+    k = _load(K, bh, offs_k, offs_d, Sk, D, DT, LOWP)
+    return _dot(q, tl.trans(k), DT, LOWP) * scale, q, k
 
 
 @triton.jit
 def _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale, NQB,
-                 CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr):
+                 CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
+                 LOWP: tl.constexpr):
     """One (query block x key block) tile: the scores s (NEG where not allowed), the allowed mask, the
     loaded q and k, and the prefix normalizer c_ij = logaddexp(carry_j, log-sum-exp of s_rj over the
     tile's rows r <= i)."""
-    s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT)
+    s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT, LOWP)
     ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL)
     s = tl.where(ok, s, NEG)
     carry = tl.load(CARRY + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
@@ -63,7 +65,7 @@ def _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, 
 @triton.jit
 def col_carry_kernel(Q, K, QM, KM, CARRY, H, Sq, Sk, D, scale, NQB,
                      CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
-                     BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
+                     LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     """CARRY[bh, qb, j] = log sum_{r < qb * BQ} exp(s_rj): each key's column log-sum-exp over all
     earlier query blocks (NEG where there is none). One program per (bh, key block); query blocks in order."""
     bh = tl.program_id(0)
@@ -80,7 +82,7 @@ def col_carry_kernel(Q, K, QM, KM, CARRY, H, Sq, Sk, D, scale, NQB,
     for qb in range(first, NQB):
         tl.store(CARRY + (bh * NQB + qb) * Sk + offs_k, carry, mask=offs_k < Sk)
         offs_q = qb * BQ + tl.arange(0, BQ)
-        s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT)
+        s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT, LOWP)
         ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL)
         s = tl.where(ok, s, NEG)
         top = tl.max(s, axis=0)
@@ -91,7 +93,7 @@ def col_carry_kernel(Q, K, QM, KM, CARRY, H, Sq, Sk, D, scale, NQB,
 @triton.jit
 def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, H, Sq, Sk, D, DV, scale, NQB,
                CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
-               BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+               LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """Output rows of one query block: per key block, the prefix normalizer c from the carry and a
     log-sum-exp scan down the rows, then an online softmax of z = s - c over the key blocks."""
     bh = tl.program_id(0)
@@ -110,15 +112,14 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, H, Sq, Sk, D, DV, scale, NQB,
     for kb in range(0, tl.cdiv(n_keys, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
         s, ok, q, k, c = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale,
-                                      NQB, CAUSAL, HAS_QM, HAS_KM, DT)
+                                      NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP)
         z = tl.where(ok, s - c, NEG)
         m_new = tl.maximum(m, tl.max(z, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.where(ok, tl.exp(z - m_new[:, None]), 0.0)
-        v = tl.load(V + bh * Sk * DV + offs_k[:, None] * DV + offs_dv[None, :],
-                    mask=(offs_k[:, None] < Sk) & (offs_dv[None, :] < DV), other=0.0).to(DT)
+        v = _load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
         l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee", out_dtype=DT)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DT, LOWP)
         m = m_new
         seen = tl.maximum(seen, tl.max(ok.to(tl.int32), axis=1))
     has = seen > 0
@@ -129,24 +130,57 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, H, Sq, Sk, D, DV, scale, NQB,
 
 
 @triton.jit
-def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, DQ, DK, DVv, H, Sq, Sk, D, DV, scale, NQB,
+def _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, bh, b, qb, offs_q, offs_k, offs_d, offs_dv, H, Sq, Sk, D, DV,
+              scale, NQB, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
+              LOWP: tl.constexpr):
+    """One tile of the backward: s, the allowed mask, c, p, dO, q, k and dz_ij = p_ij (dO_i . v_j - D_i)."""
+    s, ok, q, k, c = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale,
+                                  NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP)
+    lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
+    p = tl.where(ok, tl.exp(s - c - lse[:, None]), 0.0)
+    do = _load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
+    v = _load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
+    delta = tl.load(DELTA + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
+    dz = tl.where(ok, p * (_dot(do, tl.trans(v), DT, LOWP) - delta[:, None]), 0.0)
+    return s, ok, c, p, dz, q, k, do
+
+
+@triton.jit
+def _lse_rows(x):
+    """log sum over the rows of x, per column (NEG for a column of NEG only)."""
+    top = tl.max(x, axis=0)
+    return top + tl.log(tl.sum(tl.exp(x - top[None, :]), axis=0))
+
+
+@triton.jit
+def _ds(s, ok, c, dz, lp_carry, ln_carry):
+    """ds_rj = dz_rj - exp(s_rj + LP_rj) + exp(s_rj + LN_rj) from the tile's suffix scans and the carries
+    of the later query blocks; also the tile's own lp, ln (for the next carries)."""
+    lp = tl.where(dz > 0, tl.log(tl.where(dz > 0, dz, 1.0)) - c, NEG)
+    ln = tl.where(dz < 0, tl.log(tl.where(dz < 0, -dz, 1.0)) - c, NEG)
+    lp_s = _lae(tl.associative_scan(lp, 0, _lae, reverse=True), lp_carry[None, :])
+    ln_s = _lae(tl.associative_scan(ln, 0, _lae, reverse=True), ln_carry[None, :])
+    return tl.where(ok, dz - tl.exp(s + lp_s) + tl.exp(s + ln_s), 0.0), lp, ln
+
+
+@triton.jit
+def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LPC, LNC, DK, DVv, H, Sq, Sk, D, DV, scale, NQB,
                    CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
-                   BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
-    """Gradients, one program per (bh, key block), query blocks from the last to the first:
+                   LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """dK and dV, one program per (bh, key block), query blocks from the last to the first:
       dz_ij = p_ij (dO_i . v_j - D_i),  D_i = dO_i . O_i
       ds_rj = dz_rj - sum_{i >= r} dz_ij exp(s_rj - c_ij)
             = dz_rj - exp(s_rj + LP_rj) + exp(s_rj + LN_rj),
       LP_rj = log sum_{i >= r} max(dz_ij, 0) exp(-c_ij)  (LN: the negative part),
     suffix log-sum-exp scans carried up the query blocks; every exponent is bounded, since
-    s_rj <= c_ij for i >= r. dk, dv accumulate here; dq is added atomically."""
+    s_rj <= c_ij for i >= r. The carries each query block starts from (the later blocks' part) are
+    written to LPC/LNC for the dQ pass (:func:`bwd_q_kernel`): no atomics."""
     bh = tl.program_id(0)
     kb = tl.program_id(1)
     b = bh // H
     offs_k = kb * BK + tl.arange(0, BK)
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
-    v = tl.load(V + bh * Sk * DV + offs_k[:, None] * DV + offs_dv[None, :],
-                mask=(offs_k[:, None] < Sk) & (offs_dv[None, :] < DV), other=0.0).to(DT)
     dk = tl.zeros((BK, BD), DT)
     dv = tl.zeros((BK, BDV), DT)
     lp_carry = tl.full((BK,), NEG, DT)
@@ -157,30 +191,46 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, DQ, DK, DVv, H, Sq, S
     for it in range(0, NQB - first):
         qb = NQB - 1 - it
         offs_q = qb * BQ + tl.arange(0, BQ)
-        s, ok, q, k, c = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale,
-                                      NQB, CAUSAL, HAS_QM, HAS_KM, DT)
-        lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
-        p = tl.where(ok, tl.exp(s - c - lse[:, None]), 0.0)
-        do = tl.load(DO + bh * Sq * DV + offs_q[:, None] * DV + offs_dv[None, :],
-                     mask=(offs_q[:, None] < Sq) & (offs_dv[None, :] < DV), other=0.0).to(DT)
-        delta = tl.load(DELTA + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
-        dv += tl.dot(tl.trans(p), do, input_precision="ieee", out_dtype=DT)
-        dz = p * (tl.dot(do, tl.trans(v), input_precision="ieee", out_dtype=DT) - delta[:, None])
-        dz = tl.where(ok, dz, 0.0)
-        lp = tl.where(dz > 0, tl.log(tl.where(dz > 0, dz, 1.0)) - c, NEG)
-        ln = tl.where(dz < 0, tl.log(tl.where(dz < 0, -dz, 1.0)) - c, NEG)
-        lp_s = _lae(tl.associative_scan(lp, 0, _lae, reverse=True), lp_carry[None, :])
-        ln_s = _lae(tl.associative_scan(ln, 0, _lae, reverse=True), ln_carry[None, :])
-        ds = tl.where(ok, dz - tl.exp(s + lp_s) + tl.exp(s + ln_s), 0.0)
-        dk += tl.dot(tl.trans(ds), q, input_precision="ieee", out_dtype=DT) * scale
-        dq = tl.dot(ds, k, input_precision="ieee", out_dtype=DT) * scale
-        tl.atomic_add(DQ + bh * Sq * D + offs_q[:, None] * D + offs_d[None, :], dq,
-                      mask=(offs_q[:, None] < Sq) & (offs_d[None, :] < D))
-        top = tl.max(lp, axis=0)
-        lp_carry = _lae(lp_carry, top + tl.log(tl.sum(tl.exp(lp - top[None, :]), axis=0)))
-        top = tl.max(ln, axis=0)
-        ln_carry = _lae(ln_carry, top + tl.log(tl.sum(tl.exp(ln - top[None, :]), axis=0)))
+        tl.store(LPC + (bh * NQB + qb) * Sk + offs_k, lp_carry, mask=offs_k < Sk)
+        tl.store(LNC + (bh * NQB + qb) * Sk + offs_k, ln_carry, mask=offs_k < Sk)
+        s, ok, c, p, dz, q, k, do = _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, bh, b, qb, offs_q, offs_k,
+                                              offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM,
+                                              DT, LOWP)
+        ds, lp, ln = _ds(s, ok, c, dz, lp_carry, ln_carry)
+        dv += _dot(tl.trans(p.to(do.dtype)), do, DT, LOWP)
+        dk += _dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP) * scale
+        lp_carry = _lae(lp_carry, _lse_rows(lp))
+        ln_carry = _lae(ln_carry, _lse_rows(ln))
     tl.store(DK + bh * Sk * D + offs_k[:, None] * D + offs_d[None, :], dk,
              mask=(offs_k[:, None] < Sk) & (offs_d[None, :] < D))
     tl.store(DVv + bh * Sk * DV + offs_k[:, None] * DV + offs_dv[None, :], dv,
              mask=(offs_k[:, None] < Sk) & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def bwd_q_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LPC, LNC, DQ, H, Sq, Sk, D, DV, scale, NQB,
+                 CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
+                 LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """dQ of one query block in its own pass (FlashAttention-2's query-block program): per key block
+    the tile's ds from its own suffix scans and the later blocks' carries (LPC, LNC), dq += ds k."""
+    bh = tl.program_id(0)
+    qb = tl.program_id(1)
+    b = bh // H
+    offs_q = qb * BQ + tl.arange(0, BQ)
+    offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
+    dq = tl.zeros((BQ, BD), DT)
+    n_keys = Sk
+    if CAUSAL:
+        n_keys = tl.minimum(Sk, (qb + 1) * BQ)
+    for kb in range(0, tl.cdiv(n_keys, BK)):
+        offs_k = kb * BK + tl.arange(0, BK)
+        s, ok, c, p, dz, q, k, do = _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, bh, b, qb, offs_q, offs_k,
+                                              offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM,
+                                              DT, LOWP)
+        lp_carry = tl.load(LPC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
+        ln_carry = tl.load(LNC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
+        ds, lp, ln = _ds(s, ok, c, dz, lp_carry, ln_carry)
+        dq += _dot(ds.to(k.dtype), k, DT, LOWP)
+    tl.store(DQ + bh * Sq * D + offs_q[:, None] * D + offs_d[None, :], dq * scale,
+             mask=(offs_q[:, None] < Sq) & (offs_d[None, :] < D))

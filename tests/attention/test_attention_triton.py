@@ -146,11 +146,11 @@ def test_dnas_and_hnas_cores_dispatch_to_triton_with_the_same_values():
 
 
 def test_impl_triton_refused_with_one_line_where_it_cannot_run(tmp_path):
-    # without CUDA and without the interpreter: refused before anything is made; deterministic: refused too
+    # without CUDA and without the interpreter: refused before anything is made
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     nas_run = os.path.join(os.path.dirname(sys.executable), "nas-run")
     for extra, words in [((), "Triton kernels run on CUDA GPUs"),
-                         (("trainer.deterministic=true",), "not deterministic")]:
+                         (("trainer.deterministic=true",), "Triton kernels run on CUDA GPUs")]:
         proc = run_command([nas_run, "attention=dnas", "attention.impl=triton", "debug=fast", *extra],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr[-1500:]
@@ -168,14 +168,16 @@ def test_impl_triton_for_every_location_passes_the_checks_and_names_the_chunked_
     assert capsys.readouterr().err == ""  # every location runs kernels: the encoder form has its own (#48)
     check_config(compose_cfg("attention=sinkhorn", "attention.impl=triton", "trainer.accelerator=cpu"))
     assert "Sinkhorn-k at encoder, decoder, cross uses the chunked" in capsys.readouterr().err
-    # the encoder form's backward has no atomics: trainer.deterministic=true takes it; the prefix form's not
-    check_config(compose_cfg("attention.encoder=dnas", "attention.encoder.impl=triton", "trainer.deterministic=true",
+    # no atomics in either form's backward (issue #48): trainer.deterministic=true takes them
+    check_config(compose_cfg("attention=dnas", "attention.impl=triton", "trainer.deterministic=true",
                              "trainer.accelerator=cpu"))
-    from nas_cli.errors import UserError
+    from nas_cli.attention.dnas import auto_picks_fused
 
-    with pytest.raises(UserError, match="attention.impl=triton \\(decoder\\) is not deterministic"):
-        check_config(compose_cfg("attention.decoder=dnas", "attention.decoder.impl=triton",
-                                 "trainer.deterministic=true", "trainer.accelerator=cpu"))
+    torch.use_deterministic_algorithms(True)
+    try:  # impl=auto under determinism: the Triton kernels still (on CUDA), FlexAttention not
+        assert auto_picks_fused("cuda", 4096, atomics=False) and not auto_picks_fused("cuda", 4096)
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 # ---- the encoder form (issue #48) ----------------------------------------------------------------
@@ -232,4 +234,27 @@ def test_encoder_backward_is_deterministic_and_low_precision_is_within_sdpas_own
             continue
         sdpa = (F.scaled_dot_product_attention(*(t.to(dtype) for t in (q, k, v))).double()
                 - F.scaled_dot_product_attention(q, k, v)).abs().max().item()
+        assert err <= 2 * sdpa, (dtype, err, sdpa)
+
+
+def test_prefix_backward_is_deterministic_and_low_precision_is_within_sdpas_own_error():
+    """The prefix form's dQ has its own pass (issue #48): two backward passes give the same bits;
+    bf16/fp16 (tensor-core products) within 2x the error causal SDPA makes in the same dtype."""
+    import torch.nn.functional as F
+
+    from nas_cli.attention.triton_prefix import prefix_dnas_triton
+
+    q, k, v = [t.detach() for t in _inputs(2, 2, 40, 40, 32, 32, seed=6)]
+    want = _reference(q, k, v, None, None, True)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out = prefix_dnas_triton(*x, causal=True)
+        grads = [torch.autograd.grad(prefix_dnas_triton(*x, causal=True), x, torch.ones_like(out)) for _ in range(2)]
+        assert all(torch.equal(a, b) for a, b in zip(*grads)), dtype
+        err = (out.double() - want).abs().max().item()
+        if dtype == torch.float32:
+            assert err < 1e-5, err
+            continue
+        sdpa = (F.scaled_dot_product_attention(*(t.to(dtype) for t in (q, k, v)), is_causal=True).double()
+                - F.scaled_dot_product_attention(q, k, v, is_causal=True)).abs().max().item()
         assert err <= 2 * sdpa, (dtype, err, sdpa)

@@ -1,0 +1,84 @@
+"""The GPU-only checks of DNAS's Triton kernels (both forms), before their timings: on a real GPU the
+bf16/fp16 products go through the tensor cores (the CPU interpreter cannot run them), so there the
+kernels' values and q/k/v gradients are compared with the float64 formula in float32, bf16 and
+fp16, each next to SDPA's own error in the same dtype on the same inputs (the target: at most 2x),
+with padding and lengths that are not multiples of the tiles; and two backward passes must give
+the same bits (no atomics).
+
+    python benchmarks/triton_check.py --out gpu_out/triton_check.json      # exit 1 if a check fails
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def reference(q, k, v, q_mask, k_mask, prefix: bool, causal: bool):
+    from nas_cli.attention.base import allowed_mask
+    from nas_cli.attention.fused import doubly_normalized_attention
+
+    allowed = allowed_mask(q_mask, k_mask, causal, q.size(-2), k.size(-2), q.device)
+    out = doubly_normalized_attention(q, k, v, allowed, prefix)
+    return out if q_mask is None else out * q_mask[:, None, :, None]
+
+
+def check(form: str, b: int, h: int, s: int, d: int, device: str = "cuda", seed: int = 0) -> list[dict]:
+    from nas_cli.attention.triton_encoder import encoder_dnas_triton
+    from nas_cli.attention.triton_prefix import prefix_dnas_triton
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = (torch.randn(b, h, s, d, device=device, dtype=torch.float64, generator=g) for _ in range(3))
+    mask = torch.ones(b, s, dtype=torch.bool, device=device)
+    mask[0, -(s // 7):] = False
+    causal = form == "prefix"
+    run = ((lambda *x: prefix_dnas_triton(*x, mask, mask, causal=True)) if causal
+           else (lambda *x: encoder_dnas_triton(*x, mask, mask)))
+    x64 = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = reference(*x64, mask, mask, causal, causal)
+    dout = torch.randn(want.shape, device=device, dtype=torch.float64, generator=g) * mask[:, None, :, None]
+    want_grads = torch.autograd.grad(want, x64, dout)
+    sdpa64 = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out = run(*x)
+        grads = torch.autograd.grad(out, x, dout.to(dtype))
+        again = torch.autograd.grad(run(*x), x, dout.to(dtype))
+        sdpa = (F.scaled_dot_product_attention(*(t.to(dtype) for t in (q, k, v)), is_causal=causal).double()
+                - sdpa64).abs().max().item()
+        err = (out.double() - want).abs().max().item()
+        gerr = max((a.double() - w).abs().max().item() / w.abs().max().item() for a, w in zip(grads, want_grads))
+        ok = all(torch.equal(a, c) for a, c in zip(grads, again))
+        limit = 1e-5 if dtype == torch.float32 else 2 * sdpa
+        rows.append({"form": form, "B": b, "H": h, "S": s, "d": d, "dtype": str(dtype).split(".")[1],
+                     "max_err": err, "sdpa_err": sdpa, "grad_rel_err": gerr, "deterministic": ok,
+                     "pass": bool(ok and err <= limit)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="triton_check.json")
+    p.add_argument("--device", default="cuda", help="cuda; cpu runs under TRITON_INTERPRET=1 at --small sizes")
+    p.add_argument("--small", action="store_true", help="S=40 and 23, d=16: for the CPU interpreter")
+    args = p.parse_args()
+    rows = []
+    sizes = ((40, 16), (23, 16)) if args.small else ((1000, 64), (777, 128))
+    for form in ("encoder", "prefix"):
+        for s, d in sizes:
+            rows += check(form, 2, 2 if args.small else 4, s, d, args.device)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU (Triton interpreter)"
+    Path(args.out).write_text(json.dumps({"device": name, "torch": torch.__version__,
+                                          "rows": rows}, indent=1) + "\n")
+    return 0 if all(r["pass"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
