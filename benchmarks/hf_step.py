@@ -11,7 +11,7 @@ backward, optimizer step) after ``--warmup`` untimed ones, the same random batch
 
     python benchmarks/hf_step.py                          # CPU, small (docs/hf_step.json + docs/speed.md)
     python benchmarks/hf_step.py --device cuda --layers 8 --hidden 512 --heads 8 --seq 2048 --batch 4 --bf16 \\
-        --out docs/gpu_h200/hf_step.json                  # the issue's shape on a GPU
+        --tag H200 --out gpu_out/hf_step.json             # the issue's shape on a GPU
 """
 from __future__ import annotations
 

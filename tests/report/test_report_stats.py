@@ -558,7 +558,7 @@ def test_study_claims_table_reads_nas_reports_comparison(compare_sweep, tmp_path
 def test_method_note_names_each_metrics_test_once():
     """Groups with different numbers of paired seeds get t-tests with different degrees of
     freedom: the note says the test once per metric, with the degrees of freedom it used."""
-    from nas_cli.report.compare import _tests_in_words
+    from nas_cli.report.verdicts import _tests_in_words
 
     assert _tests_in_words({"paired t-test over seeds (1 df)", "paired t-test over seeds (2 df)"}) == (
         "paired t-test over seeds (1 or 2 df: one less than the paired seeds)")
