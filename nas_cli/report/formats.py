@@ -83,6 +83,10 @@ def tidy(key: str, head: Sequence[str], rows: Sequence[Sequence[str]], records) 
             for name, m in g["metrics"].items():
                 out.append({**ident, "metric": name, **m})
         return [{k: _cell(v) for k, v in r.items()} for r in out]
+    if key == "sequential":  # one row per comparison and look (a comparison waiting for runs: one row)
+        return [{"system": c["system"], "baseline": c["baseline"], "final_decision": c["decision"],
+                 **{("decision_at_look" if k == "decision" else k): _cell(v) for k, v in lk.items()}}
+                for c in records for lk in (c.get("looks") or [{}])]
     if records and all(isinstance(r, dict) for r in records):
         return [{k: _cell(v) for k, v in r.items() if not isinstance(v, dict)} for r in records]
     return [dict(zip(head, r)) for r in rows]

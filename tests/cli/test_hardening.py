@@ -233,9 +233,14 @@ def test_a_run_that_fails_before_training_is_marked_failed(tmp_path):
     line = one_line_error(nas_run(*FAST, "task=iwslt14", f"task.path={data}", f"hydra.run.dir={run}", cwd=tmp_path))
     failed = json.loads((run / "failed.json").read_text())
     assert failed["reason"] in line and "has 3 lines but" in failed["reason"]
-    report = run_command([NAS_REPORT, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
+    report = run_command([NAS_REPORT, str(tmp_path), "--out", str(tmp_path / "tables")], capture_output=True,
+                         text=True, cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "1 failed, 0 unfinished" in report.stdout and "failed:" in report.stdout
+    import pandas as pd  # every CSV nas-report writes reads as a table (issue #46)
+
+    (row,) = pd.read_csv(tmp_path / "tables" / "unfinished.csv").to_dict("records")
+    assert row["status"].startswith("failed: ") and "has 3 lines but" in row["status"]
 
 
 def test_a_failed_jobs_reason_names_the_error_that_started_it():

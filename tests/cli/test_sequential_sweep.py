@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import numpy as np
+import pytest
 from scipy import stats as sps
 
 from helpers import NAS_RUN, nas_run, run_command
@@ -64,6 +65,16 @@ def test_sequential_sweep_continues_after_a_kill_and_runs_no_seed_twice(tmp_path
                          env={**env, "COLUMNS": "200"})
     assert rep.returncode == 0, rep.stderr[-2000:]
     assert "Group-sequential paired t-test" in rep.stdout and "attention=dnas" in rep.stdout
+    # ... and as a tidy CSV (issue #46): one row per look, numbers in numeric columns
+    import pandas as pd
+
+    tables = tmp_path / "tables"
+    out = run_command([NAS_RUN.replace("nas-run", "nas-report"), str(root), "--out", str(tables)],
+                      capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    looks = pd.read_csv(tables / "sequential.csv")
+    assert looks["n"].tolist() == [lk["n"] for lk in comp["looks"]] and set(looks["final_decision"]) == {comp["decision"]}
+    assert pd.api.types.is_numeric_dtype(looks["mean"]) and looks["mean"].iloc[-1] == pytest.approx(d.mean())
     # another sequential sweep into the same directory: refused, nothing touched
     before = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
     other = nas_run(*[a if a != "attention=unas,dnas" else "attention=unas,hnas" for a in SWEEP],
