@@ -70,6 +70,8 @@ def test_nas_report_names_an_outlying_seed_and_the_verdict_without_it():
     assert f"without seed 5: {rest.mean():+.3g}, p={p_rest:.3f}" in line
     # no significant difference with the diverged seed (p > 0.05) nor without it: the same verdict
     assert row.comparison.p > 0.05 and p_rest > 0.05 and line.endswith("the verdict is the same without it")
+    rec = verdict_records([row])[0]  # the same numbers in JSON and CSV
+    assert rec["outlier_seed"] == 5 and rec["p_without_outlier"] == pytest.approx(p_rest)
     # four seeds agree on +0.1 and the diverged fifth makes the difference "not significant": the verdict
     # (no significant difference) rests on that one seed
     groups2, baseline2 = _groups([0.0] * 5, [0.10, 0.11, 0.09, 0.10, 3.0])
