@@ -66,6 +66,26 @@ def _scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_Q
 
 
 @triton.jit
+def softmax_step(m, l, acc, z, ok, V, bh, offs_k, offs_dv, Sk, DV, DT: tl.constexpr, LOWP: tl.constexpr):
+    """One key block of FlashAttention's online softmax over z (NEG where not allowed): the running
+    row maximum m, sum l and output accumulator acc, updated with this block's values."""
+    m_new = tl.maximum(m, tl.max(z, axis=1))
+    alpha = tl.exp(m - m_new)
+    p = tl.where(ok, tl.exp(z - m_new[:, None]), 0.0)
+    v = _load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
+    return m_new, l * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + _dot(p.to(v.dtype), v, DT, LOWP)
+
+
+@triton.jit
+def store_rows(OUT, LSE, bh, offs_q, offs_dv, Sq, DV, acc, m, l, has):
+    """The finished rows: O = acc / l (zeros for a row with no allowed key) and LSE = m + log l (0 there)."""
+    out = tl.where(has[:, None], acc / tl.where(has, l, 1.0)[:, None], 0.0)
+    tl.store(OUT + bh * Sq * DV + offs_q[:, None] * DV + offs_dv[None, :], out,
+             mask=(offs_q[:, None] < Sq) & (offs_dv[None, :] < DV))
+    tl.store(LSE + bh * Sq + offs_q, tl.where(has, m + tl.log(tl.where(has, l, 1.0)), 0.0), mask=offs_q < Sq)
+
+
+@triton.jit
 def col_kernel(Q, K, QM, KM, C, H, Sq, Sk, D, scale,
                HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
@@ -108,19 +128,9 @@ def row_kernel(Q, K, V, QM, KM, C, OUT, LSE, H, Sq, Sk, D, DV, scale,
         s, ok, q, k = _scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT,
                               LOWP)
         c = tl.load(C + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
-        z = tl.where(ok, s - c[None, :], NEG)
-        m_new = tl.maximum(m, tl.max(z, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.where(ok, tl.exp(z - m_new[:, None]), 0.0)
-        v = _load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DT, LOWP)
-        m = m_new
-    has = l > 0
-    out = tl.where(has[:, None], acc / tl.where(has, l, 1.0)[:, None], 0.0)
-    tl.store(OUT + bh * Sq * DV + offs_q[:, None] * DV + offs_dv[None, :], out,
-             mask=(offs_q[:, None] < Sq) & (offs_dv[None, :] < DV))
-    tl.store(LSE + bh * Sq + offs_q, tl.where(has, m + tl.log(tl.where(has, l, 1.0)), 0.0), mask=offs_q < Sq)
+        m, l, acc = softmax_step(m, l, acc, tl.where(ok, s - c[None, :], NEG), ok, V, bh, offs_k, offs_dv, Sk, DV,
+                                 DT, LOWP)
+    store_rows(OUT, LSE, bh, offs_q, offs_dv, Sq, DV, acc, m, l, l > 0)
 
 
 @triton.jit

@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_encoder_kernels import _dot, _load
+from .triton_encoder_kernels import _dot, _load, softmax_step, store_rows
 
 NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain global inside a kernel (the interpreter accepts it)
 
@@ -113,20 +113,9 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, H, Sq, Sk, D, DV, scale, NQB,
         offs_k = kb * BK + tl.arange(0, BK)
         s, ok, q, k, c = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale,
                                       NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP)
-        z = tl.where(ok, s - c, NEG)
-        m_new = tl.maximum(m, tl.max(z, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.where(ok, tl.exp(z - m_new[:, None]), 0.0)
-        v = _load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DT, LOWP)
-        m = m_new
+        m, l, acc = softmax_step(m, l, acc, tl.where(ok, s - c, NEG), ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
         seen = tl.maximum(seen, tl.max(ok.to(tl.int32), axis=1))
-    has = seen > 0
-    out = tl.where(has[:, None], acc / tl.where(has, l, 1.0)[:, None], 0.0)
-    tl.store(OUT + bh * Sq * DV + offs_q[:, None] * DV + offs_dv[None, :], out,
-             mask=(offs_q[:, None] < Sq) & (offs_dv[None, :] < DV))
-    tl.store(LSE + bh * Sq + offs_q, tl.where(has, m + tl.log(tl.where(has, l, 1.0)), 0.0), mask=offs_q < Sq)
+    store_rows(OUT, LSE, bh, offs_q, offs_dv, Sq, DV, acc, m, l, seen > 0)
 
 
 @triton.jit
