@@ -27,14 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
-import time
 from pathlib import Path
 
 import numpy as np
 
 from nas_cli.bench.calibration import verdicts
-from nas_cli.bench.markdown import write_markdown
+from nas_cli.bench.markdown import add_output_options, run_and_write
 from nas_cli.report import robust
 from nas_cli.report import sequential as seq
 from nas_cli.report import stats
@@ -180,20 +178,10 @@ def main() -> None:
     p.add_argument("--cases", type=int, default=10000, help="simulated comparisons per cell")
     p.add_argument("--sweeps", type=int, default=2000, help="simulated seed=auto sweeps per cell")
     p.add_argument("--power-sweeps", type=int, default=4000)
-    p.add_argument("--out", default=str(ROOT / "docs" / "assumptions.json"))
-    p.add_argument("--markdown", default=str(ROOT / "docs" / "comparing.md"))
-    p.add_argument("--table-only", action="store_true", help="rewrite the table from --out's JSON")
+    add_output_options(p, ROOT / "docs" / "assumptions.json", ROOT / "docs" / "comparing.md")
     args = p.parse_args()
-    if args.table_only:
-        write_markdown(Path(args.markdown), table(json.loads(Path(args.out).read_text())))
-        return
-    t0 = time.time()
-    result = run(args.cases, args.sweeps, args.power_sweeps)
-    result.update(date=time.strftime("%Y-%m-%d"), seconds=time.time() - t0,
-                  machine=f"{platform.machine()}, {platform.python_version()}",
-                  command="python benchmarks/assumptions.py")
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    write_markdown(Path(args.markdown), table(result))
+    run_and_write(args, lambda: run(args.cases, args.sweeps, args.power_sweeps), table,
+                  "python benchmarks/assumptions.py")
 
 
 if __name__ == "__main__":

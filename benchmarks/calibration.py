@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
-import time
 from pathlib import Path
 
 import numpy as np
@@ -183,25 +181,16 @@ def main() -> None:
     p.add_argument("--sweeps", type=int, default=1000, help="simulated sweeps per cell with no true effect")
     p.add_argument("--power-sweeps", type=int, default=500, help="simulated sweeps per cell with an effect")
     p.add_argument("--aso-sweeps", type=int, default=200, help="sweeps per cell for deepsig's ASO (0: skip)")
-    p.add_argument("--out", default=str(ROOT / "docs" / "calibration.json"))
-    p.add_argument("--markdown", default=str(ROOT / "docs" / "comparing.md"))
-    p.add_argument("--table-only", action="store_true", help="rewrite the table from --out's JSON, no simulation")
+    from nas_cli.bench.markdown import add_output_options, run_and_write
+
+    add_output_options(p, ROOT / "docs" / "calibration.json", ROOT / "docs" / "comparing.md")
     args = p.parse_args()
-    from nas_cli.bench.markdown import write_markdown
 
-    if args.table_only:
-        write_markdown(Path(args.markdown), table(json.loads(Path(args.out).read_text())))
-        return
-    t0 = time.time()
-    result = run(args.sweeps, args.power_sweeps, args.aso_sweeps)
-    result.update(date=time.strftime("%Y-%m-%d"), seconds=time.time() - t0, power_sweeps=args.power_sweeps,
-                  aso_sweeps=args.aso_sweeps, machine=f"{platform.machine()}, {platform.python_version()}",
-                  command="python benchmarks/calibration.py")
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    from nas_cli.bench.markdown import write_markdown
+    def compute() -> dict:
+        return {**run(args.sweeps, args.power_sweeps, args.aso_sweeps), "power_sweeps": args.power_sweeps,
+                "aso_sweeps": args.aso_sweeps}
 
-    write_markdown(Path(args.markdown), table(result))
-    print(table(result))
+    print(table(run_and_write(args, compute, table, "python benchmarks/calibration.py")))
 
 
 if __name__ == "__main__":

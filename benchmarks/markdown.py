@@ -1,7 +1,11 @@
 """Markdown output shared by the benchmarks: one section of docs/benchmarks.md each."""
 from __future__ import annotations
 
+import json
+import platform
+import time
 from pathlib import Path
+from typing import Callable
 
 
 def num(x, fmt: str) -> str:
@@ -26,3 +30,26 @@ def write_markdown(path: Path, section: str) -> None:
     path.write_text(text)
 
 
+
+
+def add_output_options(parser, out: Path, markdown: Path) -> None:
+    """--out (the JSON), --markdown (the page its table goes to) and --table-only."""
+    parser.add_argument("--out", default=str(out))
+    parser.add_argument("--markdown", default=str(markdown))
+    parser.add_argument("--table-only", action="store_true", help="rewrite the table from --out's JSON, no run")
+
+
+def run_and_write(args, compute: Callable[[], dict], table: Callable[[dict], str], command: str) -> dict:
+    """A simulation benchmark's main: with --table-only, the table again from --out's JSON; else
+    ``compute()``, stamped with the date, seconds, machine and command, written to --out and its
+    table to --markdown. Returns the result."""
+    if args.table_only:
+        result = json.loads(Path(args.out).read_text())
+    else:
+        t0 = time.time()
+        result = compute()
+        result.update(date=time.strftime("%Y-%m-%d"), seconds=time.time() - t0,
+                      machine=f"{platform.machine()}, {platform.python_version()}", command=command)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_markdown(Path(args.markdown), table(result))
+    return result

@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -212,29 +210,22 @@ def main() -> None:
     p.add_argument("--family-sweeps", type=int, default=1000)
     p.add_argument("--adastop-sweeps", type=int, default=300, help="0: skip AdaStop (needs pip install adastop)")
     p.add_argument("--B", type=int, default=2000, help="AdaStop's permutations")
-    p.add_argument("--out", default=str(ROOT / "docs" / "sequential.json"))
-    p.add_argument("--markdown", default=str(ROOT / "docs" / "comparing.md"))
-    p.add_argument("--table-only", action="store_true")
+    from nas_cli.bench.markdown import add_output_options, run_and_write
+
+    add_output_options(p, ROOT / "docs" / "sequential.json", ROOT / "docs" / "comparing.md")
     args = p.parse_args()
-    from nas_cli.bench.markdown import write_markdown
 
-    if args.table_only:
-        write_markdown(Path(args.markdown), table(json.loads(Path(args.out).read_text())))
-        return
-    t0 = time.time()
-    result = run(args.sweeps, args.power_sweeps, args.family_sweeps, args.adastop_sweeps, args.B)
-    try:
-        from importlib.metadata import version
+    def compute() -> dict:
+        result = run(args.sweeps, args.power_sweeps, args.family_sweeps, args.adastop_sweeps, args.B)
+        try:
+            from importlib.metadata import version
 
-        result["adastop_version"] = version("adastop")
-    except Exception:  # noqa: BLE001
-        pass
-    result.update(date=time.strftime("%Y-%m-%d"), seconds=time.time() - t0, B=args.B,
-                  machine=f"{platform.machine()}, {platform.python_version()}",
-                  command="python benchmarks/sequential.py")
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    write_markdown(Path(args.markdown), table(result))
+            result["adastop_version"] = version("adastop")
+        except Exception:  # noqa: BLE001
+            pass
+        return {**result, "B": args.B}
 
+    run_and_write(args, compute, table, "python benchmarks/sequential.py")
 
 if __name__ == "__main__":
     main()
