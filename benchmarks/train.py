@@ -186,7 +186,9 @@ def run_nas_loop(scheme: str, loader, total_steps: int, args, cfgs) -> tuple[lis
 
     model_cfg, optim_cfg, trainer_cfg, log_learned_every = cfgs
     pl.seed_everything(args.seed, verbose=False)
-    module = NasLitModule(model_cfg, _attention_cfg(scheme), optim_cfg, _bench_task(args.vocab),
+    from ..plan import AttentionPlan
+
+    module = NasLitModule(model_cfg, AttentionPlan.from_config(_attention_cfg(scheme)), optim_cfg, _bench_task(args.vocab),
                           log_learned_every=log_learned_every)
     clock = _StepClock(torch.device(args.device))
     trainer = pl.Trainer(accelerator="gpu" if args.device == "cuda" else "cpu", devices=1,

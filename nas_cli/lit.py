@@ -23,10 +23,8 @@ from .infra.distributed import gather_eval
 TIMING_KEY = "nas_run_timing"
 
 
-def build_model(model_cfg: DictConfig, attention: AttentionPlan | DictConfig, task) -> torch.nn.Module:
-    """The model for ``task`` (seq2seq or LM) with the cores of ``attention`` (the job's plan,
-    or a composed ``attention`` node from which one is made)."""
-    plan = attention if isinstance(attention, AttentionPlan) else AttentionPlan.from_config(attention)
+def build_model(model_cfg: DictConfig, plan: AttentionPlan, task) -> torch.nn.Module:
+    """The model for ``task`` (seq2seq or LM) with the cores of the job's attention ``plan``."""
     if model_cfg.get("family"):  # a Hugging Face family (model=hf_llama, ...)
         from .hf.models import build_hf_model
 
@@ -79,11 +77,11 @@ def inverse_sqrt(warmup: int):
 
 
 class NasLitModule(pl.LightningModule):
-    def __init__(self, model_cfg: DictConfig, attention: AttentionPlan | DictConfig, optim_cfg: DictConfig, task,
+    def __init__(self, model_cfg: DictConfig, plan: AttentionPlan, optim_cfg: DictConfig, task,
                  log_learned_every: int = 50):
         super().__init__()
         self.task = task
-        self.model = build_model(model_cfg, attention, task)
+        self.model = build_model(model_cfg, plan, task)
         self.max_positions = int(model_cfg.max_len)
         self._decode_cap_said = False
         self.optim_cfg = optim_cfg

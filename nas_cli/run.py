@@ -71,9 +71,8 @@ def check_lengths(task, model_max_len: int) -> None:
                                 f"or lower task.max_len to {model_max_len} (longer evaluation sources are cut to it)")
 
 
-def build_module(cfg: DictConfig, task, plan: AttentionPlan | None = None) -> NasLitModule:
+def build_module(cfg: DictConfig, task, plan: AttentionPlan) -> NasLitModule:
     check_lengths(task, int(cfg.model.max_len))
-    plan = plan or AttentionPlan.from_config(cfg.attention)
     try:
         return NasLitModule(cfg.model, plan, cfg.optim, task, log_learned_every=cfg.log_learned_every)
     except (SchemeError, ValueError, InstantiationException) as err:

@@ -128,7 +128,9 @@ def evaluate(args) -> dict:
     check_fingerprints(cfg, ckpts)
     task = build_task(cfg)
     _set_decoding(task, args.beam, args.lenpen)
-    module = build_module(cfg, task)
+    from ..plan import AttentionPlan
+
+    module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention))
     module.load_state_dict(average_checkpoints(ckpts))
     trainer = pl.Trainer(accelerator=cfg.trainer.get("accelerator", "auto"), devices=1, logger=False,
                          enable_progress_bar=False, enable_model_summary=False)

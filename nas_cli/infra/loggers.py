@@ -160,18 +160,16 @@ def _new_run_id() -> str:
 
 
 #: name parts that mark a config key as a secret (``logger.api_key``, ``access_token``, ``password``)
-def public_config(cfg, plan=None, cfg_id: str | None = None) -> dict[str, Any]:
-    """The resolved config with anything that looks like a secret dropped, plus the
-    attention placement spelled out per location."""
+def public_config(cfg, plan, cfg_id: str | None = None) -> dict[str, Any]:
+    """The resolved config with anything that looks like a secret dropped, plus the job's
+    attention ``plan`` (an :class:`~nas_cli.plan.AttentionPlan`) spelled out per location."""
     from omegaconf import OmegaConf
 
     from .config_identity import config_id
-    from ..plan import AttentionPlan
     from .redaction import redact
 
     data = redact(OmegaConf.to_container(cfg, resolve=True))
     data["config_id"] = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))
-    plan = plan or AttentionPlan.from_config(cfg.attention)
     data["scheme"] = plan.tag
     data["attention_placement"] = plan.names()
     return data

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from nas_cli.run import AtomicCheckpointIO, public_config, train
+from nas_cli.plan import AttentionPlan
 from helpers import compose_cfg
 
 
@@ -25,7 +26,7 @@ def test_lm_task_trains_with_csv_logger(tmp_path):
 
 def test_public_config_drops_secrets():
     cfg = compose_cfg("+logger.api_key=abc123", "+logger.nested.token=xyz")
-    text = json.dumps(public_config(cfg))
+    text = json.dumps(public_config(cfg, AttentionPlan.from_config(cfg.attention)))
     assert "abc123" not in text and "xyz" not in text and "nas-run" in text
 
 

@@ -16,6 +16,7 @@ from nas_cli.commands.nas_eval import average_checkpoints
 from nas_cli.model import Seq2SeqTransformer
 from nas_cli.plan import make_core_factory
 from nas_cli.run import train
+from nas_cli.plan import AttentionPlan
 from tasks.batching import TokenBatchSampler
 from tasks.language_model import LanguageModelTask, eval_windows, train_windows
 from tasks.sources import DataError
@@ -283,7 +284,7 @@ def test_adaptive_softmax_lm_scores_the_same_distribution_it_trains(tmp_path, ca
     from nas_cli.lit import NasLitModule
     task = LanguageModelTask("w", path=str(data), tokens_per_sample=32, context_window=24)
     task.setup()
-    module = NasLitModule(cfg.model, cfg.attention, cfg.optim, task).eval()
+    module = NasLitModule(cfg.model, AttentionPlan.from_config(cfg.attention), cfg.optim, task).eval()
     assert isinstance(module.model.generator, torch.nn.AdaptiveLogSoftmaxWithLoss)
     batch = next(iter(task.test_dataloader()))
     with torch.no_grad():
