@@ -26,20 +26,19 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from .attention import SchemeError
 from .attention.base import learned_scalars, learned_values
 from .metrics import declaration
-from .infra.checkpoints import (AtomicCheckpointIO, PeriodicCheckpoint, checkpoint_io,  # noqa: F401  (AtomicCheckpointIO: re-exported)
-                          tested_checkpoint, unreadable_checkpoint)
+from .infra.checkpoints import PeriodicCheckpoint, checkpoint_io, tested_checkpoint, unreadable_checkpoint
 from .errors import Refused, SignalStop, Stopped, UserError
 from .errors import unwrap as _unwrap
 from .infra.config_identity import config_id
 from .lit import NasLitModule
-from .infra.loggers import make_logger, public_config, wandb_run_id  # noqa: F401  (public_config: re-exported)
+from .infra.loggers import make_logger, wandb_run_id
 from .plan import AttentionPlan
-from .trainer import (_compile_failure, _trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
+from .trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
                       environment, set_threads)
 from .infra.resume import (CHAINED, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint, stop_signals_here,
                      continue_finished, pick_checkpoint)
-from .infra.redaction import redact, redact_files, redacted_argv  # noqa: F401  (redact_files: used by the CLI)
-from .infra.rundir import atomic_write_json, atomic_write_text, continuing
+from .infra.redaction import redacted_argv
+from .infra.rundir import ITEMS_FILE, atomic_write_json, atomic_write_text, continuing
 from .infra.distributed import StepSeed, shard_and_resume
 from .infra.validate_at_end import ValidateAtEnd
 
@@ -218,7 +217,7 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
         callbacks.append(DiagnosticsCallback(run_dir=job.run_dir, **opts))
     if cfg.progress_bar:
         callbacks.append(RichProgressBar(leave=True))
-    trainer = pl.Trainer(**_trainer_kwargs(cfg), callbacks=callbacks, logger=logger,
+    trainer = pl.Trainer(**trainer_kwargs(cfg), callbacks=callbacks, logger=logger,
                          plugins=[checkpoint_io(cfg.trainer.get("accelerator", "auto"))],
                          default_root_dir=str(job.run_dir), enable_progress_bar=bool(cfg.progress_bar),
                          enable_model_summary=False)
@@ -236,7 +235,7 @@ def _fit(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, compiled
         refusal = data_dependent_refusal(err, cfg)
         if refusal:
             raise UserError(refusal) from None
-        failure = _compile_failure(err) if compiled else None  # compilation happens at the first forward
+        failure = compile_failure(err) if compiled else None  # compilation happens at the first forward
         if failure:
             raise UserError(f"compile={cfg.compile}: torch.compile ({compiled}) failed on this platform "
                             f"({failure}); run with compile=false") from err
@@ -335,8 +334,6 @@ def _float(x):
     return None if x is None else float(x)
 
 
-#: per-item test outputs (hypotheses, NLL, exact match) for paired significance tests (nas-report --baseline)
-ITEMS_FILE = "test_items.json"
 
 #: the W&B run id of a run that has no checkpoint yet (a kill before the first one reuses it)
 WANDB_ID_FILE = ".wandb_run_id"

@@ -18,7 +18,7 @@ from .errors import UserError
 from .errors import unwrap as _unwrap
 
 
-def _trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     if isinstance(tcfg.get("strategy"), dict):  # e.g. trainer=fsdp: {_target_: nas_cli.infra.distributed.fsdp_strategy, ...}
         try:
@@ -62,7 +62,7 @@ def check_trainer(cfg: DictConfig) -> None:
     """Refuse a trainer configuration Lightning would reject (accelerator not on this machine,
     unknown precision, negative max_steps, an option Trainer does not have) with one line,
     before any data, model, W&B run or checkpoint is made: build a throwaway Trainer."""
-    kwargs = _trainer_kwargs(cfg)
+    kwargs = trainer_kwargs(cfg)
     try:
         pl.Trainer(**kwargs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                    enable_model_summary=False)
@@ -101,7 +101,7 @@ def compile_model(module, setting) -> str | None:
     return backend
 
 
-def _compile_failure(err: BaseException) -> str | None:
+def compile_failure(err: BaseException) -> str | None:
     """One line describing a torch.compile failure (None if ``err`` is not one)."""
     exc = getattr(getattr(torch, "_dynamo", None), "exc", None)
     if exc is None or not isinstance(err, exc.TorchDynamoException):

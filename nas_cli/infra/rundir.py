@@ -29,6 +29,8 @@ from .atomic import atomic_write_json, atomic_write_text  # noqa: F401  (the run
 CONTINUE_ENV = "NAS_RUN_CONTINUE"
 LOCK_NAME = ".nas-run.lock"
 FAILED_NAME = "failed.json"
+#: a run's per-item test outputs (hypotheses, references, per-item NLL): written by nas_cli/run.py, read by the report
+ITEMS_FILE = "test_items.json"
 _held: set[Path] = set()
 
 

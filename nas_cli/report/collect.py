@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..infra.config_identity import flatten as _flatten
+from ..infra.rundir import ITEMS_FILE
 from ..locations import LOCATIONS
 from ..metrics import KNOWN, declare
 
@@ -240,7 +241,7 @@ def load_run(run_dir: str | Path) -> Run:
                              "or run the job again"}
     if summary:
         declare(summary.get("metrics"))  # the task's own metrics: titles and better direction
-    return Run(path=run_dir, summary=summary, config=_read_config(run_dir), items_path=run_dir / "test_items.json",
+    return Run(path=run_dir, summary=summary, config=_read_config(run_dir), items_path=run_dir / ITEMS_FILE,
                diagnostics=_read_json(diag / "summary.json"), latest=_read_json(diag / "latest.json"),
                failure=failure)
 

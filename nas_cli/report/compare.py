@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Sequence
 
 from ..diagnostics.metrics import SIGNED_NOTE
+from ..infra.rundir import ITEMS_FILE
 from . import stats
 from .collect import Run
 from .table import Group, field_value
 
-ITEMS_FILE = "test_items.json"
 
 #: run-level numbers (nas_cli.report.collect.Run.value names) compared over seeds, and their
 #: column titles in the main table (for the † mark)

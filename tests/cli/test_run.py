@@ -5,7 +5,9 @@ import json
 import pytest
 import torch
 
-from nas_cli.run import AtomicCheckpointIO, public_config, train
+from nas_cli.infra.checkpoints import AtomicCheckpointIO
+from nas_cli.infra.loggers import public_config
+from nas_cli.run import train
 from nas_cli.plan import AttentionPlan
 from helpers import compose_cfg
 
