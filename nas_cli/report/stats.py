@@ -244,10 +244,19 @@ def compare_seeds(metric: str, base: Sequence[float], system: Sequence[float], s
     difference, its Student-t interval and the paired t-test's two-sided p (scipy's
     ``ttest_rel``, n - 1 df). One pair: the difference, no interval, no test. Differences without
     spread (all equal): p = 1 when they are 0, else the exact sign-flip p 2^(1-n), which no
-    parametric assumption is needed for (0.5 at 2 seeds: no verdict below 6 seeds)."""
+    parametric assumption is needed for (0.5 at 2 seeds: no verdict below 6 seeds). From 3 seeds,
+    the checks of :mod:`nas_cli.report.robust` too (an outlying seed; from 6, the sign-flip p)."""
+    b, s = np.asarray(base, dtype=np.float64), np.asarray(system, dtype=np.float64)
+    c = _paired(metric, b, s, seeds, level)
+    if c.n >= 3 and math.isfinite(c.p):
+        _robustness(c, b, s, level)
+    return c
+
+
+def _paired(metric: str, b: np.ndarray, s: np.ndarray, seeds: Sequence, level: float) -> Comparison:
+    """:func:`compare_seeds` without the robustness checks."""
     from scipy import stats as sps
 
-    b, s = np.asarray(base, dtype=np.float64), np.asarray(system, dtype=np.float64)
     d = s - b
     n = len(d)
     test = f"paired t-test over seeds ({n - 1} df)"
@@ -267,18 +276,13 @@ def compare_seeds(metric: str, base: Sequence[float], system: Sequence[float], s
         with warnings.catch_warnings():  # nearly equal differences: scipy warns of round-off, the p is still right
             warnings.simplefilter("ignore", RuntimeWarning)
             p = float(sps.ttest_rel(s, b).pvalue)
-    c = Comparison(metric, list(seeds), float(b.mean()), float(s.mean()), float(d.mean()), low, high, p, test,
-                   n_base=n, n_sys=n, paired=True, se=se, df=df, sd=sd)
-    if n >= 3 and math.isfinite(p):
-        _robustness(c, b, s)
-    return c
+    return Comparison(metric, list(seeds), float(b.mean()), float(s.mean()), float(d.mean()), low, high, p, test,
+                      n_base=n, n_sys=n, paired=True, se=se, df=df, sd=sd)
 
 
-def _robustness(c: Comparison, b: np.ndarray, s: np.ndarray) -> None:
+def _robustness(c: Comparison, b: np.ndarray, s: np.ndarray, level: float) -> None:
     """The checks of :mod:`nas_cli.report.robust` on a paired comparison's differences: an
-    outlying seed (and the test without it), and from 6 seeds the exact sign-flip p."""
-    from scipy import stats as sps
-
+    outlying seed (and the paired test without it), and from 6 seeds the exact sign-flip p."""
     from . import robust
 
     d = s - b
@@ -287,10 +291,8 @@ def _robustness(c: Comparison, b: np.ndarray, s: np.ndarray) -> None:
         c.outlier = {"seed": c.seeds[found.index], "p": found.p, "t": found.t,
                      "difference": float(d[found.index])}
         keep = np.arange(len(d)) != found.index
-        rest = d[keep]
-        p = (float(sps.ttest_rel(s[keep], b[keep]).pvalue) if np.any(rest != rest[0])
-             else (1.0 if rest[0] == 0 else 2.0 ** (1 - len(rest))))
-        c.without_outlier = (float(rest.mean()), p)
+        rest = _paired(c.metric, b[keep], s[keep], [x for x, k in zip(c.seeds, keep) if k], level)
+        c.without_outlier = (rest.diff, rest.p)
     if len(d) >= robust.SIGNFLIP_MIN_SEEDS:
         c.signflip_p = robust.signflip_p(d)
 
