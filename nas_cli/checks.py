@@ -240,8 +240,8 @@ def check_triton(plan, cfg: DictConfig) -> None:
 
     from .attention.triton_prefix import triton_unavailable
 
-    _check_fused(cfg, f"attention.impl=triton ({', '.join(chosen)})", "",
-                 lambda device: triton_unavailable(torch.device(device)), deterministic=True)
+    _check_fused(cfg, f"attention.impl=triton ({', '.join(chosen)})", None,
+                 lambda device: triton_unavailable(torch.device(device)))
     other = [loc for loc, p in chosen.items() if "sinkhorn" in str(p.scheme)]
     if other:
         import sys
@@ -250,13 +250,13 @@ def check_triton(plan, cfg: DictConfig) -> None:
               "chunked exact path (same values and gradients)", file=sys.stderr)
 
 
-def _check_fused(cfg: DictConfig, what: str, atomics: str, unavailable, deterministic: bool = False) -> None:
+def _check_fused(cfg: DictConfig, what: str, atomics: str | None, unavailable) -> None:
     """A fused attention path (flex, triton): refused under trainer.deterministic where its gradients
-    use atomics (``deterministic=False``) and where it cannot run on the trainer's device, with one
-    line each."""
+    use atomics (``atomics`` says how; None: they do not) and where it cannot run on the trainer's
+    device, with one line each."""
     import torch
 
-    if not deterministic and bool((cfg.get("trainer") or {}).get("deterministic", False)):
+    if atomics and bool((cfg.get("trainer") or {}).get("deterministic", False)):
         raise UserError(f"{what} is not deterministic ({atomics}); with trainer.deterministic=true use "
                         "attention.impl=auto (the chunked exact path), or drop trainer.deterministic")
     accel = str((cfg.get("trainer") or {}).get("accelerator", "auto"))

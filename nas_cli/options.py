@@ -35,15 +35,6 @@ def declared(cls: type) -> set[str] | None:
     return None
 
 
-def undeclared(cls: type, keys: Iterable[str], ignore: Iterable[str] = ("_target_",)) -> list[str]:
-    """The keys among ``keys`` that ``cls`` does not declare (empty when it cannot be told)."""
-    names = declared(cls)
-    if names is None:
-        return []
-    skip = set(ignore)
-    return [k for k in keys if k not in names and k not in skip]
-
-
 def unknown_option_message(where: str, key: str, value: Any, owner: str, options: Iterable[str]) -> str:
     """One line: ``<where>.<key>=<value>: <owner> has no option <key> (did you mean x?); its options: ...``."""
     choices = sorted(options)
