@@ -120,9 +120,19 @@ def check_declared(cfg: DictConfig) -> None:
 
 def check_launcher(cfg: DictConfig) -> None:
     """A sweep's launcher options that would fail in the launcher, after the sweep directory is
-    made (joblib's ``n_jobs=0``): one line before anything is made."""
+    made (joblib's ``n_jobs=0``; the SLURM launcher on a machine without SLURM): one line before
+    anything is made."""
     launcher = cfg.get("hydra", {}).get("launcher") if "hydra" in cfg else None
-    if not launcher or "joblib" not in str(launcher.get("_target_", "")):
+    target = str(launcher.get("_target_", "")) if launcher else ""
+    if "submitit" in target and "Slurm" in target:
+        import shutil
+
+        if shutil.which("srun") is None or shutil.which("sbatch") is None:
+            raise UserError("hydra/launcher=slurm: this machine has no SLURM (srun and sbatch not found); run the "
+                            "command on a SLURM cluster's login node, or drop hydra/launcher=slurm (or use "
+                            "hydra/launcher=joblib) to run the jobs here")
+        return
+    if "joblib" not in target:
         return
     n_jobs = launcher.get("n_jobs")
     if not (n_jobs is None or (_is_int(n_jobs) and n_jobs != 0)):

@@ -23,7 +23,7 @@ from ..choices import CONF_DIR, CONF_PACKAGE
 from ..resolvers import register_resolvers
 from ..infra.rundir import CONTINUE_ENV, continuing
 from .nas_run_hydra import (STOPPING, SWEEP_CONTINUE_ENV, RunGuard, SweepSummary, _console, _fail,  # noqa: F401
-                            _sweep_overrides, restore_finished_configs, summary_table)
+                            _sweep_overrides, restore_finished_configs, setup_overrides, summary_table)
 
 
 def _spawns_processes(trainer_cfg) -> bool:
@@ -283,10 +283,13 @@ def saved_sweep_order(argv: list[str]) -> list[str]:
         return argv
     saved = _sweep_overrides(Path(sweep.strip("'\"")))
     task = [a for a in argv if a != "-m" and not a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
-    if not saved or task == saved or sorted(task) != sorted(saved):
+    if not saved:
+        return argv
+    now, before = setup_overrides(task), setup_overrides(saved)  # logging-only keys may differ
+    if now == before or sorted(now) != sorted(before):
         return argv
     rest = [a for a in argv if a == "-m" or a not in task]
-    return [*rest, *saved]
+    return [*rest, *before, *[a for a in task if a not in now]]
 
 
 def multirun_first(argv: list[str]) -> list[str]:

@@ -116,6 +116,15 @@ def _sweep_overrides(root: Path) -> list[str] | None:
         return None
 
 
+def setup_overrides(overrides: list[str]) -> list[str]:
+    """The overrides that define a sweep's setup: those of keys that change only what is logged or
+    shown (``progress_bar``, ``logger``, ...: config_identity.IGNORED_KEYS) left out, so that a sweep
+    continued without ``progress_bar=false``, or with another logger, is the same sweep."""
+    from ..infra.config_identity import ignored
+
+    return [o for o in overrides if not ignored(o.split("=", 1)[0].lstrip("+~").split("@", 1)[0])]
+
+
 #: where a continued sweep keeps a finished job's saved configs while Hydra writes the job's again
 KEPT_CONFIGS = ".nas-run-kept-configs"
 
@@ -193,7 +202,7 @@ class RunGuard(Callback):
             if any(root.glob("*/summary.json")) or any(root.glob("*/checkpoints")):
                 earlier = _sweep_overrides(root)
                 now = [str(o) for o in config.hydra.overrides.task]
-                if earlier != now:
+                if earlier is None or setup_overrides(earlier) != setup_overrides(now):
                     raise UserError(f"{root} holds a sweep of other overrides ({' '.join(earlier or ['?'])}); "
                                     "nothing was overwritten: choose another hydra.sweep.dir, or repeat that sweep's "
                                     "exact command to continue it")

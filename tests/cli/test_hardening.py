@@ -328,6 +328,18 @@ def test_the_last_bad_inputs_are_one_line_and_leave_nothing(tmp_path, args, need
     assert {p for p in tmp_path.rglob("*")} == before  # no run or sweep directory, no outputs/, nothing
 
 
+def test_the_slurm_launcher_without_slurm_is_one_line_and_leaves_nothing(tmp_path):
+    """The README's cluster line on a machine without SLURM ended in submitit's RuntimeError traceback."""
+    import sys
+
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable)}  # this environment's commands, no srun/sbatch
+    env.pop("WANDB_MODE", None)
+    proc = run_command([NAS_RUN, "trainer=ddp", "trainer.devices=8", "hydra/launcher=slurm", "-m", "seed=1,2,3"],
+                       cwd=tmp_path, env=env, timeout=300)
+    assert "hydra/launcher=slurm: this machine has no SLURM" in one_line_error(proc)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_nas_eval_never_advises_loading_a_file_unsafely(tmp_path):
     run = tmp_path / "run"
     proc = nas_run(*FAST, "trainer.max_steps=2", f"hydra.run.dir={run}", cwd=tmp_path)
@@ -396,8 +408,10 @@ def test_a_killed_sweep_launched_again_skips_finished_jobs_and_resumes_the_rest(
     other = nas_run("-m", *FAST, "trainer.max_steps=20,30", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert "holds a sweep of other overrides" in one_line_error(other)
 
-    # the same overrides typed in another order are the same sweep (issue #34, 8)
-    reordered = ("checkpoint.last_every_n_steps=10", "trainer.max_steps=20,40", *FAST, f"hydra.sweep.dir={sweep}", "-m")
+    # the same overrides typed in another order are the same sweep (issue #34, 8), also without a key that
+    # changes only what is shown (progress_bar=false: the README's study command against the committed sweep)
+    reordered = ("checkpoint.last_every_n_steps=10", "trainer.max_steps=20,40",
+                 *[a for a in FAST if a != "progress_bar=false"], f"hydra.sweep.dir={sweep}", "-m")
     again = nas_run(*reordered, cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "continuing the sweep" in again.stderr and f"{first.name}: finished in an earlier launch" in again.stderr
