@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from .markdown import num as _num, write_markdown
+from nas_cli.bench.markdown import num as _num, write_markdown
 
 MD_SECTION = "## Attention kernels (nas-bench attention)"
 DEFAULT_SCHEMES = ["unas", "unas-naive", "dnas", "dnas-naive", "hnas", "sinkhorn"]
@@ -60,7 +60,7 @@ def valid_schemes() -> list[str]:
     (FlexAttention, attention/flex.py) and ``<name>-triton`` (the Triton kernels of both forms:
     attention/triton_encoder.py for the non-causal cases, attention/triton_prefix.py for the causal
     ones) for the schemes with an ``impl`` option."""
-    from ..choices import available, scheme_config
+    from nas_cli.choices import available, scheme_config
 
     names = available("attention")
     naive = [f"{n}-naive" for n in names
@@ -72,9 +72,9 @@ def valid_schemes() -> list[str]:
 
 def build_core(scheme: str, heads: int, causal: bool, d_head: int):
     """Core for ``scheme`` (``name`` or ``name-naive``) and a forward callable."""
-    from ..attention.base import AttentionCore
-    from ..choices import scheme_config
-    from ..plan import make_core_factory
+    from nas_cli.attention.base import AttentionCore
+    from nas_cli.choices import scheme_config
+    from nas_cli.plan import make_core_factory
 
     name, _, variant = scheme.partition("-")
     naive = variant == "naive"

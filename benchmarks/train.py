@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from .markdown import num as _num, write_markdown
-from .attention import _device_name, _is_oom, _sync
-from .reference import ReferenceTransformer
+from nas_cli.bench.markdown import num as _num, write_markdown
+from nas_cli.bench.attention import _device_name, _is_oom, _sync
+from nas_cli.bench.reference import ReferenceTransformer
 
 TRAIN_MD_SECTION = "## End-to-end training (nas-bench train)"
 TRAIN_DEFAULT_SCHEMES = ["unas", "dnas", "hnas"]
@@ -53,7 +53,7 @@ def train_md_section(device: str, precision: str) -> str:
 def train_schemes() -> list[str]:
     """Registry names, plus ``<name>-naive|efficient|auto`` for the schemes with ``impl``."""
 
-    from ..choices import available, scheme_config
+    from nas_cli.choices import available, scheme_config
 
     names = available("attention")
     extra = [f"{n}-{suffix}" for n in names if "impl" in scheme_config(n)
@@ -72,7 +72,7 @@ LOCATION_SEP = "@"
 
 
 def _attention_cfg(scheme: str):
-    from ..choices import scheme_config
+    from nas_cli.choices import scheme_config
 
     spec, _, where = scheme.partition(LOCATION_SEP)
     name, impl = _split_scheme(spec)
@@ -89,7 +89,7 @@ def _attention_cfg(scheme: str):
 
 def check_scheme(scheme: str, valid: list[str]) -> str | None:
     """Why ``scheme`` is not a valid ``--schemes`` entry (None: it is)."""
-    from ..plan import LOCATIONS
+    from nas_cli.plan import LOCATIONS
 
     spec, sep, where = scheme.partition(LOCATION_SEP)
     if spec not in valid:
@@ -170,7 +170,7 @@ def _clock_callback(clock: _StepClock):
 def _bench_configs(model_name: str):
     from omegaconf import OmegaConf
 
-    from ..choices import CONF_DIR
+    from nas_cli.choices import CONF_DIR
 
     main = OmegaConf.load(CONF_DIR / "config.yaml")
     return (OmegaConf.load(CONF_DIR / "model" / f"{model_name}.yaml"), main.optim,
@@ -182,11 +182,11 @@ def run_nas_loop(scheme: str, loader, total_steps: int, args, cfgs) -> tuple[lis
     checkpointing), as train() configures it otherwise (clipping, log_every_n_steps)."""
     import pytorch_lightning as pl
 
-    from ..lit import NasLitModule
+    from nas_cli.lit import NasLitModule
 
     model_cfg, optim_cfg, trainer_cfg, log_learned_every = cfgs
     pl.seed_everything(args.seed, verbose=False)
-    from ..plan import AttentionPlan
+    from nas_cli.plan import AttentionPlan
 
     module = NasLitModule(model_cfg, AttentionPlan.from_config(_attention_cfg(scheme)), optim_cfg, _bench_task(args.vocab),
                           log_learned_every=log_learned_every)
@@ -198,7 +198,7 @@ def run_nas_loop(scheme: str, loader, total_steps: int, args, cfgs) -> tuple[lis
                          log_every_n_steps=int(trainer_cfg.log_every_n_steps), num_sanity_val_steps=0,
                          limit_val_batches=0, deterministic=False)
     trainer.fit(module, train_dataloaders=loader)
-    from ..run import count_parameters
+    from nas_cli.run import count_parameters
 
     return clock.stamps, count_parameters(module.model)
 
@@ -210,8 +210,8 @@ def run_reference_loop(loader, total_steps: int, args, cfgs) -> tuple[list[float
 
     from tasks.base import PAD
 
-    from ..lit import inverse_sqrt
-    from ..run import count_parameters
+    from nas_cli.lit import inverse_sqrt
+    from nas_cli.run import count_parameters
 
     model_cfg, o, trainer_cfg, _ = cfgs
     device = torch.device(args.device)
@@ -318,7 +318,7 @@ def train_markdown_section(config: dict, results: list[dict]) -> str:
 
 
 def train_main(args, parser, argv: list[str]) -> int:
-    from ..choices import available
+    from nas_cli.choices import available
 
     valid = train_schemes()
     bad = [why for why in (check_scheme(s, valid) for s in args.schemes) if why]

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import UserError
+from nas_cli.errors import UserError
 
 
 def _is_int(v: Any) -> bool:
@@ -100,7 +100,7 @@ def check_declared(cfg: DictConfig) -> None:
     user's YAML or ``+task.<typo>=`` is one line with the closest name, not an ignored option."""
     from hydra.utils import get_class
 
-    from .options import declared, unknown_option_message
+    from nas_cli.options import declared, unknown_option_message
 
     nodes = [("task", cfg.get("task"), f"task '{cfg.task.get('name', '?')}'" if "task" in cfg else "")]
     metrics = cfg.get("diagnostics", {}).get("metrics") if "diagnostics" in cfg else None
@@ -164,7 +164,7 @@ def check_shapes_and_logger(cfg: DictConfig) -> None:
     d_model, an unknown W&B mode."""
     heads, d_model = _get(cfg, "model.heads"), _get(cfg, "model.d_model")
     if _is_int(heads) and _is_int(d_model):
-        from .model import check_heads
+        from nas_cli.model import check_heads
 
         try:
             check_heads(int(d_model), int(heads))
@@ -191,8 +191,8 @@ def is_language_model(cfg: DictConfig) -> bool:
 
 def check_attention(cfg: DictConfig) -> None:
     """The attention plan against the model and task: one line naming the option to change."""
-    from .attention import SchemeError
-    from .plan import AttentionPlan
+    from nas_cli.attention import SchemeError
+    from nas_cli.plan import AttentionPlan
 
     if "attention" not in cfg or "model" not in cfg:
         return
@@ -217,8 +217,8 @@ def check_hf_model(plan, cfg: DictConfig, lm: bool) -> None:
     except ImportError:
         raise UserError(f"model={cfg.model.get('name')} needs Hugging Face Transformers (the hf extra): "
                         "pip install 'transformers>=5.24,<6'") from None
-    from .hf.attention import refuse_reason
-    from .hf.models import FAMILIES, wrong_task
+    from nas_cli.hf.attention import refuse_reason
+    from nas_cli.hf.models import FAMILIES, wrong_task
 
     if str(cfg.model.family) not in FAMILIES:
         raise UserError(f"model.family={cfg.model.family} is not a Hugging Face family nas-run maps; choose one "
@@ -248,7 +248,7 @@ def check_triton(plan, cfg: DictConfig) -> None:
         return
     import torch
 
-    from .attention.triton_prefix import triton_unavailable
+    from nas_cli.attention.triton_prefix import triton_unavailable
 
     _check_fused(cfg, f"attention.impl=triton ({', '.join(chosen)})", None,
                  lambda device: triton_unavailable(torch.device(device)))
@@ -285,7 +285,7 @@ def check_flex(plan, cfg: DictConfig) -> None:
     flex = [loc for loc, p in plan.placed.items() if p.options.get("impl") == "flex"]
     if not flex:
         return
-    from .attention.flex import flex_unavailable
+    from nas_cli.attention.flex import flex_unavailable
 
     _check_fused(cfg, f"attention.impl=flex ({', '.join(flex)})",
                  "FlexAttention accumulates the gradients of the column normalizer with atomics on CUDA",

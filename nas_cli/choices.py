@@ -14,7 +14,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .attention import SchemeError
+from nas_cli.attention import SchemeError
 
 #: the packaged config folder (a real directory: nas-run is never imported from a zip)
 CONF_DIR = Path(str(resources.files("nas_cli.conf")))

@@ -44,15 +44,15 @@ def scheme_names() -> list[str]:
     """Every scheme of the registry, plus ``<name>-flex`` (attention.impl=flex, FlexAttention) and
     ``<name>-triton`` (attention.impl=triton: Triton kernels of the prefix form) for the schemes
     with an ``impl`` option."""
-    from .choices import available, scheme_config
+    from nas_cli.choices import available, scheme_config
 
     names = available("attention")
     return names + [f"{n}-{impl}" for impl in ("flex", "triton") for n in names if "impl" in scheme_config(n)]
 
 
 def make_core(scheme: str, location: str, causal: bool, heads: int, d_head: int, seed: int = 0):
-    from .choices import scheme_config
-    from .plan import make_core_factory
+    from nas_cli.choices import scheme_config
+    from nas_cli.plan import make_core_factory
 
     name, _, impl = scheme.partition("-")
     cfg = scheme_config(name)

@@ -12,12 +12,12 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .attention.base import learned_scalars, learned_values
-from .decoding import beam_search
-from .errors import NonFiniteLoss
-from .model import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
-from .plan import AttentionPlan
-from .infra.distributed import gather_eval
+from nas_cli.attention.base import learned_scalars, learned_values
+from nas_cli.decoding import beam_search
+from nas_cli.errors import NonFiniteLoss
+from nas_cli.model import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
+from nas_cli.plan import AttentionPlan
+from nas_cli.infra.distributed import gather_eval
 
 #: where a checkpoint keeps the run's training time and tokens so far (resume continues them)
 TIMING_KEY = "nas_run_timing"
@@ -26,7 +26,7 @@ TIMING_KEY = "nas_run_timing"
 def build_model(model_cfg: DictConfig, plan: AttentionPlan, task) -> torch.nn.Module:
     """The model for ``task`` (seq2seq or LM) with the cores of the job's attention ``plan``."""
     if model_cfg.get("family"):  # a Hugging Face family (model=hf_llama, ...)
-        from .hf.models import build_hf_model
+        from nas_cli.hf.models import build_hf_model
 
         return build_hf_model(model_cfg, plan, task)
     factory = plan.core_factory(int(model_cfg.heads), float(model_cfg.get("attention_dropout", 0.0)))

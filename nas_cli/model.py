@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .attention import AttentionCore
-from .positions import LearnedPositions, SinusoidalPositions, sinusoids
+from nas_cli.attention import AttentionCore
+from nas_cli.positions import LearnedPositions, SinusoidalPositions, sinusoids
 
 CoreFactory = Callable[[str, int, bool], AttentionCore]
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from .errors import UserError
-from .plan import LOCATIONS
+from nas_cli.errors import UserError
+from nas_cli.plan import LOCATIONS
 
 
 def _close(word: str, choices) -> str:

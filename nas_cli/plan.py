@@ -29,9 +29,9 @@ from typing import Any, Callable
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from .attention import AttentionCore, SchemeError
-from .locations import LOCATIONS
-from .choices import scheme_config
+from nas_cli.attention import AttentionCore, SchemeError
+from nas_cli.locations import LOCATIONS
+from nas_cli.choices import scheme_config
 
 #: keys of a composed ``attention`` node that are not constructor options
 _NOT_OPTIONS = {"name", *LOCATIONS}
@@ -151,7 +151,7 @@ INJECTED = {"heads": "model.heads", "dropout": "model.attention_dropout", "causa
 def _check_declared(placed: Placed, where: str) -> None:
     """Every option of a placed scheme is a parameter of its core's constructor (nas_cli/options.py):
     one line with the closest name otherwise, before anything is made."""
-    from .options import declared, unknown_option_message
+    from nas_cli.options import declared, unknown_option_message
 
     try:
         names = declared(placed.core_class)

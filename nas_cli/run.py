@@ -23,24 +23,24 @@ from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from .attention import SchemeError
-from .attention.base import learned_scalars, learned_values
-from .metrics import declaration
-from .infra.checkpoints import PeriodicCheckpoint, checkpoint_io, tested_checkpoint, unreadable_checkpoint
-from .errors import Refused, SignalStop, Stopped, UserError
-from .errors import unwrap as _unwrap
-from .infra.config_identity import config_id
-from .lit import NasLitModule
-from .infra.loggers import make_logger, wandb_run_id
-from .plan import AttentionPlan
-from .trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
+from nas_cli.attention import SchemeError
+from nas_cli.attention.base import learned_scalars, learned_values
+from nas_cli.metrics import declaration
+from nas_cli.infra.checkpoints import PeriodicCheckpoint, checkpoint_io, tested_checkpoint, unreadable_checkpoint
+from nas_cli.errors import Refused, SignalStop, Stopped, UserError
+from nas_cli.errors import unwrap as _unwrap
+from nas_cli.infra.config_identity import config_id
+from nas_cli.lit import NasLitModule
+from nas_cli.infra.loggers import make_logger, wandb_run_id
+from nas_cli.plan import AttentionPlan
+from nas_cli.trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
                       environment, set_threads)
-from .infra.resume import (CHAINED, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint, stop_signals_here,
+from nas_cli.infra.resume import (CHAINED, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint, stop_signals_here,
                      continue_finished, pick_checkpoint)
-from .infra.redaction import redacted_argv
-from .infra.rundir import ITEMS_FILE, atomic_write_json, atomic_write_text, continuing
-from .infra.distributed import StepSeed, shard_and_resume
-from .infra.validate_at_end import ValidateAtEnd
+from nas_cli.infra.redaction import redacted_argv
+from nas_cli.infra.rundir import ITEMS_FILE, atomic_write_json, atomic_write_text, continuing
+from nas_cli.infra.distributed import StepSeed, shard_and_resume
+from nas_cli.infra.validate_at_end import ValidateAtEnd
 
 
 def build_task(cfg: DictConfig):
@@ -211,7 +211,7 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
     if cfg.checkpoint.every_n_steps and cfg.checkpoint.every_n_steps > 0:
         callbacks.append(PeriodicCheckpoint(ckpt_dir, int(cfg.checkpoint.every_n_steps), int(cfg.checkpoint.keep_last)))
     if cfg.diagnostics.enabled:
-        from .diagnostics.callback import DiagnosticsCallback
+        from nas_cli.diagnostics.callback import DiagnosticsCallback
 
         opts = {k: v for k, v in OmegaConf.to_container(cfg.diagnostics, resolve=True).items() if k != "enabled"}
         callbacks.append(DiagnosticsCallback(run_dir=job.run_dir, **opts))

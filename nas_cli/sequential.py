@@ -31,9 +31,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .report import sequential as seq
-from .sequential_design import (Config, Options, default_metric, grid, job_dir, job_number,  # noqa: F401
+from nas_cli.errors import UserError
+from nas_cli.report import sequential as seq
+from nas_cli.sequential_design import (Config, Options, default_metric, grid, job_dir, job_number,  # noqa: F401
                                 pair_up, parse_arguments, parse_baseline, subdir_override)
 
 STATE_FILE = "sequential.json"
@@ -134,7 +134,7 @@ class SequentialSweep:
                 "finished": all(not comp.open for comp in state.values())}
 
     def save(self, state: dict[str, seq.Comparison]) -> dict[str, Any]:
-        from .infra.atomic import atomic_write_json
+        from nas_cli.infra.atomic import atomic_write_json
 
         rec = self.records(state)
         atomic_write_json(self.root / STATE_FILE, rec)
@@ -266,7 +266,7 @@ def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
     """The rounds (called by the Hydra sweeper): launch, read, decide, until nothing is open."""
     from omegaconf import OmegaConf
 
-    from .infra.rundir import release
+    from nas_cli.infra.rundir import release
 
     console = _console()
     options, configs, sweep, state = _start(sweeper, arguments, root)
@@ -316,7 +316,7 @@ def _start(sweeper, arguments: list[str], root: Path):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from .infra.rundir import release
+    from nas_cli.infra.rundir import release
 
     try:
         options = Options(**sweeper.options)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .errors import UserError
-from .report import sequential as seq
+from nas_cli.errors import UserError
+from nas_cli.report import sequential as seq
 
 
 @dataclass
@@ -156,7 +156,7 @@ def default_metric(summary: dict) -> str:
     for key in (f"test/{name}", "test/ppl" if name == "loss" else None):
         if key and key in test:
             return key
-    from .metrics import present
+    from nas_cli.metrics import present
 
     shown = [m.key for m in present(test) if m.compared]
     if not shown:

@@ -14,8 +14,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
-from .errors import UserError
-from .errors import unwrap as _unwrap
+from nas_cli.errors import UserError
+from nas_cli.errors import unwrap as _unwrap
 
 
 def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:

@@ -1,4 +1,4 @@
 """Attention cores. One file per scheme family; ``conf/attention/*.yaml`` is the registry."""
-from .base import AttentionCore, AttentionOutput, SchemeError
+from nas_cli.attention.base import AttentionCore, AttentionOutput, SchemeError
 
 __all__ = ["AttentionCore", "AttentionOutput", "SchemeError"]

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import AttentionCore, AttentionOutput, allowed_mask, masked_row_softmax
+from nas_cli.attention.base import AttentionCore, AttentionOutput, allowed_mask, masked_row_softmax
 
 
 #: a step variation below this is float32 rounding, not attention that changes over steps: one-layer

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import torch
 
-from .base import (AttentionCore, AttentionOutput, NEG_INF, allowed_mask, doubly_normalized_logits,
+from nas_cli.attention.base import (AttentionCore, AttentionOutput, NEG_INF, allowed_mask, doubly_normalized_logits,
                    masked_row_softmax, prefix_normalized_state, prefix_normalized_step, scaled_scores)
-from .efficient import check_impl, dnas_attention
-from .fused import doubly_normalized_attention
+from nas_cli.attention.efficient import check_impl, dnas_attention
+from nas_cli.attention.fused import doubly_normalized_attention
 
 #: ``impl=auto`` uses the naive formula when max(Sq, Sk) is below this, the efficient path
 #: (no (Sq x Sk) tensor per head) from there on. Measured (one CPU thread, forward + backward
@@ -72,7 +72,7 @@ def flex_applies(core, q, k, need_weights: bool) -> bool:
     or ``impl=auto`` where :func:`auto_picks_fused`, for the encoder form (no prefix
     normalization) without attention dropout in training, where FlexAttention can run it. The
     other cases keep the chunked path, which gives the same values and gradients."""
-    from .flex import flex_unavailable
+    from nas_cli.attention.flex import flex_unavailable
 
     if core.impl not in ("flex", "auto") or core.prefix_queries or need_weights:
         return False
@@ -98,7 +98,7 @@ def triton_applies(core, q, k, need_weights: bool) -> bool:
         return False
     if core.impl == "auto" and not auto_picks_fused(q.device.type, max(q.size(-2), k.size(-2)), atomics=False):
         return False
-    from .triton_prefix import triton_unavailable
+    from nas_cli.attention.triton_prefix import triton_unavailable
 
     return triton_unavailable(q.device) is None
 
@@ -161,16 +161,16 @@ class DNAS(AttentionCore):
         return AttentionOutput(out, None, self.aux())
 
     def _flex(self, q, k, v, q_mask, k_mask):
-        from .flex import dnas_flex
+        from nas_cli.attention.flex import dnas_flex
 
         return dnas_flex(q, k, v, q_mask, k_mask, self.iterations)
 
     def _triton(self, q, k, v, q_mask, k_mask):
         if not self.prefix_queries:
-            from .triton_encoder import encoder_dnas_triton
+            from nas_cli.attention.triton_encoder import encoder_dnas_triton
 
             return encoder_dnas_triton(q, k, v, q_mask, k_mask)
-        from .triton_prefix import prefix_dnas_triton
+        from nas_cli.attention.triton_prefix import prefix_dnas_triton
 
         return prefix_dnas_triton(q, k, v, q_mask, k_mask, causal=self.causal)
 

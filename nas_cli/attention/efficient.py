@@ -55,8 +55,8 @@ import torch
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .efficient_prefix import prefix_attention
-from .tiles import (IMPLS, NEG, TILE_ELEMENTS, _no_autocast, _sdpa_dtype, _tile_mask, _work_dtype,  # noqa: F401
+from nas_cli.attention.efficient_prefix import prefix_attention
+from nas_cli.attention.tiles import (IMPLS, NEG, TILE_ELEMENTS, _no_autocast, _sdpa_dtype, _tile_mask, _work_dtype,  # noqa: F401
                     auto_block, check_impl)
 
 

@@ -14,7 +14,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from .tiles import NEG, _no_autocast, _tile_mask, _work_dtype
+from nas_cli.attention.tiles import NEG, _no_autocast, _tile_mask, _work_dtype
 
 def _seeded_dropout(p: torch.Tensor, dropout_p: float, seed: int) -> torch.Tensor:
     """Dropout whose mask is a function of ``seed`` alone, so a block recomputed in

@@ -27,7 +27,7 @@ import functools
 
 import torch
 
-from .tiles import _no_autocast, _sdpa_dtype
+from nas_cli.attention.tiles import _no_autocast, _sdpa_dtype
 
 
 def flex_unavailable(device: torch.device | str, training: bool) -> str | None:

@@ -29,7 +29,7 @@ import torch
 
 from torch.autograd.function import once_differentiable
 
-from .base import ANCHOR_LIMIT, NEG_INF, doubly_normalized_logits, full_precision, masked_row_softmax, scaled_scores
+from nas_cli.attention.base import ANCHOR_LIMIT, NEG_INF, doubly_normalized_logits, full_precision, masked_row_softmax, scaled_scores
 
 
 def _scores_reference(s, allowed, prefix, u):

@@ -20,10 +20,10 @@ import math
 import torch
 from torch import nn
 
-from .base import doubly_normalized_logits, masked_row_softmax, prefix_normalized_step, scaled_scores
-from .dnas import DNAS
-from .efficient import hnas_attention
-from .fused import doubly_normalized_attention
+from nas_cli.attention.base import doubly_normalized_logits, masked_row_softmax, prefix_normalized_step, scaled_scores
+from nas_cli.attention.dnas import DNAS
+from nas_cli.attention.efficient import hnas_attention
+from nas_cli.attention.fused import doubly_normalized_attention
 
 
 class HNAS(DNAS):
@@ -56,12 +56,12 @@ class HNAS(DNAS):
 
     # the paths of the dispatch (DNAS.forward): each mixes its DNAS output with softmax attention by u
     def _flex(self, q, k, v, q_mask, k_mask):
-        from .flex import hnas_flex
+        from nas_cli.attention.flex import hnas_flex
 
         return hnas_flex(q, k, v, self.u, q_mask, k_mask)
 
     def _triton(self, q, k, v, q_mask, k_mask):  # the DNAS part in Triton, mixed with softmax attention (SDPA)
-        from .efficient import sdpa_attention
+        from nas_cli.attention.efficient import sdpa_attention
 
         dn = super()._triton(q, k, v, q_mask, k_mask)
         un = sdpa_attention(q, k, v, q_mask, k_mask, causal=self.causal).to(dn.dtype)

@@ -53,9 +53,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..errors import NonFiniteLoss
-from ..positions import sinusoids
-from .base import NEG_INF, AttentionCore, check_choice, check_option, AttentionOutput, allowed_mask, masked_row_softmax, scaled_scores
+from nas_cli.errors import NonFiniteLoss
+from nas_cli.positions import sinusoids
+from nas_cli.attention.base import NEG_INF, AttentionCore, check_choice, check_option, AttentionOutput, allowed_mask, masked_row_softmax, scaled_scores
 
 KERNELS = ("exp", "linear", "polynomial", "rbf")
 POSITIONS = ("direct_sum", "direct_sum_layer", "lookup", "product_xl", "product_symmetric")

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from .triton_prefix import _next_pow2, triton_unavailable
+from nas_cli.attention.triton_prefix import _next_pow2, triton_unavailable
 
 BLOCK_Q = 32
 BLOCK_K = 32
@@ -42,7 +42,7 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def _setup(q, k, v, q_mask, k_mask):
-    from . import triton_encoder_kernels as K
+    from nas_cli.attention import triton_encoder_kernels as K
 
     wd = torch.promote_types(q.dtype, torch.float32)
     dummy = torch.zeros(1, dtype=torch.int8, device=q.device)

@@ -74,7 +74,7 @@ def _launch_setup(q, k, v, q_mask, k_mask, block_q: int, block_k: int):
     bsz, heads, sq, d = q.shape
     sk, dv = k.size(-2), v.size(-1)
     wd = torch.promote_types(q.dtype, torch.float32)
-    from . import triton_prefix_kernels as K
+    from nas_cli.attention import triton_prefix_kernels as K
 
     dt = K.tl.float64 if wd == torch.float64 else K.tl.float32
     lowp = q.dtype in (torch.bfloat16, torch.float16)

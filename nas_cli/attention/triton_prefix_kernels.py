@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_encoder_kernels import _dot, _load, softmax_step, store_rows
+from nas_cli.attention.triton_encoder_kernels import _dot, _load, softmax_step, store_rows
 
 NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain global inside a kernel (the interpreter accepts it)
 

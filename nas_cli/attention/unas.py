@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from .base import AttentionCore, AttentionOutput, masked_row_softmax
+from nas_cli.attention.base import AttentionCore, AttentionOutput, masked_row_softmax
 
 
 class UNAS(AttentionCore):

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import UserError
+from nas_cli.errors import UserError
 
 
 def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
@@ -64,7 +64,7 @@ def _unreadable(path: Path, err: Exception) -> str:
 def check_fingerprints(cfg, paths: list[Path]) -> None:
     """Refuse checkpoints made with another model/attention/task/seed than the config rebuilt here
     (a run directory whose config was replaced, or ``--ckpt`` from another run)."""
-    from ..infra.resume import _state, config_fingerprint, load_safe
+    from nas_cli.infra.resume import _state, config_fingerprint, load_safe
 
     want = config_fingerprint(cfg)
     for p in paths:
@@ -118,8 +118,8 @@ def evaluate(args) -> dict:
     changes, ``--beam``/``--lenpen``); the result goes to ``<run>/eval/<name>.json``."""
     import pytorch_lightning as pl
 
-    from ..resolvers import register_resolvers
-    from ..run import build_module, build_task
+    from nas_cli.resolvers import register_resolvers
+    from nas_cli.run import build_module, build_task
 
     register_resolvers()  # the saved config's ${nas.*} interpolations
     run_dir = args.run_dir
@@ -128,7 +128,7 @@ def evaluate(args) -> dict:
     check_fingerprints(cfg, ckpts)
     task = build_task(cfg)
     _set_decoding(task, args.beam, args.lenpen)
-    from ..plan import AttentionPlan
+    from nas_cli.plan import AttentionPlan
 
     module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention))
     module.load_state_dict(average_checkpoints(ckpts))

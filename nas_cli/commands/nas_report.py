@@ -76,10 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from rich.console import Console
 
-    from ..errors import UserError
-    from ..report.compare import CompareError
-    from ..report.formats import FORMATS
-    from ..report.table import BadField
+    from nas_cli.errors import UserError
+    from nas_cli.report.compare import CompareError
+    from nas_cli.report.formats import FORMATS
+    from nas_cli.report.table import BadField
 
     try:
         if args.format not in FORMATS:
@@ -104,8 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         (console.print if args.format == "rich" else lambda m: print(m, file=sys.stderr))(
             f"CSV tables: {', '.join(written)}")
     if args.html:
-        from ..report.verdicts import ITEM_NOTE, item_table
-        from ..report.html import write_html
+        from nas_cli.report.verdicts import ITEM_NOTE, item_table
+        from nas_cli.report.html import write_html
 
         try:
             path = write_html(args.html, runs, groups, args.paths, title=args.title, by=by,
@@ -119,8 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _load(args):
     """The runs under the PATHs and their groups (rows)."""
-    from ..report.collect import find_runs
-    from ..report.table import group_runs
+    from nas_cli.report.collect import find_runs
+    from nas_cli.report.table import group_runs
 
     runs = find_runs(args.paths)
     if not runs:
@@ -133,8 +133,8 @@ def _load(args):
 def _compare(args, groups):
     """The metrics asked for and, with --baseline, every group against it: (metrics, (verdict
     table, method note, baseline) or None, {(group, metric): significant}, the comparison rows)."""
-    from ..report.compare import CompareError, compare_groups, metrics_for, parse_detect, select_baselines
-    from ..report.verdicts import method_note, verdict_table
+    from nas_cli.report.compare import CompareError, compare_groups, metrics_for, parse_detect, select_baselines
+    from nas_cli.report.verdicts import method_note, verdict_table
 
     wanted = _wanted(args)
     metrics = metrics_for(groups, wanted) if (args.baseline or wanted) else []
@@ -156,7 +156,7 @@ def _wanted(args) -> list[str] | None:
 
 
 def _test_titles(runs) -> set[str]:
-    from ..metrics import present
+    from nas_cli.metrics import present
 
     return {m.title for m in present(k for r in runs for k in ((r.summary or {}).get("test") or {}))}
 
@@ -164,9 +164,9 @@ def _test_titles(runs) -> set[str]:
 def _runs_section(args, runs, groups, by, metrics, verdicts, marked) -> list[tuple]:
     """The main table: one row per group (only the asked-for test metrics with --metrics; spread
     over one field with --pivot)."""
-    from ..metrics import spec
-    from ..report.formats import group_records, pivot
-    from ..report.table import table_rows
+    from nas_cli.metrics import spec
+    from nas_cli.report.formats import group_records, pivot
+    from nas_cli.report.table import table_rows
 
     if not groups:
         return []
@@ -190,7 +190,7 @@ def _runs_section(args, runs, groups, by, metrics, verdicts, marked) -> list[tup
 
 def _verdict_sections(verdicts, compared) -> list[tuple]:
     """The verdicts over seeds and, as supporting detail, each paired seed's test-set comparison."""
-    from ..report.verdicts import ITEM_NOTE, item_records, item_table, verdict_records
+    from nas_cli.report.verdicts import ITEM_NOTE, item_records, item_table, verdict_records
 
     if not verdicts:
         return []
@@ -206,7 +206,7 @@ def _verdict_sections(verdicts, compared) -> list[tuple]:
 
 def _sequential_sections(paths) -> list[tuple]:
     """A seed=auto sweep among the PATHs: its looks and decisions, recomputed from its runs."""
-    from ..sequential import recompute, table_rows as sequential_rows
+    from nas_cli.sequential import recompute, table_rows as sequential_rows
 
     out = []
     for path in paths:
@@ -220,7 +220,7 @@ def _sequential_sections(paths) -> list[tuple]:
 
 def _unfinished_section(runs) -> list[tuple]:
     """Failed and unfinished runs: listed in every format, never dropped silently."""
-    from ..report.table import unfinished_rows
+    from nas_cli.report.table import unfinished_rows
 
     head, rows = unfinished_rows(runs)
     if not rows:
@@ -231,7 +231,7 @@ def _unfinished_section(runs) -> list[tuple]:
 
 
 def _check_tables(args) -> None:
-    from ..report.formats import TABLES
+    from nas_cli.report.formats import TABLES
 
     if args.table is not None:
         if args.format != "csv":
@@ -247,7 +247,7 @@ def _check_tables(args) -> None:
 
 def _csv_table(args, sections) -> str:
     """--format csv: one table as tidy CSV (the comparison with --baseline, else the runs; --table)."""
-    from ..report.formats import csv_text, tidy
+    from nas_cli.report.formats import csv_text, tidy
 
     want = args.table or ("comparison" if args.baseline else "runs")
     found = [s for s in sections if s[0] == want]
@@ -264,7 +264,7 @@ def _write_out(folder: str, sections) -> list[str]:
     file written whole or not at all."""
     import os
 
-    from ..report.formats import csv_text, tidy
+    from nas_cli.report.formats import csv_text, tidy
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
@@ -280,8 +280,8 @@ def _write_out(folder: str, sections) -> list[str]:
 
 
 def _print(args, sections, notes, console, groups, by, verdicts, table=None) -> None:
-    from ..report.formats import json_document, render
-    from ..report.table import rich_table
+    from nas_cli.report.formats import json_document, render
+    from nas_cli.report.table import rich_table
 
     if args.format == "json":
         sys.stdout.write(json_document(args.title, sections, notes, verdicts[2].label if verdicts else None))
@@ -311,7 +311,7 @@ def _notes(groups, compared, baseline=None) -> list[str]:
         out.append(f"no baseline at the same {', '.join(baseline.matched_on)} for "
                    f"{'; '.join(g.label for g in baseline.unmatched)}: not compared")
     if compared:
-        from ..report.verdicts import cautions
+        from nas_cli.report.verdicts import cautions
 
         out += cautions(compared)
     repeats = [pair for g in groups for pair in g.repeats]
@@ -321,7 +321,7 @@ def _notes(groups, compared, baseline=None) -> list[str]:
         out.append(f"{len(repeats)} run(s) repeat the config and seed of another run and are counted once, as one "
                    f"seed ({listed}{more})")
     if compared:
-        from ..report.compare import without_items
+        from nas_cli.report.compare import without_items
 
         missing = without_items(compared, groups)
         if missing:
@@ -332,7 +332,7 @@ def _notes(groups, compared, baseline=None) -> list[str]:
 
 def _mark(head, rows, groups, marked, baseline):
     """† after the metric cells that differ significantly from the baseline; the baselines' rows say so."""
-    from ..report.compare import metric_title
+    from nas_cli.report.compare import metric_title
 
     out = []
     for g, row in zip(groups, rows):

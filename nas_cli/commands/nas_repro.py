@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..diagnostics import mode_collapse as mc
+from nas_cli.diagnostics import mode_collapse as mc
 
 CASES = {"unbalanced": (500, 50), "balanced": (225, 225)}  # Figs. 6/9 and Fig. 8
 
@@ -112,10 +112,10 @@ def run_explained_away(out: str | Path, steps: int = 500, seed: int = 1, heads: 
     from hydra import compose, initialize_config_dir
     from hydra.utils import get_class
 
-    from ..plan import location_alias
-    from ..resolvers import register_resolvers
-    from ..choices import CONF_DIR
-    from ..run import train
+    from nas_cli.plan import location_alias
+    from nas_cli.resolvers import register_resolvers
+    from nas_cli.choices import CONF_DIR
+    from nas_cli.run import train
 
     register_resolvers()
 
@@ -195,7 +195,7 @@ def _scheme_record(run_dir: Path, summary: dict, enc: dict, layers: list[dict]) 
 
 def _fig1(out: Path, per_scheme: dict, layers: dict, schemes: Sequence[str], steps: int) -> tuple[list[Path], float]:
     """The overlaid histograms, all layers and one per layer; returns the files and -log Sk."""
-    from ..figures import plot_log_mass_histograms
+    from nas_cli.figures import plot_log_mass_histograms
 
     edges = np.asarray(next(iter(layers.values()))[0]["bin_edges"])
     sk_max = max(e["sk_max"] for ls in layers.values() for e in ls)
@@ -252,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import os
         import warnings
 
-        from ..errors import UserError
+        from nas_cli.errors import UserError
 
         os.environ.setdefault("WANDB_SILENT", "true")
         warnings.filterwarnings("ignore", category=UserWarning)

@@ -18,11 +18,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, read_write
 from rich.console import Console
 
-from ..errors import Refused, Stopped, UserError
-from ..choices import CONF_DIR, CONF_PACKAGE
-from ..resolvers import register_resolvers
-from ..infra.rundir import CONTINUE_ENV, continuing
-from .nas_run_hydra import (STOPPING, SWEEP_CONTINUE_ENV, RunGuard, SweepSummary, _console, _fail,  # noqa: F401
+from nas_cli.errors import Refused, Stopped, UserError
+from nas_cli.choices import CONF_DIR, CONF_PACKAGE
+from nas_cli.resolvers import register_resolvers
+from nas_cli.infra.rundir import CONTINUE_ENV, continuing
+from nas_cli.commands.nas_run_hydra import (STOPPING, SWEEP_CONTINUE_ENV, RunGuard, SweepSummary, _console, _fail,  # noqa: F401
                             _sweep_overrides, restore_finished_configs, setup_overrides, summary_table)
 
 
@@ -36,7 +36,7 @@ def _one_gpu_per_job(cfg: DictConfig, job_num: int) -> None:
     """hydra/launcher=joblib: job i trains on GPU i mod G (nas_cli.infra.launchers.joblib_gpu)."""
     import torch
 
-    from ..infra.launchers import joblib_gpu
+    from nas_cli.infra.launchers import joblib_gpu
 
     try:
         chosen = joblib_gpu(job_num, torch.cuda.device_count(), cfg.trainer.get("accelerator", "auto"),
@@ -87,8 +87,8 @@ def _prepare_job(cfg: DictConfig, hc, run_dir: Path, multirun: bool, optuna: boo
     locked for this process. Returns the W&B group."""
     from pytorch_lightning.utilities import rank_zero_only
 
-    from ..infra.redaction import redact, redact_files
-    from ..infra.rundir import acquire
+    from nas_cli.infra.redaction import redact, redact_files
+    from nas_cli.infra.rundir import acquire
 
     # the W&B group is written to summary.json, the checkpoints and the W&B run: a secret typed into it
     # (logger.group="api_key=...") is masked there as in .hydra/
@@ -115,7 +115,7 @@ def _prepare_job(cfg: DictConfig, hc, run_dir: Path, multirun: bool, optuna: boo
 
 def _finished_before(run_dir: Path) -> float:
     """A continued sweep: this job finished in an earlier launch; skipped, its value returned."""
-    from ..infra.rundir import release
+    from nas_cli.infra.rundir import release
 
     release(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -128,10 +128,10 @@ def _finished_before(run_dir: Path) -> float:
 def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
     """Check and train. A refusal leaves the directory as it was; a failure is recorded in
     failed.json (a sweep goes on with its other jobs: NaN); a stop says how to continue."""
-    from ..checks import check_config
-    from ..run import train  # heavy imports after Hydra has parsed the command line
-    from ..infra.rundir import clear_failed, release
-    from ..trainer import check_trainer
+    from nas_cli.checks import check_config
+    from nas_cli.run import train  # heavy imports after Hydra has parsed the command line
+    from nas_cli.infra.rundir import clear_failed, release
+    from nas_cli.trainer import check_trainer
 
     checking = False
     kept = {p: (p.read_bytes() if p.is_file() else None)  # what a refused resume must leave as it was
@@ -201,7 +201,7 @@ def _job_error(run_dir: Path, kind: str, reason: str, multirun: bool, record: bo
     """A refused or failed job: recorded in failed.json (``record``); a sweep's job says so on
     one line and returns NaN (the other jobs still run, the sweep's exit is non-zero); a single
     run exits with the one-line error."""
-    from ..infra.rundir import mark_failed, release
+    from nas_cli.infra.rundir import mark_failed, release
 
     if record:
         mark_failed(run_dir, reason, **({"code": code} if code is not None else {}))
@@ -234,8 +234,8 @@ def record_resume(run_dir: Path, overrides: list[str]) -> None:
 
     import yaml
 
-    from ..infra.redaction import redact
-    from ..infra.rundir import atomic_write_text
+    from nas_cli.infra.redaction import redact
+    from nas_cli.infra.rundir import atomic_write_text
 
     path = run_dir / ".hydra" / "resumes.yaml"
     try:
@@ -369,7 +369,7 @@ def resume_argv(argv: list[str]) -> list[str]:
     rest = [a for a in argv if not a.startswith("resume=")]
     if len(dirs) > 1 or any(a in ("-m", "--multirun") for a in rest):
         raise UserError("resume= takes one run directory and cannot be combined with -m")
-    from ..infra.resume import check_resumable
+    from nas_cli.infra.resume import check_resumable
 
     run_dir = Path(dirs[0]).expanduser().resolve()
     check_resumable(run_dir, rest)
@@ -398,8 +398,8 @@ def main() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     register_resolvers()
     try:
-        from ..overrides import check_overrides
-        from ..plan import location_alias
+        from nas_cli.overrides import check_overrides
+        from nas_cli.plan import location_alias
 
         sys.argv = [sys.argv[0], *multirun_first(sys.argv[1:])]
         sys.argv = [sys.argv[0], *location_alias(sys.argv[1:])]  # attention.decoder=x: see nas_cli/plan.py
@@ -434,7 +434,7 @@ def main() -> None:
     except _ProcessStop as err:
         _fail(f"{signal.Signals(err.signum).name}{_continue_hint()}", 128 + err.signum, kind="stopped", color="yellow")
     finally:
-        from .nas_run_hydra import STARTED
+        from nas_cli.commands.nas_run_hydra import STARTED
 
         if stops and "sweep" in STARTED:
             (STARTED["sweep"] / STOPPING).unlink(missing_ok=True)
@@ -479,8 +479,8 @@ def _let_sweep_jobs_save(wait_s: float = 120.0) -> None:
     import signal
     import time
 
-    from .nas_run_hydra import STARTED
-    from ..infra.rundir import holders
+    from nas_cli.commands.nas_run_hydra import STARTED
+    from nas_cli.infra.rundir import holders
 
     sweep = STARTED.get("sweep")
     workers = set(_joblib_workers()) if sweep is not None else set()
@@ -513,7 +513,7 @@ class _ProcessStop(BaseException):
 
 def _continue_hint() -> str:
     """How to continue after Ctrl-C reached nas-run's own process (a run in training says it itself)."""
-    from .nas_run_hydra import STARTED
+    from nas_cli.commands.nas_run_hydra import STARTED
 
     if "sweep" in STARTED:
         return (f"; the same command with hydra.sweep.dir={STARTED['sweep']} continues the sweep "

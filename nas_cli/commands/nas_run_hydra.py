@@ -15,8 +15,8 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import UserError
-from ..infra.rundir import continuing
+from nas_cli.errors import UserError
+from nas_cli.infra.rundir import continuing
 
 
 def _fmt(x, digits=2):
@@ -33,7 +33,7 @@ def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, di
     lines += [s["tested"]["line"] for s in summaries if len(summaries) == 1 and s.get("tested")]
     table = Table(title=title, caption="\n".join(lines), caption_justify="left")
     # each task's own test metrics: the columns that some run of this table has
-    from ..metrics import declare, present
+    from nas_cli.metrics import declare, present
 
     for s in summaries:
         declare(s.get("metrics"))
@@ -66,7 +66,7 @@ class SweepSummary(Callback):
     included (with their one-line reason); exit non-zero if any job failed."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from ..infra.rundir import read_failed, release
+        from nas_cli.infra.rundir import read_failed, release
 
         root = Path(config.hydra.sweep.dir)
         rows = [json.loads(p.read_text()) for p in sorted(root.glob("*/summary.json"))]
@@ -88,7 +88,7 @@ class SweepSummary(Callback):
 def _ended_before_start(root: Path) -> list[tuple[Path, dict]]:
     """Jobs the scheduler ended before they made a run directory (nas_cli.infra.launchers), unless a later
     launch of the sweep finished them."""
-    from ..infra.launchers import ENDED_FILE
+    from nas_cli.infra.launchers import ENDED_FILE
 
     try:
         ended = json.loads((root / ENDED_FILE).read_text()) if (root / ENDED_FILE).is_file() else []
@@ -120,7 +120,7 @@ def setup_overrides(overrides: list[str]) -> list[str]:
     """The overrides that define a sweep's setup: those of keys that change only what is logged or
     shown (``progress_bar``, ``logger``, ...: config_identity.IGNORED_KEYS) left out, so that a sweep
     continued without ``progress_bar=false``, or with another logger, is the same sweep."""
-    from ..infra.config_identity import ignored
+    from nas_cli.infra.config_identity import ignored
 
     return [o for o in overrides if not ignored(o.split("=", 1)[0].lstrip("+~").split("@", 1)[0])]
 
@@ -166,8 +166,8 @@ class RunGuard(Callback):
     directory (a lock: a second process in the same directory is refused)."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        from ..checks import check_config
-        from ..infra.rundir import acquire
+        from nas_cli.checks import check_config
+        from nas_cli.infra.rundir import acquire
 
         run_dir = Path(str(config.hydra.run.dir))
         STARTED["run"] = run_dir
@@ -182,12 +182,12 @@ class RunGuard(Callback):
             _fail(str(err))
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from ..checks import check_config, check_launcher
-        from ..infra.rundir import acquire
+        from nas_cli.checks import check_config, check_launcher
+        from nas_cli.infra.rundir import acquire
 
         root = Path(str(config.hydra.sweep.dir))
         STARTED["sweep"] = root  # what a stop of this process names (nas_run.main)
-        from ..infra.launchers import install, install_optuna
+        from nas_cli.infra.launchers import install, install_optuna
 
         install()  # hydra/launcher=slurm: a job the scheduler ends fails alone (after Hydra loaded its plugins)
         install_optuna()  # sweep=optuna launched again: new trials in new job directories

@@ -8,8 +8,8 @@
 * ``collector``: accumulators per (location, layer) fed from the model's attention output.
 * ``repro``: the ``nas-repro`` command line.
 """
-from .collector import AttentionDiagnostics, collect_aux, location_masks
-from .explained_away import (
+from nas_cli.diagnostics.collector import AttentionDiagnostics, collect_aux, location_masks
+from nas_cli.diagnostics.explained_away import (
     DEFAULT_EPS,
     ExplainedAwayAccumulator,
     ExplainedAwayStats,
@@ -18,7 +18,7 @@ from .explained_away import (
     explained_away_stats,
     row_entropy,
 )
-from .jsd import JSDAccumulator, head_jsd, head_jsd_per_sample, mean_pair_jsd
+from nas_cli.diagnostics.jsd import JSDAccumulator, head_jsd, head_jsd_per_sample, mean_pair_jsd
 
 __all__ = [
     "AttentionDiagnostics",

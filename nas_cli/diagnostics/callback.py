@@ -47,13 +47,13 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
-from ..infra.atomic import atomic_write_json
-from ..attention.base import learned_titles, learned_values
-from .collector import AttentionDiagnostics, flatten_results, location_masks
-from .explained_away import DEFAULT_EPS
-from .metrics import SIGNED_NOTE, LayerMetric, build_metrics
-from .metrics import finite as _finite
-from .metrics import finite_list as _finite_list
+from nas_cli.infra.atomic import atomic_write_json
+from nas_cli.attention.base import learned_titles, learned_values
+from nas_cli.diagnostics.collector import AttentionDiagnostics, flatten_results, location_masks
+from nas_cli.diagnostics.explained_away import DEFAULT_EPS
+from nas_cli.diagnostics.metrics import SIGNED_NOTE, LayerMetric, build_metrics
+from nas_cli.diagnostics.metrics import finite as _finite
+from nas_cli.diagnostics.metrics import finite_list as _finite_list
 
 #: log of the smallest positive float32: stands in for log 0 in logged scalars
 LOG_FLOAT32_TINY = math.log(float(np.finfo(np.float32).smallest_subnormal))
@@ -190,7 +190,7 @@ class DiagnosticsCallback(pl.Callback):
         """DDP: the first ``batches`` batches of the unsharded validation split (as one process sees it)."""
         from lightning_fabric.utilities.apply_func import move_data_to_device
 
-        from ..infra.distributed import ShardedData
+        from nas_cli.infra.distributed import ShardedData
 
         data = trainer.datamodule
         make = data.unsharded_val_dataloader if isinstance(data, ShardedData) else pl_module.task.val_dataloader
@@ -330,7 +330,7 @@ class DiagnosticsCallback(pl.Callback):
         return [path for m in self.metrics for path in m.figures(results, self.dir, self.last_step)]
 
     def _plot_learned(self, name: str) -> Path:
-        from ..figures import plot_trajectories
+        from nas_cli.figures import plot_trajectories
 
         last = self.learned_history[-1][1].get(name, {})
         locs = list(last)

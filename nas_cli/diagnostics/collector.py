@@ -14,8 +14,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from .explained_away import DEFAULT_EPS
-from .metrics import DEFAULT_METRICS, LayerMetric, build_metrics
+from nas_cli.diagnostics.explained_away import DEFAULT_EPS
+from nas_cli.diagnostics.metrics import DEFAULT_METRICS, LayerMetric, build_metrics
 
 __all__ = ["location_masks", "AttentionDiagnostics", "collect_aux"]
 

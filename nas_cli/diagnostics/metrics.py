@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .explained_away import DEFAULT_EPS, ExplainedAwayAccumulator
-from .jsd import JSDAccumulator, mean_pair_jsd
+from nas_cli.diagnostics.explained_away import DEFAULT_EPS, ExplainedAwayAccumulator
+from nas_cli.diagnostics.jsd import JSDAccumulator, mean_pair_jsd
 
 #: why a location's JSD / explained-away read null (diagnostics files; nas-report reads it: nas_cli/report/compare.py)
 SIGNED_NOTE = ("attention weights with negative entries (e.g. attention.kernel=linear): JSD and explained-away "
@@ -135,7 +135,7 @@ class HeadJSD(LayerMetric):
         return {"jsd_mean": finite(np.mean(jsd)), "jsd_mean_per_layer": [finite(v) for v in jsd]} if jsd else {}
 
     def figures(self, results, folder, step):
-        from ..figures import plot_jsd_heatmaps
+        from nas_cli.figures import plot_jsd_heatmaps
 
         files = []
         for loc, layers in results.items():
@@ -190,7 +190,7 @@ class ExplainedAway(LayerMetric):
                 "neg_log_sk": finite(min(s.neg_log_sk for s in ea))}
 
     def figures(self, results, folder, step):
-        from ..figures import plot_log_mass_histograms
+        from nas_cli.figures import plot_log_mass_histograms
 
         files = []
         for loc, layers in results.items():
@@ -224,7 +224,7 @@ class StepVariation(LayerMetric):
     distributions_only = False
 
     def update(self, location, layer, weights, q_mask, k_mask):
-        from ..attention.additive import step_variation
+        from nas_cli.attention.additive import step_variation
 
         var = step_variation(weights.double(), q_mask)  # (B, H)
         valid = q_mask.any(-1) if q_mask is not None else torch.ones(var.size(0), dtype=torch.bool)

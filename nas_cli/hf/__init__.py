@@ -50,7 +50,7 @@ How a call is served:
 :mod:`nas_cli.hf.models` makes library families nas-run models (``model=hf_llama``, ``hf_gpt2``,
 ``hf_bert``); docs/huggingface.md has the example, the families that work and the ones that cannot.
 """
-from .attention import (SUPPORTED, HFAttentionError, attach, attention, build_core, mask_function,  # noqa: F401
+from nas_cli.hf.attention import (SUPPORTED, HFAttentionError, attach, attention, build_core, mask_function,  # noqa: F401
                         read_masks, register)
 
 #: the schemes registered by ``import nas_cli.hf``

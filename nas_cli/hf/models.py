@@ -23,9 +23,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from ..attention.base import AttentionOutput
-from ..errors import UserError
-from ..model import adaptive_output, greedy_decode
+from nas_cli.attention.base import AttentionOutput
+from nas_cli.errors import UserError
+from nas_cli.model import adaptive_output, greedy_decode
 
 
 def _llama(m: dict[str, Any], vocab: int, pad: int) -> tuple[str, dict[str, Any]]:
@@ -199,7 +199,7 @@ def build_hf_model(model_cfg: DictConfig, plan, task) -> nn.Module:
     """``model=hf_*``: the family's model with the plan's scheme at every location."""
     import transformers
 
-    from . import HFAttentionError, attach, register
+    from nas_cli.hf import HFAttentionError, attach, register
 
     wrong = wrong_task(model_cfg, task.kind == "lm")
     if wrong:

@@ -20,9 +20,9 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
-from ..errors import UserError
+from nas_cli.errors import UserError
 
-from .atomic import atomic_write
+from nas_cli.infra.atomic import atomic_write
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -134,7 +134,7 @@ class PeriodicCheckpoint(pl.Callback):
 
 def unreadable_checkpoint(path: str) -> str | None:
     """None when ``path`` loads with the safe loader as a checkpoint with weights, else why not."""
-    from .resume import _reason, load_safe
+    from nas_cli.infra.resume import _reason, load_safe
 
     try:
         if "state_dict" not in load_safe(Path(path)):

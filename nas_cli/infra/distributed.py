@@ -250,7 +250,7 @@ def fsdp_strategy(**kwargs):
     (parameters of one block gathered at a time); further keyword arguments go to FSDPStrategy."""
     from pytorch_lightning.strategies import FSDPStrategy
 
-    from ..model import Block
+    from nas_cli.model import Block
 
     kwargs.setdefault("auto_wrap_policy", {Block})
     return FSDPStrategy(**kwargs)

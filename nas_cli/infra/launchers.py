@@ -26,7 +26,7 @@ ENDED_FILE = "ended_jobs.json"
 def ended_job(job: Any, err: Exception, idx: int, overrides: Sequence[str], sweep_dir: Path) -> JobReturn:
     """Record a job the scheduler ended and return it as a finished job with no value (as
     nas-run's own failed jobs are), so that Hydra goes on with the others."""
-    from .rundir import mark_failed
+    from nas_cli.infra.rundir import mark_failed
 
     try:
         state = str(job.state)
@@ -192,7 +192,7 @@ def joblib_gpu(job_num: int, gpus: int, accelerator: str, devices) -> list[int] 
     over the GPUs instead of all taking GPU 0. None: nothing to choose (no GPU, or a CPU trainer).
     A job that asks for several devices cannot run in a joblib worker (it would start processes):
     refused with one line."""
-    from ..errors import UserError
+    from nas_cli.errors import UserError
 
     accel = str(accelerator).lower()
     if gpus <= 0 or accel not in ("gpu", "cuda", "auto"):

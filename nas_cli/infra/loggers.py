@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from nas_cli.errors import UserError
 
 
 def wandb(run_dir: Path, name: str, group: str, job_type: str, tags: list[str], hparams: dict[str, Any],
@@ -39,7 +39,7 @@ def _survive_a_stop(logger) -> None:
     batch (saving last.ckpt). A metric logged in between found the service gone and the job crashed
     with ``ConnectionResetError`` instead of stopping cleanly. Once a stop signal is pending, W&B's
     connection errors are ignored; the metrics logged before the stop are in the run file already."""
-    from .resume import stop_pending
+    from nas_cli.infra.resume import stop_pending
 
     original = logger.log_metrics
 
@@ -132,8 +132,8 @@ def make_logger(cfg, plan, run_dir: Path, group: str, job_type: str, run_id: str
     from hydra.utils import get_method
     from omegaconf import OmegaConf
 
-    from ..errors import unwrap as _unwrap
-    from .config_identity import config_id
+    from nas_cli.errors import unwrap as _unwrap
+    from nas_cli.infra.config_identity import config_id
 
     cfg_id = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))
     tags = [f"task:{cfg.task.name}", f"scheme:{plan.tag}", f"heads:{cfg.model.heads}", f"cfg:{cfg_id}",
@@ -165,8 +165,8 @@ def public_config(cfg, plan, cfg_id: str | None = None) -> dict[str, Any]:
     attention ``plan`` (an :class:`~nas_cli.plan.AttentionPlan`) spelled out per location."""
     from omegaconf import OmegaConf
 
-    from .config_identity import config_id
-    from .redaction import redact
+    from nas_cli.infra.config_identity import config_id
+    from nas_cli.infra.redaction import redact
 
     data = redact(OmegaConf.to_container(cfg, resolve=True))
     data["config_id"] = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))

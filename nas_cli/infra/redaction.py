@@ -11,7 +11,7 @@ from typing import Iterator
 
 from omegaconf import OmegaConf
 
-from .atomic import atomic_write
+from nas_cli.infra.atomic import atomic_write
 
 
 #: a key is a secret when a word of its last name contains one of these (``*key*``, ``*secret*``, ...)

@@ -36,7 +36,7 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from ..errors import SignalStop, UserError
+from nas_cli.errors import SignalStop, UserError
 
 #: signals that stop a run cleanly (SIGHUP: the terminal closed, an SSH connection dropped);
 #: DataLoader workers ignore them (tasks.base.WorkerInit)

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from nas_cli.errors import UserError
 
-from .atomic import atomic_write_json, atomic_write_text  # noqa: F401  (the run directory's writers)
+from nas_cli.infra.atomic import atomic_write_json, atomic_write_text  # noqa: F401  (the run directory's writers)
 
 #: set by ``nas-run resume=<dir>``: that directory may hold a finished run (to be trained longer)
 CONTINUE_ENV = "NAS_RUN_CONTINUE"

@@ -6,7 +6,7 @@
 * ``html``: the HTML report with embedded PNG figures (no scripts or styles from outside).
 * ``cli``: the command line.
 """
-from .collect import Run, find_runs
-from .table import Group, group_runs
+from nas_cli.report.collect import Run, find_runs
+from nas_cli.report.table import Group, group_runs
 
 __all__ = ["Run", "find_runs", "Group", "group_runs"]

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..infra.config_identity import flatten as _flatten
-from ..infra.rundir import ITEMS_FILE
-from ..locations import LOCATIONS
-from ..metrics import KNOWN, declare
+from nas_cli.infra.config_identity import flatten as _flatten
+from nas_cli.infra.rundir import ITEMS_FILE
+from nas_cli.locations import LOCATIONS
+from nas_cli.metrics import KNOWN, declare
 
 __all__ = ["Run", "find_runs", "load_run", "flatten", "TEST_METRICS"]
 

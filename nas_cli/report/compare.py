@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..diagnostics.metrics import SIGNED_NOTE
-from ..infra.rundir import ITEMS_FILE
-from . import stats
-from .collect import Run
-from .table import Group, field_value
+from nas_cli.diagnostics.metrics import SIGNED_NOTE
+from nas_cli.infra.rundir import ITEMS_FILE
+from nas_cli.report import stats
+from nas_cli.report.collect import Run
+from nas_cli.report.table import Group, field_value
 
 
 #: run-level numbers (nas_cli.report.collect.Run.value names) compared over seeds, and their
@@ -45,7 +45,7 @@ def metric_name(metric: str) -> str:
 
 def metric_title(metric: str) -> str | None:
     """The main table's column for a compared metric (None: not a column there)."""
-    from ..metrics import spec
+    from nas_cli.metrics import spec
 
     return spec(metric).title if metric.startswith("test/") else RUN_METRICS.get(metric)
 
@@ -174,14 +174,14 @@ def metrics_for(groups: Sequence[Group], wanted: Sequence[str] | None) -> list[s
                                + f"; choose from {', '.join(tests)} (test set) or {', '.join(RUN_METRICS)} "
                                "(attention diagnostics; also <name>:<location> and diag:<key>)")
         return names
-    from ..metrics import present
+    from nas_cli.metrics import present
 
     return [m.key for m in present(reported) if m.compared and any(r.value(m.key) is not None for r in runs)]
 
 
 def higher_is_better(metric: str) -> bool | None:
     """True/False for the test metrics with a better direction; None for the diagnostics."""
-    from ..metrics import spec
+    from nas_cli.metrics import spec
 
     return spec(metric).higher_is_better if metric.startswith("test/") else None
 

@@ -131,9 +131,9 @@ def group_records(groups) -> list[dict]:
     each with the column title it has in the table."""
     import numpy as np
 
-    from .collect import TEST_METRICS
-    from .stats import t_interval
-    from .table import columns
+    from nas_cli.report.collect import TEST_METRICS
+    from nas_cli.report.stats import t_interval
+    from nas_cli.report.table import columns
 
     titles = {c.numeric: c.title for c in columns(groups) if c.numeric}
     names = [*dict.fromkeys([*titles, *(k for k, _, _ in TEST_METRICS), "best_val", "jsd", "explained_away",

@@ -25,11 +25,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..locations import LOCATIONS
-from .. import figures
-from ..attention.additive import ROUND_OFF
-from .collect import TEST_METRICS, Run
-from .table import Group, table_rows, unfinished_rows
+from nas_cli.locations import LOCATIONS
+from nas_cli import figures
+from nas_cli.attention.additive import ROUND_OFF
+from nas_cli.report.collect import TEST_METRICS, Run
+from nas_cli.report.table import Group, table_rows, unfinished_rows
 
 __all__ = ["write_html", "render_html"]
 
@@ -272,6 +272,6 @@ def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[
 def write_html(path: str | Path, runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[str],
                title: str = "nas-report", by: Sequence[str] | None = None, verdicts=None, items=None,
                notes: Sequence[str] = ()) -> Path:
-    from ..infra.atomic import atomic_write_text
+    from nas_cli.infra.atomic import atomic_write_text
 
     return atomic_write_text(path, render_html(runs, groups, sources, title, by, verdicts, items, notes))

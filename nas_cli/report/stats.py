@@ -283,7 +283,7 @@ def _paired(metric: str, b: np.ndarray, s: np.ndarray, seeds: Sequence, level: f
 def _robustness(c: Comparison, b: np.ndarray, s: np.ndarray, level: float) -> None:
     """The checks of :mod:`nas_cli.report.robust` on a paired comparison's differences: an
     outlying seed (and the paired test without it), and from 6 seeds the exact sign-flip p."""
-    from . import robust
+    from nas_cli.report import robust
 
     d = s - b
     found = robust.outlier_seed(d)
@@ -350,6 +350,6 @@ def trend_over_seeds(metric: str, points: dict, level: float = 0.95) -> tuple[Co
 
 
 # question (b), re-exported: nas-report and its tests read both questions from here
-from .items import (AR_TRIALS, BOOTSTRAP_SAMPLES, EXACT_MAX, METRICS, SEED, SEQUENTIAL_H,  # noqa: E402,F401
+from nas_cli.report.items import (AR_TRIALS, BOOTSTRAP_SAMPLES, EXACT_MAX, METRICS, SEED, SEQUENTIAL_H,  # noqa: E402,F401
                     ItemComparison, Metric, ar_test, bleu_from_stats, bootstrap_interval, chrf_from_stats,
                     compare_items, needs_text)

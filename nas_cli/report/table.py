@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..metrics import present
-from .collect import TEST_METRICS, Run  # noqa: F401 (re-exported)
+from nas_cli.metrics import present
+from nas_cli.report.collect import TEST_METRICS, Run  # noqa: F401 (re-exported)
 
 __all__ = ["Group", "group_runs", "field_value", "columns", "table_rows", "rich_table", "unfinished_rows",
            "IGNORED_KEYS", "BadField"]
 
-from ..infra.config_identity import IGNORED_KEYS, identity
+from nas_cli.infra.config_identity import IGNORED_KEYS, identity
 
 #: fields read from summary.json / the run itself rather than from the config
 RUN_FIELDS = ("task", "scheme", "heads", "seed", "model", "d_model", "steps", "parameters", "source")
@@ -79,7 +79,7 @@ class Group:
     def stat(self, name: str) -> tuple[float, float, int] | None:
         """(mean, half-width of the 95% Student-t interval over the runs (0 for one value),
         number of values) or None if no run has it."""
-        from .stats import t_interval
+        from nas_cli.report.stats import t_interval
 
         got = t_interval(self.values(name))
         if got is None:

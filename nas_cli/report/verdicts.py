@@ -8,8 +8,8 @@ import math
 import re
 from typing import Sequence
 
-from . import stats
-from .compare import Row, metric_name
+from nas_cli.report import stats
+from nas_cli.report.compare import Row, metric_name
 
 
 def _ci(low: float, high: float) -> str:
