@@ -11,7 +11,7 @@ differences. This simulates **no true difference** with the paired differences d
 
 at 2, 3, 5 and 10 seeds, and counts the verdicts through nas-report's own ``compare_groups``
 (baseline runs at 0, the system's runs at the difference) and through the sequential sweep's
-rule (:func:`nas_cli.report.sequential.outcomes`, looks at 2..10 seeds). It also measures
+rule (:func:`nas_cli.report.stopping.outcomes`, looks at 2..10 seeds). It also measures
 
 - the power of ``seed=auto`` against a fixed number of seeds at a true difference of 1 sd of
   the paired differences (normal), with at most 10 and at most 6 seeds;
@@ -34,7 +34,7 @@ import numpy as np
 from nas_cli.bench.calibration import verdicts
 from nas_cli.bench.markdown import add_output_options, run_and_write
 from nas_cli.report import robust
-from nas_cli.report import sequential as seq
+from nas_cli.report import stopping as seq
 from nas_cli.report import stats
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -60,7 +60,7 @@ def valid_schemes() -> list[str]:
     (FlexAttention, attention/flex.py) and ``<name>-triton`` (the Triton kernels of both forms:
     attention/triton_encoder.py for the non-causal cases, attention/triton_prefix.py for the causal
     ones) for the schemes with an ``impl`` option."""
-    from nas_cli.choices import available, scheme_config
+    from nas_cli.model.choices import available, scheme_config
 
     names = available("attention")
     naive = [f"{n}-naive" for n in names
@@ -73,8 +73,8 @@ def valid_schemes() -> list[str]:
 def build_core(scheme: str, heads: int, causal: bool, d_head: int):
     """Core for ``scheme`` (``name`` or ``name-naive``) and a forward callable."""
     from nas_cli.attention.base import AttentionCore
-    from nas_cli.choices import scheme_config
-    from nas_cli.plan import make_core_factory
+    from nas_cli.model.choices import scheme_config
+    from nas_cli.model.plan import make_core_factory
 
     name, _, variant = scheme.partition("-")
     naive = variant == "naive"
@@ -90,12 +90,12 @@ def build_core(scheme: str, heads: int, causal: bool, d_head: int):
     return core, lambda q, k, v: core(q, k, v).out
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _is_oom(err: BaseException) -> bool:
+def is_oom(err: BaseException) -> bool:
     if isinstance(err, getattr(torch, "OutOfMemoryError", ())):
         return True
     msg = str(err).lower()
@@ -159,10 +159,10 @@ def run_case(scheme: str, length: int, causal: bool, args) -> dict[str, Any]:
 
         # warm-up; the first run doubles as the --max-seconds guard
         for w in range(max(1, args.warmup)):
-            _sync(device)
+            sync_device(device)
             t0 = time.perf_counter()
             step()
-            _sync(device)
+            sync_device(device)
             first = time.perf_counter() - t0
             if w == 0 and first > args.max_seconds:
                 rec.update(status="too_slow", time_ms=1e3 * first)
@@ -170,7 +170,7 @@ def run_case(scheme: str, length: int, causal: bool, args) -> dict[str, Any]:
         rec["peak_bytes"] = _peak_bytes(step, device)
         rec["time_ms"] = 1e3 * _median_seconds(step, device, args.repeats)
     except Exception as err:  # noqa: BLE001 - every failure becomes a recorded status
-        rec["status"] = "oom" if _is_oom(err) else f"error: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        rec["status"] = "oom" if is_oom(err) else f"error: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
     finally:
         tensors.clear()
         if device.type == "cuda":
@@ -182,21 +182,21 @@ def _peak_bytes(step, device: torch.device) -> int:
     """Peak memory of one run of ``step`` above what was allocated before it."""
     if device.type != "cuda":
         return int(_cpu_peak_bytes(step))
-    _sync(device)
+    sync_device(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
     step()
-    _sync(device)
+    sync_device(device)
     return int(torch.cuda.max_memory_allocated(device) - base)
 
 
 def _median_seconds(step, device: torch.device, repeats: int) -> float:
     times = []
     for _ in range(repeats):
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         step()
-        _sync(device)
+        sync_device(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -260,7 +260,7 @@ def markdown_section(config: dict, results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _device_name(device: torch.device) -> str:
+def machine_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU ({platform.processor() or platform.machine()}, threads={torch.get_num_threads()})"
@@ -306,7 +306,7 @@ def attention_main(args, parser, argv: list[str]) -> int:
     add_ratios(results)
     config = {
         "batch": args.batch, "heads": args.heads, "d_head": args.d_head, "dtype": args.dtype,
-        "device": str(device), "device_name": _device_name(device), "torch": torch.__version__,
+        "device": str(device), "device_name": machine_name(device), "torch": torch.__version__,
         "repeats": args.repeats, "warmup": args.warmup, "max_seconds": args.max_seconds, "isolate": args.isolate,
         "threads": torch.get_num_threads() if device.type == "cpu" else None,
         "memory_method": "torch.cuda.max_memory_allocated" if device.type == "cuda"

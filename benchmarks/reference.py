@@ -20,7 +20,7 @@ class ReferenceTransformer(torch.nn.Module):
     def __init__(self, vocab: int, m, pad_id: int):
         super().__init__()
 
-        from nas_cli.positions import sinusoids
+        from nas_cli.attention.positions import sinusoids
 
         d, nf = int(m.d_model), bool(m.norm_first)
         self.pad_id, self.scale = pad_id, math.sqrt(d)

@@ -3,7 +3,7 @@
 Two ``seed=auto`` sweeps on the built-in sort task (the study's sort preset, perplexity, delta 0.01):
 a pair that truly differs (UNAS and DNAS) and an A/A pair (DNAS through its naive and its chunked
 implementation: the same function, different rounding). This script recomputes both sweeps'
-decisions from the runs (``nas_cli.sequential.recompute``), draws them (docs/sequential_sort.png)
+decisions from the runs (``nas_cli.sweeps.sequential.recompute``), draws them (docs/sequential_sort.png)
 and writes the section of docs/comparing.md, with the fixed number of seeds nas-report's planner
 (``--detect``) would have asked for after the first round.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from nas_cli.report import stats
-from nas_cli.sequential import draw, recompute, table_rows
+from nas_cli.sweeps.sequential import draw, recompute, table_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = {"real": ROOT / "benchmarks" / "study" / "sequential_sort" / "real",

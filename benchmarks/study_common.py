@@ -34,7 +34,7 @@ FIG1_CUT = -20.0
 CSV_NAME = "runs.csv"
 
 
-def _ci(group: Group | None, name: str, fmt: str = "{:.2f}") -> str:
+def ci_text(group: Group | None, name: str, fmt: str = "{:.2f}") -> str:
     if group is None:
         return "not run"
     st = group.stat(name)
@@ -44,36 +44,36 @@ def _ci(group: Group | None, name: str, fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(m)} ± {fmt.format(half)} (n={n})" if n > 1 else f"{fmt.format(m)} (n=1)"
 
 
-def _diff(row, fmt: str = "{:+.2f}", holm: bool = True) -> str:
+def diff_text(row, fmt: str = "{:+.2f}", holm: bool = True) -> str:
     """A paired difference with its interval and p: Holm-adjusted over the schemes compared with
     UNAS (``p(Holm)``), or, for a single paired test (``holm=False``), its own ``p``."""
     c = getattr(row, "comparison", row)
     if math.isnan(c.low):
         return f"{fmt.format(c.diff)} (n={len(c.seeds)}, no interval)"
     adjusted = holm and c.p_adj is not None
-    p = _p(c.p_adj if adjusted else c.p)
+    p = p_text(c.p_adj if adjusted else c.p)
     return (f"{fmt.format(c.diff)} [{fmt.format(c.low)}, {fmt.format(c.high)}], "
             f"{'p(Holm)' if adjusted else 'p'}{p if p.startswith('<') else '=' + p}")
 
 
-def _p(p: float) -> str:
+def p_text(p: float) -> str:
     return "-" if p is None or math.isnan(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
 
 
-def _roots(root) -> list[str]:
+def study_roots(root) -> list[str]:
     """One sweep directory or several (a sweep of more schemes run later, reported together)."""
     roots = [root] if isinstance(root, (str, Path)) else list(root or [])
     return [str(r) for r in roots if Path(r).is_dir()]
 
 
-def _groups(root, heads: int | None = None) -> list[Group]:
-    runs = find_runs(_roots(root)) if _roots(root) else []
+def study_groups(root, heads: int | None = None) -> list[Group]:
+    runs = find_runs(study_roots(root)) if study_roots(root) else []
     return group_runs([r for r in runs if heads is None or r.heads == heads])
 
 
-def _load(root, metrics: list[str], heads: int | None = 4):
+def load_study(root, metrics: list[str], heads: int | None = 4):
     """({scheme: group}, {(scheme, metric): nas-report's row against UNAS}) at one number of heads."""
-    groups = _groups(root, heads)
+    groups = study_groups(root, heads)
     by_scheme = {g.common(lambda r: r.scheme): g for g in groups}
     if "unas" not in by_scheme or len(groups) < 2:
         return by_scheme, {}
@@ -81,7 +81,7 @@ def _load(root, metrics: list[str], heads: int | None = 4):
     return by_scheme, {(r.group.common(lambda x: x.scheme), r.comparison.metric): r for r in rows}
 
 
-def _link(g: dict, high: str, low: str, metric: str):
+def order_link(g: dict, high: str, low: str, metric: str):
     """One link of an ordering claim: scheme ``high`` compared with scheme ``low`` (as the baseline),
     paired by seed, with nas-report's own test (no Holm: an ordering holds only if every link does)."""
     if high not in g or low not in g:
@@ -98,7 +98,7 @@ class DidNotTrain(str):
 def did_not_train(root, scheme: str) -> DidNotTrain | None:
     """Why ``scheme`` did not train under ``root``: every run of it failed (failed.json), none
     finished; None where it has a finished run or no run at all."""
-    runs = [r for r in find_runs(_roots(root)) if r.scheme == scheme] if _roots(root) else []
+    runs = [r for r in find_runs(study_roots(root)) if r.scheme == scheme] if study_roots(root) else []
     failed = [r for r in runs if r.status == "failed"]
     if not failed or any(r.finished for r in runs):
         return None
@@ -120,7 +120,7 @@ def chain(links: list[tuple[str, str, object]]) -> tuple[bool, str]:
             words.append(f"{high} > {low}: yes ({low} did not train: {c})")
             continue
         d = c.direction()
-        p = _p(c.p_adj if c.p_adj is not None else c.p)
+        p = p_text(c.p_adj if c.p_adj is not None else c.p)
         ci = "no interval" if math.isnan(c.low) else f"[{c.low:+.2f}, {c.high:+.2f}]"
         words.append(f"{high} > {low}: " + ("yes" if d > 0 else "no, reversed" if d < 0 else "not significant")
                      + f" ({c.diff:+.2f} {ci}, p{p if p.startswith('<') else '=' + p})")
@@ -129,7 +129,7 @@ def chain(links: list[tuple[str, str, object]]) -> tuple[bool, str]:
     return holds, "; ".join(words)
 
 
-def _n_note(row) -> str:
+def n_note(row) -> str:
     c = getattr(row, "comparison", row)
     if not c.testable:
         return f"no verdict yet (n={c.n}: fewer than 2 seeds)"
@@ -144,7 +144,7 @@ def _bound(c) -> str:
     return f"; the interval rules out a gain larger than {c.high:+.2f}"
 
 
-def _better_claim(c, name: str, unit: str, higher_is_better: bool = True) -> str:
+def better_claim(c, name: str, unit: str, higher_is_better: bool = True) -> str:
     """The verdict on a claim that a system *improves* on its baseline."""
     v = c.verdict(higher_is_better)
     if v.startswith("better"):
@@ -177,7 +177,7 @@ def below_cut(run, cut: float = FIG1_CUT) -> float | None:
     return below / total if total else None
 
 
-def _per_seed(group: Group | None, name: str, fmt: str = "{:.2f}") -> str:
+def per_seed(group: Group | None, name: str, fmt: str = "{:.2f}") -> str:
     if group is None:
         return "-"
     runs = sorted(group.runs, key=lambda r: r.seed or 0)
@@ -187,7 +187,7 @@ def _per_seed(group: Group | None, name: str, fmt: str = "{:.2f}") -> str:
 
 
 
-def _blocks(groups: dict) -> str:
+def blocks_scored(groups: dict) -> str:
     """How many test items (blocks, for a language model) the runs were scored on."""
     items = load_items(groups["unas"].runs[0]) if "unas" in groups else None
     return f"{items['n']:,}" if items and "n" in items else "the"
@@ -195,7 +195,7 @@ def _blocks(groups: dict) -> str:
 
 def _verdict_text(row) -> str:
     v = row.comparison.verdict(None)
-    return _n_note(row) if v.startswith(("no significant", "no verdict")) else v
+    return n_note(row) if v.startswith(("no significant", "no verdict")) else v
 
 
 def heads_trend(root, metric: str = "test/bleu"):
@@ -205,7 +205,7 @@ def heads_trend(root, metric: str = "test/bleu"):
     two numbers of heads have both schemes."""
     from nas_cli.report.stats import trend_over_seeds
 
-    groups = _groups(root)
+    groups = study_groups(root)
     at = {}
     for grp in groups:
         for r in grp.runs:

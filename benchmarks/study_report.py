@@ -46,8 +46,8 @@ from nas_cli.report.table import Group
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below
 from study_claims import CLAIM_ROWS, claims_section  # noqa: E402,F401
 from study_common import (ADDITIVE, ADDITIVE_SWEEPS, LM_HF_SWEEPS, CSV_NAME, FIG1_CUT, HEADS, HEADS_SWEEPS, LM_METRICS,
-                          LM_SWEEPS, MT_METRICS, MT_SWEEPS, NAMES, RESULTS, ROOT, STUDY, _ci, _groups, _p,
-                          _roots, below_cut, heads_trend)  # noqa: E402
+                          LM_SWEEPS, MT_METRICS, MT_SWEEPS, NAMES, RESULTS, ROOT, STUDY, ci_text, study_groups, p_text,
+                          study_roots, below_cut, heads_trend)  # noqa: E402
 
 
 def heads_section(root, figures: Path | None) -> str:
@@ -60,7 +60,7 @@ def heads_section(root, figures: Path | None) -> str:
              "verdict). The verdict on the claim is the trend: each seed's paired differences regressed on "
              "log2(heads), the slopes tested over seeds (one-sample t-test, n - 1 df; simulated with no trend it "
              "calls one in 5% of sweeps, tests/report/test_trend.py).", ""]
-    groups = [grp for grp in _groups(root) if grp.common(lambda r: r.scheme) in ("unas", "coda")]
+    groups = [grp for grp in study_groups(root) if grp.common(lambda r: r.scheme) in ("unas", "coda")]
     by = {(grp.common(lambda r: r.scheme), grp.runs[0].heads): grp for grp in groups}
     heads = sorted({h for _, h in by})
     if len(heads) < 2:
@@ -80,12 +80,12 @@ def heads_section(root, figures: Path | None) -> str:
             return "-"
         cmpn = compare_seeds(metric, [us[s] for s in seeds], [cs[s] for s in seeds], seeds)
         return (f"{cmpn.diff:+.2f} (n=1)" if math.isnan(cmpn.low) else
-                f"{cmpn.diff:+.2f} [{cmpn.low:+.2f}, {cmpn.high:+.2f}], p={_p(cmpn.p)} (n={cmpn.n})")
+                f"{cmpn.diff:+.2f} [{cmpn.low:+.2f}, {cmpn.high:+.2f}], p={p_text(cmpn.p)} (n={cmpn.n})")
 
     for h in heads:
         u, c = by.get(("unas", h)), by.get(("coda", h))
-        lines.append(f"| {h} | {_ci(u, 'test/bleu')} | {_ci(c, 'test/bleu')} | {paired(h, 'test/bleu')} | "
-                     f"{_ci(u, 'jsd')} | {_ci(c, 'jsd')} | {paired(h, 'jsd')} |")
+        lines.append(f"| {h} | {ci_text(u, 'test/bleu')} | {ci_text(c, 'test/bleu')} | {paired(h, 'test/bleu')} | "
+                     f"{ci_text(u, 'jsd')} | {ci_text(c, 'jsd')} | {paired(h, 'jsd')} |")
     lines.append("")
     for metric, label in (("test/bleu", "BLEU"), ("jsd", "head JSD")):
         t = heads_trend(root, metric)
@@ -94,7 +94,7 @@ def heads_section(root, figures: Path | None) -> str:
         c, slopes, heads_of = t
         per = ", ".join(f"s{s} {v:+.3f} (heads {'/'.join(map(str, heads_of[s]))})" for s, v in sorted(slopes.items()))
         lines.append(f"- **Trend of CODA - UNAS in {label} per doubling of heads**: {c.diff:+.3f}"
-                     + ("" if math.isnan(c.low) else f" [{c.low:+.3f}, {c.high:+.3f}], p={_p(c.p)}")
+                     + ("" if math.isnan(c.low) else f" [{c.low:+.3f}, {c.high:+.3f}], p={p_text(c.p)}")
                      + f" over {c.n} seed{'s' if c.n != 1 else ''} (per-seed slopes: {per}; {c.test}).")
     lines += ["", "![BLEU and head JSD of UNAS and CODA against the number of heads](study/heads.png)"]
     png = heads_figure(groups) if figures is not None else None
@@ -104,7 +104,7 @@ def heads_section(root, figures: Path | None) -> str:
 
 
 def heads_figure(groups: list[Group]) -> bytes | None:
-    from nas_cli import figures as figs
+    from nas_cli.diagnostics import figures as figs
 
     data: dict = {}
     for metric, title in (("test/bleu", "BLEU"), ("jsd", "head JSD (higher: heads differ more)")):
@@ -124,7 +124,7 @@ def fig1(mt_root, figures: Path) -> list[str]:
     with the -log Sk floor, per location (all layers, heads and seeds of the 4-head runs)."""
     from nas_cli.report.html import log_mass_overlays
 
-    groups = [grp for grp in _groups(mt_root, 4) if grp.common(lambda r: r.scheme) in ("unas", "dnas")]
+    groups = [grp for grp in study_groups(mt_root, 4) if grp.common(lambda r: r.scheme) in ("unas", "dnas")]
     written = []
     for loc in ("encoder", "decoder", "cross"):
         for _title, png in log_mass_overlays(groups, loc)[:1]:
@@ -140,7 +140,7 @@ def runs_csv(roots: list[str]) -> str:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(cols)
-    runs = sorted((r for r in find_runs(_roots(roots)) if r.finished),
+    runs = sorted((r for r in find_runs(study_roots(roots)) if r.finished),
                   key=lambda r: (r.path.parent.name, r.task, r.scheme, r.heads or 0, r.seed or 0))
 
     def f(v):
@@ -187,7 +187,7 @@ def results_section(roots: list[tuple[list[str], list[str]]]) -> str | None:
              "training time.", ""]
     for dirs, options in roots:
         names = ", ".join(f"`{Path(d).name}`" for d in dirs)
-        found = _roots(dirs)
+        found = study_roots(dirs)
         if not any(r.finished for r in (find_runs(found) if found else [])):
             lines += [f"### {names}", "", "No finished run yet.", ""]
             continue

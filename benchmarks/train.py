@@ -18,15 +18,15 @@ from __future__ import annotations
 import gc
 import json
 import statistics
-import time
 import warnings
 from pathlib import Path
 
 import torch
 
 from nas_cli.bench.markdown import num as _num, write_markdown
-from nas_cli.bench.attention import _device_name, _is_oom, _sync
-from nas_cli.bench.reference import ReferenceTransformer
+from nas_cli.bench.attention import machine_name, is_oom
+from nas_cli.bench.train_loops import (Batches, bench_configs, quiet_lightning, run_nas_loop,
+                                       run_reference_loop)
 
 TRAIN_MD_SECTION = "## End-to-end training (nas-bench train)"
 TRAIN_DEFAULT_SCHEMES = ["unas", "dnas", "hnas"]
@@ -53,7 +53,7 @@ def train_md_section(device: str, precision: str) -> str:
 def train_schemes() -> list[str]:
     """Registry names, plus ``<name>-naive|efficient|auto`` for the schemes with ``impl``."""
 
-    from nas_cli.choices import available, scheme_config
+    from nas_cli.model.choices import available, scheme_config
 
     names = available("attention")
     extra = [f"{n}-{suffix}" for n in names if "impl" in scheme_config(n)
@@ -72,7 +72,7 @@ LOCATION_SEP = "@"
 
 
 def _attention_cfg(scheme: str):
-    from nas_cli.choices import scheme_config
+    from nas_cli.model.choices import scheme_config
 
     spec, _, where = scheme.partition(LOCATION_SEP)
     name, impl = _split_scheme(spec)
@@ -89,7 +89,7 @@ def _attention_cfg(scheme: str):
 
 def check_scheme(scheme: str, valid: list[str]) -> str | None:
     """Why ``scheme`` is not a valid ``--schemes`` entry (None: it is)."""
-    from nas_cli.plan import LOCATIONS
+    from nas_cli.model.plan import LOCATIONS
 
     spec, sep, where = scheme.partition(LOCATION_SEP)
     if spec not in valid:
@@ -98,159 +98,6 @@ def check_scheme(scheme: str, valid: list[str]) -> str | None:
     if bad:
         return f"{scheme!r}: unknown location {bad[0]!r} (use {', '.join(LOCATIONS)}, joined by '+')"
     return None
-
-
-def _bench_task(vocab: int):
-    """The little NasLitModule needs from a task (kind, vocabulary, special ids)."""
-    from tasks.base import Task
-
-    class BenchTask(Task):
-        kind = "seq2seq"
-        name = "bench"
-
-        @property
-        def src_vocab_size(self) -> int:
-            return vocab
-
-    return BenchTask()
-
-
-class _Batches(torch.utils.data.Dataset):
-    """``length`` items cycling over a few fixed synthetic batches (no padding: every
-    position is a real token, ids drawn uniformly from the non-special ids)."""
-
-    def __init__(self, batch: int, src_len: int, tgt_len: int, vocab: int, length: int, distinct: int = 4,
-                 seed: int = 0):
-        from tasks.base import EOS
-
-        g = torch.Generator().manual_seed(seed)
-        self.batches = []
-        for _ in range(max(1, min(distinct, length))):
-            src = torch.randint(EOS + 1, vocab, (batch, src_len), generator=g)
-            tgt = torch.randint(EOS + 1, vocab, (batch, tgt_len + 1), generator=g)
-            self.batches.append({"src": src, "tgt_in": tgt[:, :-1].contiguous(), "tgt_out": tgt[:, 1:].contiguous()})
-        self.length = length
-
-    def __len__(self):
-        return self.length
-
-    def __getitem__(self, i):
-        return self.batches[i % len(self.batches)]
-
-
-class _StepClock:
-    """Wall-clock stamps: one before the first step, one after every optimizer step."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.stamps = device, []
-
-    def start(self):
-        _sync(self.device)
-        self.stamps.append(time.perf_counter())
-
-    def step(self):
-        _sync(self.device)
-        self.stamps.append(time.perf_counter())
-
-
-def _clock_callback(clock: _StepClock):
-    import pytorch_lightning as pl
-
-    class Clock(pl.Callback):
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            if batch_idx == 0:
-                clock.start()
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            clock.step()
-
-    return Clock()
-
-
-def _bench_configs(model_name: str):
-    from omegaconf import OmegaConf
-
-    from nas_cli.choices import CONF_DIR
-
-    main = OmegaConf.load(CONF_DIR / "config.yaml")
-    return (OmegaConf.load(CONF_DIR / "model" / f"{model_name}.yaml"), main.optim,
-            OmegaConf.load(CONF_DIR / "trainer" / "default.yaml"), int(main.log_learned_every))
-
-
-def run_nas_loop(scheme: str, loader, total_steps: int, args, cfgs) -> tuple[list[float], int]:
-    """nas-run's own loop: NasLitModule + a Lightning Trainer (no logger, progress bar or
-    checkpointing), as train() configures it otherwise (clipping, log_every_n_steps)."""
-    import pytorch_lightning as pl
-
-    from nas_cli.lit import NasLitModule
-
-    model_cfg, optim_cfg, trainer_cfg, log_learned_every = cfgs
-    pl.seed_everything(args.seed, verbose=False)
-    from nas_cli.plan import AttentionPlan
-
-    module = NasLitModule(model_cfg, AttentionPlan.from_config(_attention_cfg(scheme)), optim_cfg, _bench_task(args.vocab),
-                          log_learned_every=log_learned_every)
-    clock = _StepClock(torch.device(args.device))
-    trainer = pl.Trainer(accelerator="gpu" if args.device == "cuda" else "cpu", devices=1,
-                         precision=args.precision, max_steps=total_steps, max_epochs=-1, logger=False,
-                         enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
-                         callbacks=[_clock_callback(clock)], gradient_clip_val=trainer_cfg.gradient_clip_val,
-                         log_every_n_steps=int(trainer_cfg.log_every_n_steps), num_sanity_val_steps=0,
-                         limit_val_batches=0, deterministic=False)
-    trainer.fit(module, train_dataloaders=loader)
-    from nas_cli.run import count_parameters
-
-    return clock.stamps, count_parameters(module.model)
-
-
-def run_reference_loop(loader, total_steps: int, args, cfgs) -> tuple[list[float], int]:
-    """The plain PyTorch loop: same batches, Adam, inverse-sqrt schedule, label-smoothed
-    cross entropy, gradient clipping and precision as nas-run's loop."""
-    from contextlib import nullcontext
-
-    from tasks.base import PAD
-
-    from nas_cli.lit import inverse_sqrt
-    from nas_cli.run import count_parameters
-
-    model_cfg, o, trainer_cfg, _ = cfgs
-    device = torch.device(args.device)
-    torch.manual_seed(args.seed)
-    model = ReferenceTransformer(args.vocab, model_cfg, PAD).to(device).train()
-    opt = torch.optim.Adam(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt(o.warmup))
-    clip = trainer_cfg.gradient_clip_val
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16-mixed" else nullcontext()
-    clock = _StepClock(device)
-    clock.start()
-    for step, batch in enumerate(loader):
-        if step == total_steps:
-            break
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        opt.zero_grad(set_to_none=True)
-        with autocast:
-            logits = model(batch["src"], batch["tgt_in"])
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch["tgt_out"].flatten(),
-                                                 ignore_index=PAD, label_smoothing=float(o.label_smoothing))
-        loss.backward()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        sched.step()
-        clock.step()
-    return clock.stamps, count_parameters(model)
-
-
-def _quiet_lightning():
-    import logging
-    import warnings
-
-    for name in ("pytorch_lightning", "pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda",
-                 "lightning", "lightning.pytorch", "lightning.pytorch.utilities.rank_zero", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    # Lightning's advice about loader workers and the missing validation loop: by design here
-    warnings.filterwarnings("ignore", message=".*(does not have many workers|val_dataloader|Skipping val loop|"
-                                              "LeafSpec).*")
 
 
 def add_train_ratios(results: list[dict], model_name: str, device: str) -> None:
@@ -318,7 +165,7 @@ def train_markdown_section(config: dict, results: list[dict]) -> str:
 
 
 def train_main(args, parser, argv: list[str]) -> int:
-    from nas_cli.choices import available
+    from nas_cli.model.choices import available
 
     valid = train_schemes()
     bad = [why for why in (check_scheme(s, valid) for s in args.schemes) if why]
@@ -338,7 +185,7 @@ def train_main(args, parser, argv: list[str]) -> int:
         parser.error("argument --tgt-len: give one length, or as many as --src-len (they are paired)")
     if args.warmup_steps < 0:
         parser.error("argument --warmup-steps: must be >= 0")
-    cfgs = _bench_configs(args.model)
+    cfgs = bench_configs(args.model)
     model_cfg = cfgs[0]
     too_long = [n for n in args.src_len + tgt_lens if n > int(model_cfg.max_len)]
     if too_long:
@@ -348,7 +195,7 @@ def train_main(args, parser, argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     with warnings.catch_warnings():
-        _quiet_lightning()
+        quiet_lightning()
         results, config = _train_runs(args, cfgs, tgt_lens)
     config["command"] = "nas-bench " + " ".join(argv)
     if args.out_json is None:
@@ -373,7 +220,7 @@ def _train_runs(args, cfgs, tgt_lens) -> tuple[list[dict], dict]:
     for src_len, tgt_len in zip(args.src_len, tgt_lens):
         tokens = args.batch * (src_len + tgt_len)
         loader = torch.utils.data.DataLoader(
-            _Batches(args.batch, src_len, tgt_len, args.vocab, total, seed=args.seed), batch_size=None,
+            Batches(args.batch, src_len, tgt_len, args.vocab, total, seed=args.seed), batch_size=None,
             shuffle=False, num_workers=0, pin_memory=device.type == "cuda")
         times: dict[str, list[float]] = {loop: [] for loop in loops}
         status: dict[str, str] = {loop: "ok" for loop in loops}
@@ -388,13 +235,13 @@ def _train_runs(args, cfgs, tgt_lens) -> tuple[list[dict], dict]:
                     if loop == REFERENCE:
                         stamps, n_params = run_reference_loop(loader, total, args, cfgs)
                     else:
-                        stamps, n_params = run_nas_loop(loop, loader, total, args, cfgs)
+                        stamps, n_params = run_nas_loop(_attention_cfg(loop), loader, total, args, cfgs)
                     if len(stamps) != total + 1:
                         raise RuntimeError(f"ran {len(stamps) - 1} steps, expected {total}")
                     times[loop].append(stamps[-1] - stamps[args.warmup_steps])
                     params[loop] = n_params
                 except Exception as err:  # noqa: BLE001 - a failing loop is recorded, the others go on
-                    status[loop] = "oom" if _is_oom(err) else \
+                    status[loop] = "oom" if is_oom(err) else \
                         f"error: {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
                 per = times[loop][-1] if times[loop] and status[loop] == "ok" else None
                 print(f"S={src_len:<5} T={tgt_len:<5} repeat {rep + 1}/{args.repeats} {loop:<16} {status[loop]:<8} "
@@ -415,7 +262,7 @@ def _train_runs(args, cfgs, tgt_lens) -> tuple[list[dict], dict]:
                                                            "ffn", "dropout", "norm_first")},
         "vocab": args.vocab, "batch": args.batch, "steps": args.steps, "warmup_steps": args.warmup_steps,
         "repeats": args.repeats, "precision": args.precision, "device": str(device),
-        "device_name": _device_name(device), "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "device_name": machine_name(device), "threads": torch.get_num_threads() if device.type == "cpu" else None,
         "torch": torch.__version__, "lightning": pl.__version__, "seed": args.seed, "parameters": params,
         "targets": {n: {"vs": vs, "max_time_ratio": t} for n, (vs, t) in TRAIN_TARGETS.items()},
         "target_setting": TARGET_SETTING,

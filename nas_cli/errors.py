@@ -1,4 +1,8 @@
-"""Errors that are the user's to fix: the CLI prints them as one line and exits non-zero."""
+"""Errors that are the user's to fix, and the one way every command prints them: one line on
+stderr and a non-zero exit (:func:`fail`)."""
+from __future__ import annotations
+
+import sys
 
 
 class UserError(Exception):
@@ -38,3 +42,24 @@ def unwrap(err: Exception) -> str:
     while isinstance(err, InstantiationException) and err.__cause__ is not None:
         err = err.__cause__
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def console():
+    """The console for result tables: logs and CI are not terminals, so give tables room
+    instead of rich's 80 columns."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=120)
+
+
+def say(markup: str) -> None:
+    """One line of rich markup on stderr (progress, skipped jobs, how to continue)."""
+    from rich.console import Console
+
+    Console(stderr=True).print(markup, highlight=False, soft_wrap=True)
+
+
+def fail(message: str, code: int = 2, kind: str = "error", color: str = "red", program: str = "nas-run"):
+    """``<program>: <kind>: <message>`` on one line, then exit with ``code``."""
+    say(f"[bold {color}]{program}: {kind}:[/] {message}")
+    sys.exit(code)

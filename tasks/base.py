@@ -130,7 +130,7 @@ class Task(pl.LightningDataModule):
     loader_splits: tuple[str, str, str] = ("train", "val", "test")
 
     #: the task's own test metrics, keys of what :meth:`score` returns beyond the built-in ones
-    #: (nas_cli/metrics.py): {key: (column title, higher is better: True/False/None[, format
+    #: (tasks/scores.py): {key: (column title, higher is better: True/False/None[, format
     #: "p2"/"p3"/"pct"])}; recorded in summary.json, read by the result table and nas-report
     #: (its columns, ``--metrics`` and the direction of the verdict)
     metrics: dict = {}

@@ -19,7 +19,7 @@ torch.set_num_threads(1)
 
 
 def attention_schemes() -> list[str]:
-    from nas_cli.choices import available
+    from nas_cli.model.choices import available
 
     return available("attention")
 
@@ -30,7 +30,7 @@ def scheme(request):
 
 
 # the configs' ${nas.*} resolvers, registered as every entry point does (no import side effect)
-from nas_cli.resolvers import register_resolvers  # noqa: E402
+from nas_cli.pipeline.resolvers import register_resolvers  # noqa: E402
 
 register_resolvers()
 

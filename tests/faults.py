@@ -37,7 +37,7 @@ elif where == "test":
         return before_test(self, *a, **k)
     pl.Trainer.test = test
 elif where == "startup":
-    from nas_cli import run
+    from nas_cli.pipeline import run
     before_task = run.build_task
     def build_task(cfg):
         fire()

@@ -12,9 +12,9 @@ import zygote
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from nas_cli.plan import location_alias
-from nas_cli.choices import CONF_DIR
-from nas_cli.plan import make_core_factory
+from nas_cli.model.plan import location_alias
+from nas_cli.model.choices import CONF_DIR
+from nas_cli.model.plan import make_core_factory
 
 
 def compose_cfg(*overrides: str, config_dir=CONF_DIR):

@@ -1,5 +1,5 @@
 """Hydra's side of ``seed=auto`` (``hydra/sweeper=sequential``): parse the sweep, then launch
-rounds of seeds through the configured launcher until :mod:`nas_cli.sequential` says every
+rounds of seeds through the configured launcher until :mod:`nas_cli.sweeps.sequential` says every
 comparison is decided. Kept light: Hydra imports this module whenever it looks for plugins."""
 from __future__ import annotations
 
@@ -27,6 +27,6 @@ class SequentialSweeper(Sweeper):
                                                                 task_function=task_function, config=config)
 
     def sweep(self, arguments: List[str]) -> Any:
-        from nas_cli.sequential import run_sweep
+        from nas_cli.sweeps.sequential import run_sweep
 
         return run_sweep(self, list(arguments), Path(str(self.config.hydra.sweep.dir)))

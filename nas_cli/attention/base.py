@@ -3,7 +3,7 @@
 A core receives already-projected queries, keys and values of shape ``(B, H, T, D)``
 plus masks, and returns the mixed values (and, when asked, the attention weights).
 Projections, head splitting and the output projection live in
-:class:`nas_cli.model.MultiHeadAttention`; a scheme only decides how scores become
+:class:`nas_cli.model.transformer.MultiHeadAttention`; a scheme only decides how scores become
 weights.
 
 Registration is by config: ``conf/attention/<name>.yaml`` names the class with
@@ -219,7 +219,7 @@ class AttentionCore(nn.Module):
     Every capability the model, the decoder or the runner reads is declared here with its
     default; a scheme overrides the ones that differ, as a class attribute or, where an
     option decides it (``KernelSmoother``'s ``positions``), in its ``__init__``, never later.
-    :meth:`nas_cli.plan.AttentionPlan.check` reads them before any data or W&B run exists.
+    :meth:`nas_cli.model.plan.AttentionPlan.check` reads them before any data or W&B run exists.
     """
 
     #: short name of the scheme family, used in messages (the registry's names are the YAML files')

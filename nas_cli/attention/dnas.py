@@ -30,7 +30,8 @@ import torch
 
 from nas_cli.attention.base import (AttentionCore, AttentionOutput, NEG_INF, allowed_mask, doubly_normalized_logits,
                    masked_row_softmax, prefix_normalized_state, prefix_normalized_step, scaled_scores)
-from nas_cli.attention.efficient import check_impl, dnas_attention
+from nas_cli.attention.efficient import dnas_attention
+from nas_cli.attention.tiles import check_impl
 from nas_cli.attention.fused import doubly_normalized_attention
 
 #: ``impl=auto`` uses the naive formula when max(Sq, Sk) is below this, the efficient path
@@ -89,7 +90,7 @@ def triton_applies(core, q, k, need_weights: bool) -> bool:
     nas_cli/attention/triton_encoder.py), or ``impl=auto`` where :func:`auto_picks_fused` in the
     prefix form (the encoder form's ``auto`` keeps FlexAttention until the kernels are timed on a
     GPU), without attention dropout in training, where Triton can run (CUDA, or its interpreter for
-    ``impl=triton``). Elsewhere ``impl=triton`` runs as ``auto`` (the run says so once, nas_cli/checks.py)."""
+    ``impl=triton``). Elsewhere ``impl=triton`` runs as ``auto`` (the run says so once, nas_cli/pipeline/checks.py)."""
     if core.impl not in ("triton", "auto") or need_weights:
         return False
     if not core.prefix_queries and core.impl != "triton":

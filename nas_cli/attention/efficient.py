@@ -56,8 +56,8 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from nas_cli.attention.efficient_prefix import prefix_attention
-from nas_cli.attention.tiles import (IMPLS, NEG, TILE_ELEMENTS, _no_autocast, _sdpa_dtype, _tile_mask, _work_dtype,  # noqa: F401
-                    auto_block, check_impl)
+from nas_cli.attention.tiles import (NEG, no_autocast, sdpa_dtype, tile_mask, work_dtype,
+                    auto_block)
 
 
 def _scores_tile(qw, kw, a, b, q_mask, k_mask, i0, i1, scale):
@@ -68,7 +68,7 @@ def _scores_tile(qw, kw, a, b, q_mask, k_mask, i0, i1, scale):
         s.sub_(a[:, :, None, :])
     if b is not None:
         s.sub_(b[:, :, i0:i1, None])
-    m = _tile_mask(None if q_mask is None else q_mask[:, i0:i1], k_mask, i0, kw.size(-2), False, i1 - i0, s.device)
+    m = tile_mask(None if q_mask is None else q_mask[:, i0:i1], k_mask, i0, kw.size(-2), False, i1 - i0, s.device)
     if m is not None:
         s.masked_fill_(~m, NEG)
     return s
@@ -88,8 +88,8 @@ class _ScoresLSE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, a, b, q_mask, k_mask, over_queries: bool, block: int):
-        with _no_autocast(q.device):
-            wd = _work_dtype(q)
+        with no_autocast(q.device):
+            wd = work_dtype(q)
             qw, kw = q.to(wd), k.to(wd)
             bsz, heads, sq, d = q.shape
             scale = 1.0 / math.sqrt(d)
@@ -117,7 +117,7 @@ class _ScoresLSE(torch.autograd.Function):
         q, k, a, b, q_mask, k_mask, out = ctx.saved_tensors
         over, block = ctx.over_queries, ctx.block
         need_q, need_k, need_a, need_b = ctx.needs_input_grad[:4]
-        with _no_autocast(q.device):
+        with no_autocast(q.device):
             wd = out.dtype
             qw, kw, g = q.to(wd), k.to(wd), g.to(wd)
             sq, d = q.size(-2), q.size(-1)
@@ -176,7 +176,7 @@ class _KeyBiasGrad(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         out, c, q, k, v, k_mask = ctx.saved_tensors
-        with _no_autocast(q.device):
+        with no_autocast(q.device):
             wd = c.dtype
             qw, kw, vw, gw = q.to(wd), k.to(wd), v.to(wd), g.to(wd)
             sq = q.size(-2)
@@ -261,7 +261,7 @@ def sdpa_attention(q, k, v, q_mask=None, k_mask=None, causal: bool = False, drop
 def _biased_block(q_blk, k, v, c, qm_blk, k_mask, dropout_p: float):
     """Output rows of one query block: dropout(softmax_j(s_ij - c_j)) V, padding
     excluded. q_blk (B, H, bq, D), c (B, H, Sk) -> (B, H, bq, Dv) in the work dtype."""
-    with _no_autocast(q_blk.device):
+    with no_autocast(q_blk.device):
         wd = c.dtype
         s = _scores_tile(q_blk.to(wd), k.to(wd), c, None, qm_blk, k_mask, 0, q_blk.size(-2),
                          1.0 / math.sqrt(q_blk.size(-1)))
@@ -292,7 +292,7 @@ def dnas_attention(q, k, v, q_mask=None, k_mask=None, *, prefix: bool = False, c
     prefix = prefix or causal
     bsz, heads, sq, _ = q.shape
     sk = k.size(-2)
-    out_dtype = _sdpa_dtype(q)
+    out_dtype = sdpa_dtype(q)
     if sq == 0 or sk == 0:  # nothing to attend: zeros, as the naive path gives
         return q.new_zeros(bsz, heads, sq, v.size(-1), dtype=out_dtype)
     if prefix:

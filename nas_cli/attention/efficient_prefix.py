@@ -14,7 +14,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from nas_cli.attention.tiles import NEG, _no_autocast, _tile_mask, _work_dtype
+from nas_cli.attention.tiles import NEG, no_autocast, tile_mask, work_dtype
 
 def _seeded_dropout(p: torch.Tensor, dropout_p: float, seed: int) -> torch.Tensor:
     """Dropout whose mask is a function of ``seed`` alone, so a block recomputed in
@@ -40,11 +40,11 @@ def _prefix_block(q_blk, k, v, qm_blk, k_mask, i0: int, causal: bool, iterations
     the last stage) the row step L <- L - logsumexp_j L. Output: softmax_j L.
     Tiles are (B, H, bq, n); in-place steps only where autograd does not need the input.
     """
-    with _no_autocast(q_blk.device):
-        wd = _work_dtype(q_blk)
+    with no_autocast(q_blk.device):
+        wd = work_dtype(q_blk)
         bq, n = q_blk.size(-2), k.size(-2)
         s = torch.matmul(q_blk.to(wd), k.to(wd).transpose(-1, -2)).mul_(1.0 / math.sqrt(q_blk.size(-1)))
-        excluded = _tile_mask(qm_blk, k_mask, i0, n, causal, bq, s.device)  # (B|1, 1, bq, n)
+        excluded = tile_mask(qm_blk, k_mask, i0, n, causal, bq, s.device)  # (B|1, 1, bq, n)
         if excluded is not None:
             excluded = ~excluded
             s = s.masked_fill_(excluded, NEG)
@@ -111,12 +111,12 @@ def _dnas_prefix_block_grad(q_blk, k, v, qm_blk, k_mask, i0: int, causal: bool, 
     M_j - c_ij stays below _SPREAD; the suffix sum is a triangular matmul. Returns
     (dq_blk, dk, dv, dcarry) in the work dtype, or None when the spread is too wide.
     """
-    wd = _work_dtype(q_blk)
+    wd = work_dtype(q_blk)
     bq, n, m = q_blk.size(-2), k.size(-2), carry.size(-1)
     scale = 1.0 / math.sqrt(q_blk.size(-1))
     qw, kw, vw, gw = q_blk.to(wd), k.to(wd), v.to(wd), g_blk.to(wd)
     s = torch.matmul(qw, kw.transpose(-1, -2)).mul_(scale)  # (B, H, bq, n)
-    excluded = _tile_mask(qm_blk, k_mask, i0, n, causal, bq, s.device)
+    excluded = tile_mask(qm_blk, k_mask, i0, n, causal, bq, s.device)
     if excluded is not None:
         excluded = ~excluded
         s.masked_fill_(excluded, NEG)
@@ -171,7 +171,7 @@ class _PrefixAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, q_mask, k_mask, causal: bool, iterations: int, dropout_p: float, block: int,
                 seed: int):
         bsz, heads, sq, _ = q.shape
-        wd = _work_dtype(q)
+        wd = work_dtype(q)
         starts = list(range(0, sq, block))
         seg = max(1, math.isqrt(len(starts) - 1) + 1)
         carries = [q.new_full((bsz, heads, 0), NEG, dtype=wd) for _ in range(iterations)]
@@ -201,14 +201,14 @@ class _PrefixAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        with _no_autocast(g.device):  # tile arithmetic stays in the work dtype
+        with no_autocast(g.device):  # tile arithmetic stays in the work dtype
             return _PrefixAttention._backward(ctx, g)
 
     @staticmethod
     def _backward(ctx, g):
         q, k, v, q_mask, k_mask, *kept = ctx.saved_tensors
         causal, iterations, dropout_p, block, seed, seg, nblocks = ctx.conf
-        wd = _work_dtype(q)
+        wd = work_dtype(q)
         dq = torch.zeros(q.shape, dtype=wd, device=q.device)
         dk = torch.zeros(k.shape, dtype=wd, device=k.device)
         dv = torch.zeros(v.shape, dtype=wd, device=v.device)

@@ -27,7 +27,7 @@ import functools
 
 import torch
 
-from nas_cli.attention.tiles import _no_autocast, _sdpa_dtype
+from nas_cli.attention.tiles import no_autocast, sdpa_dtype
 
 
 def flex_unavailable(device: torch.device | str, training: bool) -> str | None:
@@ -121,8 +121,8 @@ def _attend(q, k, v, bias=None, bias_dim: str = "k", allowed=None, lse: bool = F
     # 2.11, H200): a graph compiled under one served the other (fp16 computed in bf16; after an fp16 run had
     # filled the compile cache, bf16 computed in float16). The bias (a log-sum-exp) stays float32 (float64
     # for float64 inputs).
-    dtype = _sdpa_dtype(q)
-    with warnings.catch_warnings(), _no_autocast(q.device):  # the CPU path warns that it is not compiled
+    dtype = sdpa_dtype(q)
+    with warnings.catch_warnings(), no_autocast(q.device):  # the CPU path warns that it is not compiled
         warnings.simplefilter("ignore")
         q, k, v = (t.to(dtype) for t in (q, k, v))
         if bias is None:

@@ -12,7 +12,7 @@ pieces of Eq. 2 (``conf/attention/kernel_*.yaml`` and ``pe_*.yaml``):
                 scale cancels in the normalization)
     rbf         exp(-||q - k||^2 / sqrt(d))
 ``symmetric`` -- W_q = W_k (a valid, symmetric kernel). Projections live in
-    :class:`nas_cli.model.MultiHeadAttention`; this core sets ``tie_qk`` and the model
+    :class:`nas_cli.model.transformer.MultiHeadAttention`; this core sets ``tie_qk`` and the model
     then projects keys with the query projection (no ``k_proj`` is created).
 ``positions`` -- where the positional embedding t enters (Table 1):
     direct_sum         k(f_q + t_q, f_k + t_k) (Eq. 4): the model adds absolute positions at
@@ -54,7 +54,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from nas_cli.errors import NonFiniteLoss
-from nas_cli.positions import sinusoids
+from nas_cli.attention.positions import sinusoids
 from nas_cli.attention.base import NEG_INF, AttentionCore, check_choice, check_option, AttentionOutput, allowed_mask, masked_row_softmax, scaled_scores
 
 KERNELS = ("exp", "linear", "polynomial", "rbf")

@@ -28,12 +28,12 @@ def auto_block(rows: int, width: int, batch_heads: int, budget: int = TILE_ELEME
     return max(1, min(rows, max(16, budget // max(1, batch_heads * width))))
 
 
-def _work_dtype(t: torch.Tensor) -> torch.dtype:
+def work_dtype(t: torch.Tensor) -> torch.dtype:
     """float32, or float64 for float64 inputs: the precision of all tile arithmetic."""
     return torch.promote_types(t.dtype, torch.float32)
 
 
-def _sdpa_dtype(q: torch.Tensor) -> torch.dtype:
+def sdpa_dtype(q: torch.Tensor) -> torch.dtype:
     """The dtype SDPA computes in here: the autocast dtype when autocast is on."""
     dev = q.device.type
     try:
@@ -44,11 +44,11 @@ def _sdpa_dtype(q: torch.Tensor) -> torch.dtype:
     return q.dtype
 
 
-def _no_autocast(device: torch.device):
+def no_autocast(device: torch.device):
     return torch.autocast(device_type=device.type, enabled=False)
 
 
-def _tile_mask(qm_rows, k_mask, row0: int, n: int, causal: bool, bq: int, device) -> torch.Tensor | None:
+def tile_mask(qm_rows, k_mask, row0: int, n: int, causal: bool, bq: int, device) -> torch.Tensor | None:
     """Bool (B|1, 1, bq, n): pairs (query row0.., key 0..n-1) that take part in both
     normalizations (real query, real key, and j <= i if causal). qm_rows (B, bq) is the
     block's slice of q_mask, k_mask (B, n). None if every pair takes part."""

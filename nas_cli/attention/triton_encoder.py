@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from nas_cli.attention.triton_prefix import _next_pow2, triton_unavailable
+from nas_cli.attention.triton_prefix import next_pow2, triton_unavailable
 
 BLOCK_Q = 32
 BLOCK_K = 32
@@ -48,7 +48,7 @@ def _setup(q, k, v, q_mask, k_mask):
     dummy = torch.zeros(1, dtype=torch.int8, device=q.device)
     return dict(K=K, wd=wd, dt=K.tl.float64 if wd == torch.float64 else K.tl.float32,
                 lowp=q.dtype in LOW_PRECISION, bsz=q.size(0), heads=q.size(1), sq=q.size(2), sk=k.size(2),
-                d=q.size(3), dv=v.size(3), bd=_next_pow2(q.size(3)), bdv=_next_pow2(v.size(3)),
+                d=q.size(3), dv=v.size(3), bd=next_pow2(q.size(3)), bdv=next_pow2(v.size(3)),
                 qm=dummy if q_mask is None else q_mask.to(torch.int8).contiguous(),
                 km=dummy if k_mask is None else k_mask.to(torch.int8).contiguous(),
                 has_qm=q_mask is not None, has_km=k_mask is not None)

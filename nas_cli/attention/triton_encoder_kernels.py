@@ -23,7 +23,7 @@ INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
-def _dot(a, b, DT: tl.constexpr, LOWP: tl.constexpr):
+def tile_dot(a, b, DT: tl.constexpr, LOWP: tl.constexpr):
     """a @ b with float32 (or float64) accumulation: tensor cores for bf16/fp16 operands, IEEE otherwise."""
     if LOWP:
         if INTERPRETING:
@@ -33,7 +33,7 @@ def _dot(a, b, DT: tl.constexpr, LOWP: tl.constexpr):
 
 
 @triton.jit
-def _load(P, bh, offs_r, offs_c, R, C, DT: tl.constexpr, LOWP: tl.constexpr):
+def tile_load(P, bh, offs_r, offs_c, R, C, DT: tl.constexpr, LOWP: tl.constexpr):
     """A (rows x cols) tile of a (B*H, R, C) tensor, zeros outside; native dtype if LOWP, else DT."""
     x = tl.load(P + bh * R * C + offs_r[:, None] * C + offs_c[None, :],
                 mask=(offs_r[:, None] < R) & (offs_c[None, :] < C), other=0.0)
@@ -58,9 +58,9 @@ def _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM: tl.constexpr, HAS_KM: tl
 def _scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM: tl.constexpr,
             HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr):
     """One (BQ x BK) tile: the scores (NEG where not allowed), the allowed mask, the loaded q and k."""
-    q = _load(Q, bh, offs_q, offs_d, Sq, D, DT, LOWP)
-    k = _load(K, bh, offs_k, offs_d, Sk, D, DT, LOWP)
-    s = _dot(q, tl.trans(k), DT, LOWP) * scale
+    q = tile_load(Q, bh, offs_q, offs_d, Sq, D, DT, LOWP)
+    k = tile_load(K, bh, offs_k, offs_d, Sk, D, DT, LOWP)
+    s = tile_dot(q, tl.trans(k), DT, LOWP) * scale
     ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM)
     return tl.where(ok, s, NEG), ok, q, k
 
@@ -72,8 +72,8 @@ def softmax_step(m, l, acc, z, ok, V, bh, offs_k, offs_dv, Sk, DV, DT: tl.conste
     m_new = tl.maximum(m, tl.max(z, axis=1))
     alpha = tl.exp(m - m_new)
     p = tl.where(ok, tl.exp(z - m_new[:, None]), 0.0)
-    v = _load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
-    return m_new, l * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + _dot(p.to(v.dtype), v, DT, LOWP)
+    v = tile_load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
+    return m_new, l * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + tile_dot(p.to(v.dtype), v, DT, LOWP)
 
 
 @triton.jit
@@ -144,10 +144,10 @@ def _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, bh, b, offs_q, offs_k, offs_d
     z = s - c[None, :]
     p = tl.where(ok, tl.exp(z - lse[:, None]), 0.0)
     pi = tl.where(ok, tl.exp(z), 0.0)
-    do = _load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
-    v = _load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
+    do = tile_load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
+    v = tile_load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
     delta = tl.load(DELTA + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
-    dz = tl.where(ok, p * (_dot(do, tl.trans(v), DT, LOWP) - delta[:, None]), 0.0)
+    dz = tl.where(ok, p * (tile_dot(do, tl.trans(v), DT, LOWP) - delta[:, None]), 0.0)
     return p, pi, dz, q, k, do
 
 
@@ -180,8 +180,8 @@ def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, G, DK, DVv, H, Sq, Sk, D, 
         p, pi, dz, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, bh, b, offs_q, offs_k, offs_d, offs_dv,
                                          Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP)
         ds = dz - pi * g[None, :]
-        dv += _dot(tl.trans(p.to(do.dtype)), do, DT, LOWP)
-        dk += _dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP)
+        dv += tile_dot(tl.trans(p.to(do.dtype)), do, DT, LOWP)
+        dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP)
     tl.store(DK + bh * Sk * D + offs_k[:, None] * D + offs_d[None, :], dk * scale,
              mask=(offs_k[:, None] < Sk) & (offs_d[None, :] < D))
     tl.store(DVv + bh * Sk * DV + offs_k[:, None] * DV + offs_dv[None, :], dv,
@@ -206,6 +206,6 @@ def bwd_q_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, G, DQ, H, Sq, Sk, D, DV, sc
                                          Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP)
         g = tl.load(G + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
         ds = dz - pi * g[None, :]
-        dq += _dot(ds.to(k.dtype), k, DT, LOWP)
+        dq += tile_dot(ds.to(k.dtype), k, DT, LOWP)
     tl.store(DQ + bh * Sq * D + offs_q[:, None] * D + offs_d[None, :], dq * scale,
              mask=(offs_q[:, None] < Sq) & (offs_d[None, :] < D))

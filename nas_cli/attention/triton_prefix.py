@@ -63,7 +63,7 @@ def triton_unavailable(device: torch.device) -> str | None:
             "TRITON_INTERPRET=1, an interpreter for tests)")
 
 
-def _next_pow2(n: int, least: int = 16) -> int:
+def next_pow2(n: int, least: int = 16) -> int:
     p = least
     while p < n:
         p *= 2
@@ -83,7 +83,7 @@ def _launch_setup(q, k, v, q_mask, k_mask, block_q: int, block_k: int):
     dummy = torch.zeros(1, dtype=torch.int8, device=q.device)
     return dict(bsz=bsz, heads=heads, sq=sq, sk=sk, d=d, dv=dv, wd=wd, dt=dt, K=K, lowp=lowp,
                 qm=qm if qm is not None else dummy, km=km if km is not None else dummy,
-                has_qm=qm is not None, has_km=km is not None, nqb=-(-sq // block_q), bd=_next_pow2(d), bdv=_next_pow2(dv), bq=block_q, bk=block_k)
+                has_qm=qm is not None, has_km=km is not None, nqb=-(-sq // block_q), bd=next_pow2(d), bdv=next_pow2(dv), bq=block_q, bk=block_k)
 
 
 class _TritonPrefixDNAS(torch.autograd.Function):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nas_cli.attention.triton_encoder_kernels import _dot, _load, softmax_step, store_rows
+from nas_cli.attention.triton_encoder_kernels import tile_dot, tile_load, softmax_step, store_rows
 
 NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain global inside a kernel (the interpreter accepts it)
 
@@ -42,9 +42,9 @@ def _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM: tl.constexpr, HAS_KM: tl
 def _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT: tl.constexpr, LOWP: tl.constexpr):
     """scale q k^T for one (BQ x BK) tile: IEEE products in the work dtype, or for bf16/fp16 inputs
     the tensor cores' products with float32 accumulation."""
-    q = _load(Q, bh, offs_q, offs_d, Sq, D, DT, LOWP)
-    k = _load(K, bh, offs_k, offs_d, Sk, D, DT, LOWP)
-    return _dot(q, tl.trans(k), DT, LOWP) * scale, q, k
+    q = tile_load(Q, bh, offs_q, offs_d, Sq, D, DT, LOWP)
+    k = tile_load(K, bh, offs_k, offs_d, Sk, D, DT, LOWP)
+    return tile_dot(q, tl.trans(k), DT, LOWP) * scale, q, k
 
 
 @triton.jit
@@ -127,10 +127,10 @@ def _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, bh, b, qb, offs_q, offs_k,
                                   NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP)
     lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
     p = tl.where(ok, tl.exp(s - c - lse[:, None]), 0.0)
-    do = _load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
-    v = _load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
+    do = tile_load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
+    v = tile_load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
     delta = tl.load(DELTA + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
-    dz = tl.where(ok, p * (_dot(do, tl.trans(v), DT, LOWP) - delta[:, None]), 0.0)
+    dz = tl.where(ok, p * (tile_dot(do, tl.trans(v), DT, LOWP) - delta[:, None]), 0.0)
     return s, ok, c, p, dz, q, k, do
 
 
@@ -186,8 +186,8 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LPC, LNC, DK, DVv, H,
                                               offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM,
                                               DT, LOWP)
         ds, lp, ln = _ds(s, ok, c, dz, lp_carry, ln_carry)
-        dv += _dot(tl.trans(p.to(do.dtype)), do, DT, LOWP)
-        dk += _dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP) * scale
+        dv += tile_dot(tl.trans(p.to(do.dtype)), do, DT, LOWP)
+        dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP) * scale
         lp_carry = _lae(lp_carry, _lse_rows(lp))
         ln_carry = _lae(ln_carry, _lse_rows(ln))
     tl.store(DK + bh * Sk * D + offs_k[:, None] * D + offs_d[None, :], dk,
@@ -220,6 +220,6 @@ def bwd_q_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LPC, LNC, DQ, H, Sq, Sk
         lp_carry = tl.load(LPC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
         ln_carry = tl.load(LNC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
         ds, lp, ln = _ds(s, ok, c, dz, lp_carry, ln_carry)
-        dq += _dot(ds.to(k.dtype), k, DT, LOWP)
+        dq += tile_dot(ds.to(k.dtype), k, DT, LOWP)
     tl.store(DQ + bh * Sq * D + offs_q[:, None] * D + offs_d[None, :], dq * scale,
              mask=(offs_q[:, None] < Sq) & (offs_d[None, :] < D))

@@ -38,7 +38,7 @@ def _positive(kind):
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from nas_cli.gpucheck import add_parser as add_gpu_check
+    from nas_cli.bench.gpucheck import add_parser as add_gpu_check
 
     parser = argparse.ArgumentParser(prog="nas-bench", description="Micro-benchmarks of nas-run components.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "attention":
         return attention_main(args, args.subparser, argv)
     if args.command == "gpu-check":
-        from nas_cli.gpucheck import main as gpu_check
+        from nas_cli.bench.gpucheck import main as gpu_check
 
         return gpu_check(args)
     if args.command == "train":
@@ -148,7 +148,7 @@ def check_scheme_main(args) -> int:
     from omegaconf.errors import OmegaConfBaseException
 
     from nas_cli.attention import SchemeError
-    from nas_cli.contract import check_scheme
+    from nas_cli.bench.contract import check_scheme
 
     if not args.yaml.is_file():
         print(f"nas-bench check-scheme: {args.yaml}: no such file; give the scheme's YAML "

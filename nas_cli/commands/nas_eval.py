@@ -64,12 +64,12 @@ def _unreadable(path: Path, err: Exception) -> str:
 def check_fingerprints(cfg, paths: list[Path]) -> None:
     """Refuse checkpoints made with another model/attention/task/seed than the config rebuilt here
     (a run directory whose config was replaced, or ``--ckpt`` from another run)."""
-    from nas_cli.infra.resume import _state, config_fingerprint, load_safe
+    from nas_cli.infra.resume import fault_tolerance_state, config_fingerprint, load_safe
 
     want = config_fingerprint(cfg)
     for p in paths:
         try:
-            got = _state(load_safe(p)).get("config")
+            got = fault_tolerance_state(load_safe(p)).get("config")
         except Exception:  # noqa: BLE001 - unreadable: average_checkpoints says so
             continue
         if got and got != want:
@@ -118,8 +118,8 @@ def evaluate(args) -> dict:
     changes, ``--beam``/``--lenpen``); the result goes to ``<run>/eval/<name>.json``."""
     import pytorch_lightning as pl
 
-    from nas_cli.resolvers import register_resolvers
-    from nas_cli.run import build_module, build_task
+    from nas_cli.pipeline.resolvers import register_resolvers
+    from nas_cli.pipeline.run import build_module, build_task
 
     register_resolvers()  # the saved config's ${nas.*} interpolations
     run_dir = args.run_dir
@@ -128,9 +128,9 @@ def evaluate(args) -> dict:
     check_fingerprints(cfg, ckpts)
     task = build_task(cfg)
     _set_decoding(task, args.beam, args.lenpen)
-    from nas_cli.plan import AttentionPlan
+    from nas_cli.model.plan import AttentionPlan
 
-    module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention))
+    module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model))
     module.load_state_dict(average_checkpoints(ckpts))
     trainer = pl.Trainer(accelerator=cfg.trainer.get("accelerator", "auto"), devices=1, logger=False,
                          enable_progress_bar=False, enable_model_summary=False)

@@ -156,7 +156,7 @@ def _wanted(args) -> list[str] | None:
 
 
 def _test_titles(runs) -> set[str]:
-    from nas_cli.metrics import present
+    from tasks.scores import present
 
     return {m.title for m in present(k for r in runs for k in ((r.summary or {}).get("test") or {}))}
 
@@ -164,7 +164,7 @@ def _test_titles(runs) -> set[str]:
 def _runs_section(args, runs, groups, by, metrics, verdicts, marked) -> list[tuple]:
     """The main table: one row per group (only the asked-for test metrics with --metrics; spread
     over one field with --pivot)."""
-    from nas_cli.metrics import spec
+    from tasks.scores import spec
     from nas_cli.report.formats import group_records, pivot
     from nas_cli.report.table import table_rows
 
@@ -206,7 +206,7 @@ def _verdict_sections(verdicts, compared) -> list[tuple]:
 
 def _sequential_sections(paths) -> list[tuple]:
     """A seed=auto sweep among the PATHs: its looks and decisions, recomputed from its runs."""
-    from nas_cli.sequential import recompute, table_rows as sequential_rows
+    from nas_cli.sweeps.sequential import recompute, table_rows as sequential_rows
 
     out = []
     for path in paths:

@@ -112,10 +112,10 @@ def run_explained_away(out: str | Path, steps: int = 500, seed: int = 1, heads: 
     from hydra import compose, initialize_config_dir
     from hydra.utils import get_class
 
-    from nas_cli.plan import location_alias
-    from nas_cli.resolvers import register_resolvers
-    from nas_cli.choices import CONF_DIR
-    from nas_cli.run import train
+    from nas_cli.model.plan import location_alias
+    from nas_cli.pipeline.resolvers import register_resolvers
+    from nas_cli.model.choices import CONF_DIR
+    from nas_cli.pipeline.run import train
 
     register_resolvers()
 
@@ -195,7 +195,7 @@ def _scheme_record(run_dir: Path, summary: dict, enc: dict, layers: list[dict]) 
 
 def _fig1(out: Path, per_scheme: dict, layers: dict, schemes: Sequence[str], steps: int) -> tuple[list[Path], float]:
     """The overlaid histograms, all layers and one per layer; returns the files and -log Sk."""
-    from nas_cli.figures import plot_log_mass_histograms
+    from nas_cli.diagnostics.figures import plot_log_mass_histograms
 
     edges = np.asarray(next(iter(layers.values()))[0]["bin_edges"])
     sk_max = max(e["sk_max"] for ls in layers.values() for e in ls)

@@ -1,6 +1,6 @@
 """Attention diagnostics during validation (issue #4): a Lightning callback.
 
-Added by :func:`nas_cli.run.train` when ``diagnostics.enabled`` is true (the default).
+Added by :func:`nas_cli.pipeline.run.train` when ``diagnostics.enabled`` is true (the default).
 At each analysed validation (every ``every_n_validations``-th, sanity checks skipped) the
 first ``batches`` validation batches are run through the model a second time with
 ``need_weights=True`` (eval mode, no gradients): training keeps the fused SDPA path and
@@ -330,7 +330,7 @@ class DiagnosticsCallback(pl.Callback):
         return [path for m in self.metrics for path in m.figures(results, self.dir, self.last_step)]
 
     def _plot_learned(self, name: str) -> Path:
-        from nas_cli.figures import plot_trajectories
+        from nas_cli.diagnostics.figures import plot_trajectories
 
         last = self.learned_history[-1][1].get(name, {})
         locs = list(last)

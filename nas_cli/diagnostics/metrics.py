@@ -135,7 +135,7 @@ class HeadJSD(LayerMetric):
         return {"jsd_mean": finite(np.mean(jsd)), "jsd_mean_per_layer": [finite(v) for v in jsd]} if jsd else {}
 
     def figures(self, results, folder, step):
-        from nas_cli.figures import plot_jsd_heatmaps
+        from nas_cli.diagnostics.figures import plot_jsd_heatmaps
 
         files = []
         for loc, layers in results.items():
@@ -190,7 +190,7 @@ class ExplainedAway(LayerMetric):
                 "neg_log_sk": finite(min(s.neg_log_sk for s in ea))}
 
     def figures(self, results, folder, step):
-        from nas_cli.figures import plot_log_mass_histograms
+        from nas_cli.diagnostics.figures import plot_log_mass_histograms
 
         files = []
         for loc, layers in results.items():

@@ -10,7 +10,7 @@ function (``AttentionInterface.register``) and a mask function of the same name
 causal and padding masking disappear). Every model family the library converted to its
 attention interface (Llama, Mistral, Qwen2, GPT-2, BERT, ...) then runs the scheme in every
 attention layer: one nas-run core per layer, built from the scheme's YAML like nas-run's own
-model builds it (:class:`nas_cli.plan.AttentionPlan`), kept on the layer as ``nas_core``.
+model builds it (:class:`nas_cli.model.plan.AttentionPlan`), kept on the layer as ``nas_core``.
 
 How a call is served:
 

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from nas_cli.attention.base import AttentionCore, SchemeError
-from nas_cli.choices import available, scheme_config
-from nas_cli.plan import make_core_factory
+from nas_cli.model.choices import available, scheme_config
+from nas_cli.model.plan import make_core_factory
 
 #: the transformers releases the tests ran with (pyproject's ``hf`` extra pins the same range)
 SUPPORTED = ">=5.24,<6"

@@ -2,7 +2,7 @@
 models) and ``hf_bert`` (an encoder-decoder pair of BERTs, for translation).
 
 The models are the library's own (``from_config``: random weights, no download) with the job's
-attention plan in every layer (:func:`nas_cli.hf.attach` with the plan's core factory, so each
+attention plan in every layer (:func:`nas_cli.hf.attach` with the plan's core cores, so each
 location gets its scheme and ``attention.<option>=`` overrides hold). :class:`HFCausalLM` and
 :class:`HFSeq2Seq` give them the interface nas-run's Lightning module, decoding and diagnostics
 read from nas-run's own models: ``forward`` -> (logits, {location: [AttentionOutput per
@@ -25,7 +25,7 @@ from torch import nn
 
 from nas_cli.attention.base import AttentionOutput
 from nas_cli.errors import UserError
-from nas_cli.model import adaptive_output, greedy_decode
+from nas_cli.model.transformer import adaptive_output, greedy_decode
 
 
 def _llama(m: dict[str, Any], vocab: int, pad: int) -> tuple[str, dict[str, Any]]:
@@ -120,7 +120,7 @@ class HFCausalLM(nn.Module):
     """A library causal LM behind nas-run's language-model interface (location ``decoder``).
     With ``adaptive_softmax`` ({cutoffs, div_value}, as ``model.adaptive_softmax``) the library's
     output layer is replaced by nas-run's adaptive softmax over the base model's hidden states
-    (:func:`nas_cli.model.adaptive_output`), as in nas-run's own language model."""
+    (:func:`nas_cli.model.transformer.adaptive_output`), as in nas-run's own language model."""
 
     def __init__(self, hf_model: nn.Module, pad_id: int, adaptive_softmax: dict | None = None):
         super().__init__()
@@ -195,7 +195,7 @@ class HFSeq2Seq(nn.Module):
         return greedy_decode(self, src, bos_id, eos_id, max_len, incremental)
 
 
-def build_hf_model(model_cfg: DictConfig, plan, task) -> nn.Module:
+def build_hf_model(model_cfg: DictConfig, cores, task) -> nn.Module:
     """``model=hf_*``: the family's model with the plan's scheme at every location."""
     import transformers
 
@@ -204,14 +204,12 @@ def build_hf_model(model_cfg: DictConfig, plan, task) -> nn.Module:
     wrong = wrong_task(model_cfg, task.kind == "lm")
     if wrong:
         raise UserError(wrong)
-    names = sorted(set(plan.names().values()))
+    names = sorted(set(cores.names.values()))
     register(names)  # a user's scheme (hydra.searchpath) too; the layers run the cores attach() gives them
-    factory = plan.core_factory(int(model_cfg.heads), float(model_cfg.get("attention_dropout", 0.0)))
-
     def made(auto, config) -> nn.Module:
         model = auto.from_config(config, attn_implementation=names[0])
         try:
-            return attach(model, names[0], factory)
+            return attach(model, names[0], cores)
         except HFAttentionError as err:
             raise UserError(str(err)) from None
 

@@ -134,13 +134,13 @@ class PeriodicCheckpoint(pl.Callback):
 
 def unreadable_checkpoint(path: str) -> str | None:
     """None when ``path`` loads with the safe loader as a checkpoint with weights, else why not."""
-    from nas_cli.infra.resume import _reason, load_safe
+    from nas_cli.infra.resume import unreadable_reason, load_safe
 
     try:
         if "state_dict" not in load_safe(Path(path)):
             return "no weights in it"
     except Exception as err:  # noqa: BLE001 - truncated, corrupt or holding objects the safe loader refuses
-        return _reason(err)
+        return unreadable_reason(err)
     return None
 
 

@@ -11,7 +11,6 @@
 * :class:`StepSeed` reseeds torch's RNG before every training batch from
   ``(seed, epoch, batch, rank)`` (as fairseq does per update): dropout and noise do not depend on
   how the run got there, so a resumed run draws what an uninterrupted one would.
-* :func:`fsdp_strategy`: Lightning's FSDP with one unit per Transformer block.
 """
 from __future__ import annotations
 
@@ -243,14 +242,3 @@ class StepSeed(pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         torch.manual_seed(mix_seed(self.seed, trainer.current_epoch, batch_idx, trainer.global_rank))
-
-
-def fsdp_strategy(**kwargs):
-    """``trainer=fsdp``: Lightning's FSDPStrategy wrapping each Transformer block as one FSDP unit
-    (parameters of one block gathered at a time); further keyword arguments go to FSDPStrategy."""
-    from pytorch_lightning.strategies import FSDPStrategy
-
-    from nas_cli.model import Block
-
-    kwargs.setdefault("auto_wrap_policy", {Block})
-    return FSDPStrategy(**kwargs)

@@ -137,7 +137,7 @@ def make_logger(cfg, plan, run_dir: Path, group: str, job_type: str, run_id: str
 
     cfg_id = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))
     tags = [f"task:{cfg.task.name}", f"scheme:{plan.tag}", f"heads:{cfg.model.heads}", f"cfg:{cfg_id}",
-            *plan.wandb_tags(),
+            *plan.wandb_tags,
             *cfg.logger.get("tags", [])]
     options = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=True).items() if k not in ("tags", "group")}
     if "_target_" not in options:
@@ -162,7 +162,7 @@ def _new_run_id() -> str:
 #: name parts that mark a config key as a secret (``logger.api_key``, ``access_token``, ``password``)
 def public_config(cfg, plan, cfg_id: str | None = None) -> dict[str, Any]:
     """The resolved config with anything that looks like a secret dropped, plus the job's
-    attention ``plan`` (an :class:`~nas_cli.plan.AttentionPlan`) spelled out per location."""
+    attention ``plan`` (an :class:`~nas_cli.model.plan.AttentionPlan`) spelled out per location."""
     from omegaconf import OmegaConf
 
     from nas_cli.infra.config_identity import config_id
@@ -171,5 +171,5 @@ def public_config(cfg, plan, cfg_id: str | None = None) -> dict[str, Any]:
     data = redact(OmegaConf.to_container(cfg, resolve=True))
     data["config_id"] = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))
     data["scheme"] = plan.tag
-    data["attention_placement"] = plan.names()
+    data["attention_placement"] = plan.names
     return data

@@ -89,23 +89,23 @@ def pick_checkpoint(run_dir: Path, warn: Callable[[str], None]) -> tuple[Path, d
             if "state_dict" not in ckpt or "loops" not in ckpt:
                 raise ValueError("not a full training checkpoint")
         except Exception as err:  # noqa: BLE001 - truncated, corrupt or foreign: fall back to an older one
-            warn(f"checkpoint {path} is unreadable ({_reason(err)}); trying an older one")
+            warn(f"checkpoint {path} is unreadable ({unreadable_reason(err)}); trying an older one")
             continue
-        return path, {**_state(ckpt), "global_step": int(ckpt.get("global_step", 0))}
+        return path, {**fault_tolerance_state(ckpt), "global_step": int(ckpt.get("global_step", 0))}
     if found:
         raise UserError(f"no readable checkpoint in {run_dir} ({len(found)} found; none loads with "
                         "torch.load(weights_only=True)); start the run again in a new directory")
     return None
 
 
-def _state(ckpt: dict[str, Any]) -> dict[str, Any]:
+def fault_tolerance_state(ckpt: dict[str, Any]) -> dict[str, Any]:
     for key, value in ckpt.get("callbacks", {}).items():
         if str(key).startswith(FaultTolerance.__qualname__):
             return value
     return {}
 
 
-def _reason(err: BaseException) -> str:
+def unreadable_reason(err: BaseException) -> str:
     """Why a checkpoint was not loaded, in a few words (the safe loader's own message is a page)."""
     import pickle
 

@@ -23,13 +23,13 @@ from typing import Any
 
 from nas_cli.errors import UserError
 
-from nas_cli.infra.atomic import atomic_write_json, atomic_write_text  # noqa: F401  (the run directory's writers)
+from nas_cli.infra.atomic import atomic_write_json
 
 #: set by ``nas-run resume=<dir>``: that directory may hold a finished run (to be trained longer)
 CONTINUE_ENV = "NAS_RUN_CONTINUE"
 LOCK_NAME = ".nas-run.lock"
 FAILED_NAME = "failed.json"
-#: a run's per-item test outputs (hypotheses, references, per-item NLL): written by nas_cli/run.py, read by the report
+#: a run's per-item test outputs (hypotheses, references, per-item NLL): written by nas_cli/pipeline/run.py, read by the report
 ITEMS_FILE = "test_items.json"
 _held: set[Path] = set()
 

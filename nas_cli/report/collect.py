@@ -1,6 +1,6 @@
 """Find nas-run run directories and read what they left behind.
 
-A *run directory* is one holding ``summary.json`` (written last by ``nas_cli.run.train``,
+A *run directory* is one holding ``summary.json`` (written last by ``nas_cli.pipeline.run.train``,
 so its presence means the run finished) or, for a run that did not finish, only
 ``.hydra/config.yaml``. Everything is read from local files: ``summary.json``,
 ``.hydra/config.yaml`` (the composed config) and ``diagnostics/summary.json`` /
@@ -18,12 +18,12 @@ from typing import Any, Iterable
 
 from nas_cli.infra.config_identity import flatten as _flatten
 from nas_cli.infra.rundir import ITEMS_FILE
-from nas_cli.locations import LOCATIONS
-from nas_cli.metrics import KNOWN, declare
+from nas_cli.model.locations import LOCATIONS
+from tasks.scores import KNOWN, declare
 
 __all__ = ["Run", "find_runs", "load_run", "flatten", "TEST_METRICS"]
 
-#: the known test metrics (nas_cli.metrics, the one list): (key, column title, higher is better)
+#: the known test metrics (tasks.scores, the one list): (key, column title, higher is better)
 TEST_METRICS = tuple((m.key, m.title, m.higher_is_better) for m in KNOWN if m.compared)
 
 

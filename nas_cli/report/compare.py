@@ -45,7 +45,7 @@ def metric_name(metric: str) -> str:
 
 def metric_title(metric: str) -> str | None:
     """The main table's column for a compared metric (None: not a column there)."""
-    from nas_cli.metrics import spec
+    from tasks.scores import spec
 
     return spec(metric).title if metric.startswith("test/") else RUN_METRICS.get(metric)
 
@@ -76,7 +76,7 @@ class Baselines:
     that matches one group: every other group against it. One that matches several (``scheme=unas``
     on a grid over heads): each group against the baseline at the same values of every field on
     which the baselines differ (``matched_on``, e.g. model.heads), which is the pairing of
-    ``seed=auto`` (nas_cli.sequential_design.pair_up)."""
+    ``seed=auto`` (nas_cli.sweeps.design.pair_up)."""
 
     pairs: list[tuple[Group, Group]]  # (system, its baseline)
     groups: list[Group]  # the baseline groups
@@ -174,14 +174,14 @@ def metrics_for(groups: Sequence[Group], wanted: Sequence[str] | None) -> list[s
                                + f"; choose from {', '.join(tests)} (test set) or {', '.join(RUN_METRICS)} "
                                "(attention diagnostics; also <name>:<location> and diag:<key>)")
         return names
-    from nas_cli.metrics import present
+    from tasks.scores import present
 
     return [m.key for m in present(reported) if m.compared and any(r.value(m.key) is not None for r in runs)]
 
 
 def higher_is_better(metric: str) -> bool | None:
     """True/False for the test metrics with a better direction; None for the diagnostics."""
-    from nas_cli.metrics import spec
+    from tasks.scores import spec
 
     return spec(metric).higher_is_better if metric.startswith("test/") else None
 

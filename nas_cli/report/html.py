@@ -25,8 +25,8 @@ from typing import Sequence
 
 import numpy as np
 
-from nas_cli.locations import LOCATIONS
-from nas_cli import figures
+from nas_cli.model.locations import LOCATIONS
+from nas_cli.diagnostics import figures
 from nas_cli.attention.additive import ROUND_OFF
 from nas_cli.report.collect import TEST_METRICS, Run
 from nas_cli.report.table import Group, table_rows, unfinished_rows
@@ -215,58 +215,66 @@ def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[
              f"from {html.escape(', '.join(map(str, sources)))}; generated "
              f"{_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}. <span id=\"status\"></span></p>"]
     if groups:
-        head, rows = table_rows(groups)
-        parts += ["<h2>Results</h2>", _table(head, rows),
-                  f'<p class="note">mean ± 95% CI (Student t) over {html.escape(grouping)} (n runs); JSD: head diversity '
-                  "(Zheng et al. 2021), mean over locations and layers; expl. away: fraction of keys with "
-                  "sum_i pi_ij &lt; eps (Ding et al. 2020), mean over locations.</p>"]
-        if verdicts:
-            (vh, vr), note = verdicts
-            parts += ["<h2>Across seeds (the verdict): against the baseline</h2>", _table(vh, vr),
-                      f'<p class="note">{html.escape(note)}</p>']
-        if items and items[0][1]:
-            (ih, ir), inote = items
-            parts += ["<h2>On this test set, per trained model (supporting detail, not a verdict)</h2>",
-                      _table(ih, ir), f'<p class="note">{html.escape(inote)}</p>']
-        parts += [f'<p class="note">note: {html.escape(line)}</p>' for line in notes]
-        dh, dr = _diag_rows(groups)
-        if dr:
-            parts += ["<h2>Attention diagnostics per location</h2>", _table(dh, dr),
-                      '<p class="note">min margin &gt;= 0: every key keeps mass &gt;= 1/Sk (Ding et al. Theorem 2, '
-                      "guaranteed for DNAS in the non-causal encoder). Step variation (cross-attention): largest "
-                      "change of a head's attention over the source across decoder steps; 0 (in float32 below "
-                      f"{ROUND_OFF:g}, the softmax's rounding) means the attention ignores the decoder state, as "
-                      "one-layer additive attention does.</p>"]
-        figs = []
-        for task in sorted({g.common(lambda r: r.task) for g in groups}):
-            png = metric_vs_heads(groups, task)
-            if png:
-                figs.append(_img(png, f"{task} metric vs heads"))
-        if figs:
-            parts += ["<h2>Metric vs number of heads</h2>", f'<div class="figs">{"".join(figs)}</div>']
-        heat = [(loc, jsd_heatmaps(groups, loc)) for loc in LOCATIONS]
-        heat = [(loc, png) for loc, png in heat if png]
-        if heat:
-            parts += ["<h2>Head JSD heat maps</h2>",
-                      '<div class="figs">' + "".join(_img(png, f"JSD {loc}", f"{loc} attention") for loc, png in heat)
-                      + "</div>"]
-        hists = [(t, png) for loc in LOCATIONS for t, png in log_mass_overlays(groups, loc)]
-        if hists:
-            parts += ["<h2>Explained away: log sum_i pi_ij per key</h2>",
-                      '<p class="note">Ding et al. 2020 Fig. 1: under DNAS every key keeps mass &gt;= 1/Sk '
-                      "(dashed line, non-causal encoder); under UNAS keys can be explained away.</p>",
-                      '<div class="figs">' + "".join(_img(png, t) for t, png in hists) + "</div>"]
-        us = [(g, title, png) for g in groups for title, png in learned_trajectories(g.runs[0])]
-        if us:
-            parts += ["<h2>Learned per head, over training</h2>",
-                      '<div class="figs">' + "".join(_img(png, title, f"{g.label} (first run: "
-                                                          f"{g.runs[0].path.name})") for g, title, png in us) + "</div>"]
+        parts += _result_sections(groups, grouping, verdicts, items, notes) + _figure_sections(groups)
     uh, ur = unfinished_rows(runs)
     if ur:
         parts += ["<h2>Runs without results (failed, or unfinished: no summary.json)</h2>", _table(uh, ur)]
     body = "\n".join(parts)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"<style>{CSS}</style></head>\n<body>\n{body}\n<script>{SCRIPT}</script>\n</body></html>\n")
+
+
+def _result_sections(groups: Sequence[Group], grouping: str, verdicts, items, notes: Sequence[str]) -> list[str]:
+    """The tables: results over seeds, the verdicts, the test-set detail, the diagnostics per location."""
+    head, rows = table_rows(groups)
+    parts = ["<h2>Results</h2>", _table(head, rows),
+             f'<p class="note">mean ± 95% CI (Student t) over {html.escape(grouping)} (n runs); JSD: head diversity '
+             "(Zheng et al. 2021), mean over locations and layers; expl. away: fraction of keys with "
+             "sum_i pi_ij &lt; eps (Ding et al. 2020), mean over locations.</p>"]
+    if verdicts:
+        (vh, vr), note = verdicts
+        parts += ["<h2>Across seeds (the verdict): against the baseline</h2>", _table(vh, vr),
+                  f'<p class="note">{html.escape(note)}</p>']
+    if items and items[0][1]:
+        (ih, ir), inote = items
+        parts += ["<h2>On this test set, per trained model (supporting detail, not a verdict)</h2>",
+                  _table(ih, ir), f'<p class="note">{html.escape(inote)}</p>']
+    parts += [f'<p class="note">note: {html.escape(line)}</p>' for line in notes]
+    dh, dr = _diag_rows(groups)
+    if dr:
+        parts += ["<h2>Attention diagnostics per location</h2>", _table(dh, dr),
+                  '<p class="note">min margin &gt;= 0: every key keeps mass &gt;= 1/Sk (Ding et al. Theorem 2, '
+                  "guaranteed for DNAS in the non-causal encoder). Step variation (cross-attention): largest "
+                  "change of a head's attention over the source across decoder steps; 0 (in float32 below "
+                  f"{ROUND_OFF:g}, the softmax's rounding) means the attention ignores the decoder state, as "
+                  "one-layer additive attention does.</p>"]
+    return parts
+
+
+def _figure_sections(groups: Sequence[Group]) -> list[str]:
+    """The figures: metric vs heads, head-JSD heat maps, Fig. 1 histograms, learned values."""
+    parts = []
+    figs = [_img(png, f"{task} metric vs heads") for task in sorted({g.common(lambda r: r.task) for g in groups})
+            for png in [metric_vs_heads(groups, task)] if png]
+    if figs:
+        parts += ["<h2>Metric vs number of heads</h2>", f'<div class="figs">{"".join(figs)}</div>']
+    heat = [(loc, png) for loc in LOCATIONS for png in [jsd_heatmaps(groups, loc)] if png]
+    if heat:
+        parts += ["<h2>Head JSD heat maps</h2>",
+                  '<div class="figs">' + "".join(_img(png, f"JSD {loc}", f"{loc} attention") for loc, png in heat)
+                  + "</div>"]
+    hists = [(t, png) for loc in LOCATIONS for t, png in log_mass_overlays(groups, loc)]
+    if hists:
+        parts += ["<h2>Explained away: log sum_i pi_ij per key</h2>",
+                  '<p class="note">Ding et al. 2020 Fig. 1: under DNAS every key keeps mass &gt;= 1/Sk '
+                  "(dashed line, non-causal encoder); under UNAS keys can be explained away.</p>",
+                  '<div class="figs">' + "".join(_img(png, t) for t, png in hists) + "</div>"]
+    us = [(g, title, png) for g in groups for title, png in learned_trajectories(g.runs[0])]
+    if us:
+        parts += ["<h2>Learned per head, over training</h2>",
+                  '<div class="figs">' + "".join(_img(png, title, f"{g.label} (first run: "
+                                                      f"{g.runs[0].path.name})") for g, title, png in us) + "</div>"]
+    return parts
 
 
 def write_html(path: str | Path, runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[str],

@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from nas_cli.metrics import present
-from nas_cli.report.collect import TEST_METRICS, Run  # noqa: F401 (re-exported)
+from tasks.scores import present
+from nas_cli.report.collect import Run
 
 __all__ = ["Group", "group_runs", "field_value", "columns", "table_rows", "rich_table", "unfinished_rows",
-           "IGNORED_KEYS", "BadField"]
+           "BadField"]
 
-from nas_cli.infra.config_identity import IGNORED_KEYS, identity
+from nas_cli.infra.config_identity import identity
 
 #: fields read from summary.json / the run itself rather than from the config
 RUN_FIELDS = ("task", "scheme", "heads", "seed", "model", "d_model", "steps", "parameters", "source")

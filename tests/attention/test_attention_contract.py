@@ -1,11 +1,11 @@
 """Contract tests every scheme in conf/attention/ gets for free: the checks of
-nas_cli/contract.py (the same ones ``nas-bench check-scheme`` runs on a user's scheme),
+benchmarks/contract.py (the same ones ``nas-bench check-scheme`` runs on a user's scheme),
 each on every packaged scheme, filtered by the scheme's declared flags."""
 import pytest
 from omegaconf import OmegaConf
 
-from nas_cli import contract
-from nas_cli.choices import CONF_DIR
+from nas_cli.bench import contract
+from nas_cli.model.choices import CONF_DIR
 
 
 @pytest.mark.parametrize("check", list(contract.CHECKS))

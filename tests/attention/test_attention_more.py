@@ -14,10 +14,10 @@ from nas_cli.attention import AttentionOutput
 from nas_cli.attention.additive import step_variation
 from nas_cli.attention.kernel import KernelDiverged, KernelSmoother
 from nas_cli.errors import NonFiniteLoss, UserError
-from nas_cli.model import MultiHeadAttention, Seq2SeqTransformer
-from nas_cli.positions import sinusoids
-from nas_cli.choices import CONF_DIR
-from nas_cli.plan import make_core_factory
+from nas_cli.model.transformer import MultiHeadAttention, Seq2SeqTransformer
+from nas_cli.attention.positions import sinusoids
+from nas_cli.model.choices import CONF_DIR
+from nas_cli.model.plan import make_core_factory
 
 NEW_SCHEMES = ["kernel_exp", "kernel_linear", "kernel_poly", "kernel_rbf", "coda", "coda_cs", "realformer",
                "additive", "additive_1layer"]
@@ -415,7 +415,7 @@ def test_every_new_scheme_runs_in_a_multirun(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the jobs' tiny models: see one_thread()
     # every scheme of the registry; Hydra's basic sweeper takes products only, so the schemes
     # that declare they place positions themselves (model.positions=none) run in a second multirun
-    from nas_cli.choices import available
+    from nas_cli.model.choices import available
 
     schemes = available("attention")
     own = [s for s in schemes if build_core(s).requires_no_input_positions]
@@ -436,7 +436,7 @@ def test_linear_kernel_divergence_stops_the_run_with_the_reason(tmp_path):
     as one line and exits 2, see test_cli) naming the kernel, and writes no summary.json."""
     from hydra import compose, initialize_config_dir
 
-    from nas_cli.run import train
+    from nas_cli.pipeline.run import train
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[*SMALL, "logger=none", "attention=kernel_linear", "optim.lr=inf"])

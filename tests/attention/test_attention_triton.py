@@ -162,7 +162,7 @@ def test_impl_triton_for_every_location_passes_the_checks_and_names_the_chunked_
     """Found on an H200: ``attention=dnas attention.impl=triton`` (every location, the encoder too)
     crashed in the pre-run check (an AttributeError) instead of saying which locations keep the
     chunked path; only the decoder-level spelling had been run."""
-    from nas_cli.checks import check_config
+    from nas_cli.pipeline.checks import check_config
 
     check_config(compose_cfg("attention=dnas", "attention.impl=triton", "trainer.accelerator=cpu"))
     assert capsys.readouterr().err == ""  # every location runs kernels: the encoder form has its own (#48)

@@ -175,10 +175,10 @@ def test_train_targets_apply_only_to_the_issue_setting():
 def test_train_bench_runs_a_scheme_at_some_locations_only(tmp_path):
     """``dnas@encoder``: DNAS in the encoder, UNAS in the decoder and cross-attention (the issue's
     DNAS-encoder target); ``hnas@decoder+cross``: HNAS's mixing weights at those two only."""
-    from nas_cli.plan import AttentionPlan
+    from nas_cli.model.plan import AttentionPlan
 
     plan = AttentionPlan.from_config(bench_train._attention_cfg("dnas-naive@encoder"))
-    assert plan.names() == {"encoder": "dnas", "decoder": "unas", "cross": "unas"}
+    assert plan.names == {"encoder": "dnas", "decoder": "unas", "cross": "unas"}
     assert plan.placed["encoder"].options["impl"] == "naive"
     data, md = run_train_bench(tmp_path, "--schemes", "dnas@encoder,hnas@decoder+cross")
     by = {r["loop"]: r for r in data["results"]}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nas_cli import gpucheck
+from nas_cli.bench import gpucheck
 from helpers import run_command
 
 NAS_BENCH = shutil.which("nas-bench") or str(Path(sys.executable).parent / "nas-bench")

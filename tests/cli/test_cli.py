@@ -1,5 +1,6 @@
 """End-to-end: the installed ``nas-run`` command, real Lightning, real W&B (offline)."""
 import csv
+from pathlib import Path
 import json
 
 import pytest
@@ -159,3 +160,21 @@ def test_thread_count_does_not_split_a_group_but_the_setup_does():
     assert cid("attention=dnas", "threads=1") == cid("attention=dnas", "threads=2") == base
     assert cid("attention=dnas", "seed=7") == base  # seeds are what a group averages over
     assert cid("attention=dnas", "model.heads=2") != base and cid("attention=unas") != base
+
+
+def test_a_run_saved_with_a_retired_option_groups_with_todays_runs():
+    # the committed study's configs carry log_u_every (HNAS's old logging schedule): removing the option
+    # must not split those runs from a run of the same setup made today, nor make one of another setup equal
+    from omegaconf import OmegaConf
+
+    from nas_cli.infra.config_identity import RETIRED_KEYS, config_id
+
+    repo = Path(__file__).resolve().parents[2]
+    saved = sorted((repo / "benchmarks" / "study").rglob(".hydra/config.yaml"))
+    old = [OmegaConf.to_container(OmegaConf.load(p)) for p in saved]
+    carrying = [c for c in old if "log_u_every" in c]
+    assert "log_u_every" in RETIRED_KEYS and len(carrying) >= 90
+    today = dict(carrying[0])
+    del today["log_u_every"]
+    assert config_id(today) == config_id(carrying[0])
+    assert config_id({**today, "model": {**today["model"], "heads": 99}}) != config_id(carrying[0])

@@ -322,7 +322,7 @@ def test_a_user_language_model_task_is_sized_as_a_language_model(tmp_path, monke
     _target_ ending in LanguageModelTask), so a user's LM task was sized as seq2seq (with
     cross-attention). Now there is one, the class's kind."""
     from helpers import compose_cfg
-    from nas_cli.checks import estimate_parameters, is_language_model
+    from nas_cli.pipeline.checks import estimate_parameters, is_language_model
 
     (tmp_path / "my_lm.py").write_text("from tasks.language_model import LanguageModelTask\n\n\n"
                                        "class Corpus(LanguageModelTask):\n    pass\n")

@@ -246,7 +246,7 @@ def test_a_run_that_fails_before_training_is_marked_failed(tmp_path):
 def test_a_failed_jobs_reason_names_the_error_that_started_it():
     # a job whose DataLoader workers could not start failed with Lightning's teardown error
     # ("Please call `iter(combined_loader)` first."), raised while handling the real one
-    from nas_cli.commands.nas_run import _error_line, _first_error
+    from nas_cli.pipeline.job import error_line as _error_line, first_error as _first_error
 
     try:
         try:
@@ -592,14 +592,14 @@ class _Marker:
 def test_a_legacy_format_unsafe_checkpoint_is_refused_not_called_truncated(tmp_path):
     """Issue #34 (8): torch's legacy (non-zip) format cannot be memory-mapped; the safe loader's refusal
     was reported as 'truncated'. Now it is refused as unsafe, nothing runs, and a safe legacy file loads."""
-    from nas_cli.infra.resume import _reason, load_safe
+    from nas_cli.infra.resume import unreadable_reason, load_safe
 
     marker = tmp_path / "pwned"
     bad = tmp_path / "legacy.ckpt"
     torch.save({"state_dict": {}, "x": _Marker(marker)}, bad, _use_new_zipfile_serialization=False)
     with pytest.raises(Exception) as err:
         load_safe(bad)
-    assert _reason(err.value).startswith("refused by the safe loader") and not marker.exists()
+    assert unreadable_reason(err.value).startswith("refused by the safe loader") and not marker.exists()
     good = tmp_path / "legacy_ok.ckpt"
     torch.save({"state_dict": {"w": torch.ones(2)}}, good, _use_new_zipfile_serialization=False)
     assert torch.equal(load_safe(good)["state_dict"]["w"], torch.ones(2))

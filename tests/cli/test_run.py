@@ -7,8 +7,8 @@ import torch
 
 from nas_cli.infra.checkpoints import AtomicCheckpointIO
 from nas_cli.infra.loggers import public_config
-from nas_cli.run import train
-from nas_cli.plan import AttentionPlan
+from nas_cli.pipeline.run import train
+from nas_cli.model.plan import AttentionPlan
 from helpers import compose_cfg
 
 

@@ -19,13 +19,13 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from nas_cli.diagnostics.callback import DiagnosticsCallback, location_scalars
-from nas_cli.choices import CONF_DIR
-from nas_cli.infra.resume import _state
+from nas_cli.model.choices import CONF_DIR
+from nas_cli.infra.resume import fault_tolerance_state
 from datafiles import write_lm, write_parallel
-from nas_cli.run import build_module, build_task
+from nas_cli.pipeline.run import build_module, build_task
 from nas_cli.infra.distributed import shard_and_resume
 from nas_cli.infra.wandb_offline import read_run
-from nas_cli.plan import AttentionPlan
+from nas_cli.model.plan import AttentionPlan
 from helpers import NAS_RUN, nas_run, run_command
 
 TINY = ("debug=fast", "progress_bar=false")
@@ -84,7 +84,7 @@ def test_ddp_two_cpu_processes_one_wandb_run_metrics_equal_single_process(tmp_pa
 # ---- launchers and sweepers ---------------------------------------------------------------------
 def test_threads_follow_the_cpus_slurm_allotted(monkeypatch):
     """Issue #28 (6): threads=null takes SLURM_CPUS_PER_TASK (unless OMP_NUM_THREADS says otherwise)."""
-    from nas_cli.trainer import set_threads
+    from nas_cli.pipeline.trainer import set_threads
 
     before = torch.get_num_threads()
     try:
@@ -103,7 +103,7 @@ def test_threads_follow_the_cpus_slurm_allotted(monkeypatch):
 
 
 def test_multirun_flag_is_moved_to_the_front():
-    from nas_cli.commands.nas_run import multirun_first
+    from nas_cli.pipeline.command_line import multirun_first
 
     assert multirun_first(["trainer=ddp", "hydra/launcher=slurm", "-m", "seed=1,2,3"]) == [
         "-m", "trainer=ddp", "hydra/launcher=slurm", "seed=1,2,3"]
@@ -246,7 +246,7 @@ def test_sigkill_at_a_random_step_then_resume_matches_uninterrupted_run(tmp_path
     # the W&B run id travels in the checkpoint (a SIGKILLed offline run may not have flushed its
     # run record yet); the run file W&B started is named after the same id
     last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-    killed_id = _state(last)["wandb_run_id"]
+    killed_id = fault_tolerance_state(last)["wandb_run_id"]
     assert killed_id and [p.name for p in wandb_files(run)] and all(
         p.name.endswith(f"-{killed_id}.wandb") for p in wandb_files(run))
     killed_step = last["global_step"]
@@ -357,17 +357,17 @@ def test_the_sweep_finds_its_joblib_workers_without_proc_too(monkeypatch):
     from joblib import Parallel, delayed
     from joblib.externals.loky import get_reusable_executor
 
-    from nas_cli.commands import nas_run as entry
+    from nas_cli.sweeps import supervision as entry
 
     with Parallel(n_jobs=2, backend="loky") as parallel:
         pids = set(parallel(delayed(os.getpid)() for _ in range(8)))
-        from_proc = set(entry._joblib_workers())
-        from_loky = set(entry._loky_executor_workers())
+        from_proc = set(entry.joblib_workers())
+        from_loky = set(entry.loky_executor_workers())
         assert from_loky == from_proc and pids <= from_loky and len(from_loky) == 2
         monkeypatch.setattr(entry, "Path", lambda *a: Path("/nonexistent-proc"))  # a system without /proc
-        assert set(entry._joblib_workers()) == from_loky
+        assert set(entry.joblib_workers()) == from_loky
     get_reusable_executor().shutdown(wait=True)
-    assert entry._loky_executor_workers() == []
+    assert entry.loky_executor_workers() == []
 
 
 def test_a_stop_mark_left_by_a_killed_sweep_process_does_not_skip_the_next_launch(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats as sps
 
 from helpers import NAS_RUN, nas_run, run_command
-from nas_cli.report import sequential as seq
+from nas_cli.report import stopping as seq
 
 SWEEP = ("-m", "attention=unas,dnas", "seed=auto", "debug=fast", "progress_bar=false", "hydra.sweeper.max_seeds=3",
          "hydra.sweeper.metric=ppl", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")

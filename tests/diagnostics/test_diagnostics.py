@@ -286,7 +286,7 @@ def test_collector_over_locations():
 
 
 def test_plots_write_png(tmp_path):
-    from nas_cli import figures as plots
+    from nas_cli.diagnostics import figures as plots
 
     m = [head_jsd(torch.stack([random_rows(4, 5, 6, seed=s)])) for s in range(3)]
     p1 = plots.plot_jsd_heatmaps(m, tmp_path / "jsd.png", suptitle="encoder")

@@ -11,8 +11,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import nas_cli.hf as nh  # noqa: E402  (registers the schemes)
-from nas_cli.choices import scheme_config  # noqa: E402
-from nas_cli.plan import make_core_factory  # noqa: E402
+from nas_cli.model.choices import scheme_config  # noqa: E402
+from nas_cli.model.plan import make_core_factory  # noqa: E402
 
 LEFT = (torch.tensor([[0, 0, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6]]), torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6]))
 RIGHT = (torch.tensor([[5, 6, 7, 8, 0, 0], [1, 2, 3, 4, 5, 6]]), torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6]))

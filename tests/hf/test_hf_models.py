@@ -57,13 +57,13 @@ def test_adaptive_softmax_over_the_librarys_hidden_states(family):
     """HFCausalLM with model.adaptive_softmax: forward gives normalized log-probabilities, the
     training path's target_log_prob equals them at the targets, and the diagnostics' weights come
     through the same features."""
-    from nas_cli.lit import build_model
-    from nas_cli.plan import AttentionPlan
+    from nas_cli.pipeline.lit import build_model
+    from nas_cli.model.plan import AttentionPlan
 
     cfg = compose_cfg(f"model={family}", "attention=dnas", "model.adaptive_softmax={cutoffs:[8,14],div_value:2}",
                       *[a for a in SMALL if a.startswith(("model.", "task="))])
     task = type("T", (), {"kind": "lm", "src_vocab_size": 20, "pad_id": 0})()
-    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention), task).double().eval()
+    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), task).double().eval()
     assert model.adaptive
     ids = torch.tensor([[3, 4, 5, 6, 7, 0], [7, 8, 9, 10, 11, 12]])
     logp, attn = model(ids, need_weights=True)
@@ -83,7 +83,7 @@ def test_adaptive_softmax_over_the_librarys_hidden_states(family):
 ])
 def test_bad_combinations_are_refused_before_anything_is_made(args, words):
     """The checks nas-run runs on the composed config before any data, model or W&B run exists."""
-    from nas_cli.checks import check_attention
+    from nas_cli.pipeline.checks import check_attention
     from nas_cli.errors import UserError
 
     model = [] if any(a.startswith("model=") for a in args) else ["model=hf_llama"]
@@ -107,12 +107,12 @@ def test_diagnostics_read_the_registered_functions_weights():
     returned: they equal nas-run's core on the library's q/k (rows sum to 1, causal)."""
     from omegaconf import OmegaConf
 
-    from nas_cli.lit import build_model
-    from nas_cli.plan import AttentionPlan
+    from nas_cli.pipeline.lit import build_model
+    from nas_cli.model.plan import AttentionPlan
 
     cfg = compose_cfg("model=hf_llama", "attention=dnas", *[a for a in SMALL if a.startswith(("model.", "task="))])
     task = type("T", (), {"kind": "lm", "src_vocab_size": 20, "pad_id": 0})()
-    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention), task).double().eval()
+    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), task).double().eval()
     ids = torch.tensor([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12]])
     captured = []
     layer = model.hf.model.layers[1].self_attn
@@ -162,15 +162,15 @@ def test_hf_bert_translates_with_a_scheme_per_location(tmp_path):
 
 
 def _pair(cross: str = "dnas"):
-    from nas_cli.lit import build_model
-    from nas_cli.plan import AttentionPlan
+    from nas_cli.pipeline.lit import build_model
+    from nas_cli.model.plan import AttentionPlan
 
     cfg = compose_cfg("task=reverse", "model=hf_bert", "attention=dnas", f"attention.cross={cross}",
                       "model.d_model=32", "model.ffn=64", "model.encoder_layers=2", "model.decoder_layers=2",
                       "model.heads=2")
     task = type("T", (), {"kind": "seq2seq", "src_vocab_size": 20, "tgt_vocab_size": 20, "pad_id": 0})()
     torch.manual_seed(0)
-    return build_model(cfg.model, AttentionPlan.from_config(cfg.attention), task).double().eval()
+    return build_model(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), task).double().eval()
 
 
 def test_hf_pair_never_lets_a_target_position_see_the_future():
@@ -203,7 +203,7 @@ def test_hf_pair_greedy_decoding_equals_teacher_forcing():
 def test_hf_pair_beam_search_scores_are_its_tokens_log_probabilities():
     """nas-run's beam search over the pair (the decoder re-run on each prefix): each returned
     hypothesis's score is the sum of its tokens' log-probabilities under teacher forcing."""
-    from nas_cli.decoding import beam_search
+    from nas_cli.model.decoding import beam_search
 
     model = _pair()
     src = torch.tensor([[5, 6, 7, 8, 0], [9, 10, 11, 12, 13]])

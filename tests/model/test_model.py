@@ -3,9 +3,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nas_cli.model import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
-from nas_cli.choices import CONF_DIR
-from nas_cli.plan import make_core_factory
+from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
+from nas_cli.model.choices import CONF_DIR
+from nas_cli.model.plan import make_core_factory
 
 SIZES = dict(d_model=32, heads=4, ffn=64, dropout=0.0, max_len=64)
 
@@ -104,7 +104,7 @@ def test_incremental_decoding_equals_full_recompute(scheme):
     """Every scheme of the registry: where the decoder's cores declare ``supports_step``,
     cached keys/values and running column normalizers give the same tokens and scores as
     re-running the decoder on the whole prefix; elsewhere decoding falls back to it."""
-    from nas_cli.decoding import beam_search
+    from nas_cli.model.decoding import beam_search
     torch.manual_seed(3)
     m = Seq2SeqTransformer(25, 25, factory(scheme), encoder_layers=1, decoder_layers=2,
                            **{**SIZES, "positions": positions_for(scheme)}).eval()

@@ -10,8 +10,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from nas_cli.errors import UserError
-from nas_cli.choices import CONF_DIR
-from nas_cli.run import train
+from nas_cli.model.choices import CONF_DIR
+from nas_cli.pipeline.run import train
 
 # three steps, every step logged; dropout off so the runs are deterministic
 BASE = ["debug=fast", "logger=csv", "trainer.max_steps=3", "trainer.log_every_n_steps=1", "run_test=false",

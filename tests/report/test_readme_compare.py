@@ -13,7 +13,7 @@ from helpers import NAS_RUN, nas_run, run_command
 from nas_cli.report.collect import find_runs
 from nas_cli.report.compare import select_baselines
 from nas_cli.report.table import group_runs
-from nas_cli.sequential_design import grid, pair_up
+from nas_cli.sweeps.design import grid, pair_up
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 #: the README's commands at small sizes: a few steps on a small training set

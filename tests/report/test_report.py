@@ -17,7 +17,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from nas_cli.choices import CONF_DIR
+from nas_cli.model.choices import CONF_DIR
 from nas_cli.infra.wandb_offline import read_run
 from helpers import run_command
 
@@ -25,7 +25,7 @@ BIN = Path(sys.executable).parent
 NAS_RUN = shutil.which("nas-run") or str(BIN / "nas-run")
 NAS_REPORT = shutil.which("nas-report") or str(BIN / "nas-report")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-from nas_cli.locations import LOCATIONS
+from nas_cli.model.locations import LOCATIONS
 DATA = ("debug=fast", "task.test_size=32")  # the sweep's data (the test split size shapes the others)
 JOBS = ["0_reverse_unas-h2", "1_reverse_unas-h4", "2_reverse_dnas-h2", "3_reverse_dnas-h4"]
 

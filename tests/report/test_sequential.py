@@ -1,4 +1,4 @@
-"""The sequential test behind ``seed=auto`` (nas_cli/report/sequential.py), checked without training:
+"""The sequential test behind ``seed=auto`` (nas_cli/report/stopping.py), checked without training:
 its boundaries spend what they promise, its error rate holds under optional stopping at 2..5 and
 2..10 seeds on the calibration's simulated seed-level scores, its power and seeds used are what an
 independent computation gives, and Holm across comparisons keeps the family-wise rate."""
@@ -9,7 +9,7 @@ import pytest
 from scipy import stats as sps
 
 from helpers import load_benchmark
-from nas_cli.report import sequential as seq
+from nas_cli.report import stopping as seq
 from nas_cli.report import stats
 
 calibration = load_benchmark("calibration")
@@ -147,7 +147,7 @@ def test_the_committed_real_sweeps_recompute_to_their_documented_decisions():
     # directories in benchmarks/study/sequential_sort, as `nas-report <sweep dir>` does
     from pathlib import Path
 
-    from nas_cli.sequential import recompute
+    from nas_cli.sweeps.sequential import recompute
 
     root = Path(__file__).resolve().parents[2] / "benchmarks" / "study" / "sequential_sort"
     real, aa = recompute(root / "real"), recompute(root / "aa")

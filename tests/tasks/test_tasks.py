@@ -11,12 +11,12 @@ import sacrebleu
 import torch
 
 from datafiles import MULTI30K, WIKITEXT2, write_lm, write_parallel
-from nas_cli.decoding import beam_search
+from nas_cli.model.decoding import beam_search
 from nas_cli.commands.nas_eval import average_checkpoints
-from nas_cli.model import Seq2SeqTransformer
-from nas_cli.plan import make_core_factory
-from nas_cli.run import train
-from nas_cli.plan import AttentionPlan
+from nas_cli.model.transformer import Seq2SeqTransformer
+from nas_cli.model.plan import make_core_factory
+from nas_cli.pipeline.run import train
+from nas_cli.model.plan import AttentionPlan
 from tasks.batching import TokenBatchSampler
 from tasks.language_model import LanguageModelTask, eval_windows, train_windows
 from tasks.sources import DataError
@@ -281,10 +281,10 @@ def test_adaptive_softmax_lm_scores_the_same_distribution_it_trains(tmp_path, ca
                       "optim.label_smoothing=0", "logger=none", "debug=fast", "trainer.limit_test_batches=null")
     summary = train(cfg, tmp_path / "run", group="t")
     assert summary["test"]["test/ppl"] == pytest.approx(math.exp(summary["test"]["test/loss"]), rel=1e-4)
-    from nas_cli.lit import NasLitModule
+    from nas_cli.pipeline.lit import NasLitModule
     task = LanguageModelTask("w", path=str(data), tokens_per_sample=32, context_window=24)
     task.setup()
-    module = NasLitModule(cfg.model, AttentionPlan.from_config(cfg.attention), cfg.optim, task).eval()
+    module = NasLitModule(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), cfg.optim, task).eval()
     assert isinstance(module.model.generator, torch.nn.AdaptiveLogSoftmaxWithLoss)
     batch = next(iter(task.test_dataloader()))
     with torch.no_grad():

@@ -13,35 +13,35 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from nas_cli.attention.base import learned_scalars, learned_values
-from nas_cli.decoding import beam_search
+from nas_cli.model.decoding import beam_search
 from nas_cli.errors import NonFiniteLoss
-from nas_cli.model import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
-from nas_cli.plan import AttentionPlan
+from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
+from nas_cli.model.plan import Cores
 from nas_cli.infra.distributed import gather_eval
 
 #: where a checkpoint keeps the run's training time and tokens so far (resume continues them)
 TIMING_KEY = "nas_run_timing"
 
 
-def build_model(model_cfg: DictConfig, plan: AttentionPlan, task) -> torch.nn.Module:
-    """The model for ``task`` (seq2seq or LM) with the cores of the job's attention ``plan``."""
+def build_model(model_cfg: DictConfig, cores: Cores, task) -> torch.nn.Module:
+    """The model for ``task`` (seq2seq or LM) with the ``cores`` of the job's attention plan
+    (``AttentionPlan.model_cores``)."""
     if model_cfg.get("family"):  # a Hugging Face family (model=hf_llama, ...)
         from nas_cli.hf.models import build_hf_model
 
-        return build_hf_model(model_cfg, plan, task)
-    factory = plan.core_factory(int(model_cfg.heads), float(model_cfg.get("attention_dropout", 0.0)))
+        return build_hf_model(model_cfg, cores, task)
     common = dict(d_model=model_cfg.d_model, heads=model_cfg.heads, ffn=model_cfg.ffn, dropout=model_cfg.dropout,
                   norm_first=model_cfg.norm_first, positions=model_cfg.positions, max_len=model_cfg.max_len,
                   pad_id=task.pad_id)
     if task.kind == "lm":
         adaptive = model_cfg.get("adaptive_softmax")
         adaptive = OmegaConf.to_container(adaptive, resolve=True) if isinstance(adaptive, DictConfig) else adaptive
-        return DecoderOnlyLM(task.src_vocab_size, factory, decoder_layers=model_cfg.decoder_layers,
+        return DecoderOnlyLM(task.src_vocab_size, cores, decoder_layers=model_cfg.decoder_layers,
                              adaptive_softmax=adaptive, **common)
     if model_cfg.get("adaptive_softmax"):
         raise ValueError("model.adaptive_softmax is for language-model tasks (word-level vocabularies); "
                          "set model.adaptive_softmax=null for translation")
-    return Seq2SeqTransformer(task.src_vocab_size, task.tgt_vocab_size, factory,
+    return Seq2SeqTransformer(task.src_vocab_size, task.tgt_vocab_size, cores,
                               encoder_layers=model_cfg.encoder_layers, decoder_layers=model_cfg.decoder_layers,
                               share_embeddings=model_cfg.share_embeddings, **common)
 
@@ -77,11 +77,11 @@ def inverse_sqrt(warmup: int):
 
 
 class NasLitModule(pl.LightningModule):
-    def __init__(self, model_cfg: DictConfig, plan: AttentionPlan, optim_cfg: DictConfig, task,
+    def __init__(self, model_cfg: DictConfig, cores: Cores, optim_cfg: DictConfig, task,
                  log_learned_every: int = 50):
         super().__init__()
         self.task = task
-        self.model = build_model(model_cfg, plan, task)
+        self.model = build_model(model_cfg, cores, task)
         self.max_positions = int(model_cfg.max_len)
         self._decode_cap_said = False
         self.optim_cfg = optim_cfg

@@ -1,4 +1,4 @@
-"""What a ``seed=auto`` sweep runs (:mod:`nas_cli.sequential`): its options
+"""What a ``seed=auto`` sweep runs (:mod:`nas_cli.sweeps.sequential`): its options
 (``hydra.sweeper.*``), the grid of configurations from the swept options, each configuration's
 baseline, and the job numbers and directories of each (configuration, seed)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from nas_cli.errors import UserError
-from nas_cli.report import sequential as seq
+from nas_cli.report import stopping as seq
 
 
 @dataclass
@@ -156,7 +156,7 @@ def default_metric(summary: dict) -> str:
     for key in (f"test/{name}", "test/ppl" if name == "loss" else None):
         if key and key in test:
             return key
-    from nas_cli.metrics import present
+    from tasks.scores import present
 
     shown = [m.key for m in present(test) if m.compared]
     if not shown:

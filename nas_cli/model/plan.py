@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from nas_cli.attention import AttentionCore, SchemeError
-from nas_cli.locations import LOCATIONS
-from nas_cli.choices import scheme_config
+from nas_cli.model.locations import LOCATIONS
+from nas_cli.model.choices import scheme_config
 
 #: keys of a composed ``attention`` node that are not constructor options
 _NOT_OPTIONS = {"name", *LOCATIONS}
@@ -56,6 +56,12 @@ class AttentionPlan:
 
     def __init__(self, placed: dict[str, Placed]):
         self.placed = placed
+        #: {location: scheme name}
+        self.names: dict[str, str] = {loc: p.scheme for loc, p in placed.items()}
+        #: 'dnas' when one scheme runs everywhere, else 'enc-hnas_dec-unas_cross-unas'
+        self.tag: str = tag_from_names(self.names)
+        #: one W&B tag per location: 'encoder:dnas', ...
+        self.wandb_tags: list[str] = [f"{loc}:{name}" for loc, name in self.names.items()]
 
     @classmethod
     def from_config(cls, attn_cfg: DictConfig | dict) -> "AttentionPlan":
@@ -89,19 +95,6 @@ class AttentionPlan:
             _check_declared(p, "attention" if p.options is own else f"attention.{loc}")
         return cls(placed)
 
-    # --- what runs where -------------------------------------------------------------
-    def names(self) -> dict[str, str]:
-        """{location: scheme name}."""
-        return {loc: p.scheme for loc, p in self.placed.items()}
-
-    @property
-    def tag(self) -> str:
-        """'dnas' when one scheme runs everywhere, else 'enc-hnas_dec-unas_cross-unas'."""
-        return tag_from_names(self.names())
-
-    def wandb_tags(self) -> list[str]:
-        return [f"{loc}:{name}" for loc, name in self.names().items()]
-
     # --- building the cores -----------------------------------------------------------
     def core(self, location: str, layer: int, causal: bool, heads: int, dropout: float = 0.0) -> AttentionCore:
         """The core of one layer. ``causal`` is the key mask of self-attention; decoder self-
@@ -111,9 +104,13 @@ class AttentionPlan:
         return instantiate(placed.options, heads=heads, causal=causal, dropout=dropout, name=placed.scheme,
                            prefix_queries=causal or location in ("decoder", "cross"), location=location, layer=layer)
 
-    def core_factory(self, heads: int, dropout: float = 0.0) -> Callable[[str, int, bool], AttentionCore]:
+    def core_factory(self, heads: int, dropout: float = 0.0) -> "Cores":
         """core_factory(location, layer, causal) -> AttentionCore, as the model takes it."""
-        return lambda location, layer, causal: self.core(location, layer, causal, heads, dropout)
+        return Cores(self, heads, dropout)
+
+    def model_cores(self, model_cfg: DictConfig) -> "Cores":
+        """The cores of the model ``model_cfg`` describes (its heads and attention dropout)."""
+        return Cores(self, int(model_cfg.heads), float(model_cfg.get("attention_dropout", 0.0)))
 
     # --- cross-group constraints, checked before any data or W&B run -----------------
     def check(self, model_cfg: DictConfig, lm: bool) -> None:
@@ -143,15 +140,27 @@ class AttentionPlan:
         return {loc: {"scheme": p.scheme, "options": p.options} for loc, p in self.placed.items()}
 
 
+class Cores:
+    """The cores of one model: ``cores(location, layer, causal) -> AttentionCore`` with the plan's
+    heads and dropout bound, and the plan's scheme ``names`` (what a Hugging Face model registers)."""
+
+    def __init__(self, plan: AttentionPlan, heads: int, dropout: float = 0.0):
+        self.plan, self.heads, self.dropout = plan, heads, dropout
+        self.names = plan.names
+
+    def __call__(self, location: str, layer: int, causal: bool) -> AttentionCore:
+        return self.plan.core(location, layer, causal, self.heads, self.dropout)
+
+
 #: constructor parameters nas-run sets itself for every core: never options of a scheme's YAML
 INJECTED = {"heads": "model.heads", "dropout": "model.attention_dropout", "causal": "the location",
             "prefix_queries": "the location", "location": "the location", "layer": "the layer"}
 
 
 def _check_declared(placed: Placed, where: str) -> None:
-    """Every option of a placed scheme is a parameter of its core's constructor (nas_cli/options.py):
+    """Every option of a placed scheme is a parameter of its core's constructor (nas_cli/model/options.py):
     one line with the closest name otherwise, before anything is made."""
-    from nas_cli.options import declared, unknown_option_message
+    from nas_cli.model.options import declared, unknown_option_message
 
     try:
         names = declared(placed.core_class)

@@ -44,15 +44,15 @@ def scheme_names() -> list[str]:
     """Every scheme of the registry, plus ``<name>-flex`` (attention.impl=flex, FlexAttention) and
     ``<name>-triton`` (attention.impl=triton: Triton kernels of the prefix form) for the schemes
     with an ``impl`` option."""
-    from nas_cli.choices import available, scheme_config
+    from nas_cli.model.choices import available, scheme_config
 
     names = available("attention")
     return names + [f"{n}-{impl}" for impl in ("flex", "triton") for n in names if "impl" in scheme_config(n)]
 
 
 def make_core(scheme: str, location: str, causal: bool, heads: int, d_head: int, seed: int = 0):
-    from nas_cli.choices import scheme_config
-    from nas_cli.plan import make_core_factory
+    from nas_cli.model.choices import scheme_config
+    from nas_cli.model.plan import make_core_factory
 
     name, _, impl = scheme.partition("-")
     cfg = scheme_config(name)
@@ -305,7 +305,7 @@ def main(args) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("gpu-check", help="every scheme vs a float64 reference in float32/bf16/fp16, then training "
-                                         "steps of each task family (see nas_cli/gpucheck.py)")
+                                         "steps of each task family (see benchmarks/gpucheck.py)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--dtypes", help="comma-separated: float32, bf16, fp16 (default: all on CUDA, float32,bf16 on CPU)")
     p.add_argument("--schemes", help="comma-separated scheme names (default: every conf/attention/*.yaml)")

@@ -96,11 +96,11 @@ def check_config(cfg: DictConfig) -> None:
 
 def check_declared(cfg: DictConfig) -> None:
     """Every key of the task and of each diagnostic plug-in is a parameter of its class's
-    constructor (nas_cli/options.py; the schemes' are checked by the attention plan): a typo in a
+    constructor (nas_cli/model/options.py; the schemes' are checked by the attention plan): a typo in a
     user's YAML or ``+task.<typo>=`` is one line with the closest name, not an ignored option."""
     from hydra.utils import get_class
 
-    from nas_cli.options import declared, unknown_option_message
+    from nas_cli.model.options import declared, unknown_option_message
 
     nodes = [("task", cfg.get("task"), f"task '{cfg.task.get('name', '?')}'" if "task" in cfg else "")]
     metrics = cfg.get("diagnostics", {}).get("metrics") if "diagnostics" in cfg else None
@@ -164,7 +164,7 @@ def check_shapes_and_logger(cfg: DictConfig) -> None:
     d_model, an unknown W&B mode."""
     heads, d_model = _get(cfg, "model.heads"), _get(cfg, "model.d_model")
     if _is_int(heads) and _is_int(d_model):
-        from nas_cli.model import check_heads
+        from nas_cli.model.transformer import check_heads
 
         try:
             check_heads(int(d_model), int(heads))
@@ -192,7 +192,7 @@ def is_language_model(cfg: DictConfig) -> bool:
 def check_attention(cfg: DictConfig) -> None:
     """The attention plan against the model and task: one line naming the option to change."""
     from nas_cli.attention import SchemeError
-    from nas_cli.plan import AttentionPlan
+    from nas_cli.model.plan import AttentionPlan
 
     if "attention" not in cfg or "model" not in cfg:
         return
@@ -232,7 +232,7 @@ def check_hf_model(plan, cfg: DictConfig, lm: bool) -> None:
     for loc in (("decoder",) if lm else ("encoder", "decoder", "cross")):
         reason = refuse_reason(plan.core(loc, 0, loc == "decoder", int(cfg.model.heads)))
         if reason:
-            where = "attention" if len(set(plan.names().values())) == 1 else f"attention.{loc}"
+            where = "attention" if len(set(plan.names.values())) == 1 else f"attention.{loc}"
             raise UserError(f"{where}={plan.placed[loc].scheme} cannot run inside model={cfg.model.get('name')}: "
                             f"it {reason}")
 

@@ -17,7 +17,7 @@ import difflib
 from pathlib import Path
 
 from nas_cli.errors import UserError
-from nas_cli.plan import LOCATIONS
+from nas_cli.model.plan import LOCATIONS
 
 
 def _close(word: str, choices) -> str:

@@ -43,8 +43,8 @@ def slurm_gpus(accelerator, devices) -> int | None:
 def scheme_tag(*args) -> str:
     """``${nas.tag:${attention}}``: 'dnas', or 'enc-hnas_dec-unas_cross-unas' when locations differ.
     (Configs of earlier versions pass the three location names instead.)"""
-    from nas_cli.locations import LOCATIONS
-    from nas_cli.plan import tag_from_names, tag_resolver
+    from nas_cli.model.locations import LOCATIONS
+    from nas_cli.model.plan import tag_from_names, tag_resolver
 
     if len(args) == 3:
         return tag_from_names(dict(zip(LOCATIONS, map(str, args))))

@@ -4,7 +4,7 @@
 the grid at seeds ``first_seed .. first_seed + min_seeds - 1``, then compares each configuration
 with its baseline (the configuration with the baseline's value on the baseline axis and the
 same values on every other axis: ``dnas h8`` against ``unas h8``) on one test metric, paired by
-seed, with the group-sequential test of :mod:`nas_cli.report.sequential`. Each comparison is
+seed, with the group-sequential test of :mod:`nas_cli.report.stopping`. Each comparison is
 decided (*higher*, *lower*, *no difference larger than delta*), or goes on: only the
 configurations of a comparison still open get the next round of seeds (a baseline runs while
 any comparison against it is open). At ``max_seeds`` an open comparison ends *undecided*.
@@ -31,9 +31,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from nas_cli.errors import UserError
-from nas_cli.report import sequential as seq
-from nas_cli.sequential_design import (Config, Options, default_metric, grid, job_dir, job_number,  # noqa: F401
+from nas_cli.errors import UserError, console, fail, say
+from nas_cli.report import stopping as seq
+from nas_cli.sweeps.design import (Config, Options, default_metric, grid, job_dir, job_number,
                                 pair_up, parse_arguments, parse_baseline, subdir_override)
 
 STATE_FILE = "sequential.json"
@@ -268,7 +268,7 @@ def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
 
     from nas_cli.infra.rundir import release
 
-    console = _console()
+    out = console()
     options, configs, sweep, state = _start(sweeper, arguments, root)
     root.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(sweeper.config, root / "multirun.yaml")
@@ -282,7 +282,7 @@ def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
         if jobs:
             sweep.save(state)
             names = ", ".join(f"{configs[c].label} seed={sweep.seed(j)}" for c, j in jobs)
-            _stderr(f"[bold red]nas-run: the sequential sweep stopped:[/] {len(jobs)} job(s) failed "
+            say(f"[bold red]nas-run: the sequential sweep stopped:[/] {len(jobs)} job(s) failed "
                     f"{options.retries + 1} time(s) ({names}); fix the cause and run the same command again to "
                     "continue")
             return returns
@@ -290,13 +290,13 @@ def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
             state = sweep.decide()
         except UserError as err:
             release(root)
-            _fail(str(err))
+            fail(str(err))
         if _progress(state) == looked:  # nothing new to look at: never launch the same round again
             break
         looked = _progress(state)
         rec = sweep.save(state)
         n = max((c.n for c in state.values()), default=0)
-        console.print(rich_table(rec, f"nas-run sequential sweep {root}: look at n={n} seeds ({rec['metric']})"))
+        out.print(rich_table(rec, f"nas-run sequential sweep {root}: look at n={n} seeds ({rec['metric']})"))
     rec = sweep.save(state)
     if rec["finished"]:
         counts: dict[str, int] = {}
@@ -305,7 +305,7 @@ def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
                     else DECISION_WORDS[comp.decision])
             counts[word] = counts.get(word, 0) + 1
         said = ", ".join(f"{n} {word}" for word, n in counts.items())
-        console.print(f"nas-run: the sequential sweep is over ({said}); {STATE_FILE} and {FIGURE_FILE} in {root}",
+        out.print(f"nas-run: the sequential sweep is over ({said}); {STATE_FILE} and {FIGURE_FILE} in {root}",
                       highlight=False)
     return returns
 
@@ -333,7 +333,7 @@ def _start(sweeper, arguments: list[str], root: Path):
     except UserError as err:
         release(root)
         _remove_if_empty(root)
-        _fail(str(err))
+        fail(str(err))
 
 
 def _launch_round(sweeper, sweep, options, configs, jobs, returns: list) -> list:
@@ -348,33 +348,9 @@ def _launch_round(sweeper, sweep, options, configs, jobs, returns: list) -> list
         if not jobs:
             break
         if attempt < options.retries:
-            _stderr(f"[bold yellow]nas-run: {len(jobs)} job(s) of this round failed: running them again (a failed "
+            say(f"[bold yellow]nas-run: {len(jobs)} job(s) of this round failed: running them again (a failed "
                     "job is never counted as a seed)[/]")
     return jobs
-
-
-def _stderr(markup: str) -> None:
-    from rich.console import Console
-
-    Console(stderr=True).print(markup, highlight=False, soft_wrap=True)
-
-
-def _console():
-    import sys
-
-    from rich.console import Console
-
-    return Console() if sys.stdout.isatty() else Console(width=120)
-
-
-def _fail(message: str, code: int = 2):
-    """One line and a non-zero exit, as every nas-run refusal."""
-    import sys
-
-    from rich.console import Console
-
-    Console(stderr=True).print(f"[bold red]nas-run: error:[/] {message}", highlight=False, soft_wrap=True)
-    sys.exit(code)
 
 
 def _progress(state: dict[str, seq.Comparison]) -> tuple:

@@ -20,7 +20,7 @@ from nas_cli.errors import unwrap as _unwrap
 
 def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    if isinstance(tcfg.get("strategy"), dict):  # e.g. trainer=fsdp: {_target_: nas_cli.infra.distributed.fsdp_strategy, ...}
+    if isinstance(tcfg.get("strategy"), dict):  # e.g. trainer=fsdp: {_target_: nas_cli.pipeline.trainer.fsdp_strategy, ...}
         try:
             tcfg["strategy"] = instantiate(cfg.trainer.strategy)
         except InstantiationException as err:
@@ -122,3 +122,13 @@ def data_dependent_refusal(err: BaseException, cfg: DictConfig) -> str | None:
             f"of task={cfg.task.name}; set it to at most {m.group(2)}, or add trainer.check_val_every_n_epoch=null "
             "to count it in updates across epochs")
 
+
+def fsdp_strategy(**kwargs):
+    """``trainer=fsdp``: Lightning's FSDPStrategy wrapping each Transformer block as one FSDP unit
+    (parameters of one block gathered at a time); further keyword arguments go to FSDPStrategy."""
+    from pytorch_lightning.strategies import FSDPStrategy
+
+    from nas_cli.model.transformer import Block
+
+    kwargs.setdefault("auto_wrap_policy", {Block})
+    return FSDPStrategy(**kwargs)

@@ -3,7 +3,7 @@
 Seed-level scores come from the score model of benchmarks/calibration.py (each run scored from
 its own simulated test items: corpus BLEU, perplexity, exact match; three ratios of seed to item
 variance). The paired differences of one comparison go through the sweep's own rule
-(:func:`nas_cli.report.sequential.outcomes`, the rule of ``decide``) with looks at every seed from
+(:func:`nas_cli.report.stopping.outcomes`, the rule of ``decide``) with looks at every seed from
 ``min_seeds`` = 2 to ``max_seeds`` = 5 or 10:
 
 - no true difference: the share of sweeps that ever declare one (higher or lower);
@@ -14,7 +14,7 @@ variance). The paired differences of one comparison go through the sweep's own r
 - AdaStop (``adastop`` on PyPI, Mathieu et al. 2023) on the same scores at equal settings (2 seeds
   per stage x 5 stages, 5 x 2), against nas-run's rule with the same looks.
 
-    python benchmarks/sequential.py     # docs/sequential.json and its section in docs/comparing.md
+    python benchmarks/sequential_calibration.py     # docs/sequential.json and its section in docs/comparing.md
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nas_cli.report import sequential as seq
+from nas_cli.report import stopping as seq
 from nas_cli.report import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -153,7 +153,7 @@ def table(result: dict) -> str:
     null = [c for c in result["cells"] if not c["effect_sd"]]
     se = math.sqrt(0.05 * 0.95 / null[0]["sweeps"])
     lines = ["## Sequential sweeps: error rate, power and seeds used (generated)", "",
-             f"Generated {result['date']} by `python benchmarks/sequential.py` on {result['machine']} "
+             f"Generated {result['date']} by `python benchmarks/sequential_calibration.py` on {result['machine']} "
              f"({result['seconds']:.0f} s). One comparison, looks at every seed from 2 to `max_seeds`, "
              "O'Brien-Fleming-type spending, alpha = 0.05; seed-level scores from the score model of the "
              "calibration above (each run scored from its own 300 simulated test items).", "",
@@ -225,7 +225,7 @@ def main() -> None:
             pass
         return {**result, "B": args.B}
 
-    run_and_write(args, compute, table, "python benchmarks/sequential.py")
+    run_and_write(args, compute, table, "python benchmarks/sequential_calibration.py")
 
 if __name__ == "__main__":
     main()

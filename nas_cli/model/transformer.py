@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from nas_cli.attention import AttentionCore
-from nas_cli.positions import LearnedPositions, SinusoidalPositions, sinusoids
+from nas_cli.attention.positions import LearnedPositions, SinusoidalPositions, sinusoids
 
 CoreFactory = Callable[[str, int, bool], AttentionCore]
 

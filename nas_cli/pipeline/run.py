@@ -25,20 +25,21 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nas_cli.attention import SchemeError
 from nas_cli.attention.base import learned_scalars, learned_values
-from nas_cli.metrics import declaration
+from tasks.scores import declaration
 from nas_cli.infra.checkpoints import PeriodicCheckpoint, checkpoint_io, tested_checkpoint, unreadable_checkpoint
 from nas_cli.errors import Refused, SignalStop, Stopped, UserError
 from nas_cli.errors import unwrap as _unwrap
 from nas_cli.infra.config_identity import config_id
-from nas_cli.lit import NasLitModule
+from nas_cli.pipeline.lit import NasLitModule
 from nas_cli.infra.loggers import make_logger, wandb_run_id
-from nas_cli.plan import AttentionPlan
-from nas_cli.trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
+from nas_cli.model.plan import AttentionPlan, Cores
+from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
                       environment, set_threads)
 from nas_cli.infra.resume import (CHAINED, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint, stop_signals_here,
                      continue_finished, pick_checkpoint)
 from nas_cli.infra.redaction import redacted_argv
-from nas_cli.infra.rundir import ITEMS_FILE, atomic_write_json, atomic_write_text, continuing
+from nas_cli.infra.atomic import atomic_write_json, atomic_write_text
+from nas_cli.infra.rundir import ITEMS_FILE, continuing
 from nas_cli.infra.distributed import StepSeed, shard_and_resume
 from nas_cli.infra.validate_at_end import ValidateAtEnd
 
@@ -70,10 +71,10 @@ def check_lengths(task, model_max_len: int) -> None:
                                 f"or lower task.max_len to {model_max_len} (longer evaluation sources are cut to it)")
 
 
-def build_module(cfg: DictConfig, task, plan: AttentionPlan) -> NasLitModule:
+def build_module(cfg: DictConfig, task, cores: Cores) -> NasLitModule:
     check_lengths(task, int(cfg.model.max_len))
     try:
-        return NasLitModule(cfg.model, plan, cfg.optim, task, log_learned_every=cfg.log_learned_every)
+        return NasLitModule(cfg.model, cores, cfg.optim, task, log_learned_every=cfg.log_learned_every)
     except (SchemeError, ValueError, InstantiationException) as err:
         raise UserError(_unwrap(err)) from err
 
@@ -117,6 +118,7 @@ class _Job:
 
     run_dir: Path
     plan: AttentionPlan  # the one plan every part of this job reads
+    cores: Cores  # the plan's cores for this job's model (its heads and attention dropout)
     identity: dict  # config fingerprint, group, job type, W&B run id: what a checkpoint must match
     config_id: str  # the configuration without seed and logging-only keys (summary.json, W&B)
     resume: tuple | None  # (checkpoint path, its state) to continue from, or None
@@ -128,7 +130,7 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
     job = _prepare(cfg, run_dir, group, job_type)
     task = build_task(cfg)
     data = shard_and_resume(task, int(cfg.seed))  # the loaders as this process reads them
-    module = build_module(cfg, task, job.plan)
+    module = build_module(cfg, task, job.cores)
     compiled = compile_model(module, cfg.get("compile", False))
     logger = _start_logger(cfg, job)
     trainer, ckpt = _make_trainer(cfg, job, task, logger)
@@ -161,6 +163,7 @@ def _prepare(cfg: DictConfig, run_dir: Path, group: str, job_type: str) -> _Job:
     check_trainer(cfg)
     set_threads(cfg)
     plan = AttentionPlan.from_config(cfg.attention)
+    cores = plan.model_cores(cfg.model)
     identity = {"config": config_fingerprint(cfg), "group": group, "job_type": job_type,
                 "wandb_run_id": _saved_wandb_id(run_dir)}  # a run killed before its first checkpoint
     continued = continuing(run_dir) and (run_dir / "summary.json").is_file()
@@ -171,7 +174,7 @@ def _prepare(cfg: DictConfig, run_dir: Path, group: str, job_type: str) -> _Job:
         for tmp in (run_dir / "checkpoints").glob("*.tmp"):  # even when no checkpoint was ever finished
             tmp.unlink(missing_ok=True)
     kept = continue_finished(run_dir) if continued and rank_zero_only.rank == 0 else None
-    return _Job(run_dir, plan, identity, config_id(OmegaConf.to_container(cfg, resolve=True)), resume, kept)
+    return _Job(run_dir, plan, cores, identity, config_id(OmegaConf.to_container(cfg, resolve=True)), resume, kept)
 
 
 def _check_resumable(cfg: DictConfig, run_dir: Path, resume: tuple, identity: dict) -> None:
@@ -274,7 +277,7 @@ def _summary(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoin
     return {
         "task": cfg.task.name,
         "scheme": job.plan.tag,
-        "placement": job.plan.names(),
+        "placement": job.plan.names,
         "heads": int(cfg.model.heads),
         "d_model": int(cfg.model.d_model),
         "model": cfg.model.name,

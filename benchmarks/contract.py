@@ -50,7 +50,7 @@ def build(cfg: DictConfig | dict, heads: int = HEADS, causal: bool = False, loca
     """One core of the scheme ``cfg`` (its YAML) as the model builds it, in float64, eval mode,
     its own parameters set to seeded non-trivial values: matrices ~ N(0, 0.3^2), per-head vectors
     spread over [-1.5, 1.5] (distinct heads; e.g. HNAS then mixes differently in every head)."""
-    from nas_cli.plan import make_core_factory
+    from nas_cli.model.plan import make_core_factory
 
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg)
     for k, v in overrides.items():

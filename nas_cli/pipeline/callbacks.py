@@ -1,0 +1,154 @@
+"""nas-run's Hydra callbacks and its result table: :class:`RunGuard` checks the composed options
+and owns the run or sweep directory before Hydra writes anything (and continues a sweep started
+before); :class:`SweepSummary` prints one table for a whole sweep; :func:`summary_table` is the
+table of one run or many. Named by ``hydra.callbacks`` in conf/config.yaml."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, read_write
+from rich.table import Table
+
+from nas_cli.errors import UserError, console, fail, say
+from nas_cli.infra.launchers import ENDED_FILE, install, install_optuna
+from nas_cli.infra.rundir import acquire, continuing, read_failed, release
+from nas_cli.sweeps.continuation import (SWEEP_CONTINUE_ENV, keep_finished_configs, restore_all, same_sweep,
+                                         sweep_overrides)
+from nas_cli.sweeps.supervision import PROCESS, STOPPING
+from tasks.scores import declare, present
+
+
+def _fmt(x, digits=2):
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}"
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, dict]] = ()) -> Table:
+    lines = [f"run files: {s['run_dir']}" for s in summaries]
+    lines += [f"failed: {d}: {f.get('reason', '?')}" for d, f in failed]
+    lines += [s["tested"]["line"] for s in summaries if len(summaries) == 1 and s.get("tested")]
+    table = Table(title=title, caption="\n".join(lines), caption_justify="left")
+    for s in summaries:  # each task's own test metrics: the columns that some run of this table has
+        declare(s.get("metrics"))
+    metrics = [(m.key, m.title, "%" if m.fmt == "pct" else 3 if m.fmt == "p3" else 2)  # a task's own metrics too
+               for m in present(k for s in summaries for k in s.get("test", {}))]
+    sweep = len(summaries) + len(failed) > 1  # a sweep's rows: the seed tells apart the seeds of one config
+    for col in ("task", "scheme", "heads", *(["seed"] if sweep else []), "params", *[head for _, head, _ in metrics],
+                "tokens/s"):
+        table.add_column(col, no_wrap=True)
+    for s in summaries:
+        test = s.get("test", {})
+        cells = []
+        for key, _, digits in metrics:
+            v = test.get(key)
+            cells.append("-" if v is None else f"{100 * v:.1f}%" if digits == "%" else _fmt(v, digits))
+        table.add_row(s["task"], s["scheme"], str(s["heads"]), *([str(s.get("seed", "-"))] if sweep else []),
+                      _fmt(s["parameters"]), *cells, _fmt(s.get("tokens_per_s"), 0))
+    for d, _ in failed:
+        table.add_row(d.name, "[bold red]failed[/]", *["-"] * (len(metrics) + 3 + sweep))
+    return table
+
+
+class SweepSummary(Callback):
+    """Hydra callback: after a multirun, print one table comparing every job, failed jobs
+    included (with their one-line reason); exit non-zero if any job failed."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        root = Path(config.hydra.sweep.dir)
+        rows = [json.loads(p.read_text()) for p in sorted(root.glob("*/summary.json"))]
+        failed = [(p.parent, read_failed(p.parent)) for p in sorted(root.glob("*/failed.json"))]
+        failed = [(d, f) for d, f in failed if f and not (d / "summary.json").is_file()]
+        failed += _ended_before_start(root)
+        restore_all(root, config.hydra.output_subdir)
+        release(root)
+        if rows:
+            rows.sort(key=lambda s: (s["task"], s["scheme"], s["heads"]))
+        if rows or failed:
+            console().print(summary_table(rows, f"nas-run sweep {root}", failed))
+        if failed:
+            fail(f"{len(failed)} of {len(rows) + len(failed)} jobs failed (marked 'failed' above, reasons in "
+                 f"their failed.json)", code=1)
+
+
+def _ended_before_start(root: Path) -> list[tuple[Path, dict]]:
+    """Jobs the scheduler ended before they made a run directory (nas_cli.infra.launchers), unless a later
+    launch of the sweep finished them."""
+    try:
+        ended = json.loads((root / ENDED_FILE).read_text()) if (root / ENDED_FILE).is_file() else []
+    except (OSError, ValueError):
+        return []
+    return [(root / f"job {e.get('job')}", {"reason": e.get("reason", "?")}) for e in ended
+            if not any((d / "summary.json").is_file() for d in root.glob(f"{e.get('job')}_*"))]
+
+
+class RunGuard(Callback):
+    """Hydra callback, before Hydra writes anything: check the composed options (one line per
+    problem), never start in a directory that holds a finished run or sweep, and own the
+    directory (a lock: a second process in the same directory is refused)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        from nas_cli.pipeline.checks import check_config  # torch and the schemes: once Hydra has parsed
+
+        run_dir = Path(str(config.hydra.run.dir))
+        PROCESS.started_run(run_dir)
+        try:
+            check_config(config)
+            if (run_dir / "summary.json").is_file() and not continuing(run_dir):
+                raise UserError(f"{run_dir} already holds a finished run (summary.json); nothing was overwritten: "
+                                "choose another hydra.run.dir, or train it longer with nas-run resume=<dir> "
+                                "trainer.max_steps=<more>")
+            acquire(run_dir)
+        except UserError as err:
+            fail(str(err))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from nas_cli.pipeline.checks import check_config, check_launcher
+
+        root = Path(str(config.hydra.sweep.dir))
+        PROCESS.started_sweep(root)  # what a stop of this process names
+        install()  # hydra/launcher=slurm: a job the scheduler ends fails alone (after Hydra loaded its plugins)
+        install_optuna()  # sweep=optuna launched again: new trials in new job directories
+        try:
+            check_launcher(config)
+            check_config(_with_a_seed(config))
+            if any(root.glob("*/summary.json")) or any(root.glob("*/checkpoints")):
+                _continue_sweep(root, config)
+            acquire(root, "sweep")
+            (root / STOPPING).unlink(missing_ok=True)  # left by a stop this sweep's process did not outlive
+            if not (root / "multirun.yaml").is_file():  # what a later launch is compared with (Hydra's basic
+                OmegaConf.save(config, root / "multirun.yaml")  # sweeper writes it too; Optuna's does not)
+        except UserError as err:
+            fail(str(err))
+
+
+def _with_a_seed(config: DictConfig) -> DictConfig:
+    """seed=auto: the sequential sweeper gives each job its seed; the check sees the first."""
+    if str(config.get("seed")) != "auto":
+        return config
+    checked = config.copy()
+    with read_write(checked):
+        checked.seed = 1
+    return checked
+
+
+def _continue_sweep(root: Path, config: DictConfig) -> None:
+    """A sweep directory that holds finished or started jobs: the same sweep continues (finished
+    jobs skipped, their saved configs kept); another sweep's overrides are refused."""
+    now = [str(o) for o in config.hydra.overrides.task]
+    if not same_sweep(root, now):
+        raise UserError(f"{root} holds a sweep of other overrides ({' '.join(sweep_overrides(root) or ['?'])}); "
+                        "nothing was overwritten: choose another hydra.sweep.dir, or repeat that sweep's "
+                        "exact command to continue it")
+    acquire(root, "sweep")  # first: a sweep still running there is refused before anything is said
+    os.environ[SWEEP_CONTINUE_ENV] = str(root.resolve())
+    if "optuna" not in str(config.hydra.sweeper.get("_target_", "")):  # Optuna: new trials, new dirs
+        keep_finished_configs(root, config.hydra.output_subdir)
+    done = len(list(root.glob("*/summary.json")))
+    say(f"[bold yellow]nas-run: continuing the sweep in {root}:[/] {done} finished job(s) are skipped, "
+        "unfinished ones resume from their checkpoints")

@@ -1,0 +1,105 @@
+"""What ``nas-run`` does to its arguments before Hydra parses them.
+
+Each step is a rewrite a user would otherwise have to know about, or a check that gives one line
+where Hydra would print a traceback: ``-m`` anywhere on the line, ``attention.decoder=`` as an
+alias, a continued sweep's overrides in its saved order, ``seed=auto`` as the sequential sweeper,
+typos with the closest name, output directories that cannot be made, and ``resume=<run dir>``.
+:func:`hydra_argv` applies them in that order.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from nas_cli.errors import UserError
+from nas_cli.infra.resume import check_resumable
+from nas_cli.infra.rundir import CONTINUE_ENV
+from nas_cli.model.choices import CONF_DIR
+from nas_cli.model.plan import location_alias
+from nas_cli.pipeline.overrides import check_overrides
+from nas_cli.sweeps.continuation import saved_sweep_order
+
+
+def hydra_argv(argv: list[str]) -> list[str]:
+    """The arguments Hydra gets for what the user typed (``argv`` without the program name).
+    Raises UserError, with the one line to print, for what Hydra would refuse with a traceback."""
+    argv = multirun_first(argv)
+    argv = location_alias(argv)  # attention.decoder=x: see nas_cli/model/plan.py
+    argv = saved_sweep_order(argv)
+    argv = sequential_argv(argv)
+    check_overrides(argv, CONF_DIR)  # typos: one line with the closest name, before Hydra
+    check_output_dirs(argv)
+    return resume_argv(argv)
+
+
+def multirun_first(argv: list[str]) -> list[str]:
+    """``-m``/``--multirun`` wherever it was typed (``nas-run trainer=ddp hydra/launcher=slurm -m seed=1,2,3``):
+    Hydra's parser takes it only before the overrides, so it is moved to the front."""
+    flags = [a for a in argv if a in ("-m", "--multirun")]
+    if not flags:
+        return argv
+    return ["-m", *[a for a in argv if a not in ("-m", "--multirun")]]
+
+
+def sequential_argv(argv: list[str]) -> list[str]:
+    """``seed=auto`` selects the sequential sweeper (nas_cli/sweeps/sequential.py): seeds in rounds until every
+    comparison is decided. It needs ``-m`` and no other sweeper."""
+    if "seed=auto" not in argv:
+        return argv
+    if not any(a in ("-m", "--multirun") for a in argv):
+        raise UserError("seed=auto runs seeds in rounds until every comparison is decided: add -m, e.g. "
+                        "nas-run -m attention=unas,dnas seed=auto")
+    other = [a for a in argv if a.startswith(("sweep=", "hydra/sweeper=")) and a != "hydra/sweeper=sequential"]
+    if other:
+        raise UserError(f"seed=auto is the sequential sweeper; it cannot be combined with {other[0]}")
+    return argv if "hydra/sweeper=sequential" in argv else [*argv, "hydra/sweeper=sequential"]
+
+
+def check_output_dirs(argv: list[str]) -> None:
+    """``hydra.run.dir=`` / ``hydra.sweep.dir=`` that cannot be created: one line, before Hydra
+    (which would print its own traceback). The check creates the directory and removes what it
+    created, so nothing is left behind."""
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or key.lstrip("+~") not in ("hydra.run.dir", "hydra.sweep.dir") or "${" in value:
+            continue
+        if not value.strip().strip("'\"").strip():  # '' would put the run's files in the current directory
+            raise UserError(f"{key}='': an empty directory; give the directory for the "
+                            f"{'run' if 'run' in key else 'sweep'}'s files (or leave {key} out for the default)")
+        path = Path(value.strip("'\"")).expanduser()
+        missing = []
+        probe = path
+        while not probe.exists() and probe != probe.parent:
+            missing.append(probe)
+            probe = probe.parent
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+                raise PermissionError(13, "not a writable directory")
+        except OSError as err:
+            raise UserError(f"{key}={value}: cannot create or write the directory ({err.strerror or err}); "
+                            "choose a directory you can write") from None
+        finally:
+            for made in missing:  # the directories this check created, deepest first
+                try:
+                    made.rmdir()
+                except OSError:
+                    break
+
+
+def resume_argv(argv: list[str]) -> list[str]:
+    """``nas-run resume=<run dir> [key=value ...]`` -> Hydra arguments that run that directory's
+    saved config again, in that directory (nothing new is created; Hydra writes no new .hydra/).
+    Plain ``key=value`` overrides apply on top (e.g. ``trainer.max_steps=...``)."""
+    dirs = [a.split("=", 1)[1] for a in argv if a.startswith("resume=")]
+    if not dirs:
+        return argv
+    rest = [a for a in argv if not a.startswith("resume=")]
+    if len(dirs) > 1 or any(a in ("-m", "--multirun") for a in rest):
+        raise UserError("resume= takes one run directory and cannot be combined with -m")
+    run_dir = Path(dirs[0]).expanduser().resolve()
+    check_resumable(run_dir, rest)
+    os.environ[CONTINUE_ENV] = str(run_dir)
+    quoted = str(run_dir).replace("\\", "\\\\").replace("'", "\\'")
+    return ["--config-path", str(run_dir / ".hydra"), "--config-name", "config", *rest,
+            f"hydra.run.dir='{quoted}'", "hydra.output_subdir=null"]

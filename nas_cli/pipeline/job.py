@@ -1,0 +1,253 @@
+"""One job of ``nas-run``: a single run, or one job of a sweep (Hydra's task function).
+
+It prepares the job's directory (refusals that depend on the launcher, saved configs redacted,
+the directory locked), trains unless a continued sweep finished the job before, and prints its
+result. What a failure leaves behind: a refusal leaves the directory as it was; a bad value in a
+single run leaves no directory; a failed sweep job is recorded in ``failed.json`` and the sweep
+goes on (its value NaN); a stop says how to continue.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import yaml
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, read_write
+
+from nas_cli.errors import Refused, Stopped, UserError, console, fail, say
+from nas_cli.infra.redaction import redact
+from nas_cli.infra.atomic import atomic_write_text
+from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release
+from nas_cli.pipeline.callbacks import summary_table
+from nas_cli.sweeps.continuation import SWEEP_CONTINUE_ENV, restore_finished_configs
+from nas_cli.sweeps.supervision import STOPPING
+
+
+def _spawns_processes(trainer_cfg) -> bool:
+    strategy = trainer_cfg.get("strategy", "auto")
+    name = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy)
+    return any(k in name.lower() for k in ("ddp", "fsdp", "deepspeed")) and str(trainer_cfg.get("devices")) != "1"
+
+
+def _one_gpu_per_job(cfg: DictConfig, job_num: int) -> None:
+    """hydra/launcher=joblib: job i trains on GPU i mod G (nas_cli.infra.launchers.joblib_gpu)."""
+    import torch
+
+    from nas_cli.infra.launchers import joblib_gpu
+
+    try:
+        chosen = joblib_gpu(job_num, torch.cuda.device_count(), cfg.trainer.get("accelerator", "auto"),
+                            cfg.trainer.get("devices", 1))
+    except UserError as err:
+        fail(str(err))
+    if chosen is not None:
+        with read_write(cfg):
+            cfg.trainer.devices = chosen
+
+
+def _as_single_run(hc, run_dir: Path) -> None:
+    """Lightning starts the other processes of a DDP job by running this command again with
+    ``hydra.run.dir`` set to Hydra's run directory. In a sweep, make that command this job alone
+    (its own overrides) in this job's directory."""
+    sys.argv = [sys.argv[0], *hc.overrides.task]
+    with read_write(hc):
+        hc.run.dir = str(run_dir)
+
+
+def run_job(cfg: DictConfig):
+    """One job of ``nas-run`` (a single run, or one job of a sweep): prepare its directory, train
+    unless a continued sweep finished it before, print its result. Returns what a sweeper
+    optimizes (the best validation value; NaN for a failed or refused sweep job)."""
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    if multirun and (Path(hc.sweep.dir) / STOPPING).exists():  # the sweep is stopping: start nothing new
+        return float("nan")
+    optuna = "optuna" in str(hc.sweeper.get("_target_", ""))
+    group = _prepare_job(cfg, hc, run_dir, multirun, optuna)
+    if multirun and (run_dir / "summary.json").is_file() and os.environ.get(SWEEP_CONTINUE_ENV):
+        restore_finished_configs(run_dir, hc.output_subdir)
+        return _finished_before(run_dir)
+    summary = _train_job(cfg, hc, run_dir, group, multirun)
+    if not isinstance(summary, dict):  # another process of a multi-process run (None), or a failed sweep job
+        return summary
+    console().print(summary_table([summary], "nas-run result"))
+    value = summary["best_val"]["value"]
+    if optuna and (value is None or math.isnan(value)):  # optuna cannot rank a trial without a value
+        fail(f"sweep=optuna: the trial in {run_dir} has no {summary['best_val']['metric']} to optimize (no "
+              "validation ran); make it validate at least once (trainer.val_check_interval <= trainer.max_steps)")
+    return float("nan") if value is None else float(value)  # what a sweeper (optuna) optimizes
+
+
+def _prepare_job(cfg: DictConfig, hc, run_dir: Path, multirun: bool, optuna: bool) -> str:
+    """Refusals that depend on the launcher, the saved configs redacted, the run directory
+    locked for this process. Returns the W&B group."""
+    from pytorch_lightning.utilities import rank_zero_only
+
+    from nas_cli.infra.redaction import redact_files
+
+    # the W&B group is written to summary.json, the checkpoints and the W&B run: a secret typed into it
+    # (logger.group="api_key=...") is masked there as in .hydra/
+    group = redact(str(cfg.logger.get("group") or (Path(hc.sweep.dir).name if multirun else str(cfg.task.name))))
+    if multirun:
+        if "joblib" in str(hc.launcher.get("_target_", "")) and _spawns_processes(cfg.trainer):
+            fail("hydra/launcher=joblib runs each job in a worker process that cannot start DDP/FSDP processes; "
+                  "use one device per job (trainer.devices=1) or the basic launcher / hydra/launcher=slurm")
+        if "joblib" in str(hc.launcher.get("_target_", "")):
+            _one_gpu_per_job(cfg, int(hc.job.num))
+        _as_single_run(hc, run_dir)
+    if optuna:
+        _check_validates(cfg.trainer)
+    if rank_zero_only.rank == 0 and hc.output_subdir is not None:
+        saved = run_dir / str(hc.output_subdir)
+        redact_files(saved / "config.yaml", saved / "hydra.yaml", saved / "overrides.yaml",
+                     *([Path(hc.sweep.dir) / "multirun.yaml"] if multirun else []))
+    try:
+        acquire(run_dir)  # a single run took it before Hydra wrote anything (RunGuard); a sweep job here
+    except UserError as err:  # another process owns it: write nothing there
+        fail(str(err))
+    return group
+
+
+def _finished_before(run_dir: Path) -> float:
+    """A continued sweep: this job finished in an earlier launch; skipped, its value returned."""
+    release(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    say(f"nas-run: {run_dir.name}: finished in an earlier launch of this sweep: skipped")
+    value = (summary.get("best_val") or {}).get("value")
+    return float("nan") if value is None else float(value)
+
+
+def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
+    """Check and train. A refusal leaves the directory as it was; a failure is recorded in
+    failed.json (a sweep goes on with its other jobs: NaN); a stop says how to continue."""
+    from nas_cli.pipeline.checks import check_config  # heavy imports after Hydra has parsed the command line
+    from nas_cli.pipeline.run import train
+    from nas_cli.pipeline.trainer import check_trainer
+
+    checking = False
+    kept = {p: (p.read_bytes() if p.is_file() else None)  # what a refused resume must leave as it was
+            for p in (run_dir / ".hydra" / "resumes.yaml", run_dir / "failed.json")}
+    try:
+        if continuing(run_dir):
+            record_resume(run_dir, list(hc.overrides.task))
+        clear_failed(run_dir)
+        checking = True  # a refusal of a value: a single run leaves no directory behind
+        check_config(cfg)  # again: a sweep's own values (model.heads=four,8) are only known per job
+        check_trainer(cfg)  # Lightning's own refusals (precision, accelerator, unknown options), before any data
+        checking = False
+        summary = train(cfg, run_dir, group, job_type="sweep" if multirun else "train")
+    except Refused as err:  # nothing ran: put back what this attempt touched, write nothing
+        for path, data in kept.items():
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(data)
+        release(run_dir)
+        return _job_error(run_dir, "refused", str(err), multirun)
+    except UserError as err:
+        if checking and not multirun and _only_this_invocation(run_dir):  # a bad value: leave nothing behind
+            release(run_dir)
+            _remove_empty_run(run_dir)
+            fail(str(err))
+        return _job_error(run_dir, "failed", str(err), multirun, record=True)
+    except Stopped as stop:
+        release(run_dir)
+        fail(str(stop), stop.code, kind="stopped", color="yellow")
+    except Exception as err:  # noqa: BLE001 - an unexpected error: a sweep goes on with its other jobs
+        if not multirun:
+            raise
+        reason = error_line(err)
+        first = first_error(err)
+        if first is not err:  # an error while handling another (Lightning's teardown after a failed start, say)
+            reason = f"{error_line(first)} (then, while handling it: {reason})"
+        (run_dir / "failed.traceback.txt").write_text(traceback.format_exc())
+        return _job_error(run_dir, "failed", reason, multirun, record=True, code=1,
+                          why=f"{reason} (traceback in {run_dir / 'failed.traceback.txt'})")
+    release(run_dir)
+    return summary
+
+
+def error_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def first_error(err: BaseException) -> BaseException:
+    """The error that started a chain of errors raised while handling one another (the cause a
+    user needs: the last one is often only a consequence). An error raised ``from`` another on
+    purpose is the one meant to be read: the chain stops there."""
+    seen = {id(err)}
+    while True:
+        nxt = None if err.__cause__ is not None or err.__suppress_context__ else err.__context__
+        if nxt is None or id(nxt) in seen:
+            return err
+        seen.add(id(nxt))
+        err = nxt
+
+
+def _job_error(run_dir: Path, kind: str, reason: str, multirun: bool, record: bool = False, code: int | None = None,
+               why: str | None = None) -> float:
+    """A refused or failed job: recorded in failed.json (``record``); a sweep's job says so on
+    one line and returns NaN (the other jobs still run, the sweep's exit is non-zero); a single
+    run exits with the one-line error."""
+    if record:
+        mark_failed(run_dir, reason, **({"code": code} if code is not None else {}))
+        release(run_dir)
+    if not multirun:
+        fail(reason)
+    say(f"[bold red]nas-run: job {kind}:[/] {run_dir.name}: {why or reason}")
+    return float("nan")
+
+
+def _check_validates(trainer_cfg) -> None:
+    """sweep=optuna optimizes the validation metric: refuse, before training, a trial that
+    would end before its first validation."""
+    steps, every = trainer_cfg.get("max_steps"), trainer_cfg.get("val_check_interval")
+    if (isinstance(steps, int) and steps > 0 and isinstance(every, int) and not isinstance(every, bool)
+            and every > steps):
+        fail(f"sweep=optuna optimizes the validation metric, but trainer.val_check_interval={every} > "
+              f"trainer.max_steps={steps}: no trial would validate; set trainer.val_check_interval <= {steps}")
+
+
+def record_resume(run_dir: Path, overrides: list[str]) -> None:
+    """Append the overrides given with ``resume=`` (secrets masked) to ``.hydra/resumes.yaml``."""
+    path = run_dir / ".hydra" / "resumes.yaml"
+    try:
+        done = yaml.safe_load(path.read_text()) if path.is_file() else []
+    except (OSError, yaml.YAMLError):
+        done = []
+    done = (done if isinstance(done, list) else []) + [
+        {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "overrides": [redact(o) for o in overrides]}]
+    atomic_write_text(path, yaml.safe_dump(done, sort_keys=False))
+
+
+#: what a run directory holds before training starts (Hydra's files, the log, the lock)
+_BEFORE_TRAINING = {".hydra", "nas_run.log", ".nas-run.lock", "failed.json"}
+
+
+def _only_this_invocation(run_dir: Path) -> bool:
+    """The run directory holds nothing but what this command wrote before training (a refusal of a
+    bad value: README's "stop before anything is made")."""
+    try:
+        return run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= _BEFORE_TRAINING
+    except OSError:
+        return False
+
+
+def _remove_empty_run(run_dir: Path) -> None:
+    shutil.rmtree(run_dir, ignore_errors=True)
+    parent, stop = run_dir.parent, Path.cwd().resolve()
+    for _ in range(4):  # outputs/runs/<task>/<scheme>-h<heads>/<time>: the folders made for it, if now empty
+        if parent.resolve() == stop or not parent.is_dir() or any(parent.iterdir()):
+            break
+        parent.rmdir()
+        parent = parent.parent
