@@ -24,7 +24,6 @@ rule (:func:`nas_cli.report.stopping.outcomes`, looks at 2..10 seeds). It also m
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -32,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from nas_cli.bench.calibration import verdicts
-from nas_cli.bench.markdown import add_output_options, run_and_write
+from nas_cli.bench.markdown import run_and_write, simulation_parser
 from nas_cli.report import robust
 from nas_cli.report import stopping as seq
 from nas_cli.report import stats
@@ -174,11 +173,9 @@ def table(r: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = simulation_parser(__doc__, ROOT / "docs" / "assumptions.json", ROOT / "docs" / "comparing.md", 2000, 4000,
+                          "simulated seed=auto sweeps per cell")
     p.add_argument("--cases", type=int, default=10000, help="simulated comparisons per cell")
-    p.add_argument("--sweeps", type=int, default=2000, help="simulated seed=auto sweeps per cell")
-    p.add_argument("--power-sweeps", type=int, default=4000)
-    add_output_options(p, ROOT / "docs" / "assumptions.json", ROOT / "docs" / "comparing.md")
     args = p.parse_args()
     run_and_write(args, lambda: run(args.cases, args.sweeps, args.power_sweeps), table,
                   "python benchmarks/assumptions.py")

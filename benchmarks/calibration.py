@@ -15,7 +15,6 @@ its documented threshold (violation ratio < 0.5) and the stricter 0.2 its author
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -177,13 +176,11 @@ def table(result: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sweeps", type=int, default=1000, help="simulated sweeps per cell with no true effect")
-    p.add_argument("--power-sweeps", type=int, default=500, help="simulated sweeps per cell with an effect")
-    p.add_argument("--aso-sweeps", type=int, default=200, help="sweeps per cell for deepsig's ASO (0: skip)")
-    from nas_cli.bench.markdown import add_output_options, run_and_write
+    from nas_cli.bench.markdown import run_and_write, simulation_parser
 
-    add_output_options(p, ROOT / "docs" / "calibration.json", ROOT / "docs" / "comparing.md")
+    p = simulation_parser(__doc__, ROOT / "docs" / "calibration.json", ROOT / "docs" / "comparing.md", 1000, 500,
+                          "simulated sweeps per cell with no true effect")
+    p.add_argument("--aso-sweeps", type=int, default=200, help="sweeps per cell for deepsig's ASO (0: skip)")
     args = p.parse_args()
 
     def compute() -> dict:

@@ -30,6 +30,16 @@ def write_markdown(path: Path, section: str) -> None:
     path.write_text(text)
 
 
+def simulation_parser(doc: str, out: Path, markdown: Path, sweeps: int, power_sweeps: int, sweeps_help: str):
+    """The command line of a simulation benchmark: --sweeps (with no true effect), --power-sweeps
+    (with one) and the output options; the benchmark adds its own."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--sweeps", type=int, default=sweeps, help=sweeps_help)
+    parser.add_argument("--power-sweeps", type=int, default=power_sweeps, help="simulated sweeps per cell with an effect")
+    add_output_options(parser, out, markdown)
+    return parser
 
 
 def add_output_options(parser, out: Path, markdown: Path) -> None:

@@ -18,7 +18,6 @@ variance). The paired differences of one comparison go through the sweep's own r
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -204,15 +203,13 @@ def table(result: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sweeps", type=int, default=2000, help="simulated sweeps per cell with no true effect")
-    p.add_argument("--power-sweeps", type=int, default=1000)
+    from nas_cli.bench.markdown import run_and_write, simulation_parser
+
+    p = simulation_parser(__doc__, ROOT / "docs" / "sequential.json", ROOT / "docs" / "comparing.md", 2000, 1000,
+                          "simulated sweeps per cell with no true effect")
     p.add_argument("--family-sweeps", type=int, default=1000)
     p.add_argument("--adastop-sweeps", type=int, default=300, help="0: skip AdaStop (needs pip install adastop)")
     p.add_argument("--B", type=int, default=2000, help="AdaStop's permutations")
-    from nas_cli.bench.markdown import add_output_options, run_and_write
-
-    add_output_options(p, ROOT / "docs" / "sequential.json", ROOT / "docs" / "comparing.md")
     args = p.parse_args()
 
     def compute() -> dict:

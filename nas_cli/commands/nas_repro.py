@@ -112,7 +112,7 @@ def run_explained_away(out: str | Path, steps: int = 500, seed: int = 1, heads: 
     from hydra import compose, initialize_config_dir
     from hydra.utils import get_class
 
-    from nas_cli.model.plan import location_alias
+    from nas_cli.model.plan import AttentionPlan, location_alias
     from nas_cli.pipeline.resolvers import register_resolvers
     from nas_cli.model.choices import CONF_DIR
     from nas_cli.pipeline.run import train
@@ -131,7 +131,7 @@ def run_explained_away(out: str | Path, steps: int = 500, seed: int = 1, heads: 
                 explained_away_overrides(scheme, steps, seed, heads, batches, overrides)))
         if getattr(get_class(cfg.task._target_), "kind", "seq2seq") != "seq2seq":
             raise ValueError("explained-away needs a seq2seq task (it looks at encoder self-attention)")
-        summary = train(cfg, out / scheme, group="repro-explained-away")
+        summary = train(cfg, AttentionPlan.from_config(cfg.attention), out / scheme, group="repro-explained-away")
         latest = json.loads((out / scheme / "diagnostics" / "latest.json").read_text())
         enc = latest["locations"].get("encoder")
         if not enc:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from nas_cli.errors import UserError
+from nas_cli.model.plan import AttentionPlan
 
 
 def _is_int(v: Any) -> bool:
@@ -78,8 +79,10 @@ def _get(cfg: DictConfig, key: str) -> Any:
     return node
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Raise UserError (one line) for the first bad value; then estimate the model's memory."""
+def check_config(cfg: DictConfig) -> AttentionPlan | None:
+    """Raise UserError (one line) for the first bad value; then estimate the model's memory.
+    Returns the job's attention plan (None for a config without attention or model), which the
+    job trains with: it is built here once."""
     for key, (ok, what) in RULES.items():
         value = _get(cfg, key)
         if value is _MISSING:
@@ -88,10 +91,11 @@ def check_config(cfg: DictConfig) -> None:
             shown = f"'{value}'" if isinstance(value, str) else str(value)
             raise UserError(f"{key}={shown} is not valid: it must be {what} (e.g. {key}={_example(key, cfg)})")
     check_shapes_and_logger(cfg)
-    check_attention(cfg)
+    plan = check_attention(cfg)
     check_memory(cfg)
     check_declared(cfg)
     check_task_data(cfg)
+    return plan
 
 
 def check_declared(cfg: DictConfig) -> None:
@@ -189,13 +193,13 @@ def is_language_model(cfg: DictConfig) -> bool:
         return False
 
 
-def check_attention(cfg: DictConfig) -> None:
-    """The attention plan against the model and task: one line naming the option to change."""
+def check_attention(cfg: DictConfig) -> AttentionPlan | None:
+    """The attention plan against the model and task: one line naming the option to change.
+    Returns the plan."""
     from nas_cli.attention import SchemeError
-    from nas_cli.model.plan import AttentionPlan
 
     if "attention" not in cfg or "model" not in cfg:
-        return
+        return None
     try:
         lm = is_language_model(cfg)
         plan = AttentionPlan.from_config(cfg.attention)
@@ -207,6 +211,7 @@ def check_attention(cfg: DictConfig) -> None:
         raise UserError(str(err)) from None
     check_flex(plan, cfg)
     check_triton(plan, cfg)
+    return plan
 
 
 def check_hf_model(plan, cfg: DictConfig, lm: bool) -> None:

@@ -141,10 +141,10 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
             record_resume(run_dir, list(hc.overrides.task))
         clear_failed(run_dir)
         checking = True  # a refusal of a value: a single run leaves no directory behind
-        check_config(cfg)  # again: a sweep's own values (model.heads=four,8) are only known per job
+        plan = check_config(cfg)  # again: a sweep's own values (model.heads=four,8) are only known per job
         check_trainer(cfg)  # Lightning's own refusals (precision, accelerator, unknown options), before any data
         checking = False
-        summary = train(cfg, run_dir, group, job_type="sweep" if multirun else "train")
+        summary = train(cfg, plan, run_dir, group, job_type="sweep" if multirun else "train")
     except Refused as err:  # nothing ran: put back what this attempt touched, write nothing
         for path, data in kept.items():
             if data is None:

@@ -88,8 +88,10 @@ def _warn(message: str) -> None:
     print(f"nas-run: warning: {message}", file=sys.stderr)
 
 
-def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -> dict[str, Any] | None:
-    """Train and test one job; returns the summary also written to ``run_dir/summary.json``
+def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str = "train"
+          ) -> dict[str, Any] | None:
+    """Train and test one job with the attention ``plan`` built from ``cfg.attention`` (by the
+    pre-run check, ``checks.check_config``, or ``AttentionPlan.from_config``); returns the summary also written to ``run_dir/summary.json``
     (None in the other processes of a multi-process run: only global rank 0 reports).
 
     A run directory that holds checkpoints but no ``summary.json`` (a preempted, killed or
@@ -103,7 +105,7 @@ def train(cfg: DictConfig, run_dir: Path, group: str, job_type: str = "train") -
     phase = {"name": "startup", "trainer": None}
     try:
         with stop_signals():
-            return _train(cfg, run_dir, group, job_type, phase)
+            return _train(cfg, plan, run_dir, group, job_type, phase)
     except SignalStop as stop:
         name = signal.Signals(stop.signum).name
         trainer = phase["trainer"]
@@ -125,9 +127,9 @@ class _Job:
     kept: Path | None  # the earlier summary of a finished run trained longer
 
 
-def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dict) -> dict[str, Any] | None:
+def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str, phase: dict) -> dict[str, Any] | None:
     """One job, step by step: decide, build, log, train, test, report."""
-    job = _prepare(cfg, run_dir, group, job_type)
+    job = _prepare(cfg, plan, run_dir, group, job_type)
     task = build_task(cfg)
     data = shard_and_resume(task, int(cfg.seed))  # the loaders as this process reads them
     module = build_module(cfg, task, job.cores)
@@ -151,7 +153,7 @@ def _train(cfg: DictConfig, run_dir: Path, group: str, job_type: str, phase: dic
     return summary
 
 
-def _prepare(cfg: DictConfig, run_dir: Path, group: str, job_type: str) -> _Job:
+def _prepare(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str) -> _Job:
     """Warnings, seeds, checks and threads; the plan; which checkpoint (if any) this run
     continues from, refused when it belongs to another configuration."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -162,7 +164,6 @@ def _prepare(cfg: DictConfig, run_dir: Path, group: str, job_type: str) -> _Job:
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     check_trainer(cfg)
     set_threads(cfg)
-    plan = AttentionPlan.from_config(cfg.attention)
     cores = plan.model_cores(cfg.model)
     identity = {"config": config_fingerprint(cfg), "group": group, "job_type": job_type,
                 "wandb_run_id": _saved_wandb_id(run_dir)}  # a run killed before its first checkpoint

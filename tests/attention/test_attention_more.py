@@ -17,7 +17,7 @@ from nas_cli.errors import NonFiniteLoss, UserError
 from nas_cli.model.transformer import MultiHeadAttention, Seq2SeqTransformer
 from nas_cli.attention.positions import sinusoids
 from nas_cli.model.choices import CONF_DIR
-from nas_cli.model.plan import make_core_factory
+from nas_cli.model.plan import AttentionPlan, make_core_factory
 
 NEW_SCHEMES = ["kernel_exp", "kernel_linear", "kernel_poly", "kernel_rbf", "coda", "coda_cs", "realformer",
                "additive", "additive_1layer"]
@@ -441,5 +441,5 @@ def test_linear_kernel_divergence_stops_the_run_with_the_reason(tmp_path):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[*SMALL, "logger=none", "attention=kernel_linear", "optim.lr=inf"])
     with pytest.raises(KernelDiverged, match=r"attention kernel 'linear' \(encoder layer 0\).*Tsai"):
-        train(cfg, tmp_path, group="t")
+        train(cfg, AttentionPlan.from_config(cfg.attention), tmp_path, group="t")
     assert not (tmp_path / "summary.json").exists()

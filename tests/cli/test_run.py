@@ -17,7 +17,7 @@ from helpers import compose_cfg
 def test_lm_task_trains_with_csv_logger(tmp_path):
     cfg = compose_cfg("task=copy_lm", "attention=dnas", "logger=csv", "debug=fast", "trainer.max_steps=40",
                       "optim.lr=3e-3")
-    summary = train(cfg, tmp_path, group="t")
+    summary = train(cfg, AttentionPlan.from_config(cfg.attention), tmp_path, group="t")
     rows = list(csv.DictReader(open(tmp_path / "csv" / "metrics.csv")))
     losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
     assert len(losses) >= 4 and losses[-1] < losses[0]  # it learns
