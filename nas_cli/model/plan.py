@@ -71,26 +71,7 @@ class AttentionPlan:
         ``_target_`` (composed by Hydra), or, in configs saved before the plan existed, a
         scheme name (its options are then the global node's when the names agree, else its
         packaged YAML's)."""
-        node = OmegaConf.create(attn_cfg) if isinstance(attn_cfg, dict) else attn_cfg
-        data = OmegaConf.to_container(node, resolve=True)
-        if "_target_" not in data:
-            raise SchemeError("the attention config has no _target_; choose a scheme with attention=<name>")
-        name = str(data.get("name") or data["_target_"].rsplit(".", 1)[-1].lower())
-        own = {k: v for k, v in data.items() if k not in _NOT_OPTIONS}
-        placed = {}
-        for loc in LOCATIONS:
-            value = data.get(loc)
-            if value is None or value == name:
-                placed[loc] = Placed(name, own)
-            elif isinstance(value, dict):
-                if "_target_" not in value:
-                    raise SchemeError(f"attention.{loc} has options but no scheme: choose one with "
-                                      f"attention.{loc}=<scheme> before setting attention.{loc}.<option>")
-                placed[loc] = Placed(str(value.get("name", loc)), {k: v for k, v in value.items()
-                                                                  if k not in _NOT_OPTIONS})
-            else:  # a scheme name (saved configs of earlier versions)
-                legacy = OmegaConf.to_container(scheme_config(str(value)), resolve=True)
-                placed[loc] = Placed(str(value), {k: v for k, v in legacy.items() if k not in _NOT_OPTIONS})
+        placed, own = _placements(attn_cfg)
         for loc, p in placed.items():
             _check_declared(p, "attention" if p.options is own else f"attention.{loc}")
         return cls(placed)
@@ -152,6 +133,32 @@ class Cores:
         return self.plan.core(location, layer, causal, self.heads, self.dropout)
 
 
+def _placements(attn_cfg: DictConfig | dict) -> tuple[dict[str, Placed], dict[str, Any]]:
+    """{location: Placed} of a composed ``attention`` node, and the global node's options (see
+    :meth:`AttentionPlan.from_config`); the options are not checked here."""
+    node = OmegaConf.create(attn_cfg) if isinstance(attn_cfg, dict) else attn_cfg
+    data = OmegaConf.to_container(node, resolve=True)
+    if "_target_" not in data:
+        raise SchemeError("the attention config has no _target_; choose a scheme with attention=<name>")
+    name = str(data.get("name") or data["_target_"].rsplit(".", 1)[-1].lower())
+    own = {k: v for k, v in data.items() if k not in _NOT_OPTIONS}
+    placed = {}
+    for loc in LOCATIONS:
+        value = data.get(loc)
+        if value is None or value == name:
+            placed[loc] = Placed(name, own)
+        elif isinstance(value, dict):
+            if "_target_" not in value:
+                raise SchemeError(f"attention.{loc} has options but no scheme: choose one with "
+                                  f"attention.{loc}=<scheme> before setting attention.{loc}.<option>")
+            placed[loc] = Placed(str(value.get("name", loc)), {k: v for k, v in value.items()
+                                                              if k not in _NOT_OPTIONS})
+        else:  # a scheme name (saved configs of earlier versions)
+            legacy = OmegaConf.to_container(scheme_config(str(value)), resolve=True)
+            placed[loc] = Placed(str(value), {k: v for k, v in legacy.items() if k not in _NOT_OPTIONS})
+    return placed, own
+
+
 #: constructor parameters nas-run sets itself for every core: never options of a scheme's YAML
 INJECTED = {"heads": "model.heads", "dropout": "model.attention_dropout", "causal": "the location",
             "prefix_queries": "the location", "location": "the location", "layer": "the layer"}
@@ -190,8 +197,9 @@ def tag_from_names(names: dict[str, str]) -> str:
 
 
 def tag_resolver(attn_node) -> str:
-    """``${nas.tag:${attention}}``: the scheme tag in run-directory names."""
-    return AttentionPlan.from_config(attn_node).tag
+    """``${nas.tag:${attention}}``: the scheme tag in run-directory names. Hydra resolves it before
+    nas-run's pre-run check: the options are checked there (one line), not here (a traceback)."""
+    return tag_from_names({loc: p.scheme for loc, p in _placements(attn_node)[0].items()})
 
 
 _ALIAS = re.compile(r"^(attention)\.(encoder|decoder|cross)=(.*)$")

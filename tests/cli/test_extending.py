@@ -77,14 +77,17 @@ def test_an_option_a_user_scheme_does_not_have_stops_the_run(tmp_path):
     yaml_file = tmp_path / "my_conf" / "attention" / "tempered.yaml"
     search = f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]"
     env = {"PYTHONPATH": str(tmp_path)}
+    # each with the run directory given, and with the default one (its name holds the scheme's tag, which Hydra
+    # resolves before nas-run's check: that must not turn the refusal into a traceback), and in a sweep
     for yaml_text, extra in ((guide_yaml.replace("init: 1.0", "intit: 2.0"), []),
                              (guide_yaml, ["+attention.intit=2"])):
         yaml_file.write_text(yaml_text)
-        bad = _nas_run(search, "attention=tempered", *extra, *FAST, f"hydra.run.dir={tmp_path / 'typo'}",
-                       cwd=tmp_path, env_extra=env)
-        assert bad.returncode == 2, bad.stderr[-2000:]
-        assert "tempered has no option 'intit' (did you mean attention.init?)" in bad.stderr
-        assert len([ln for ln in bad.stderr.splitlines() if ln.strip()]) == 1 and not (tmp_path / "typo").exists()
+        for where in ([f"hydra.run.dir={tmp_path / 'typo'}"], [], ["-m", "seed=1,2"]):
+            bad = _nas_run(search, "attention=tempered", *extra, *FAST, *where, cwd=tmp_path, env_extra=env)
+            assert bad.returncode == 2, bad.stderr[-2000:]
+            assert "tempered has no option 'intit' (did you mean attention.init?)" in bad.stderr
+            assert len([ln for ln in bad.stderr.splitlines() if ln.strip()]) == 1, bad.stderr[-2000:]
+            assert not (tmp_path / "typo").exists() and not (tmp_path / "outputs").exists()
     yaml_file.write_text(guide_yaml.replace("init: 1.0", "intit: 2.0"))
     bench = str(Path(NAS_RUN).with_name("nas-bench"))
     checked = run_command([bench, "check-scheme", str(yaml_file)], cwd=tmp_path, capture_output=True, text=True,
