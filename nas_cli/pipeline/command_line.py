@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 
 from nas_cli.errors import UserError
-from nas_cli.infra.resume import check_resumable
 from nas_cli.infra.rundir import CONTINUE_ENV
 from nas_cli.model.choices import CONF_DIR
 from nas_cli.model.plan import location_alias
@@ -97,6 +96,8 @@ def resume_argv(argv: list[str]) -> list[str]:
     rest = [a for a in argv if not a.startswith("resume=")]
     if len(dirs) > 1 or any(a in ("-m", "--multirun") for a in rest):
         raise UserError("resume= takes one run directory and cannot be combined with -m")
+    from nas_cli.infra.resume import check_resumable  # Lightning: only for resume=
+
     run_dir = Path(dirs[0]).expanduser().resolve()
     check_resumable(run_dir, rest)
     os.environ[CONTINUE_ENV] = str(run_dir)

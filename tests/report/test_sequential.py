@@ -101,13 +101,13 @@ def test_power_and_seeds_used_against_a_fixed_n_design(effect):
     fixed10 = stats.power(abs(d.mean()), d.std(ddof=1) / math.sqrt(10), 9)
     assert power >= fixed10 - 0.08 - 3 * math.sqrt(0.25 / SWEEPS)
     if effect == 2.0:  # a large effect stops early: fewer seeds than the fixed design of the same power
-        bench = load_benchmark("sequential")
+        bench = load_benchmark("sequential_calibration")
         fixed = bench.fixed_n_for(power, float(d.mean()), float(d.std(ddof=1)))
         assert fixed is not None and mean_seeds < fixed
 
 
 def test_holm_keeps_the_familywise_rate_with_a_shared_baseline():
-    bench = load_benchmark("sequential")
+    bench = load_benchmark("sequential_calibration")
     rng = np.random.default_rng(5)
     for effects in ((0.0, 0.0, 0.0), (3.0, 0.0, 0.0)):
         got = bench.holm_family(200, 5, rng, effects)
