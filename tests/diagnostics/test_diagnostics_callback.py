@@ -24,7 +24,7 @@ def test_callback_numbers_match_a_direct_computation_on_the_model(tmp_path):
     cfg = compose_cfg("debug=fast", "attention=dnas", "attention.cross=additive_1layer")
     pl.seed_everything(0, verbose=False)
     task = build_task(cfg)
-    module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention))
+    module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model))
     cb = DiagnosticsCallback(run_dir=tmp_path, batches=2)
     trainer = pl.Trainer(accelerator="cpu", max_steps=6, val_check_interval=6, check_val_every_n_epoch=None,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
