@@ -1,4 +1,4 @@
-"""The console scripts, the top floor: one module per command, each turning its command line
-into calls of the library below (``nas_run``: Hydra application and job; ``nas_eval``,
-``nas_report``, ``nas_repro``, ``nas_bench``). Nothing in the library imports from here.
+"""The console scripts, the top floor: one module per command, each parsing its command line,
+calling the layer below (``nas_run``: the Hydra application; ``nas_eval``, ``nas_report``,
+``nas_repro``, ``nas_bench``) and printing the result. Nothing in the library imports from here.
 """

@@ -12,79 +12,13 @@ sacreBLEU signature) to ``<run dir>/eval/<name>.json`` and the hypotheses to
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-import torch
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from nas_cli.errors import UserError
-
-
-def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
-    """Element-wise mean of the ``state_dict`` of several checkpoints (Vaswani et al. 2017).
-
-    Loaded with ``weights_only=True``; integer buffers are taken from the last checkpoint."""
-    if not paths:
-        raise UserError("no checkpoints to average")
-    total: dict[str, torch.Tensor] = {}
-    for p in paths:
-        try:
-            state = torch.load(p, map_location="cpu", weights_only=True)["state_dict"]
-        except Exception as err:  # a truncated or foreign file: say which
-            raise UserError(f"cannot read checkpoint {p}: {_unreadable(p, err)}") from None
-        if total and set(state) != set(total):
-            raise UserError(f"checkpoint {p} does not match the others (different parameters)")
-        for key, val in state.items():
-            if val.is_floating_point():
-                total[key] = total.get(key, 0) + val.double()
-            else:
-                total[key] = val
-    return {k: (v / len(paths)).to(torch.float32) if v.is_floating_point() else v for k, v in total.items()}
-
-
-def _unreadable(path: Path, err: Exception) -> str:
-    """Why a checkpoint did not load, in our words: PyTorch's own message for the safe loader's
-    refusal advises loading with ``weights_only=False``, which runs arbitrary code from a file of
-    unknown origin; nas-eval never does that."""
-    import zipfile
-
-    text = str(err)
-    if "Weights only load failed" not in text:
-        return text.splitlines()[0] if text else type(err).__name__
-    if not zipfile.is_zipfile(path):
-        return "not a PyTorch checkpoint (not a file written by torch.save); give a .ckpt from a run's checkpoints/"
-    return ("it holds objects other than tensors and plain values, so it was not written by nas-run; nas-eval "
-            "loads checkpoints only with PyTorch's safe loader and will not run code from the file")
-
-
-def check_fingerprints(cfg, paths: list[Path]) -> None:
-    """Refuse checkpoints made with another model/attention/task/seed than the config rebuilt here
-    (a run directory whose config was replaced, or ``--ckpt`` from another run)."""
-    from nas_cli.infra.resume import fault_tolerance_state, config_fingerprint, load_safe
-
-    want = config_fingerprint(cfg)
-    for p in paths:
-        try:
-            got = fault_tolerance_state(load_safe(p)).get("config")
-        except Exception:  # noqa: BLE001 - unreadable: average_checkpoints says so
-            continue
-        if got and got != want:
-            raise UserError(f"checkpoint {p} was trained with another configuration than this run's "
-                            ".hydra/config.yaml (with --set) describes (model, attention, task or seed differ); "
-                            "evaluate it from its own run directory")
-
-
-def periodic_checkpoints(run_dir: Path) -> list[Path]:
-    """Periodic checkpoints ``step<N>.ckpt`` of a run, oldest first."""
-    found = sorted((run_dir / "checkpoints").glob("step*.ckpt"), key=lambda p: int("".join(filter(str.isdigit, p.stem))))
-    return found
-
-
-_MISSING = object()
+from nas_cli.errors import UserError, fail
+from nas_cli.pipeline.evaluation import evaluate
 
 
 def main(argv=None) -> None:
@@ -101,8 +35,7 @@ def main(argv=None) -> None:
     try:
         result = evaluate(args)
     except UserError as err:
-        Console(stderr=True).print(f"[bold red]nas-eval: error:[/] {err}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        fail(str(err), program="nas-eval")
     table = Table(title=f"nas-eval {args.run_dir} ({args.split})")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -111,106 +44,6 @@ def main(argv=None) -> None:
     Console(width=120).print(table)
     if result.get("bleu_signature"):
         print(f"sacreBLEU signature: {result['bleu_signature']}")
-
-
-def evaluate(args) -> dict:
-    """Evaluate a finished run's checkpoint(s) on a split, with the run's own config (``--set``
-    changes, ``--beam``/``--lenpen``); the result goes to ``<run>/eval/<name>.json``."""
-    import pytorch_lightning as pl
-
-    from nas_cli.pipeline.resolvers import register_resolvers
-    from nas_cli.pipeline.run import build_module, build_task
-
-    register_resolvers()  # the saved config's ${nas.*} interpolations
-    run_dir = args.run_dir
-    cfg = _run_config(run_dir, args.set)
-    ckpts = _checkpoints(args, run_dir)
-    check_fingerprints(cfg, ckpts)
-    task = build_task(cfg)
-    _set_decoding(task, args.beam, args.lenpen)
-    from nas_cli.model.plan import AttentionPlan
-
-    module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model))
-    module.load_state_dict(average_checkpoints(ckpts))
-    trainer = pl.Trainer(accelerator=cfg.trainer.get("accelerator", "auto"), devices=1, logger=False,
-                         enable_progress_bar=False, enable_model_summary=False)
-    loader = task.test_dataloader() if args.split == "test" else task.val_dataloader()
-    metrics = trainer.test(module, dataloaders=loader, verbose=False)[0]
-    name = args.name or f"{args.split}" + (f"-avg{len(ckpts)}" if len(ckpts) > 1 else "") + \
-        (f"-beam{args.beam}" if args.beam else "") + (f"-lenpen{args.lenpen}" if args.lenpen is not None else "")
-    out_dir = run_dir / "eval"
-    out_dir.mkdir(exist_ok=True)
-    result = {"split": args.split, "checkpoints": [str(p) for p in ckpts], "metrics": metrics,
-              "decoding": task.decoding, "bleu_signature": task.bleu_signature}
-    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
-    if "test" in module.items:  # per-item outputs: nas-report can test this evaluation against others
-        (out_dir / f"{name}.items.json").write_text(json.dumps({**module.items["test"], "split": args.split}))
-    hyps = module.decoded.get("test", [])
-    if hyps:
-        (out_dir / f"{name}.hyp.txt").write_text("\n".join(hyps) + "\n")
-    return result
-
-
-def _run_config(run_dir: Path, sets: list[str]):
-    """The run's saved config with the ``--set KEY=VALUE`` changes (``+KEY``: a new key on
-    purpose; a key the config lacks is a typo, named with the closest one)."""
-    cfg_path = run_dir / ".hydra" / "config.yaml"
-    if not cfg_path.is_file():
-        raise UserError(f"{run_dir} is not a nas-run run directory (no .hydra/config.yaml)")
-    cfg = OmegaConf.load(cfg_path)
-    added = [item[1:] for item in sets if item.startswith("+")]
-    for item in (i for i in sets if not i.startswith("+")):
-        key = item.split("=", 1)[0].strip()
-        if "=" not in item or not key:
-            raise UserError(f"--set {item}: expected KEY=VALUE, e.g. --set task.path=data/wmt14")
-        if OmegaConf.select(cfg, key, default=_MISSING) is _MISSING:
-            import difflib
-
-            parent, _, leaf = key.rpartition(".")
-            node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-            names = [str(k) for k in node.keys()] if hasattr(node, "keys") else []
-            close = difflib.get_close_matches(leaf, names, n=1, cutoff=0.6)
-            hint = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
-            raise UserError(f"--set {key}: this run's config has no such key{hint} (to add one on purpose, "
-                            f"write --set +{key}=...)")
-    try:
-        cfg.merge_with(OmegaConf.from_dotlist([i for i in sets if not i.startswith("+")] + added))
-    except Exception as err:
-        raise UserError(f"bad --set value: {err}") from None
-    return cfg
-
-
-def _checkpoints(args, run_dir: Path) -> list[Path]:
-    """--ckpt, the last N periodic checkpoints (--average-last), or the best one."""
-    if args.ckpt:
-        ckpts = list(args.ckpt)
-    elif args.average_last:
-        ckpts = periodic_checkpoints(run_dir)[-args.average_last:]
-        if len(ckpts) < args.average_last:
-            raise UserError(f"--average-last {args.average_last}: only {len(ckpts)} periodic checkpoints in "
-                            f"{run_dir / 'checkpoints'} (train with checkpoint.every_n_steps=N)")
-    else:
-        ckpts = [run_dir / "checkpoints" / "best.ckpt"]
-    for p in ckpts:
-        if not Path(p).is_file():
-            raise UserError(f"checkpoint {p} not found")
-    return [Path(p) for p in ckpts]
-
-
-def _set_decoding(task, beam: int | None, lenpen: float | None) -> None:
-    if beam is None and lenpen is None:
-        return
-    if task.kind != "seq2seq":
-        raise UserError(f"task '{task.name}' is a language model: --beam/--lenpen apply to tasks that decode "
-                        "with the encoder-decoder (translation, the synthetic seq2seq tasks)")
-    if beam is not None and beam < 1:
-        raise UserError(f"--beam {beam}: the beam size must be at least 1 (1 = greedy)")
-    if task.decoding is None:  # a greedy-decoding task (reverse, sort, ...): the same search, wider
-        task.decoding = {"beam": 1, "lenpen": 1.0}
-    if beam is not None:
-        task.decoding["beam"] = task.valid_beam = beam
-    if lenpen is not None:
-        task.decoding["lenpen"] = lenpen
 
 
 if __name__ == "__main__":

@@ -8,5 +8,6 @@
 * ``callbacks``: Hydra's callbacks (the pre-run check and lock; the sweep's result table);
 * ``job``: one job of ``nas-run``: its directory, training, and what a failure leaves behind;
 * ``run``: training and testing one configuration (``train``), writing ``summary.json``;
-* ``lit``: the Lightning module around the model; ``trainer``: the Lightning trainer's options.
+* ``lit``: the Lightning module around the model; ``trainer``: the Lightning trainer's options;
+* ``evaluation``: a finished run's checkpoints (averaged or not) scored on a split (``nas-eval``).
 """

@@ -84,7 +84,7 @@ def test_lm_every_second_validation_with_logger_none(tmp_path):
 
 
 def test_repro_explained_away_trains_both_schemes_on_the_same_data(tmp_path):
-    from nas_cli.commands.nas_repro import explained_away_overrides, run_explained_away
+    from nas_cli.bench.repro import explained_away_overrides, run_explained_away
 
     # a --set of the same key replaces the repro's own optimizer default
     ov = explained_away_overrides("unas", 5, 1, 4, 1, ["optim.lr=1e-3"])

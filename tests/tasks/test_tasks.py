@@ -12,7 +12,7 @@ import torch
 
 from datafiles import MULTI30K, WIKITEXT2, write_lm, write_parallel
 from nas_cli.model.decoding import beam_search
-from nas_cli.commands.nas_eval import average_checkpoints
+from nas_cli.pipeline.evaluation import average_checkpoints
 from nas_cli.model.transformer import Seq2SeqTransformer
 from nas_cli.model.plan import AttentionPlan, make_core_factory
 from nas_cli.pipeline.run import train
