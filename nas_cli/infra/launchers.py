@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 from typing import Any, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
+
+from nas_cli.errors import fail
 
 #: the sweep directory's list of jobs that ended before they wrote anything
 ENDED_FILE = "ended_jobs.json"
@@ -76,7 +79,12 @@ def install() -> None:
         submit = submitit.AutoExecutor.map_array
 
         def map_array(executor, fn, *columns):
-            jobs = submit(executor, fn, *columns)
+            try:
+                jobs = submit(executor, fn, *columns)
+            except subprocess.CalledProcessError as err:  # sbatch refused (the pre-run check asks sinfo first)
+                _remove_unstarted_sweep(sweep_dir)
+                fail(f"hydra/launcher=slurm: sbatch refused the jobs (exit {err.returncode}, its own message is "
+                     "above); nothing was submitted")
             return [_Waited(j, i, o, sweep_dir, UncompletedJobError) for j, i, o in zip(jobs, columns[2], columns[0])]
 
         submitit.AutoExecutor.map_array = map_array
@@ -87,6 +95,18 @@ def install() -> None:
 
     launch._nas_tolerant = True
     base.launch = launch
+
+
+def _remove_unstarted_sweep(sweep_dir: Path) -> None:
+    """A sweep none of whose jobs was submitted: the directory holds only what its start wrote."""
+    import shutil
+
+    try:
+        if sweep_dir.is_dir() and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml", ".nas-run.lock",
+                                                                            ".submitit"}:
+            shutil.rmtree(sweep_dir)
+    except OSError:
+        pass
 
 
 class _Waited:

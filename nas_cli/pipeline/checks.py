@@ -135,6 +135,11 @@ def check_launcher(cfg: DictConfig) -> None:
             raise UserError("hydra/launcher=slurm: this machine has no SLURM (srun and sbatch not found); run the "
                             "command on a SLURM cluster's login node, or drop hydra/launcher=slurm (or use "
                             "hydra/launcher=joblib) to run the jobs here")
+        unreachable = _slurm_unreachable()
+        if unreachable:
+            raise UserError(f"hydra/launcher=slurm: SLURM's tools are installed but no controller answers ({unreachable}); "
+                            "run the command on a SLURM cluster's login node (or set SLURM_CONF to the cluster's "
+                            "slurm.conf), or drop hydra/launcher=slurm to run the jobs here")
         return
     if "joblib" not in target:
         return
@@ -142,6 +147,27 @@ def check_launcher(cfg: DictConfig) -> None:
     if not (n_jobs is None or (_is_int(n_jobs) and n_jobs != 0)):
         raise UserError(f"hydra.launcher.n_jobs={n_jobs} is not valid: it must be a number of parallel jobs >= 1, "
                         "or -1 for one per CPU core (e.g. hydra.launcher.n_jobs=2)")
+
+
+def _slurm_unreachable(timeout_s: float = 15.0) -> str | None:
+    """Why no SLURM controller answers here (sinfo's last error line), None when one does."""
+    import subprocess
+
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):  # sinfo would retry for a minute before saying so
+        return f"SLURM_CONF={conf}: no such file"
+    try:
+        proc = subprocess.run(["sinfo", "--noheader", "--format=%P"], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except OSError as err:
+        return f"sinfo: {err}"
+    except subprocess.TimeoutExpired:
+        return f"sinfo did not answer within {timeout_s:g} s"
+    if proc.returncode == 0:
+        return None
+    lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+    fatal = [ln for ln in lines if "fatal" in ln] or lines
+    return fatal[-1] if fatal else f"sinfo exited with {proc.returncode}"
 
 
 def check_task_data(cfg: DictConfig) -> None:

@@ -340,6 +340,25 @@ def test_the_slurm_launcher_without_slurm_is_one_line_and_leaves_nothing(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(shutil.which("sinfo") is None or shutil.which("sbatch") is None,
+                    reason="needs SLURM's client tools (sinfo, sbatch): the machine without them is tested above")
+@pytest.mark.parametrize("conf", ["missing", "empty"])
+def test_the_slurm_launcher_with_no_controller_is_one_line_and_leaves_nothing(tmp_path, conf):
+    """SLURM's tools installed, no cluster they can reach (found on this machine: sbatch's errors, then
+    submitit's CalledProcessError traceback). Real sinfo, with SLURM_CONF naming a file that is missing
+    or holds no cluster."""
+    slurm_conf = tmp_path.parent / f"{tmp_path.name}-slurm.conf"
+    if conf == "empty":
+        slurm_conf.write_text("")
+    env = {**os.environ, "SLURM_CONF": str(slurm_conf)}
+    env.pop("WANDB_MODE", None)
+    proc = run_command([NAS_RUN, "hydra/launcher=slurm", "-m", "seed=1,2"], cwd=tmp_path, env=env, timeout=300)
+    line = one_line_error(proc)
+    assert "hydra/launcher=slurm: SLURM's tools are installed but no controller answers" in line
+    assert ("no such file" in line) if conf == "missing" else ("Unable to process configuration file" in line)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_nas_eval_never_advises_loading_a_file_unsafely(tmp_path):
     run = tmp_path / "run"
     proc = nas_run(*FAST, "trainer.max_steps=2", f"hydra.run.dir={run}", cwd=tmp_path)
