@@ -83,7 +83,7 @@ def run_job(cfg: DictConfig):
     value = summary["best_val"]["value"]
     if optuna and (value is None or math.isnan(value)):  # optuna cannot rank a trial without a value
         fail(f"sweep=optuna: the trial in {run_dir} has no {summary['best_val']['metric']} to optimize (no "
-              "validation ran); make it validate at least once (trainer.val_check_interval <= trainer.max_steps)")
+             "validation ran); make it validate at least once (trainer.val_check_interval <= trainer.max_steps)")
     return float("nan") if value is None else float(value)  # what a sweeper (optuna) optimizes
 
 
@@ -100,7 +100,7 @@ def _prepare_job(cfg: DictConfig, hc, run_dir: Path, multirun: bool, optuna: boo
     if multirun:
         if "joblib" in str(hc.launcher.get("_target_", "")) and _spawns_processes(cfg.trainer):
             fail("hydra/launcher=joblib runs each job in a worker process that cannot start DDP/FSDP processes; "
-                  "use one device per job (trainer.devices=1) or the basic launcher / hydra/launcher=slurm")
+                 "use one device per job (trainer.devices=1) or the basic launcher / hydra/launcher=slurm")
         if "joblib" in str(hc.launcher.get("_target_", "")):
             _one_gpu_per_job(cfg, int(hc.job.num))
         _as_single_run(hc, run_dir)
@@ -215,7 +215,7 @@ def _check_validates(trainer_cfg) -> None:
     if (isinstance(steps, int) and steps > 0 and isinstance(every, int) and not isinstance(every, bool)
             and every > steps):
         fail(f"sweep=optuna optimizes the validation metric, but trainer.val_check_interval={every} > "
-              f"trainer.max_steps={steps}: no trial would validate; set trainer.val_check_interval <= {steps}")
+             f"trainer.max_steps={steps}: no trial would validate; set trainer.val_check_interval <= {steps}")
 
 
 def record_resume(run_dir: Path, overrides: list[str]) -> None:
