@@ -3,7 +3,8 @@ bf16/fp16 products go through the tensor cores (the CPU interpreter cannot run t
 kernels' values and q/k/v gradients are compared with the float64 formula in float32, bf16 and
 fp16, each next to SDPA's own error in the same dtype on the same inputs (the target: at most 2x),
 with padding and lengths that are not multiples of the tiles; and two backward passes must give
-the same bits (no atomics).
+the same bits (no atomics). ``hnas-encoder``: HNAS's one-pass encoder kernels (u = 0.3 / 0.8 per
+head) against u DNAS + (1 - u) softmax in float64.
 
     python benchmarks/triton_check.py --out gpu_out/triton_check.json      # exit 1 if a check fails
 """
@@ -28,7 +29,7 @@ def reference(q, k, v, q_mask, k_mask, prefix: bool, causal: bool):
 
 
 def check(form: str, b: int, h: int, s: int, d: int, device: str = "cuda", seed: int = 0) -> list[dict]:
-    from nas_cli.attention.triton_encoder import encoder_dnas_triton
+    from nas_cli.attention.triton_encoder import encoder_dnas_triton, encoder_hnas_triton
     from nas_cli.attention.triton_prefix import prefix_dnas_triton
 
     g = torch.Generator(device=device).manual_seed(seed)
@@ -36,10 +37,16 @@ def check(form: str, b: int, h: int, s: int, d: int, device: str = "cuda", seed:
     mask = torch.ones(b, s, dtype=torch.bool, device=device)
     mask[0, -(s // 7):] = False
     causal = form == "prefix"
+    u = torch.tensor([0.3, 0.8] * (h // 2) + [0.5] * (h % 2), device=device)
     run = ((lambda *x: prefix_dnas_triton(*x, mask, mask, causal=True)) if causal
+           else (lambda *x: encoder_hnas_triton(*x, u, mask, mask)) if form == "hnas-encoder"
            else (lambda *x: encoder_dnas_triton(*x, mask, mask)))
     x64 = [t.clone().requires_grad_() for t in (q, k, v)]
     want = reference(*x64, mask, mask, causal, causal)
+    if form == "hnas-encoder":
+        w = u.double()[None, :, None, None]
+        soft = F.scaled_dot_product_attention(*x64, attn_mask=mask[:, None, None, :]) * mask[:, None, :, None]
+        want = w * want + (1 - w) * soft
     dout = torch.randn(want.shape, device=device, dtype=torch.float64, generator=g) * mask[:, None, :, None]
     want_grads = torch.autograd.grad(want, x64, dout)
     sdpa64 = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -70,7 +77,7 @@ def main() -> int:
     args = p.parse_args()
     rows = []
     sizes = ((40, 16), (23, 16)) if args.small else ((1000, 64), (777, 128))
-    for form in ("encoder", "prefix"):
+    for form in ("encoder", "hnas-encoder", "prefix"):
         for s, d in sizes:
             rows += check(form, 2, 2 if args.small else 4, s, d, args.device)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

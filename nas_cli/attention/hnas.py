@@ -60,9 +60,15 @@ class HNAS(DNAS):
 
         return hnas_flex(q, k, v, self.u, q_mask, k_mask)
 
-    def _triton(self, q, k, v, q_mask, k_mask):  # the DNAS part in Triton, mixed with softmax attention (SDPA)
+    def _triton(self, q, k, v, q_mask, k_mask):
+        """The encoder form: both parts from one pass of the Triton kernels; the prefix form: the DNAS
+        part in Triton, mixed with softmax attention (SDPA)."""
         from nas_cli.attention.efficient import sdpa_attention
 
+        if not self.prefix_queries:
+            from nas_cli.attention.triton_encoder import encoder_hnas_triton
+
+            return encoder_hnas_triton(q, k, v, self.u, q_mask, k_mask)
         dn = super()._triton(q, k, v, q_mask, k_mask)
         un = sdpa_attention(q, k, v, q_mask, k_mask, causal=self.causal).to(dn.dtype)
         w = self.u.to(dn.dtype)[None, :, None, None]

@@ -22,6 +22,12 @@ dQ has its own pass, one program per query block: dQ_i = scale sum_j ds_ij k_j. 
 written by one program in a fixed order, so two backward passes give the same bits
 (``trainer.deterministic=true`` can use it).
 
+**HNAS** (:func:`encoder_hnas_triton`): u O + (1 - u) O2 per head, with O2 softmax attention. The
+row pass runs a second online softmax, over s_ij, in the same loop (one QK^T, one load of V per
+tile); the backward adds its score gradient ds2_ij = P_ij ((1 - u) dO_i . v_j - D2_i) to ds in the
+same two passes (one dO . v^T per tile), dV takes u p_ij + (1 - u) P_ij, and u's gradient is
+sum dO . (O - O2) per head.
+
 **Precision.** bf16/fp16 inputs go through ``tl.dot`` in their own dtype on the tensor cores with
 float32 accumulation (FlashAttention's choice: p, ds and dO rounded to the input dtype before
 their products); float32 and float64 inputs keep exact (IEEE) products, for the tests.
@@ -46,7 +52,7 @@ def _setup(q, k, v, q_mask, k_mask):
 
     wd = torch.promote_types(q.dtype, torch.float32)
     dummy = torch.zeros(1, dtype=torch.int8, device=q.device)
-    return dict(K=K, wd=wd, dt=K.tl.float64 if wd == torch.float64 else K.tl.float32,
+    return dict(K=K, wd=wd, dt=K.tl.float64 if wd == torch.float64 else K.tl.float32, dummy=dummy,
                 lowp=q.dtype in LOW_PRECISION, bsz=q.size(0), heads=q.size(1), sq=q.size(2), sk=k.size(2),
                 d=q.size(3), dv=v.size(3), bd=next_pow2(q.size(3)), bdv=next_pow2(v.size(3)),
                 qm=dummy if q_mask is None else q_mask.to(torch.int8).contiguous(),
@@ -59,44 +65,66 @@ def _flags(st, block_q: int, block_k: int) -> dict:
                 BD=st["bd"])
 
 
-class _TritonEncoderDNAS(torch.autograd.Function):
+class _TritonEncoder(torch.autograd.Function):
+    """DNAS's encoder form; with ``u`` (HNAS, one value per head), u O_DNAS + (1 - u) O_softmax from
+    the same passes, u's gradient included."""
+
     @staticmethod
-    def forward(ctx, q, k, v, q_mask, k_mask, block_q: int, block_k: int):
+    def forward(ctx, q, k, v, q_mask, k_mask, u, block_q: int, block_k: int):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         st = _setup(q, k, v, q_mask, k_mask)
         K, bh, scale = st["K"], st["bsz"] * st["heads"], st["d"] ** -0.5
+        hybrid = u is not None
         col = torch.empty(bh, st["sk"], dtype=st["wd"], device=q.device)
         K.col_kernel[(bh, -(-st["sk"] // block_k))](q, k, st["qm"], st["km"], col, st["heads"], st["sq"], st["sk"],
                                                     st["d"], scale, **_flags(st, block_q, block_k))
-        out = torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
-        lse = torch.empty(bh, st["sq"], dtype=st["wd"], device=q.device)
-        K.row_kernel[(bh, -(-st["sq"] // block_q))](q, k, v, st["qm"], st["km"], col, out, lse, st["heads"],
-                                                    st["sq"], st["sk"], st["d"], st["dv"], scale, BDV=st["bdv"],
-                                                    **_flags(st, block_q, block_k))
-        ctx.save_for_backward(q, k, v, *(m if m is not None else torch.empty(0) for m in (q_mask, k_mask)), col,
-                              out, lse)
-        ctx.conf = (block_q, block_k, q_mask is not None, k_mask is not None)
-        return out.to(v.dtype)
+        outs = [torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
+                for _ in range(2 if hybrid else 1)]
+        lses = [torch.empty(bh, st["sq"], dtype=st["wd"], device=q.device) for _ in outs]
+        out2, lse2 = (outs[1], lses[1]) if hybrid else (st["dummy"], st["dummy"])
+        K.row_kernel[(bh, -(-st["sq"] // block_q))](q, k, v, st["qm"], st["km"], col, outs[0], lses[0], out2, lse2,
+                                                    st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale,
+                                                    BDV=st["bdv"], HYBRID=hybrid, **_flags(st, block_q, block_k))
+        masks = [m if m is not None else torch.empty(0) for m in (q_mask, k_mask)]
+        ctx.save_for_backward(q, k, v, *masks, col, *outs, *lses, *([u] if hybrid else []))
+        ctx.conf = (block_q, block_k, q_mask is not None, k_mask is not None, hybrid)
+        if not hybrid:
+            return outs[0].to(v.dtype)
+        w = u.to(st["wd"])[None, :, None, None]
+        return (w * outs[0] + (1 - w) * outs[1]).to(v.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        q, k, v, q_mask, k_mask, col, out, lse = ctx.saved_tensors
-        block_q, block_k, has_qm, has_km = ctx.conf
+        block_q, block_k, has_qm, has_km, hybrid = ctx.conf
+        saved = ctx.saved_tensors
+        q, k, v, q_mask, k_mask, col = saved[:6]
+        outs, lses = (saved[6:8], saved[8:10]) if hybrid else (saved[6:7], saved[7:8])
         st = _setup(q, k, v, q_mask if has_qm else None, k_mask if has_km else None)
         K, bh, scale = st["K"], st["bsz"] * st["heads"], st["d"] ** -0.5
-        delta = (g.to(st["wd"]) * out).sum(-1).contiguous()
+        gw = g.to(st["wd"])
+        rows = [(gw * o).sum(-1) for o in outs]  # (B, H, Sq): dO . O of each part
+        du = None
+        if hybrid:
+            u = saved[10]
+            w = u.to(st["wd"])[None, :, None]
+            deltas = [(w * rows[0]).contiguous(), ((1 - w) * rows[1]).contiguous()]
+            du = (rows[0] - rows[1]).sum((0, 2)).to(u.dtype)  # d out / d u = O_DNAS - O_softmax, per head
+            uw = u.to(st["wd"]).contiguous()
+        else:
+            deltas, uw = [rows[0].contiguous()], st["dummy"]
         g = g.contiguous().to(v.dtype if st["lowp"] else st["wd"])
         colsum = torch.empty(bh, st["sk"], dtype=st["wd"], device=q.device)
         dq = torch.empty(q.shape, dtype=st["wd"], device=q.device)
         dk = torch.empty(k.shape, dtype=st["wd"], device=q.device)
         dv = torch.empty(v.shape, dtype=st["wd"], device=q.device)
-        args = (q, k, v, st["qm"], st["km"], col, lse, g, delta, colsum)
+        second = (lses[1], deltas[1]) if hybrid else (st["dummy"], st["dummy"])
+        args = (q, k, v, st["qm"], st["km"], col, lses[0], g, deltas[0], *second, uw, colsum)
         sizes = (st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale)
-        flags = dict(BDV=st["bdv"], **_flags(st, block_q, block_k))
+        flags = dict(BDV=st["bdv"], HYBRID=hybrid, **_flags(st, block_q, block_k))
         K.bwd_kv_kernel[(bh, -(-st["sk"] // block_k))](*args, dk, dv, *sizes, **flags)
         K.bwd_q_kernel[(bh, -(-st["sq"] // block_q))](*args, dq, *sizes, **flags)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, du, None, None
 
 
 def encoder_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, block_q: int = BLOCK_Q,
@@ -110,4 +138,16 @@ def encoder_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, block_q: int = BLO
         raise RuntimeError(f"attention.impl=triton: {why}")
     if q.size(-2) == 0 or k.size(-2) == 0:
         return q.new_zeros(*q.shape[:-1], v.size(-1), dtype=v.dtype)
-    return _TritonEncoderDNAS.apply(q, k, v, q_mask, k_mask, int(block_q), int(block_k))
+    return _TritonEncoder.apply(q, k, v, q_mask, k_mask, None, int(block_q), int(block_k))
+
+
+def encoder_hnas_triton(q, k, v, u, q_mask=None, k_mask=None, *, block_q: int = BLOCK_Q,
+                        block_k: int = BLOCK_K) -> torch.Tensor:
+    """(B, H, Sq, Dv): HNAS in the encoder form, u O_DNAS + (1 - u) O_softmax with ``u`` (H,) per head,
+    both parts from one pass over K and V (and one backward pass pair); gradients for q, k, v and u."""
+    why = triton_unavailable(q.device)
+    if why:
+        raise RuntimeError(f"attention.impl=triton: {why}")
+    if q.size(-2) == 0 or k.size(-2) == 0:
+        return q.new_zeros(*q.shape[:-1], v.size(-1), dtype=v.dtype) + 0 * u.sum()
+    return _TritonEncoder.apply(q, k, v, q_mask, k_mask, u, int(block_q), int(block_k))

@@ -5,6 +5,10 @@ Per (batch x head), on the allowed pairs (real query, real key):
   s_ij = scale q_i . k_j,  c_j = log sum_i exp(s_ij)   (the column normalizer over all queries)
   z_ij = s_ij - c_j,  p_ij = softmax_j z_ij,  O_i = sum_j p_ij v_j.
 
+``HYBRID`` (HNAS, Ding et al.): the same pass over K and V also gives softmax attention,
+P_ij = softmax_j s_ij and O2_i = sum_j P_ij v_j (its own output and LSE2); the caller mixes
+u O + (1 - u) O2 per head. The backward then takes u per head (``U``) and both outputs' row terms.
+
 ``LOWP``: bf16/fp16 inputs go through ``tl.dot`` in their own dtype (tensor cores) with float32
 accumulation; float32 and float64 inputs keep exact (IEEE) products in the work dtype ``DT``.
 """
@@ -109,11 +113,12 @@ def col_kernel(Q, K, QM, KM, C, H, Sq, Sk, D, scale,
 
 
 @triton.jit
-def row_kernel(Q, K, V, QM, KM, C, OUT, LSE, H, Sq, Sk, D, DV, scale,
+def row_kernel(Q, K, V, QM, KM, C, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, scale,
                HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
-               BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+               BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, HYBRID: tl.constexpr):
     """Output rows of one query block: FlashAttention's online softmax of z = s - c over the key
-    blocks; LSE[bh, i] = log sum_j exp(z_ij) is kept for the backward (0 for a row with no key)."""
+    blocks; LSE[bh, i] = log sum_j exp(z_ij) is kept for the backward (0 for a row with no key).
+    ``HYBRID``: softmax attention over s in the same loop, into OUT2 and LSE2."""
     bh = tl.program_id(0)
     qb = tl.program_id(1)
     b = bh // H
@@ -123,6 +128,9 @@ def row_kernel(Q, K, V, QM, KM, C, OUT, LSE, H, Sq, Sk, D, DV, scale,
     m = tl.full((BQ,), NEG, DT)
     l = tl.zeros((BQ,), DT)
     acc = tl.zeros((BQ, BDV), DT)
+    m2 = tl.full((BQ,), NEG, DT)
+    l2 = tl.zeros((BQ,), DT)
+    acc2 = tl.zeros((BQ, BDV), DT)
     for kb in range(0, tl.cdiv(Sk, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
         s, ok, q, k = _scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT,
@@ -130,14 +138,21 @@ def row_kernel(Q, K, V, QM, KM, C, OUT, LSE, H, Sq, Sk, D, DV, scale,
         c = tl.load(C + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
         m, l, acc = softmax_step(m, l, acc, tl.where(ok, s - c[None, :], NEG), ok, V, bh, offs_k, offs_dv, Sk, DV,
                                  DT, LOWP)
+        if HYBRID:
+            m2, l2, acc2 = softmax_step(m2, l2, acc2, s, ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
     store_rows(OUT, LSE, bh, offs_q, offs_dv, Sq, DV, acc, m, l, l > 0)
+    if HYBRID:
+        store_rows(OUT2, LSE2, bh, offs_q, offs_dv, Sq, DV, acc2, m2, l2, l2 > 0)
 
 
 @triton.jit
-def _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, bh, b, offs_q, offs_k, offs_d, offs_dv, Sq, Sk, D, DV, scale,
-               HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr):
+def _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_q, offs_k, offs_d, offs_dv, Sq, Sk,
+               D, DV, scale, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+               HYBRID: tl.constexpr):
     """One tile of the backward: p (row weights), pi = exp(s - c) (the column step's weights),
-    dz = p (dO . v - D) (the gradient of z), and the loaded q, k, dO."""
+    dz = p (u dO . v - D) (the gradient of z; u = 1 without ``HYBRID``), and the loaded q, k, dO.
+    ``HYBRID``: w = u p + (1 - u) P (the weights dV sees) and ds2 = P ((1 - u) dO . v - D2) (the
+    softmax part's score gradient, 0 otherwise)."""
     s, ok, q, k = _scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT, LOWP)
     c = tl.load(C + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
     lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
@@ -147,14 +162,33 @@ def _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, bh, b, offs_q, offs_k, offs_d
     do = tile_load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
     v = tile_load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
     delta = tl.load(DELTA + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
-    dz = tl.where(ok, p * (tile_dot(do, tl.trans(v), DT, LOWP) - delta[:, None]), 0.0)
-    return p, pi, dz, q, k, do
+    dpv = tile_dot(do, tl.trans(v), DT, LOWP)
+    if HYBRID:
+        lse2 = tl.load(LSE2 + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
+        delta2 = tl.load(DELTA2 + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
+        p2 = tl.where(ok, tl.exp(s - lse2[:, None]), 0.0)
+        dz = tl.where(ok, p * (u * dpv - delta[:, None]), 0.0)
+        ds2 = tl.where(ok, p2 * ((1.0 - u) * dpv - delta2[:, None]), 0.0)
+        w = u * p + (1.0 - u) * p2
+    else:
+        dz = tl.where(ok, p * (dpv - delta[:, None]), 0.0)
+        ds2 = tl.zeros_like(dz)
+        w = p
+    return w, pi, dz, ds2, q, k, do
 
 
 @triton.jit
-def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, G, DK, DVv, H, Sq, Sk, D, DV, scale,
+def _head_u(U, bh, H, DT: tl.constexpr, HYBRID: tl.constexpr):
+    """HNAS's u of this program's head (1.0 without ``HYBRID``)."""
+    if HYBRID:
+        return tl.load(U + bh % H).to(DT)
+    return tl.full((), 1.0, DT)
+
+
+@triton.jit
+def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DK, DVv, H, Sq, Sk, D, DV, scale,
                   HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
-                  BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+                  BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, HYBRID: tl.constexpr):
     """dK and dV of one key block (FlashAttention-2's key-block program, no atomics). First the
     column sums G_j = sum_i dz_ij down all query blocks (kept for the dQ pass), then
     ds_ij = dz_ij - pi_ij G_j (the column step's term as a column reduction), dk_j = scale sum_i
@@ -166,21 +200,24 @@ def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, G, DK, DVv, H, Sq, Sk, D, 
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     nqb = tl.cdiv(Sq, BQ)
+    u = _head_u(U, bh, H, DT, HYBRID)
     g = tl.zeros((BK,), DT)
     for qb in range(0, nqb):
         offs_q = qb * BQ + tl.arange(0, BQ)
-        p, pi, dz, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, bh, b, offs_q, offs_k, offs_d, offs_dv,
-                                         Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP)
+        w, pi, dz, ds2, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_q,
+                                              offs_k, offs_d, offs_dv, Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP,
+                                              HYBRID)
         g += tl.sum(dz, axis=0)
     tl.store(G + bh * Sk + offs_k, g, mask=offs_k < Sk)
     dk = tl.zeros((BK, BD), DT)
     dv = tl.zeros((BK, BDV), DT)
     for qb in range(0, nqb):
         offs_q = qb * BQ + tl.arange(0, BQ)
-        p, pi, dz, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, bh, b, offs_q, offs_k, offs_d, offs_dv,
-                                         Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP)
-        ds = dz - pi * g[None, :]
-        dv += tile_dot(tl.trans(p.to(do.dtype)), do, DT, LOWP)
+        w, pi, dz, ds2, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_q,
+                                              offs_k, offs_d, offs_dv, Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP,
+                                              HYBRID)
+        ds = dz - pi * g[None, :] + ds2
+        dv += tile_dot(tl.trans(w.to(do.dtype)), do, DT, LOWP)
         dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP)
     tl.store(DK + bh * Sk * D + offs_k[:, None] * D + offs_d[None, :], dk * scale,
              mask=(offs_k[:, None] < Sk) & (offs_d[None, :] < D))
@@ -189,10 +226,10 @@ def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, G, DK, DVv, H, Sq, Sk, D, 
 
 
 @triton.jit
-def bwd_q_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, G, DQ, H, Sq, Sk, D, DV, scale,
+def bwd_q_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DQ, H, Sq, Sk, D, DV, scale,
                  HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
-                 BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
-    """dQ of one query block in its own pass (no atomics): dq_i = scale sum_j (dz_ij - pi_ij G_j) k_j."""
+                 BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, HYBRID: tl.constexpr):
+    """dQ of one query block in its own pass (no atomics): dq_i = scale sum_j (dz_ij - pi_ij G_j + ds2_ij) k_j."""
     bh = tl.program_id(0)
     qb = tl.program_id(1)
     b = bh // H
@@ -200,12 +237,14 @@ def bwd_q_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, G, DQ, H, Sq, Sk, D, DV, sc
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     dq = tl.zeros((BQ, BD), DT)
+    u = _head_u(U, bh, H, DT, HYBRID)
     for kb in range(0, tl.cdiv(Sk, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
-        p, pi, dz, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, bh, b, offs_q, offs_k, offs_d, offs_dv,
-                                         Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP)
+        w, pi, dz, ds2, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_q,
+                                              offs_k, offs_d, offs_dv, Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP,
+                                              HYBRID)
         g = tl.load(G + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
-        ds = dz - pi * g[None, :]
+        ds = dz - pi * g[None, :] + ds2
         dq += tile_dot(ds.to(k.dtype), k, DT, LOWP)
     tl.store(DQ + bh * Sq * D + offs_q[:, None] * D + offs_d[None, :], dq * scale,
              mask=(offs_q[:, None] < Sq) & (offs_d[None, :] < D))

@@ -132,17 +132,24 @@ def test_dnas_and_hnas_cores_dispatch_to_triton_with_the_same_values():
         enc_ref = build_core(scheme, heads=4, causal=False, location="encoder", impl="naive").double().eval()
         if scheme == "hnas":
             with torch.no_grad():
-                enc.u_logit.copy_(enc_ref.u_logit)
+                enc.u_logit.copy_(torch.tensor([1.5, -0.5, 0.0, -2.0], dtype=torch.float64))
+                enc_ref.u_logit.copy_(enc.u_logit)
         import nas_cli.attention.triton_encoder as te
 
-        calls, real_enc = [], te.encoder_dnas_triton
-        te.encoder_dnas_triton = lambda *a, **kw: calls.append(1) or real_enc(*a, **kw)
+        kernel = f"encoder_{scheme}_triton"  # HNAS: both parts from the same passes (issue #48, 3)
+        calls, real_enc = [], getattr(te, kernel)
+        setattr(te, kernel, lambda *a, **kw: calls.append(1) or real_enc(*a, **kw))
         try:
             got = enc(q, k, v, qm, qm).out
         finally:
-            te.encoder_dnas_triton = real_enc
+            setattr(te, kernel, real_enc)
         assert calls, f"{scheme}: impl=triton did not run the encoder kernels"
-        torch.testing.assert_close(got, enc_ref(q, k, v, qm, qm).out, rtol=0, atol=1e-12)
+        want = enc_ref(q, k, v, qm, qm).out
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        if scheme == "hnas":
+            gu = torch.autograd.grad(got.sum(), enc.u_logit)[0]
+            gw = torch.autograd.grad(want.sum(), enc_ref.u_logit)[0]
+            torch.testing.assert_close(gu, gw, rtol=1e-10, atol=1e-12)
 
 
 def test_impl_triton_refused_with_one_line_where_it_cannot_run(tmp_path):
@@ -210,23 +217,63 @@ def test_encoder_kernels_equal_the_float64_reference(case):
         torch.testing.assert_close(got, ref, rtol=0, atol=1e-11)
 
 
-def test_encoder_backward_is_deterministic_and_low_precision_is_within_sdpas_own_error():
+@pytest.mark.parametrize("case", [
+    # (B, H, Sq, Sk, D, Dv, padded, block_q, block_k): lengths not multiples of the blocks
+    (2, 3, 37, 45, 16, 19, True, 32, 16),
+    (1, 2, 20, 33, 8, 8, False, 16, 16),
+])
+def test_hnas_encoder_kernels_equal_the_float64_formula(case):
+    """HNAS's encoder form from one pass (issue #48, 3): u O_DNAS + (1 - u) O_softmax per head, values
+    and the gradients of q, k, v and u, against Ding et al.'s formula written out in float64."""
+    from nas_cli.attention.base import doubly_normalized_logits, masked_row_softmax
+    from nas_cli.attention.triton_encoder import encoder_hnas_triton
+
+    b, h, sq, sk, d, dv, padded, bq, bk = case
+    q, k, v = _inputs(b, h, sq, sk, d, dv, seed=sq * sk)
+    qm, km = torch.ones(b, sq, dtype=torch.bool), torch.ones(b, sk, dtype=torch.bool)
+    if padded:
+        qm[0, -5:] = False
+        km[-1, -7:] = False
+    u = torch.linspace(0.1, 0.9, h, dtype=torch.float64).requires_grad_()
+    allowed = qm[:, None, :, None] & km[:, None, None, :]
+    s = q @ k.transpose(-1, -2) / d ** 0.5
+    dn = masked_row_softmax(doubly_normalized_logits(s, allowed, False), allowed)
+    w = u[None, :, None, None]
+    want = ((w * dn + (1 - w) * masked_row_softmax(s, allowed)) @ v) * qm[:, None, :, None]
+    got = encoder_hnas_triton(q, k, v, u, qm if padded else None, km if padded else None, block_q=bq, block_k=bk)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    g = torch.randn_like(want)
+    for a, r in zip(torch.autograd.grad(got, (q, k, v, u), g), torch.autograd.grad(want, (q, k, v, u), g)):
+        torch.testing.assert_close(a, r, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
+def test_encoder_backward_is_deterministic_and_low_precision_is_within_sdpas_own_error(scheme):
     """Two backward passes give the same bits (no atomics: trainer.deterministic can use it); float32 within
     1e-5 of float64; bf16 and fp16 (tensor-core products, float32 accumulation) within 2x the error
-    SDPA's softmax attention makes in the same dtype on the same inputs."""
+    SDPA's softmax attention makes in the same dtype on the same inputs. HNAS: u = 0.3 and 0.8 per head."""
     import torch.nn.functional as F
 
-    from nas_cli.attention.triton_encoder import encoder_dnas_triton
+    from nas_cli.attention.triton_encoder import encoder_dnas_triton, encoder_hnas_triton
 
     q, k, v = [t.detach() for t in _inputs(2, 2, 40, 40, 32, 32, seed=5)]
     qm = torch.ones(2, 40, dtype=torch.bool)
     qm[0, -5:] = False
+    u = torch.tensor([0.3, 0.8])
     want = _encoder_reference(q, k, v, qm, qm)
+    if scheme == "hnas":
+        w = u.double()[None, :, None, None]
+        sm = F.scaled_dot_product_attention(q, k, v, attn_mask=qm[:, None, None, :]) * qm[:, None, :, None]
+        want = w * want + (1 - w) * sm
+
+    def kernel(*x):
+        return encoder_dnas_triton(*x, qm, qm) if scheme == "dnas" else encoder_hnas_triton(*x, u, qm, qm)
+
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
-        out = encoder_dnas_triton(*x, qm, qm)
+        out = kernel(*x)
         assert out.dtype == dtype
-        grads = [torch.autograd.grad(encoder_dnas_triton(*x, qm, qm), x, torch.ones_like(out)) for _ in range(2)]
+        grads = [torch.autograd.grad(kernel(*x), x, torch.ones_like(out)) for _ in range(2)]
         assert all(torch.equal(a, b) for a, b in zip(*grads)), dtype
         err = (out.double() - want).abs().max().item()
         if dtype == torch.float32:
