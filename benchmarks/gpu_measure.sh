@@ -11,7 +11,8 @@
 #    end-to-end training steps of Transformer-base at WMT14 shapes (bf16-mixed).
 #
 # Environment: ONLY_TRITON=1 stops after the Triton kernels' checks and timings and the Hugging Face
-# step (step 0b: 9 minutes at most, what one 15-minute GPU session holds); MULTI30K=<folder> also trains the study's Multi30k preset on the GPU beside the
+# step (step 0b: 9 minutes at most, what one 15-minute GPU session holds); LONG=1 adds the 64k-context
+# memory check (2.5 minutes at most; SKIP_HF=1 leaves out the Hugging Face step to make room); MULTI30K=<folder> also trains the study's Multi30k preset on the GPU beside the
 # checks; SKIP_NUMERICS=1 / SKIP_ATTENTION=1 leave out gpu-check's numerics / the attention-core
 # timings (e.g. when only the training path changed since they were measured).
 #
@@ -55,9 +56,17 @@ step attention_triton_prefix 120 nas-bench attention --device cuda --dtype bfloa
 step attention_triton_d128 90 nas-bench attention --device cuda --dtype bfloat16 --batch 4 --heads 8 --d-head 128 \
     --causal both --lengths 2048,8192 --schemes unas,dnas-triton \
     --out-json "$out/attention_triton_d128.json" --out-md "$out/attention_triton_d128.md"
-step hf_step 120 python benchmarks/hf_step.py --device cuda --layers 8 --hidden 512 --heads 8 --seq 2048 --batch 4 \
+[ "${SKIP_HF:-0}" = 1 ] || step hf_step 120 python benchmarks/hf_step.py --device cuda --layers 8 --hidden 512 --heads 8 --seq 2048 --batch 4 \
     --bf16 --reps 10 --warmup 3 --tag "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
     --out "$out/hf_step.json" --markdown "$out/hf_step.md"
+# LONG=1: the longest context one DNAS layer trains at (issue #48's last target: B=1, H=8, d=64, S up to 64k;
+# nas-bench attention records each case's peak memory, which must grow linearly in S), instead of hf_step
+# when one session cannot hold both
+if [ "${LONG:-0}" = 1 ]; then
+    step attention_long 150 nas-bench attention --device cuda --dtype bfloat16 --batch 1 --heads 8 --d-head 64 \
+        --causal both --lengths 16384,32768,65536 --schemes unas,dnas-triton --repeats 2 \
+        --out-json "$out/attention_long.json" --out-md "$out/attention_long.md"
+fi
 [ "${ONLY_TRITON:-0}" = 1 ] && exit "$(grep -vc ': exit 0 ' "$out/steps.txt")"
 
 # 1. correctness (numerics in one process, the training cases eight at a time beside it)
