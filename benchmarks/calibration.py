@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nas_cli.bench.markdown import run_and_write, simulation_parser
 from nas_cli.report import stats
 from nas_cli.report.collect import Run
 from nas_cli.report.compare import compare_groups
@@ -176,8 +177,6 @@ def table(result: dict) -> str:
 
 
 def main() -> None:
-    from nas_cli.bench.markdown import run_and_write, simulation_parser
-
     p = simulation_parser(__doc__, ROOT / "docs" / "calibration.json", ROOT / "docs" / "comparing.md", 1000, 500,
                           "simulated sweeps per cell with no true effect")
     p.add_argument("--aso-sweeps", type=int, default=200, help="sweeps per cell for deepsig's ASO (0: skip)")

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from nas_cli.report import stopping as seq
+from nas_cli.bench.markdown import run_and_write, simulation_parser
 from nas_cli.report import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -203,8 +204,6 @@ def table(result: dict) -> str:
 
 
 def main() -> None:
-    from nas_cli.bench.markdown import run_and_write, simulation_parser
-
     p = simulation_parser(__doc__, ROOT / "docs" / "sequential.json", ROOT / "docs" / "comparing.md", 2000, 1000,
                           "simulated sweeps per cell with no true effect")
     p.add_argument("--family-sweeps", type=int, default=1000)
