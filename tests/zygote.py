@@ -263,12 +263,35 @@ def _run_child(request) -> None:
         runpy.run_path(argv[0], run_name="__main__")  # the script ends with sys.exit(main())
 
 
+def _warm_matplotlib() -> None:
+    """Draw one throw-away figure with text, an image and a colour bar: matplotlib's first figure
+    in a process loads its fonts and text layout (about 0.5 s), which every run's diagnostics
+    figures would otherwise pay again in each forked command. Nothing is written."""
+    try:
+        import io
+
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(2, 2))
+        ax.set_title("warm-up", fontsize=8)
+        fig.colorbar(ax.imshow([[0.0, 1.0]]), ax=ax, label="x")
+        fig.tight_layout()
+        fig.savefig(io.BytesIO(), format="png")
+        plt.close(fig)
+    except Exception:  # noqa: BLE001 - a warm-up only: the commands draw as they would anyway
+        pass
+
+
 def _main() -> None:
     for name in PRELOAD:
         try:
             __import__(name)
         except ImportError:
             pass
+    _warm_matplotlib()
     if threading.active_count() != 1:  # forking a process with threads is unsafe: serve nothing
         raise SystemExit(f"the test zygote has {threading.active_count()} threads after its imports")
     try:
