@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from hydra.core.utils import JobReturn, JobStatus
 
 from nas_cli.errors import fail
+from nas_cli.infra.rundir import remove_unstarted_sweep
 
 #: the sweep directory's list of jobs that ended before they wrote anything
 ENDED_FILE = "ended_jobs.json"
@@ -82,7 +83,7 @@ def install() -> None:
             try:
                 jobs = submit(executor, fn, *columns)
             except subprocess.CalledProcessError as err:  # sbatch refused (the pre-run check asks sinfo first)
-                _remove_unstarted_sweep(sweep_dir)
+                remove_unstarted_sweep(sweep_dir)
                 fail(f"hydra/launcher=slurm: sbatch refused the jobs (exit {err.returncode}, its own message is "
                      "above); nothing was submitted")
             return [_Waited(j, i, o, sweep_dir, UncompletedJobError) for j, i, o in zip(jobs, columns[2], columns[0])]
@@ -95,18 +96,6 @@ def install() -> None:
 
     launch._nas_tolerant = True
     base.launch = launch
-
-
-def _remove_unstarted_sweep(sweep_dir: Path) -> None:
-    """A sweep none of whose jobs was submitted: the directory holds only what its start wrote."""
-    import shutil
-
-    try:
-        if sweep_dir.is_dir() and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml", ".nas-run.lock",
-                                                                            ".submitit"}:
-            shutil.rmtree(sweep_dir)
-    except OSError:
-        pass
 
 
 class _Waited:

@@ -186,3 +186,16 @@ def clear_failed(run_dir: Path) -> None:
 def read_failed(run_dir: Path) -> dict[str, Any] | None:
     data = _read(Path(run_dir) / FAILED_NAME)
     return data or None
+
+
+def remove_unstarted_sweep(root: Path) -> None:
+    """A sweep stopped before its first job (refused, or its jobs never submitted): its directory
+    holds only what the start wrote (the lock, multirun.yaml, submitit's folder) and is removed, so
+    nothing is left behind. A directory holding anything else is kept."""
+    import shutil
+
+    try:
+        if root.is_dir() and {p.name for p in root.iterdir()} <= {"multirun.yaml", LOCK_NAME, ".submitit"}:
+            shutil.rmtree(root)
+    except OSError:
+        pass

@@ -91,7 +91,7 @@ class AttentionPlan:
 
     def model_cores(self, model_cfg: DictConfig) -> "Cores":
         """The cores of the model ``model_cfg`` describes (its heads and attention dropout)."""
-        return Cores(self, int(model_cfg.heads), float(model_cfg.get("attention_dropout", 0.0)))
+        return self.core_factory(int(model_cfg.heads), float(model_cfg.get("attention_dropout", 0.0)))
 
     # --- cross-group constraints, checked before any data or W&B run -----------------
     def check(self, model_cfg: DictConfig, lm: bool) -> None:

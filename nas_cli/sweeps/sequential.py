@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from nas_cli.errors import UserError, console, fail, say
+from nas_cli.infra.rundir import remove_unstarted_sweep
 from nas_cli.report import stopping as seq
 from nas_cli.sweeps.design import (Config, Options, default_metric, grid, job_dir, job_number,
                                 pair_up, parse_arguments, parse_baseline, subdir_override)
@@ -332,7 +333,7 @@ def _start(sweeper, arguments: list[str], root: Path):
         return options, configs, sweep, sweep.decide()
     except UserError as err:
         release(root)
-        _remove_if_empty(root)
+        remove_unstarted_sweep(root)
         fail(str(err))
 
 
@@ -355,15 +356,3 @@ def _launch_round(sweeper, sweep, options, configs, jobs, returns: list) -> list
 
 def _progress(state: dict[str, seq.Comparison]) -> tuple:
     return tuple((name, c.n, c.decision) for name, c in sorted(state.items()))
-
-
-def _remove_if_empty(root: Path) -> None:
-    """A sweep refused before its first job: the directory holds only what the start wrote (the lock,
-    multirun.yaml); nothing is left behind."""
-    import shutil
-
-    try:
-        if root.is_dir() and {p.name for p in root.iterdir()} <= {"multirun.yaml", ".nas-run.lock"}:
-            shutil.rmtree(root)
-    except OSError:
-        pass
