@@ -47,8 +47,8 @@ fi
 #     (tensor cores) and fp16 against float64 and SDPA's own error; then their time against SDPA, both
 #     forms, d_head 64 and 128, S up to 16k; and the Llama-style training step through Hugging Face
 step triton_check 90 python benchmarks/triton_check.py --out "$out/triton_check.json"
-step attention_triton_encoder 120 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
-    --causal off --lengths 1024,2048,4096,8192,16384 --schemes unas,dnas-triton,hnas-triton,dnas-flex \
+step attention_triton_encoder 150 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+    --causal off --lengths 1024,2048,4096,8192,16384 --schemes unas,dnas-triton,hnas-triton,sinkhorn-triton,dnas-flex \
     --out-json "$out/attention_triton_encoder.json" --out-md "$out/attention_triton_encoder.md"
 step attention_triton_prefix 120 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
     --causal on --lengths 1024,2048,4096,8192,16384 --schemes unas,dnas-triton,hnas-triton \

@@ -4,7 +4,8 @@ kernels' values and q/k/v gradients are compared with the float64 formula in flo
 fp16, each next to SDPA's own error in the same dtype on the same inputs (the target: at most 2x),
 with padding and lengths that are not multiples of the tiles; and two backward passes must give
 the same bits (no atomics). ``hnas-encoder``: HNAS's one-pass encoder kernels (u = 0.3 / 0.8 per
-head) against u DNAS + (1 - u) softmax in float64.
+head) against u DNAS + (1 - u) softmax in float64; ``sinkhorn3-encoder``: Sinkhorn-3's 2k-pass encoder
+kernels against the naive Sinkhorn core (three materialized column-row normalizations) in float64.
 
     python benchmarks/triton_check.py --out gpu_out/triton_check.json      # exit 1 if a check fails
 """
@@ -28,6 +29,15 @@ def reference(q, k, v, q_mask, k_mask, prefix: bool, causal: bool):
     return out if q_mask is None else out * q_mask[:, None, :, None]
 
 
+def sinkhorn_reference(q, k, v, mask, iterations: int):
+    """The naive Sinkhorn-k core in the encoder form (float64, autograd's backward)."""
+    from nas_cli.attention.base import AttentionCore
+    from nas_cli.attention.dnas import Sinkhorn
+
+    core = Sinkhorn(q.size(1), iterations=iterations, impl="naive").to(q.device).double()
+    return AttentionCore.forward(core, q, k, v, mask, mask).out * mask[:, None, :, None]
+
+
 def check(form: str, b: int, h: int, s: int, d: int, device: str = "cuda", seed: int = 0) -> list[dict]:
     from nas_cli.attention.triton_encoder import encoder_dnas_triton, encoder_hnas_triton
     from nas_cli.attention.triton_prefix import prefix_dnas_triton
@@ -37,12 +47,13 @@ def check(form: str, b: int, h: int, s: int, d: int, device: str = "cuda", seed:
     mask = torch.ones(b, s, dtype=torch.bool, device=device)
     mask[0, -(s // 7):] = False
     causal = form == "prefix"
+    iterations = 3 if form == "sinkhorn3-encoder" else 1
     u = torch.tensor([0.3, 0.8] * (h // 2) + [0.5] * (h % 2), device=device)
     run = ((lambda *x: prefix_dnas_triton(*x, mask, mask, causal=True)) if causal
            else (lambda *x: encoder_hnas_triton(*x, u, mask, mask)) if form == "hnas-encoder"
-           else (lambda *x: encoder_dnas_triton(*x, mask, mask)))
+           else (lambda *x: encoder_dnas_triton(*x, mask, mask, iterations=iterations)))
     x64 = [t.clone().requires_grad_() for t in (q, k, v)]
-    want = reference(*x64, mask, mask, causal, causal)
+    want = reference(*x64, mask, mask, causal, causal) if iterations == 1 else sinkhorn_reference(*x64, mask, 3)
     if form == "hnas-encoder":
         w = u.double()[None, :, None, None]
         soft = F.scaled_dot_product_attention(*x64, attn_mask=mask[:, None, None, :]) * mask[:, None, :, None]
@@ -77,7 +88,7 @@ def main() -> int:
     args = p.parse_args()
     rows = []
     sizes = ((40, 16), (23, 16)) if args.small else ((1000, 64), (777, 128))
-    for form in ("encoder", "hnas-encoder", "prefix"):
+    for form in ("encoder", "hnas-encoder", "sinkhorn3-encoder", "prefix"):
         for s, d in sizes:
             rows += check(form, 2, 2 if args.small else 4, s, d, args.device)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

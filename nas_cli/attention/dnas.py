@@ -87,7 +87,8 @@ def flex_applies(core, q, k, need_weights: bool) -> bool:
 def triton_applies(core, q, k, need_weights: bool) -> bool:
     """Whether this call runs the Triton kernels: ``impl=triton`` in either form of DNAS (the prefix
     form of decoder self- and cross-attention: nas_cli/attention/triton_prefix.py; the encoder form:
-    nas_cli/attention/triton_encoder.py), or ``impl=auto`` where :func:`auto_picks_fused` in the
+    nas_cli/attention/triton_encoder.py, Sinkhorn-k's too; Sinkhorn-k's prefix form keeps the chunked
+    path), or ``impl=auto`` where :func:`auto_picks_fused` in the
     prefix form (the encoder form's ``auto`` keeps FlexAttention until the kernels are timed on a
     GPU), without attention dropout in training, where Triton can run (CUDA, or its interpreter for
     ``impl=triton``). Elsewhere ``impl=triton`` runs as ``auto`` (the run says so once, nas_cli/pipeline/checks.py)."""
@@ -95,7 +96,7 @@ def triton_applies(core, q, k, need_weights: bool) -> bool:
         return False
     if not core.prefix_queries and core.impl != "triton":
         return False
-    if getattr(core, "iterations", 1) != 1 or (core.training and core.dropout > 0):
+    if (core.prefix_queries and getattr(core, "iterations", 1) != 1) or (core.training and core.dropout > 0):
         return False
     if core.impl == "auto" and not auto_picks_fused(q.device.type, max(q.size(-2), k.size(-2)), atomics=False):
         return False
@@ -170,7 +171,7 @@ class DNAS(AttentionCore):
         if not self.prefix_queries:
             from nas_cli.attention.triton_encoder import encoder_dnas_triton
 
-            return encoder_dnas_triton(q, k, v, q_mask, k_mask)
+            return encoder_dnas_triton(q, k, v, q_mask, k_mask, iterations=self.iterations)
         from nas_cli.attention.triton_prefix import prefix_dnas_triton
 
         return prefix_dnas_triton(q, k, v, q_mask, k_mask, causal=self.causal)

@@ -28,6 +28,16 @@ tile); the backward adds its score gradient ds2_ij = P_ij ((1 - u) dO_i . v_j - 
 same two passes (one dO . v^T per tile), dV takes u p_ij + (1 - u) P_ij, and u's gradient is
 sum dO . (O - O2) per head.
 
+**Sinkhorn-k** (``iterations`` = k > 1, :class:`_TritonSinkhorn`; kernels in
+``triton_sinkhorn_kernels.py``). Every iterate is exp(s_ij - C_j - B_i), so k column-row pairs are
+2k passes that each leave one vector: C^t_j = log sum_i exp(s_ij - B^(t-1)_i) (B^0 = 0; the column
+kernel with a per-query bias), B^t_i = log sum_j exp(s_ij - C^t_j) (a row pass without V), the last
+row pass the DNAS row kernel with C^k. The backward walks the normalizers' adjoints down the chain,
+each one reduction pass: gC^k_j = -sum_i dz_ij, then gB^(t-1)_i = -sum_j gC^t_j exp(s_ij - B^(t-1)_i -
+C^t_j) and gC^(t-1)_j = -sum_i gB^(t-1)_i exp(s_ij - C^(t-1)_j - B^(t-1)_i), and ends in the same
+dK/dV and dQ passes with ds_ij = dz_ij + sum_t gC^t_j exp(s_ij - B^(t-1)_i - C^t_j) + sum_(t<k) gB^t_i
+exp(s_ij - C^t_j - B^t_i): 2k + 1 passes, no atomics, O(k S) memory.
+
 **Precision.** bf16/fp16 inputs go through ``tl.dot`` in their own dtype on the tensor cores with
 float32 accumulation (FlashAttention's choice: p, ds and dO rounded to the input dtype before
 their products); float32 and float64 inputs keep exact (IEEE) products, for the tests.
@@ -76,8 +86,9 @@ class _TritonEncoder(torch.autograd.Function):
         K, bh, scale = st["K"], st["bsz"] * st["heads"], st["d"] ** -0.5
         hybrid = u is not None
         col = torch.empty(bh, st["sk"], dtype=st["wd"], device=q.device)
-        K.col_kernel[(bh, -(-st["sk"] // block_k))](q, k, st["qm"], st["km"], col, st["heads"], st["sq"], st["sk"],
-                                                    st["d"], scale, **_flags(st, block_q, block_k))
+        K.col_kernel[(bh, -(-st["sk"] // block_k))](q, k, st["qm"], st["km"], st["dummy"], col, st["heads"], st["sq"],
+                                                    st["sk"], st["d"], scale, HAS_RB=False,
+                                                    **_flags(st, block_q, block_k))
         outs = [torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
                 for _ in range(2 if hybrid else 1)]
         lses = [torch.empty(bh, st["sq"], dtype=st["wd"], device=q.device) for _ in outs]
@@ -127,17 +138,79 @@ class _TritonEncoder(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, du, None, None
 
 
-def encoder_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, block_q: int = BLOCK_Q,
+class _TritonSinkhorn(torch.autograd.Function):
+    """Sinkhorn-k's encoder form: 2k passes forward, 2k + 1 backward (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_mask, k_mask, iterations: int, block_q: int, block_k: int):
+        from nas_cli.attention import triton_sinkhorn_kernels as SK
+
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        st = _setup(q, k, v, q_mask, k_mask)
+        K, bh, scale = st["K"], st["bsz"] * st["heads"], st["d"] ** -0.5
+        cs = torch.empty(iterations, bh, st["sk"], dtype=st["wd"], device=q.device)
+        bs = torch.zeros(iterations + 1, bh, st["sq"], dtype=st["wd"], device=q.device)
+        out = torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
+        shape = (st["heads"], st["sq"], st["sk"], st["d"], scale)
+        flags = _flags(st, block_q, block_k)
+        cols, rows = (bh, -(-st["sk"] // block_k)), (bh, -(-st["sq"] // block_q))
+        for t in range(iterations):
+            K.col_kernel[cols](q, k, st["qm"], st["km"], bs[t], cs[t], *shape, HAS_RB=t > 0, **flags)
+            if t < iterations - 1:
+                SK.row_lse_kernel[rows](q, k, st["qm"], st["km"], cs[t], bs[t + 1], *shape, **flags)
+        K.row_kernel[rows](q, k, v, st["qm"], st["km"], cs[-1], out, bs[-1], st["dummy"], st["dummy"],
+                           st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale, BDV=st["bdv"], HYBRID=False,
+                           **flags)
+        masks = [m if m is not None else torch.empty(0) for m in (q_mask, k_mask)]
+        ctx.save_for_backward(q, k, v, *masks, cs, bs, out)
+        ctx.conf = (block_q, block_k, q_mask is not None, k_mask is not None)
+        return out.to(v.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        from nas_cli.attention import triton_sinkhorn_kernels as SK
+
+        block_q, block_k, has_qm, has_km = ctx.conf
+        q, k, v, q_mask, k_mask, cs, bs, out = ctx.saved_tensors
+        st = _setup(q, k, v, q_mask if has_qm else None, k_mask if has_km else None)
+        bh, scale, iters = st["bsz"] * st["heads"], st["d"] ** -0.5, cs.size(0)
+        delta = (g.to(st["wd"]) * out).sum(-1).contiguous()
+        g = g.contiguous().to(v.dtype if st["lowp"] else st["wd"])
+        gc, gb = torch.empty_like(cs), torch.zeros_like(bs[:-1])
+        flags = _flags(st, block_q, block_k)
+        shape = (st["heads"], st["sq"], st["sk"], st["d"], scale)
+        cols, rows = (bh, -(-st["sk"] // block_k)), (bh, -(-st["sq"] // block_q))
+        strides = (iters, bh * st["sq"], bh * st["sk"])
+        full = (st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale, *strides)
+        SK.dz_colsum_kernel[cols](q, k, v, st["qm"], st["km"], cs, bs, g, delta, gc[-1], *full, BDV=st["bdv"],
+                                  **flags)
+        for t in range(iters - 1, 0, -1):  # the adjoints down the chain of normalizers
+            SK.row_reduce_kernel[rows](q, k, st["qm"], st["km"], bs[t], cs[t], gc[t], gb[t], *shape, **flags)
+            SK.col_reduce_kernel[cols](q, k, st["qm"], st["km"], bs[t], cs[t - 1], gb[t], gc[t - 1], *shape,
+                                       **flags)
+        dq = torch.empty(q.shape, dtype=st["wd"], device=q.device)
+        dk = torch.empty(k.shape, dtype=st["wd"], device=q.device)
+        dv = torch.empty(v.shape, dtype=st["wd"], device=q.device)
+        args = (q, k, v, st["qm"], st["km"], cs, bs, gc, gb, g, delta)
+        SK.sink_bwd_kv_kernel[cols](*args, dk, dv, *full, BDV=st["bdv"], **flags)
+        SK.sink_bwd_q_kernel[rows](*args, dq, *full, BDV=st["bdv"], **flags)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+
+
+def encoder_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, iterations: int = 1, block_q: int = BLOCK_Q,
                         block_k: int = BLOCK_K) -> torch.Tensor:
     """(B, H, Sq, Dv): DNAS in the encoder form (column normalizer over all real queries), zeros at
     padded queries and at rows without a real key, as :func:`nas_cli.attention.efficient.dnas_attention`
-    gives with ``prefix=False``. q (B, H, Sq, D), k (B, H, Sk, D), v (B, H, Sk, Dv); masks (B, S)
-    bool, True = real."""
+    gives with ``prefix=False``; ``iterations`` = k > 1: Sinkhorn-k (k column-row pairs) in 2k passes.
+    q (B, H, Sq, D), k (B, H, Sk, D), v (B, H, Sk, Dv); masks (B, S) bool, True = real."""
     why = triton_unavailable(q.device)
     if why:
         raise RuntimeError(f"attention.impl=triton: {why}")
     if q.size(-2) == 0 or k.size(-2) == 0:
         return q.new_zeros(*q.shape[:-1], v.size(-1), dtype=v.dtype)
+    if int(iterations) > 1:
+        return _TritonSinkhorn.apply(q, k, v, q_mask, k_mask, int(iterations), int(block_q), int(block_k))
     return _TritonEncoder.apply(q, k, v, q_mask, k_mask, None, int(block_q), int(block_k))
 
 

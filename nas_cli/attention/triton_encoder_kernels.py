@@ -59,7 +59,7 @@ def _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM: tl.constexpr, HAS_KM: tl
 
 
 @triton.jit
-def _scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM: tl.constexpr,
+def tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM: tl.constexpr,
             HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr):
     """One (BQ x BK) tile: the scores (NEG where not allowed), the allowed mask, the loaded q and k."""
     q = tile_load(Q, bh, offs_q, offs_d, Sq, D, DT, LOWP)
@@ -90,11 +90,12 @@ def store_rows(OUT, LSE, bh, offs_q, offs_dv, Sq, DV, acc, m, l, has):
 
 
 @triton.jit
-def col_kernel(Q, K, QM, KM, C, H, Sq, Sk, D, scale,
+def col_kernel(Q, K, QM, KM, RB, C, H, Sq, Sk, D, scale,
                HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
-               BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
-    """C[bh, j] = log sum_i exp(s_ij) over the allowed queries (NEG for a column with none): one
-    program per (bh, key block), an online log-sum-exp down the query blocks. No V, no output."""
+               BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, HAS_RB: tl.constexpr):
+    """C[bh, j] = log sum_i exp(s_ij - RB[bh, i]) over the allowed queries (NEG for a column with
+    none; RB, a per-query bias, only with ``HAS_RB``: Sinkhorn-k's later column steps): one program
+    per (bh, key block), an online log-sum-exp down the query blocks. No V, no output."""
     bh = tl.program_id(0)
     kb = tl.program_id(1)
     b = bh // H
@@ -104,8 +105,11 @@ def col_kernel(Q, K, QM, KM, C, H, Sq, Sk, D, scale,
     l = tl.zeros((BK,), DT)
     for qb in range(0, tl.cdiv(Sq, BQ)):
         offs_q = qb * BQ + tl.arange(0, BQ)
-        s, ok, q, k = _scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT,
+        s, ok, q, k = tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT,
                               LOWP)
+        if HAS_RB:
+            rb = tl.load(RB + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
+            s = tl.where(ok, s - rb[:, None], NEG)
         m_new = tl.maximum(m, tl.max(s, axis=0))
         l = l * tl.exp(m - m_new) + tl.sum(tl.where(ok, tl.exp(s - m_new[None, :]), 0.0), axis=0)
         m = m_new
@@ -133,7 +137,7 @@ def row_kernel(Q, K, V, QM, KM, C, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, scale
     acc2 = tl.zeros((BQ, BDV), DT)
     for kb in range(0, tl.cdiv(Sk, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
-        s, ok, q, k = _scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT,
+        s, ok, q, k = tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT,
                               LOWP)
         c = tl.load(C + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
         m, l, acc = softmax_step(m, l, acc, tl.where(ok, s - c[None, :], NEG), ok, V, bh, offs_k, offs_dv, Sk, DV,
@@ -153,7 +157,7 @@ def _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_
     dz = p (u dO . v - D) (the gradient of z; u = 1 without ``HYBRID``), and the loaded q, k, dO.
     ``HYBRID``: w = u p + (1 - u) P (the weights dV sees) and ds2 = P ((1 - u) dO . v - D2) (the
     softmax part's score gradient, 0 otherwise)."""
-    s, ok, q, k = _scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT, LOWP)
+    s, ok, q, k = tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT, LOWP)
     c = tl.load(C + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
     lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
     z = s - c[None, :]

@@ -272,8 +272,8 @@ def check_triton(plan, cfg: DictConfig) -> None:
     """``attention.impl=triton`` runs where Triton runs (CUDA; the CPU only under TRITON_INTERPRET=1,
     for tests) and covers DNAS and HNAS in both forms (the encoder form: attention/triton_encoder.py;
     the prefix form of decoder self- and cross-attention: attention/triton_prefix.py), with
-    backward passes that use no atomics (``trainer.deterministic=true`` takes them); Sinkhorn-k
-    keeps the chunked path, which the run says once."""
+    backward passes that use no atomics (``trainer.deterministic=true`` takes them); Sinkhorn-k has
+    kernels in the encoder form and keeps the chunked path in the prefix form, which the run says once."""
     chosen = {loc: p for loc, p in plan.placed.items() if p.options.get("impl") == "triton"}
     if not chosen:
         return
@@ -283,12 +283,13 @@ def check_triton(plan, cfg: DictConfig) -> None:
 
     _check_fused(cfg, f"attention.impl=triton ({', '.join(chosen)})", None,
                  lambda device: triton_unavailable(torch.device(device)))
-    other = [loc for loc, p in chosen.items() if "sinkhorn" in str(p.scheme)]
+    other = [loc for loc, p in chosen.items() if "sinkhorn" in str(p.scheme) and loc in ("decoder", "cross")]
     if other:
         import sys
 
-        print(f"nas-run: note: attention.impl=triton covers DNAS and HNAS; Sinkhorn-k at {', '.join(other)} uses the "
-              "chunked exact path (same values and gradients)", file=sys.stderr)
+        print(f"nas-run: note: attention.impl=triton covers DNAS and HNAS in both forms and Sinkhorn-k in the encoder "
+              f"form; Sinkhorn-k at {', '.join(other)} (prefix-normalized) uses the chunked exact path (same values "
+              "and gradients)", file=sys.stderr)
 
 
 def _check_fused(cfg: DictConfig, what: str, atomics: str | None, unavailable) -> None:

@@ -174,7 +174,10 @@ def test_impl_triton_for_every_location_passes_the_checks_and_names_the_chunked_
     check_config(compose_cfg("attention=dnas", "attention.impl=triton", "trainer.accelerator=cpu"))
     assert capsys.readouterr().err == ""  # every location runs kernels: the encoder form has its own (#48)
     check_config(compose_cfg("attention=sinkhorn", "attention.impl=triton", "trainer.accelerator=cpu"))
-    assert "Sinkhorn-k at encoder, decoder, cross uses the chunked" in capsys.readouterr().err
+    assert "Sinkhorn-k at decoder, cross (prefix-normalized) uses the chunked" in capsys.readouterr().err
+    check_config(compose_cfg("attention.encoder=sinkhorn", "attention.encoder.impl=triton",  # kernels: no note
+                             "trainer.accelerator=cpu"))
+    assert capsys.readouterr().err == ""
     # no atomics in either form's backward (issue #48): trainer.deterministic=true takes them
     check_config(compose_cfg("attention=dnas", "attention.impl=triton", "trainer.deterministic=true",
                              "trainer.accelerator=cpu"))
@@ -247,11 +250,50 @@ def test_hnas_encoder_kernels_equal_the_float64_formula(case):
         torch.testing.assert_close(a, r, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
+@pytest.mark.parametrize("case", [
+    # (B, H, Sq, Sk, D, Dv, iterations, padded, block_q, block_k): lengths not multiples of the blocks
+    (2, 2, 37, 45, 16, 19, 3, True, 32, 16),
+    (1, 2, 20, 33, 8, 8, 2, False, 16, 16),
+])
+def test_sinkhorn_encoder_kernels_equal_the_float64_reference(case):
+    """Sinkhorn-k's encoder form as 2k fused passes (issue #48, 3): values and q/k/v gradients against the
+    naive Sinkhorn core (k materialized column-row normalizations, autograd's backward) in float64,
+    and the core dispatches to them with impl=triton."""
+    from nas_cli.attention.triton_encoder import encoder_dnas_triton
+
+    b, h, sq, sk, d, dv, iters, padded, bq, bk = case
+    q, k, v = _inputs(b, h, sq, sk, d, dv, seed=sq + iters)
+    qm = km = None
+    if padded:
+        qm, km = torch.ones(b, sq, dtype=torch.bool), torch.ones(b, sk, dtype=torch.bool)
+        qm[0, -5:] = False
+        km[-1, -7:] = False
+    ref = build_core("sinkhorn", heads=h, causal=False, location="encoder", impl="naive", iterations=iters).double()
+    want = AttentionCore.forward(ref, q, k, v, qm, km).out
+    got = encoder_dnas_triton(q, k, v, qm, km, iterations=iters, block_q=bq, block_k=bk)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    g = torch.randn_like(want)
+    for a, r in zip(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
+        torch.testing.assert_close(a, r, rtol=0, atol=1e-11)
+    import nas_cli.attention.triton_encoder as te
+
+    tri = build_core("sinkhorn", heads=h, causal=False, location="encoder", impl="triton", iterations=iters).double()
+    calls, real = [], te._TritonSinkhorn.apply
+    te._TritonSinkhorn.apply = lambda *a: calls.append(a[5]) or real(*a)
+    try:
+        out = tri(q, k, v, qm, km).out
+    finally:
+        te._TritonSinkhorn.apply = real
+    assert calls == [iters]
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("scheme", ["dnas", "hnas", "sinkhorn"])
 def test_encoder_backward_is_deterministic_and_low_precision_is_within_sdpas_own_error(scheme):
     """Two backward passes give the same bits (no atomics: trainer.deterministic can use it); float32 within
     1e-5 of float64; bf16 and fp16 (tensor-core products, float32 accumulation) within 2x the error
-    SDPA's softmax attention makes in the same dtype on the same inputs. HNAS: u = 0.3 and 0.8 per head."""
+    SDPA's softmax attention makes in the same dtype on the same inputs. HNAS: u = 0.3 and 0.8 per head;
+    Sinkhorn-3 against its naive core."""
     import torch.nn.functional as F
 
     from nas_cli.attention.triton_encoder import encoder_dnas_triton, encoder_hnas_triton
@@ -261,13 +303,18 @@ def test_encoder_backward_is_deterministic_and_low_precision_is_within_sdpas_own
     qm[0, -5:] = False
     u = torch.tensor([0.3, 0.8])
     want = _encoder_reference(q, k, v, qm, qm)
+    if scheme == "sinkhorn":
+        want = AttentionCore.forward(build_core("sinkhorn", heads=2, location="encoder", impl="naive", iterations=3)
+                                     .double(), q, k, v, qm, qm).out
     if scheme == "hnas":
         w = u.double()[None, :, None, None]
         sm = F.scaled_dot_product_attention(q, k, v, attn_mask=qm[:, None, None, :]) * qm[:, None, :, None]
         want = w * want + (1 - w) * sm
 
     def kernel(*x):
-        return encoder_dnas_triton(*x, qm, qm) if scheme == "dnas" else encoder_hnas_triton(*x, u, qm, qm)
+        if scheme == "hnas":
+            return encoder_hnas_triton(*x, u, qm, qm)
+        return encoder_dnas_triton(*x, qm, qm, iterations=3 if scheme == "sinkhorn" else 1)
 
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
