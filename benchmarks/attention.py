@@ -157,7 +157,8 @@ def run_case(scheme: str, length: int, causal: bool, args) -> dict[str, Any]:
             for t in (q, k, v):  # gradients are outputs of the step; drop them afterwards
                 t.grad = None
 
-        # warm-up; the first run doubles as the --max-seconds guard
+        # warm-up; the first run doubles as the --max-seconds guard (it includes compiling and, for the
+        # Triton kernels on a GPU, autotuning their tiles: about 10 s per kernel the first time)
         for w in range(max(1, args.warmup)):
             sync_device(device)
             t0 = time.perf_counter()
@@ -169,6 +170,10 @@ def run_case(scheme: str, length: int, causal: bool, args) -> dict[str, Any]:
                 return rec
         rec["peak_bytes"] = _peak_bytes(step, device)
         rec["time_ms"] = 1e3 * _median_seconds(step, device, args.repeats)
+        if scheme.endswith("-triton") and device.type == "cuda":  # the tiles the autotuner kept
+            from nas_cli.attention.triton_tiles import chosen_all
+
+            rec["tiles"] = chosen_all()
     except Exception as err:  # noqa: BLE001 - every failure becomes a recorded status
         rec["status"] = "oom" if is_oom(err) else f"error: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
     finally:

@@ -6,6 +6,8 @@ with padding and lengths that are not multiples of the tiles; and two backward p
 the same bits (no atomics). ``hnas-encoder``: HNAS's one-pass encoder kernels (u = 0.3 / 0.8 per
 head) against u DNAS + (1 - u) softmax in float64; ``sinkhorn3-encoder``: Sinkhorn-3's 2k-pass encoder
 kernels against the naive Sinkhorn core (three materialized column-row normalizations) in float64.
+Every row runs the interpreter's fixed 32 x 32 tiles; on a GPU three more rows (bf16, d=64, each
+encoder form) run the autotuned tiles that the timings use.
 
     python benchmarks/triton_check.py --out gpu_out/triton_check.json      # exit 1 if a check fails
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -38,7 +41,11 @@ def sinkhorn_reference(q, k, v, mask, iterations: int):
     return AttentionCore.forward(core, q, k, v, mask, mask).out * mask[:, None, :, None]
 
 
-def check(form: str, b: int, h: int, s: int, d: int, device: str = "cuda", seed: int = 0) -> list[dict]:
+def check(form: str, b: int, h: int, s: int, d: int, device: str = "cuda", seed: int = 0, tiles: str = "fixed",
+          dtypes=(torch.float32, torch.bfloat16, torch.float16)) -> list[dict]:
+    """Rows of one form and size; ``tiles``: "fixed" (the interpreter's 32 x 32) or "auto" (the
+    encoder kernels' autotuned tiles on a GPU, nas_cli/attention/triton_tiles.py)."""
+    os.environ["NAS_TRITON_TILES"] = tiles
     from nas_cli.attention.triton_encoder import encoder_dnas_triton, encoder_hnas_triton
     from nas_cli.attention.triton_prefix import prefix_dnas_triton
 
@@ -62,7 +69,7 @@ def check(form: str, b: int, h: int, s: int, d: int, device: str = "cuda", seed:
     want_grads = torch.autograd.grad(want, x64, dout)
     sdpa64 = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     rows = []
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for dtype in dtypes:
         x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
         out = run(*x)
         grads = torch.autograd.grad(out, x, dout.to(dtype))
@@ -73,7 +80,7 @@ def check(form: str, b: int, h: int, s: int, d: int, device: str = "cuda", seed:
         gerr = max((a.double() - w).abs().max().item() / w.abs().max().item() for a, w in zip(grads, want_grads))
         ok = all(torch.equal(a, c) for a, c in zip(grads, again))
         limit = 1e-5 if dtype == torch.float32 else 2 * sdpa
-        rows.append({"form": form, "B": b, "H": h, "S": s, "d": d, "dtype": str(dtype).split(".")[1],
+        rows.append({"form": form, "tiles": tiles, "B": b, "H": h, "S": s, "d": d, "dtype": str(dtype).split(".")[1],
                      "max_err": err, "sdpa_err": sdpa, "grad_rel_err": gerr, "deterministic": ok,
                      "pass": bool(ok and err <= limit)})
         print(json.dumps(rows[-1]), flush=True)
@@ -91,6 +98,9 @@ def main() -> int:
     for form in ("encoder", "hnas-encoder", "sinkhorn3-encoder", "prefix"):
         for s, d in sizes:
             rows += check(form, 2, 2 if args.small else 4, s, d, args.device)
+    if args.device == "cuda":  # the autotuned tiles the timings use, in bf16 at the timed head dim
+        for form in ("encoder", "hnas-encoder", "sinkhorn3-encoder"):
+            rows += check(form, 2, 4, 1000, 64, args.device, tiles="auto", dtypes=(torch.bfloat16,))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU (Triton interpreter)"
     Path(args.out).write_text(json.dumps({"device": name, "torch": torch.__version__,

@@ -43,17 +43,17 @@ float32 accumulation (FlashAttention's choice: p, ds and dO rounded to the input
 their products); float32 and float64 inputs keep exact (IEEE) products, for the tests.
 
 Runs on CUDA; on the CPU only under Triton's interpreter (``TRITON_INTERPRET=1``, set before
-Triton is first imported), which the tests use at small sizes. Tile sizes: :data:`BLOCK_Q`,
-:data:`BLOCK_K` (the interpreter's); a GPU's best tiles are to be measured there.
+Triton is first imported), which the tests use at small sizes. Tile sizes: autotuned per GPU,
+dtype, head dims and length bucket on CUDA, fixed under the interpreter or when given
+(:mod:`nas_cli.attention.triton_tiles`).
 """
 from __future__ import annotations
 
 import torch
 
 from nas_cli.attention.triton_prefix import next_pow2, triton_unavailable
+from nas_cli.attention.triton_tiles import BACKWARD, FORWARD, launch, length_bucket
 
-BLOCK_Q = 32
-BLOCK_K = 32
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
@@ -67,12 +67,15 @@ def _setup(q, k, v, q_mask, k_mask):
                 d=q.size(3), dv=v.size(3), bd=next_pow2(q.size(3)), bdv=next_pow2(v.size(3)),
                 qm=dummy if q_mask is None else q_mask.to(torch.int8).contiguous(),
                 km=dummy if k_mask is None else k_mask.to(torch.int8).contiguous(),
-                has_qm=q_mask is not None, has_km=k_mask is not None)
+                has_qm=q_mask is not None, has_km=k_mask is not None, tune=length_bucket(q.size(2), k.size(2)))
 
 
-def _flags(st, block_q: int, block_k: int) -> dict:
-    return dict(HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"], BQ=block_q, BK=block_k,
-                BD=st["bd"])
+def _run(st, kernel, per: str, args, blocks, table=FORWARD, **flags) -> None:
+    """``kernel`` over (batch x head, query blocks if ``per`` is "BQ", else key blocks), with the
+    given tiles ``blocks`` (block_q, block_k; None: autotuned on a GPU, fixed elsewhere)."""
+    common = dict(HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"], BD=st["bd"])
+    launch(kernel, per, st["bsz"] * st["heads"], st["sq"] if per == "BQ" else st["sk"], st["tune"], args,
+           {**common, **flags}, table, *blocks)
 
 
 class _TritonEncoder(torch.autograd.Function):
@@ -80,22 +83,21 @@ class _TritonEncoder(torch.autograd.Function):
     the same passes, u's gradient included."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_mask, k_mask, u, block_q: int, block_k: int):
+    def forward(ctx, q, k, v, q_mask, k_mask, u, block_q, block_k):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         st = _setup(q, k, v, q_mask, k_mask)
-        K, bh, scale = st["K"], st["bsz"] * st["heads"], st["d"] ** -0.5
+        K, bh, scale, blocks = st["K"], st["bsz"] * st["heads"], st["d"] ** -0.5, (block_q, block_k)
         hybrid = u is not None
         col = torch.empty(bh, st["sk"], dtype=st["wd"], device=q.device)
-        K.col_kernel[(bh, -(-st["sk"] // block_k))](q, k, st["qm"], st["km"], st["dummy"], col, st["heads"], st["sq"],
-                                                    st["sk"], st["d"], scale, HAS_RB=False,
-                                                    **_flags(st, block_q, block_k))
+        _run(st, K.col_kernel, "BK", (q, k, st["qm"], st["km"], st["dummy"], col, st["heads"], st["sq"], st["sk"],
+                                      st["d"], scale), blocks, HAS_RB=False)
         outs = [torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
                 for _ in range(2 if hybrid else 1)]
         lses = [torch.empty(bh, st["sq"], dtype=st["wd"], device=q.device) for _ in outs]
         out2, lse2 = (outs[1], lses[1]) if hybrid else (st["dummy"], st["dummy"])
-        K.row_kernel[(bh, -(-st["sq"] // block_q))](q, k, v, st["qm"], st["km"], col, outs[0], lses[0], out2, lse2,
-                                                    st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale,
-                                                    BDV=st["bdv"], HYBRID=hybrid, **_flags(st, block_q, block_k))
+        _run(st, K.row_kernel, "BQ", (q, k, v, st["qm"], st["km"], col, outs[0], lses[0], out2, lse2, st["heads"],
+                                      st["sq"], st["sk"], st["d"], st["dv"], scale), blocks, BDV=st["bdv"],
+             HYBRID=hybrid)
         masks = [m if m is not None else torch.empty(0) for m in (q_mask, k_mask)]
         ctx.save_for_backward(q, k, v, *masks, col, *outs, *lses, *([u] if hybrid else []))
         ctx.conf = (block_q, block_k, q_mask is not None, k_mask is not None, hybrid)
@@ -132,9 +134,10 @@ class _TritonEncoder(torch.autograd.Function):
         second = (lses[1], deltas[1]) if hybrid else (st["dummy"], st["dummy"])
         args = (q, k, v, st["qm"], st["km"], col, lses[0], g, deltas[0], *second, uw, colsum)
         sizes = (st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale)
-        flags = dict(BDV=st["bdv"], HYBRID=hybrid, **_flags(st, block_q, block_k))
-        K.bwd_kv_kernel[(bh, -(-st["sk"] // block_k))](*args, dk, dv, *sizes, **flags)
-        K.bwd_q_kernel[(bh, -(-st["sq"] // block_q))](*args, dq, *sizes, **flags)
+        _run(st, K.bwd_kv_kernel, "BK", (*args, dk, dv, *sizes), (block_q, block_k), BACKWARD, BDV=st["bdv"],
+             HYBRID=hybrid)
+        _run(st, K.bwd_q_kernel, "BQ", (*args, dq, *sizes), (block_q, block_k), BACKWARD, BDV=st["bdv"],
+             HYBRID=hybrid)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, du, None, None
 
 
@@ -142,25 +145,23 @@ class _TritonSinkhorn(torch.autograd.Function):
     """Sinkhorn-k's encoder form: 2k passes forward, 2k + 1 backward (module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_mask, k_mask, iterations: int, block_q: int, block_k: int):
+    def forward(ctx, q, k, v, q_mask, k_mask, iterations: int, block_q, block_k):
         from nas_cli.attention import triton_sinkhorn_kernels as SK
 
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         st = _setup(q, k, v, q_mask, k_mask)
-        K, bh, scale = st["K"], st["bsz"] * st["heads"], st["d"] ** -0.5
+        K, bh, scale, blocks = st["K"], st["bsz"] * st["heads"], st["d"] ** -0.5, (block_q, block_k)
         cs = torch.empty(iterations, bh, st["sk"], dtype=st["wd"], device=q.device)
         bs = torch.zeros(iterations + 1, bh, st["sq"], dtype=st["wd"], device=q.device)
         out = torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
         shape = (st["heads"], st["sq"], st["sk"], st["d"], scale)
-        flags = _flags(st, block_q, block_k)
-        cols, rows = (bh, -(-st["sk"] // block_k)), (bh, -(-st["sq"] // block_q))
         for t in range(iterations):
-            K.col_kernel[cols](q, k, st["qm"], st["km"], bs[t], cs[t], *shape, HAS_RB=t > 0, **flags)
+            _run(st, K.col_kernel, "BK", (q, k, st["qm"], st["km"], bs[t], cs[t], *shape), blocks, HAS_RB=t > 0)
             if t < iterations - 1:
-                SK.row_lse_kernel[rows](q, k, st["qm"], st["km"], cs[t], bs[t + 1], *shape, **flags)
-        K.row_kernel[rows](q, k, v, st["qm"], st["km"], cs[-1], out, bs[-1], st["dummy"], st["dummy"],
-                           st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale, BDV=st["bdv"], HYBRID=False,
-                           **flags)
+                _run(st, SK.row_lse_kernel, "BQ", (q, k, st["qm"], st["km"], cs[t], bs[t + 1], *shape), blocks)
+        _run(st, K.row_kernel, "BQ", (q, k, v, st["qm"], st["km"], cs[-1], out, bs[-1], st["dummy"], st["dummy"],
+                                      st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale), blocks,
+             BDV=st["bdv"], HYBRID=False)
         masks = [m if m is not None else torch.empty(0) for m in (q_mask, k_mask)]
         ctx.save_for_backward(q, k, v, *masks, cs, bs, out)
         ctx.conf = (block_q, block_k, q_mask is not None, k_mask is not None)
@@ -178,28 +179,27 @@ class _TritonSinkhorn(torch.autograd.Function):
         delta = (g.to(st["wd"]) * out).sum(-1).contiguous()
         g = g.contiguous().to(v.dtype if st["lowp"] else st["wd"])
         gc, gb = torch.empty_like(cs), torch.zeros_like(bs[:-1])
-        flags = _flags(st, block_q, block_k)
+        blocks = (block_q, block_k)
         shape = (st["heads"], st["sq"], st["sk"], st["d"], scale)
-        cols, rows = (bh, -(-st["sk"] // block_k)), (bh, -(-st["sq"] // block_q))
-        strides = (iters, bh * st["sq"], bh * st["sk"])
-        full = (st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale, *strides)
-        SK.dz_colsum_kernel[cols](q, k, v, st["qm"], st["km"], cs, bs, g, delta, gc[-1], *full, BDV=st["bdv"],
-                                  **flags)
+        full = (st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale, iters, bh * st["sq"], bh * st["sk"])
+        _run(st, SK.dz_colsum_kernel, "BK", (q, k, v, st["qm"], st["km"], cs, bs, g, delta, gc[-1], *full), blocks,
+             BACKWARD, BDV=st["bdv"])
         for t in range(iters - 1, 0, -1):  # the adjoints down the chain of normalizers
-            SK.row_reduce_kernel[rows](q, k, st["qm"], st["km"], bs[t], cs[t], gc[t], gb[t], *shape, **flags)
-            SK.col_reduce_kernel[cols](q, k, st["qm"], st["km"], bs[t], cs[t - 1], gb[t], gc[t - 1], *shape,
-                                       **flags)
+            _run(st, SK.row_reduce_kernel, "BQ", (q, k, st["qm"], st["km"], bs[t], cs[t], gc[t], gb[t], *shape),
+                 blocks)
+            _run(st, SK.col_reduce_kernel, "BK", (q, k, st["qm"], st["km"], bs[t], cs[t - 1], gb[t], gc[t - 1],
+                                                  *shape), blocks)
         dq = torch.empty(q.shape, dtype=st["wd"], device=q.device)
         dk = torch.empty(k.shape, dtype=st["wd"], device=q.device)
         dv = torch.empty(v.shape, dtype=st["wd"], device=q.device)
         args = (q, k, v, st["qm"], st["km"], cs, bs, gc, gb, g, delta)
-        SK.sink_bwd_kv_kernel[cols](*args, dk, dv, *full, BDV=st["bdv"], **flags)
-        SK.sink_bwd_q_kernel[rows](*args, dq, *full, BDV=st["bdv"], **flags)
+        _run(st, SK.sink_bwd_kv_kernel, "BK", (*args, dk, dv, *full), blocks, BACKWARD, BDV=st["bdv"])
+        _run(st, SK.sink_bwd_q_kernel, "BQ", (*args, dq, *full), blocks, BACKWARD, BDV=st["bdv"])
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
-def encoder_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, iterations: int = 1, block_q: int = BLOCK_Q,
-                        block_k: int = BLOCK_K) -> torch.Tensor:
+def encoder_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, iterations: int = 1, block_q: int | None = None,
+                        block_k: int | None = None) -> torch.Tensor:
     """(B, H, Sq, Dv): DNAS in the encoder form (column normalizer over all real queries), zeros at
     padded queries and at rows without a real key, as :func:`nas_cli.attention.efficient.dnas_attention`
     gives with ``prefix=False``; ``iterations`` = k > 1: Sinkhorn-k (k column-row pairs) in 2k passes.
@@ -210,12 +210,12 @@ def encoder_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, iterations: int = 
     if q.size(-2) == 0 or k.size(-2) == 0:
         return q.new_zeros(*q.shape[:-1], v.size(-1), dtype=v.dtype)
     if int(iterations) > 1:
-        return _TritonSinkhorn.apply(q, k, v, q_mask, k_mask, int(iterations), int(block_q), int(block_k))
-    return _TritonEncoder.apply(q, k, v, q_mask, k_mask, None, int(block_q), int(block_k))
+        return _TritonSinkhorn.apply(q, k, v, q_mask, k_mask, int(iterations), block_q, block_k)
+    return _TritonEncoder.apply(q, k, v, q_mask, k_mask, None, block_q, block_k)
 
 
-def encoder_hnas_triton(q, k, v, u, q_mask=None, k_mask=None, *, block_q: int = BLOCK_Q,
-                        block_k: int = BLOCK_K) -> torch.Tensor:
+def encoder_hnas_triton(q, k, v, u, q_mask=None, k_mask=None, *, block_q: int | None = None,
+                        block_k: int | None = None) -> torch.Tensor:
     """(B, H, Sq, Dv): HNAS in the encoder form, u O_DNAS + (1 - u) O_softmax with ``u`` (H,) per head,
     both parts from one pass over K and V (and one backward pass pair); gradients for q, k, v and u."""
     why = triton_unavailable(q.device)
@@ -223,4 +223,4 @@ def encoder_hnas_triton(q, k, v, u, q_mask=None, k_mask=None, *, block_q: int = 
         raise RuntimeError(f"attention.impl=triton: {why}")
     if q.size(-2) == 0 or k.size(-2) == 0:
         return q.new_zeros(*q.shape[:-1], v.size(-1), dtype=v.dtype) + 0 * u.sum()
-    return _TritonEncoder.apply(q, k, v, q_mask, k_mask, u, int(block_q), int(block_k))
+    return _TritonEncoder.apply(q, k, v, q_mask, k_mask, u, block_q, block_k)

@@ -89,9 +89,9 @@ def store_rows(OUT, LSE, bh, offs_q, offs_dv, Sq, DV, acc, m, l, has):
     tl.store(LSE + bh * Sq + offs_q, tl.where(has, m + tl.log(tl.where(has, l, 1.0)), 0.0), mask=offs_q < Sq)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TUNE"])
 def col_kernel(Q, K, QM, KM, RB, C, H, Sq, Sk, D, scale,
-               HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+               TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, HAS_RB: tl.constexpr):
     """C[bh, j] = log sum_i exp(s_ij - RB[bh, i]) over the allowed queries (NEG for a column with
     none; RB, a per-query bias, only with ``HAS_RB``: Sinkhorn-k's later column steps): one program
@@ -116,9 +116,9 @@ def col_kernel(Q, K, QM, KM, RB, C, H, Sq, Sk, D, scale,
     tl.store(C + bh * Sk + offs_k, tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), NEG), mask=offs_k < Sk)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TUNE"])
 def row_kernel(Q, K, V, QM, KM, C, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, scale,
-               HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+               TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, HYBRID: tl.constexpr):
     """Output rows of one query block: FlashAttention's online softmax of z = s - c over the key
     blocks; LSE[bh, i] = log sum_j exp(z_ij) is kept for the backward (0 for a row with no key).
@@ -189,9 +189,9 @@ def _head_u(U, bh, H, DT: tl.constexpr, HYBRID: tl.constexpr):
     return tl.full((), 1.0, DT)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TUNE"])
 def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DK, DVv, H, Sq, Sk, D, DV, scale,
-                  HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+                  TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                   BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, HYBRID: tl.constexpr):
     """dK and dV of one key block (FlashAttention-2's key-block program, no atomics). First the
     column sums G_j = sum_i dz_ij down all query blocks (kept for the dQ pass), then
@@ -229,9 +229,9 @@ def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DK, DV
              mask=(offs_k[:, None] < Sk) & (offs_dv[None, :] < DV))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TUNE"])
 def bwd_q_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DQ, H, Sq, Sk, D, DV, scale,
-                 HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+                 TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                  BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, HYBRID: tl.constexpr):
     """dQ of one query block in its own pass (no atomics): dq_i = scale sum_j (dz_ij - pi_ij G_j + ds2_ij) k_j."""
     bh = tl.program_id(0)

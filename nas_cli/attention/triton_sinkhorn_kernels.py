@@ -18,9 +18,9 @@ import triton.language as tl
 from nas_cli.attention.triton_encoder_kernels import NEG, tile_dot, tile_load, tile_scores
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TUNE"])
 def row_lse_kernel(Q, K, QM, KM, C, B, H, Sq, Sk, D, scale,
-                   HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+                   TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                    BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     """B[bh, i] = log sum_j exp(s_ij - C[bh, j]) over the allowed keys (0 for a row with none, as the
     DNAS row kernel keeps it): one program per (bh, query block). No V, no output."""
@@ -52,9 +52,9 @@ def _biased(s, ok, RB, CB, bh, offs_q, offs_k, Sq, Sk):
     return tl.where(ok, tl.exp(s - rb[:, None] - cb[None, :]), 0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TUNE"])
 def row_reduce_kernel(Q, K, QM, KM, RB, CB, W, OUT, H, Sq, Sk, D, scale,
-                      HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+                      TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                       BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     """OUT[bh, i] = -sum_j W[bh, j] exp(s_ij - RB_i - CB_j): a column normalizer's adjoint W carried to
     the row vector of the step before it. One program per (bh, query block)."""
@@ -73,9 +73,9 @@ def row_reduce_kernel(Q, K, QM, KM, RB, CB, W, OUT, H, Sq, Sk, D, scale,
     tl.store(OUT + bh * Sq + offs_q, -acc, mask=offs_q < Sq)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TUNE"])
 def col_reduce_kernel(Q, K, QM, KM, RB, CB, W, OUT, H, Sq, Sk, D, scale,
-                      HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+                      TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                       BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     """OUT[bh, j] = -sum_i W[bh, i] exp(s_ij - RB_i - CB_j): a row normalizer's adjoint W carried to the
     column vector of the step before it. One program per (bh, key block)."""
@@ -119,9 +119,9 @@ def _sink_tile(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, bh, b, offs_q, offs_k
     return p, dz, ds, q, k, do
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TUNE"])
 def dz_colsum_kernel(Q, K, V, QM, KM, CS, BS, DO, DELTA, OUT, H, Sq, Sk, D, DV, scale, ITERS, T_Q, T_K,
-                     HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+                     TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                      BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """OUT[bh, j] = -sum_i dz_ij: the last column normalizer's adjoint, where the chain starts."""
     bh = tl.program_id(0)
@@ -140,9 +140,9 @@ def dz_colsum_kernel(Q, K, V, QM, KM, CS, BS, DO, DELTA, OUT, H, Sq, Sk, D, DV, 
     tl.store(OUT + bh * Sk + offs_k, -acc, mask=offs_k < Sk)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TUNE"])
 def sink_bwd_kv_kernel(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, DK, DVv, H, Sq, Sk, D, DV, scale, ITERS, T_Q, T_K,
-                       HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+                       TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                        BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """dK and dV of one key block, no atomics: dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p_ij dO_i."""
     bh = tl.program_id(0)
@@ -166,9 +166,9 @@ def sink_bwd_kv_kernel(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, DK, DVv, H, S
              mask=(offs_k[:, None] < Sk) & (offs_dv[None, :] < DV))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TUNE"])
 def sink_bwd_q_kernel(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, DQ, H, Sq, Sk, D, DV, scale, ITERS, T_Q, T_K,
-                      HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+                      TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                       BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """dQ of one query block in its own pass: dq_i = scale sum_j ds_ij k_j."""
     bh = tl.program_id(0)

@@ -353,3 +353,44 @@ def test_prefix_backward_is_deterministic_and_low_precision_is_within_sdpas_own_
         sdpa = (F.scaled_dot_product_attention(*(t.to(dtype) for t in (q, k, v)), is_causal=True).double()
                 - F.scaled_dot_product_attention(q, k, v, is_causal=True)).abs().max().item()
         assert err <= 2 * sdpa, (dtype, err, sdpa)
+
+
+def test_autotuned_tiles_give_the_same_values_and_can_be_fixed(monkeypatch):
+    """On a GPU the encoder kernels' tiles are autotuned (Triton's autotuner over the candidates of
+    nas_cli/attention/triton_tiles.py, issue #48). Here the autotuner runs under the interpreter with a
+    CPU timer in place of the GPU's: every kernel of DNAS and Sinkhorn-2 picks a candidate of its
+    table, and the values and gradients equal the float64 reference; NAS_TRITON_TILES=fixed turns it off.
+    Each compile-time case and length bucket has its own key."""
+    import time
+
+    from nas_cli.attention import triton_encoder_kernels as K
+    from nas_cli.attention import triton_tiles as tt
+    from nas_cli.attention.triton_encoder import encoder_dnas_triton
+
+    def cpu_timer(fn, quantiles=None):
+        t0 = time.perf_counter()
+        fn()
+        ms = (time.perf_counter() - t0) * 1e3
+        return [ms] * len(quantiles) if quantiles else ms
+
+    monkeypatch.setattr(tt, "BENCH", cpu_timer)
+    assert tt.autotuning()
+    q, k, v = _inputs(1, 2, 40, 40, 16, 16, seed=11)
+    qm = torch.ones(1, 40, dtype=torch.bool)
+    qm[0, -6:] = False
+    for iters in (1, 2):
+        ref = build_core("sinkhorn", heads=2, location="encoder", impl="naive", iterations=iters).double()
+        want = AttentionCore.forward(ref, q, k, v, qm, qm).out
+        got = encoder_dnas_triton(q, k, v, qm, qm, iterations=iters)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        g = torch.randn_like(want)
+        for a, r in zip(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
+            torch.testing.assert_close(a, r, rtol=0, atol=1e-11)
+    for kernel, table in ((K.col_kernel, tt.FORWARD), (K.row_kernel, tt.FORWARD), (K.bwd_kv_kernel, tt.BACKWARD),
+                          (K.bwd_q_kernel, tt.BACKWARD)):
+        best = tt.chosen(kernel, table)
+        assert best is not None and (best["BQ"], best["BK"], best["num_warps"], best["num_stages"]) in table
+    assert tt.tuning_key(0, {"HAS_QM": True}) != tt.tuning_key(0, {"HAS_QM": False}) != tt.tuning_key(1, {})
+    monkeypatch.setenv("NAS_TRITON_TILES", "fixed")
+    assert not tt.autotuning()
+    assert tt.length_bucket(100, 2047) == 0 and tt.length_bucket(2048, 10) == 1 and tt.length_bucket(9000, 1) == 2

@@ -1,0 +1,99 @@
+"""Tile sizes of the encoder form's Triton kernels (issue #48): autotuned on a GPU, fixed elsewhere.
+
+On CUDA every kernel is wrapped in Triton's autotuner (``triton.autotune``): the first call for a
+GPU, input dtype (part of the autotuner's key), compile-time case (head dims, masks, HNAS) and length
+bucket times each candidate
+tile (BQ x BK, warps, pipeline stages) of the kernel's table and keeps the fastest; a candidate
+that does not fit the GPU (registers, shared memory) is skipped by the autotuner. The kernels
+write every output element once and never accumulate into their inputs, so running a candidate
+twice is harmless. The length bucket (:func:`length_bucket`: below 2k, below 8k, from 8k) keeps a
+training run whose batches have different lengths from tuning again at every batch.
+
+Fixed tiles (:data:`FIXED_Q` x :data:`FIXED_K`, Triton's default warps and stages) are used under
+Triton's CPU interpreter (``TRITON_INTERPRET=1``, where the tests run: it has no GPU timer), with
+``NAS_TRITON_TILES=fixed`` in the environment (to compare, or if a GPU's autotuning fails), and
+when the caller gives the block sizes.
+"""
+from __future__ import annotations
+
+import os
+
+FIXED_Q = 32
+FIXED_K = 32
+#: (BQ, BK, num_warps, num_stages) tried for the passes of one query block over all keys and for
+#: the column passes (one key block over all queries); BQ and BK are each a kernel's own tile. Four
+#: candidates per kernel, since each is compiled at the first call of a case (DNAS has 4 kernels,
+#: HNAS 4 more, Sinkhorn-k 9)
+FORWARD = ((128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2))
+#: the backward passes hold dK, dV (or dQ) accumulators besides the tile: smaller candidates
+BACKWARD = ((64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 2), (128, 64, 8, 2))
+#: the timer the autotuner uses; None: Triton's do_bench with a short warm-up (5 ms) and window (25 ms).
+#: A test sets a CPU timer to run the autotuner under the interpreter.
+BENCH = None
+_TUNED: dict = {}
+_KEYS: dict = {}
+
+
+def length_bucket(sq: int, sk: int) -> int:
+    """The autotuner's length key: 0 below 2048, 1 below 8192, 2 from there on (max of Sq, Sk)."""
+    s = max(sq, sk)
+    return 0 if s < 2048 else 1 if s < 8192 else 2
+
+
+def autotuning() -> bool:
+    """Whether the kernels' tiles are autotuned here (module docstring)."""
+    if os.environ.get("NAS_TRITON_TILES", "auto") == "fixed":
+        return False
+    return BENCH is not None or os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _quick_bench(fn, quantiles=None):
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+
+
+def tuned(kernel, table):
+    """``kernel`` under Triton's autotuner with ``table``'s candidates, made once per (kernel, table, timer)."""
+    key = (kernel, table, BENCH)
+    if key not in _TUNED:
+        import triton
+
+        configs = [triton.Config({"BQ": bq, "BK": bk}, num_warps=w, num_stages=st) for bq, bk, w, st in table]
+        try:
+            _TUNED[key] = triton.autotune(configs, key=["TUNE"], do_bench=BENCH or _quick_bench)(kernel)
+        except TypeError:  # a Triton without autotune(do_bench=): its own timer and window
+            _TUNED[key] = triton.autotune(configs, key=["TUNE"], warmup=5, rep=25)(kernel)
+    return _TUNED[key]
+
+
+def tuning_key(bucket: int, kwargs: dict) -> int:
+    """One int (the kernels' ``TUNE`` argument, the autotuner's key besides the tensors' dtypes) for the
+    length bucket and the kernel's compile-time flags (head dims' tiles, masks, HNAS, ...): tiles are
+    chosen for each such case apart. Unspecialized in the kernels, so a new key compiles nothing."""
+    return _KEYS.setdefault((bucket, tuple(sorted((k, str(v)) for k, v in kwargs.items()))), len(_KEYS))
+
+
+def launch(kernel, per: str, bh: int, length: int, bucket: int, args, kwargs, table=FORWARD, block_q=None,
+           block_k=None) -> None:
+    """Run ``kernel`` on a (bh, blocks) grid, ``per`` ("BQ" or "BK") naming the block its second
+    axis counts over ``length``: with the given or fixed tiles, or autotuned (per length ``bucket``
+    and compile-time flags, :func:`tuning_key`)."""
+    tune = tuning_key(bucket, kwargs)
+    if block_q is None and block_k is None and autotuning():
+        tuned(kernel, table)[lambda meta: (bh, -(-length // meta[per]))](*args, tune, **kwargs)
+        return
+    bq, bk = block_q or FIXED_Q, block_k or FIXED_K
+    kernel[(bh, -(-length // (bq if per == "BQ" else bk)))](*args, tune, BQ=bq, BK=bk, **kwargs)
+
+
+def chosen(kernel, table=FORWARD) -> dict | None:
+    """The tiles the autotuner kept for ``kernel`` at its last key (None before its first call)."""
+    tuner = _TUNED.get((kernel, table, BENCH))
+    cfg = getattr(tuner, "best_config", None)
+    return None if cfg is None else {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
+def chosen_all() -> dict:
+    """Every autotuned kernel's last tiles, by kernel name (for the benchmarks' records)."""
+    return {getattr(kernel, "__name__", str(kernel)): chosen(kernel, table) for kernel, table, _ in list(_TUNED)}
