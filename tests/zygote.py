@@ -33,10 +33,14 @@ import threading
 import time
 
 #: what the server imports once: the heavy third-party libraries every nas-run process needs.
-#: Not W&B: it makes a temporary folder at import that the first child to exit would delete.
+#: W&B too (with the launch module its ``init`` imports: about 2.5 s a run); its import-time state
+#: that a process must own (two temporary folders, a random generator) is made anew in each child
+#: (:func:`_fresh_wandb_state`).
 PRELOAD = ("torch", "numpy", "pytorch_lightning", "lightning_fabric", "torchmetrics", "hydra",
            "hydra._internal.utils", "hydra._internal.config_loader_impl", "omegaconf", "rich.console",
-           "rich.table", "matplotlib", "matplotlib.pyplot", "scipy.stats", "sacrebleu", "tokenizers", "yaml")
+           "rich.table", "matplotlib", "matplotlib.pyplot", "scipy.stats", "sacrebleu", "tokenizers", "yaml",
+           "wandb", "wandb.sdk.launch.inputs.internal", "wandb.sdk.data_types._private",
+           "wandb.sdk.artifacts.artifact")
 
 _HEADER = struct.Struct("!I")
 
@@ -225,6 +229,31 @@ def _serve(path: str) -> None:
                 pass
 
 
+def _wandb_temporary_folders() -> list:
+    """W&B's import-time temporary folders (TemporaryDirectory objects) and their suffixes."""
+    private, artifact = sys.modules.get("wandb.sdk.data_types._private"), sys.modules.get("wandb.sdk.artifacts.artifact")
+    found = ((getattr(private, "MEDIA_TMP", None), "wandb-media"),
+             (getattr(getattr(artifact, "Artifact", None), "_TMP_DIR", None), "wandb-artifacts"))
+    return [(tmp, suffix) for tmp, suffix in found if tmp is not None]
+
+
+def _fresh_wandb_state() -> None:
+    """In a forked child: what W&B made at import and a process must own. Its two temporary folders
+    (media and artifact staging; other modules hold the same objects) are deleted at exit by the
+    process that made them: the child drops its inherited copies' clean-up (the server's folders
+    stay) and points them at folders of its own, deleted at its exit, as a fresh process would;
+    its id generator draws fresh entropy."""
+    import tempfile
+
+    for tmp, suffix in _wandb_temporary_folders():
+        tmp._finalizer.detach()
+        tmp._own = tempfile.TemporaryDirectory(suffix)  # kept alive; cleaned up at this process's exit
+        tmp.name = tmp._own.name
+    runid = sys.modules.get("wandb.sdk.lib.runid")
+    if runid is not None:
+        runid._random.seed()
+
+
 def _run_child(request) -> None:
     """In the forked child: become the command's process and run the installed console script."""
     import importlib
@@ -250,6 +279,7 @@ def _run_child(request) -> None:
     os.environ.update(request["env"])
     random.seed()  # a fresh process draws fresh entropy (W&B run ids, temporary names)
     numpy.random.seed()
+    _fresh_wandb_state()  # after the environment: TemporaryDirectory reads TMPDIR
     if code is not None:
         sys.argv = ["-c", *argv[3:]]
         main = sys.modules["__main__"]
@@ -292,6 +322,8 @@ def _main() -> None:
         except ImportError:
             pass
     _warm_matplotlib()
+    for tmp, _ in _wandb_temporary_folders():  # the server writes no media: its folders go now, not at a kill
+        tmp.cleanup()
     if threading.active_count() != 1:  # forking a process with threads is unsafe: serve nothing
         raise SystemExit(f"the test zygote has {threading.active_count()} threads after its imports")
     try:
