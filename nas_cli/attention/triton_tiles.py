@@ -11,8 +11,10 @@ training run whose batches have different lengths from tuning again at every bat
 
 Fixed tiles (:data:`FIXED_Q` x :data:`FIXED_K`, Triton's default warps and stages) are used under
 Triton's CPU interpreter (``TRITON_INTERPRET=1``, where the tests run: it has no GPU timer), with
-``NAS_TRITON_TILES=fixed`` in the environment (to compare, or if a GPU's autotuning fails), and
-when the caller gives the block sizes.
+``NAS_TRITON_TILES=fixed`` in the environment (to compare, or if a GPU's autotuning fails), when
+the caller gives the block sizes, and under ``torch.use_deterministic_algorithms``
+(``trainer.deterministic=true``): tiles chosen by timing could differ between two runs and change
+the order of the sums, so two runs would not repeat bit for bit.
 """
 from __future__ import annotations
 
@@ -42,7 +44,9 @@ def length_bucket(sq: int, sk: int) -> int:
 
 def autotuning() -> bool:
     """Whether the kernels' tiles are autotuned here (module docstring)."""
-    if os.environ.get("NAS_TRITON_TILES", "auto") == "fixed":
+    import torch
+
+    if os.environ.get("NAS_TRITON_TILES", "auto") == "fixed" or torch.are_deterministic_algorithms_enabled():
         return False
     return BENCH is not None or os.environ.get("TRITON_INTERPRET") != "1"
 
