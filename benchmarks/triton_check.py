@@ -4,7 +4,7 @@ kernels' values and q/k/v gradients are compared with the float64 formula in flo
 fp16, each next to SDPA's own error in the same dtype on the same inputs (the target: at most 2x),
 with padding and lengths that are not multiples of the tiles; and two backward passes must give
 the same bits (no atomics). ``hnas-encoder``: HNAS's one-pass encoder kernels (u = 0.3 / 0.8 per
-head) against u DNAS + (1 - u) softmax in float64; ``sinkhorn3-encoder``: Sinkhorn-3's 2k-pass encoder
+head) against u DNAS + (1 - u) softmax in float64, and ``hnas-prefix`` the same in the causal prefix form; ``sinkhorn3-encoder``: Sinkhorn-3's 2k-pass encoder
 kernels against the naive Sinkhorn core (three materialized column-row normalizations) in float64.
 Every row runs the interpreter's fixed 32 x 32 tiles; on a GPU three more rows (bf16, d=64, each
 encoder form) run the autotuned tiles that the timings use.
@@ -41,30 +41,37 @@ def sinkhorn_reference(q, k, v, mask, iterations: int):
     return AttentionCore.forward(core, q, k, v, mask, mask).out * mask[:, None, :, None]
 
 
+def _causal(s: int, causal: bool, device) -> torch.Tensor:
+    """(S, S) bool: j <= i where ``causal``, all True otherwise."""
+    full = torch.ones(s, s, dtype=torch.bool, device=device)
+    return full.tril() if causal else full
+
+
 def check(form: str, b: int, h: int, s: int, d: int, device: str = "cuda", seed: int = 0, tiles: str = "fixed",
           dtypes=(torch.float32, torch.bfloat16, torch.float16)) -> list[dict]:
     """Rows of one form and size; ``tiles``: "fixed" (the interpreter's 32 x 32) or "auto" (the
     encoder kernels' autotuned tiles on a GPU, nas_cli/attention/triton_tiles.py)."""
     os.environ["NAS_TRITON_TILES"] = tiles
     from nas_cli.attention.triton_encoder import encoder_dnas_triton, encoder_hnas_triton
-    from nas_cli.attention.triton_prefix import prefix_dnas_triton
+    from nas_cli.attention.triton_prefix import prefix_dnas_triton, prefix_hnas_triton
 
     g = torch.Generator(device=device).manual_seed(seed)
     q, k, v = (torch.randn(b, h, s, d, device=device, dtype=torch.float64, generator=g) for _ in range(3))
     mask = torch.ones(b, s, dtype=torch.bool, device=device)
     mask[0, -(s // 7):] = False
-    causal = form == "prefix"
+    causal = form in ("prefix", "hnas-prefix")
     iterations = 3 if form == "sinkhorn3-encoder" else 1
     u = torch.tensor([0.3, 0.8] * (h // 2) + [0.5] * (h % 2), device=device)
-    run = ((lambda *x: prefix_dnas_triton(*x, mask, mask, causal=True)) if causal
+    run = ((lambda *x: prefix_hnas_triton(*x, u, mask, mask, causal=True)) if form == "hnas-prefix"
+           else (lambda *x: prefix_dnas_triton(*x, mask, mask, causal=True)) if causal
            else (lambda *x: encoder_hnas_triton(*x, u, mask, mask)) if form == "hnas-encoder"
            else (lambda *x: encoder_dnas_triton(*x, mask, mask, iterations=iterations)))
     x64 = [t.clone().requires_grad_() for t in (q, k, v)]
     want = reference(*x64, mask, mask, causal, causal) if iterations == 1 else sinkhorn_reference(*x64, mask, 3)
-    if form == "hnas-encoder":
+    if form in ("hnas-encoder", "hnas-prefix"):
         w = u.double()[None, :, None, None]
-        soft = F.scaled_dot_product_attention(*x64, attn_mask=mask[:, None, None, :]) * mask[:, None, :, None]
-        want = w * want + (1 - w) * soft
+        soft = F.scaled_dot_product_attention(*x64, attn_mask=mask[:, None, None, :] & _causal(s, causal, device))
+        want = w * want + (1 - w) * soft * mask[:, None, :, None]
     dout = torch.randn(want.shape, device=device, dtype=torch.float64, generator=g) * mask[:, None, :, None]
     want_grads = torch.autograd.grad(want, x64, dout)
     sdpa64 = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -95,7 +102,7 @@ def main() -> int:
     args = p.parse_args()
     rows = []
     sizes = ((40, 16), (23, 16)) if args.small else ((1000, 64), (777, 128))
-    for form in ("encoder", "hnas-encoder", "sinkhorn3-encoder", "prefix"):
+    for form in ("encoder", "hnas-encoder", "sinkhorn3-encoder", "prefix", "hnas-prefix"):
         for s, d in sizes:
             rows += check(form, 2, 2 if args.small else 4, s, d, args.device)
     if args.device == "cuda":  # the autotuned tiles the timings use, in bf16 at the timed head dim

@@ -61,18 +61,14 @@ class HNAS(DNAS):
         return hnas_flex(q, k, v, self.u, q_mask, k_mask)
 
     def _triton(self, q, k, v, q_mask, k_mask):
-        """The encoder form: both parts from one pass of the Triton kernels; the prefix form: the DNAS
-        part in Triton, mixed with softmax attention (SDPA)."""
-        from nas_cli.attention.efficient import sdpa_attention
-
+        """Both parts from one pass of the Triton kernels, in either form (issue #48, 3)."""
         if not self.prefix_queries:
             from nas_cli.attention.triton_encoder import encoder_hnas_triton
 
             return encoder_hnas_triton(q, k, v, self.u, q_mask, k_mask)
-        dn = super()._triton(q, k, v, q_mask, k_mask)
-        un = sdpa_attention(q, k, v, q_mask, k_mask, causal=self.causal).to(dn.dtype)
-        w = self.u.to(dn.dtype)[None, :, None, None]
-        return w * dn + (1 - w) * un
+        from nas_cli.attention.triton_prefix import prefix_hnas_triton
+
+        return prefix_hnas_triton(q, k, v, self.u, q_mask, k_mask, causal=self.causal)
 
     def _naive(self, q, k, v, allowed):
         return doubly_normalized_attention(q, k, v, allowed, self.prefix_queries, u=self.u, dropout_p=self.dropout,

@@ -182,7 +182,7 @@ def _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_
 
 
 @triton.jit
-def _head_u(U, bh, H, DT: tl.constexpr, HYBRID: tl.constexpr):
+def head_u(U, bh, H, DT: tl.constexpr, HYBRID: tl.constexpr):
     """HNAS's u of this program's head (1.0 without ``HYBRID``)."""
     if HYBRID:
         return tl.load(U + bh % H).to(DT)
@@ -204,7 +204,7 @@ def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DK, DV
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     nqb = tl.cdiv(Sq, BQ)
-    u = _head_u(U, bh, H, DT, HYBRID)
+    u = head_u(U, bh, H, DT, HYBRID)
     g = tl.zeros((BK,), DT)
     for qb in range(0, nqb):
         offs_q = qb * BQ + tl.arange(0, BQ)
@@ -241,7 +241,7 @@ def bwd_q_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DQ, H, 
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     dq = tl.zeros((BQ, BD), DT)
-    u = _head_u(U, bh, H, DT, HYBRID)
+    u = head_u(U, bh, H, DT, HYBRID)
     for kb in range(0, tl.cdiv(Sk, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
         w, pi, dz, ds2, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_q,

@@ -26,13 +26,15 @@ Every exponent is bounded (s_rj <= c_ij for i >= r), so no spread of the normali
 key-block program, which also writes the carries each query block starts from (the later blocks'
 LP and LN: Sq / BQ x Sk numbers each); dQ has its own pass, one program per query block, which
 recomputes its tiles' ds from them. Every number is written by one program in a fixed order, so
-two backward passes give the same bits. (``trainer.deterministic=true`` still refuses the prefix
-form's kernels until this is measured on a GPU.) bf16/fp16 inputs go through ``tl.dot`` in their
+two backward passes give the same bits (``trainer.deterministic=true`` takes the kernels). bf16/fp16 inputs go through ``tl.dot`` in their
 own dtype (tensor cores) with float32 accumulation; float32 and float64 keep IEEE products.
 
-HNAS mixes this output with softmax attention (SDPA) by its per-head u, with u's gradient from
-autograd. Sinkhorn-k (k > 1) needs a full row normalization between its column steps (2k passes);
-it keeps the chunked PyTorch path, which gives the same values. Attention dropout is not fused:
+**HNAS** (:func:`prefix_hnas_triton`): u O + (1 - u) O2 per head, O2 softmax attention under the
+same mask. The row pass runs a second online softmax, over s, in the same loop (one QK^T, one load
+of V per tile); both backward passes add its score gradient ds2_ij = P_ij ((1 - u) dO_i . v_j - D2_i)
+to ds after the suffix scans (it has no column term), dV takes u p + (1 - u) P, and u's gradient is
+sum dO . (O - O2) per head. Sinkhorn-k (k > 1) in this form would need a prefix scan of every
+earlier iterate; it keeps the chunked PyTorch path, which gives the same values. Attention dropout is not fused:
 a training call with attention dropout keeps the chunked path too.
 
 Runs on CUDA; on the CPU only under Triton's interpreter (``TRITON_INTERPRET=1``, set before
@@ -87,51 +89,71 @@ def _launch_setup(q, k, v, q_mask, k_mask, block_q: int, block_k: int):
 
 
 class _TritonPrefixDNAS(torch.autograd.Function):
+    """Prefix-normalized DNAS; with ``u`` (HNAS, one value per head), u O_DNAS + (1 - u) O_softmax from
+    the same passes (softmax attention with the same mask: causal where DNAS is), u's gradient included."""
+
     @staticmethod
-    def forward(ctx, q, k, v, q_mask, k_mask, causal: bool, block_q: int, block_k: int):
+    def forward(ctx, q, k, v, q_mask, k_mask, causal: bool, u, block_q: int, block_k: int):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         st = _launch_setup(q, k, v, q_mask, k_mask, block_q, block_k)
-        K, bh = st["K"], st["bsz"] * st["heads"]
+        K, bh, hybrid = st["K"], st["bsz"] * st["heads"], u is not None
         scale = 1.0 / (st["d"] ** 0.5)
         carry = torch.empty(bh, st["nqb"], st["sk"], dtype=st["wd"], device=q.device)
         K.col_carry_kernel[(bh, -(-st["sk"] // block_k))](
             q, k, st["qm"], st["km"], carry, st["heads"], st["sq"], st["sk"], st["d"], scale, st["nqb"],
             CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"], BQ=block_q,
             BK=block_k, BD=st["bd"])
-        out = torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
-        lse = torch.empty(st["bsz"], st["heads"], st["sq"], dtype=st["wd"], device=q.device)
+        outs = [torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
+                for _ in range(2 if hybrid else 1)]
+        lses = [torch.empty(st["bsz"], st["heads"], st["sq"], dtype=st["wd"], device=q.device) for _ in outs]
+        out2, lse2 = (outs[1], lses[1]) if hybrid else (st["qm"], st["qm"])  # (a dummy without HNAS)
         K.row_kernel[(bh, st["nqb"])](
-            q, k, v, st["qm"], st["km"], carry, out, lse, st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale,
-            st["nqb"], CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"],
-            BQ=block_q, BK=block_k, BD=st["bd"], BDV=st["bdv"])
-        ctx.save_for_backward(q, k, v, q_mask if q_mask is not None else torch.empty(0),
-                              k_mask if k_mask is not None else torch.empty(0), carry, out, lse)
-        ctx.conf = (causal, block_q, block_k, q_mask is not None, k_mask is not None)
-        return out.to(v.dtype)
+            q, k, v, st["qm"], st["km"], carry, outs[0], lses[0], out2, lse2, st["heads"], st["sq"], st["sk"],
+            st["d"], st["dv"], scale, st["nqb"], CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"],
+            DT=st["dt"], LOWP=st["lowp"], BQ=block_q, BK=block_k, BD=st["bd"], BDV=st["bdv"], HYBRID=hybrid)
+        masks = [m if m is not None else torch.empty(0) for m in (q_mask, k_mask)]
+        ctx.save_for_backward(q, k, v, *masks, carry, *outs, *lses, *([u] if hybrid else []))
+        ctx.conf = (causal, block_q, block_k, q_mask is not None, k_mask is not None, hybrid)
+        if not hybrid:
+            return outs[0].to(v.dtype)
+        w = u.to(st["wd"])[None, :, None, None]
+        return (w * outs[0] + (1 - w) * outs[1]).to(v.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        q, k, v, q_mask, k_mask, carry, out, lse = ctx.saved_tensors
-        causal, block_q, block_k, has_qm, has_km = ctx.conf
+        causal, block_q, block_k, has_qm, has_km, hybrid = ctx.conf
+        saved = ctx.saved_tensors
+        q, k, v, q_mask, k_mask, carry = saved[:6]
+        outs, lses = (saved[6:8], saved[8:10]) if hybrid else (saved[6:7], saved[7:8])
         q_mask, k_mask = (q_mask if has_qm else None), (k_mask if has_km else None)
         st = _launch_setup(q, k, v, q_mask, k_mask, block_q, block_k)
         K, bh = st["K"], st["bsz"] * st["heads"]
         scale = 1.0 / (st["d"] ** 0.5)
-        delta = (g.to(st["wd"]) * out).sum(-1).contiguous()
+        gw = g.to(st["wd"])
+        rows = [(gw * o).sum(-1) for o in outs]  # (B, H, Sq): dO . O of each part
+        du = None
+        if hybrid:
+            u = saved[10]
+            w = u.to(st["wd"])[None, :, None]
+            deltas = [(w * rows[0]).contiguous(), ((1 - w) * rows[1]).contiguous()]
+            du = (rows[0] - rows[1]).sum((0, 2)).to(u.dtype)  # d out / d u = O_DNAS - O_softmax, per head
+            uw, second = u.to(st["wd"]).contiguous(), (lses[1], deltas[1])
+        else:
+            deltas, uw, second = [rows[0].contiguous()], st["qm"], (st["qm"], st["qm"])
         g = g.contiguous().to(v.dtype if st["lowp"] else st["wd"])
         dq = torch.empty(q.shape, dtype=st["wd"], device=q.device)
         dk = torch.empty(k.shape, dtype=st["wd"], device=q.device)
         dv = torch.empty(v.shape, dtype=st["wd"], device=q.device)
         # each query block's suffix carries of the later blocks (written by the key-block pass, read by dQ's)
         lpc, lnc = (torch.full((bh, st["nqb"], st["sk"]), -1.0e30, dtype=st["wd"], device=q.device) for _ in range(2))
-        args = (q, k, v, st["qm"], st["km"], carry, lse, g, delta, lpc, lnc)
+        args = (q, k, v, st["qm"], st["km"], carry, lses[0], g, deltas[0], *second, uw, lpc, lnc)
         sizes = (st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale, st["nqb"])
         flags = dict(CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"],
-                     BQ=block_q, BK=block_k, BD=st["bd"], BDV=st["bdv"])
+                     BQ=block_q, BK=block_k, BD=st["bd"], BDV=st["bdv"], HYBRID=hybrid)
         K.bwd_col_kernel[(bh, -(-st["sk"] // block_k))](*args, dk, dv, *sizes, **flags)
         K.bwd_q_kernel[(bh, st["nqb"])](*args, dq, *sizes, **flags)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, du, None, None
 
 
 def prefix_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, causal: bool = False, block_q: int = BLOCK_Q,
@@ -145,4 +167,17 @@ def prefix_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, causal: bool = Fals
         raise RuntimeError(f"attention.impl=triton: {why}")
     if q.size(-2) == 0 or k.size(-2) == 0:
         return q.new_zeros(*q.shape[:-1], v.size(-1), dtype=v.dtype)
-    return _TritonPrefixDNAS.apply(q, k, v, q_mask, k_mask, causal, int(block_q), int(block_k))
+    return _TritonPrefixDNAS.apply(q, k, v, q_mask, k_mask, causal, None, int(block_q), int(block_k))
+
+
+def prefix_hnas_triton(q, k, v, u, q_mask=None, k_mask=None, *, causal: bool = False, block_q: int = BLOCK_Q,
+                       block_k: int = BLOCK_K) -> torch.Tensor:
+    """(B, H, Sq, Dv): HNAS in the prefix form, u O_DNAS + (1 - u) O_softmax with ``u`` (H,) per head, both
+    parts from one pass over K and V (softmax attention with the same mask: causal where ``causal``);
+    gradients for q, k, v and u."""
+    why = triton_unavailable(q.device)
+    if why:
+        raise RuntimeError(f"attention.impl=triton: {why}")
+    if q.size(-2) == 0 or k.size(-2) == 0:
+        return q.new_zeros(*q.shape[:-1], v.size(-1), dtype=v.dtype) + 0 * u.sum()
+    return _TritonPrefixDNAS.apply(q, k, v, q_mask, k_mask, causal, u, int(block_q), int(block_k))

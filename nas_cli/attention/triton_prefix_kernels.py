@@ -5,13 +5,17 @@ Per (batch x head):
   s_rj = scale q_r . k_j on the allowed pairs (real query, real key, j <= r if causal), NEG elsewhere;
   c_ij = log sum_{r <= i} exp(s_rj)           (the prefix column normalizer)
   z_ij = s_ij - c_ij,  p_ij = softmax_j z_ij,  O_i = sum_j p_ij v_j.
+
+``HYBRID`` (HNAS): the row pass also runs softmax attention over the same tiles, P_ij = softmax_j s_ij
+(causal where the DNAS part is) into OUT2 and LSE2, and the backward passes add its score gradient
+and take dV from u p + (1 - u) P, as the encoder form's kernels do.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from nas_cli.attention.triton_encoder_kernels import tile_dot, tile_load, softmax_step, store_rows
+from nas_cli.attention.triton_encoder_kernels import head_u, tile_dot, tile_load, softmax_step, store_rows
 
 NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain global inside a kernel (the interpreter accepts it)
 
@@ -91,11 +95,13 @@ def col_carry_kernel(Q, K, QM, KM, CARRY, H, Sq, Sk, D, scale, NQB,
 
 
 @triton.jit
-def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, H, Sq, Sk, D, DV, scale, NQB,
+def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, scale, NQB,
                CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
-               LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+               LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+               HYBRID: tl.constexpr):
     """Output rows of one query block: per key block, the prefix normalizer c from the carry and a
-    log-sum-exp scan down the rows, then an online softmax of z = s - c over the key blocks."""
+    log-sum-exp scan down the rows, then an online softmax of z = s - c over the key blocks.
+    ``HYBRID``: softmax attention over s in the same loop, into OUT2 and LSE2."""
     bh = tl.program_id(0)
     qb = tl.program_id(1)
     b = bh // H
@@ -105,6 +111,9 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, H, Sq, Sk, D, DV, scale, NQB,
     m = tl.full((BQ,), NEG, DT)
     l = tl.zeros((BQ,), DT)
     acc = tl.zeros((BQ, BDV), DT)
+    m2 = tl.full((BQ,), NEG, DT)
+    l2 = tl.zeros((BQ,), DT)
+    acc2 = tl.zeros((BQ, BDV), DT)
     seen = tl.zeros((BQ,), tl.int32)
     n_keys = Sk
     if CAUSAL:
@@ -114,15 +123,21 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, H, Sq, Sk, D, DV, scale, NQB,
         s, ok, q, k, c = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale,
                                       NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP)
         m, l, acc = softmax_step(m, l, acc, tl.where(ok, s - c, NEG), ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
+        if HYBRID:
+            m2, l2, acc2 = softmax_step(m2, l2, acc2, s, ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
         seen = tl.maximum(seen, tl.max(ok.to(tl.int32), axis=1))
     store_rows(OUT, LSE, bh, offs_q, offs_dv, Sq, DV, acc, m, l, seen > 0)
+    if HYBRID:
+        store_rows(OUT2, LSE2, bh, offs_q, offs_dv, Sq, DV, acc2, m2, l2, seen > 0)
 
 
 @triton.jit
-def _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, bh, b, qb, offs_q, offs_k, offs_d, offs_dv, H, Sq, Sk, D, DV,
-              scale, NQB, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
-              LOWP: tl.constexpr):
-    """One tile of the backward: s, the allowed mask, c, p, dO, q, k and dz_ij = p_ij (dO_i . v_j - D_i)."""
+def _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb, offs_q, offs_k, offs_d, offs_dv,
+              H, Sq, Sk, D, DV, scale, NQB, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr,
+              DT: tl.constexpr, LOWP: tl.constexpr, HYBRID: tl.constexpr):
+    """One tile of the backward: s, the allowed mask, c, the weights dV sees (p; HNAS: u p + (1 - u) P),
+    dz_ij = p_ij (u dO_i . v_j - D_i) (u = 1 without ``HYBRID``), the softmax part's score gradient
+    ds2_ij = P_ij ((1 - u) dO_i . v_j - D2_i) (0 without ``HYBRID``), and the loaded q, k, dO."""
     s, ok, q, k, c = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale,
                                   NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP)
     lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
@@ -130,8 +145,19 @@ def _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, bh, b, qb, offs_q, offs_k,
     do = tile_load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
     v = tile_load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
     delta = tl.load(DELTA + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
-    dz = tl.where(ok, p * (tile_dot(do, tl.trans(v), DT, LOWP) - delta[:, None]), 0.0)
-    return s, ok, c, p, dz, q, k, do
+    dpv = tile_dot(do, tl.trans(v), DT, LOWP)
+    if HYBRID:
+        lse2 = tl.load(LSE2 + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
+        delta2 = tl.load(DELTA2 + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
+        p2 = tl.where(ok, tl.exp(s - lse2[:, None]), 0.0)
+        dz = tl.where(ok, p * (u * dpv - delta[:, None]), 0.0)
+        ds2 = tl.where(ok, p2 * ((1.0 - u) * dpv - delta2[:, None]), 0.0)
+        w = u * p + (1.0 - u) * p2
+    else:
+        dz = tl.where(ok, p * (dpv - delta[:, None]), 0.0)
+        ds2 = tl.zeros_like(dz)
+        w = p
+    return s, ok, c, w, dz, ds2, q, k, do
 
 
 @triton.jit
@@ -153,9 +179,10 @@ def _ds(s, ok, c, dz, lp_carry, ln_carry):
 
 
 @triton.jit
-def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LPC, LNC, DK, DVv, H, Sq, Sk, D, DV, scale, NQB,
-                   CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
-                   LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC, LNC, DK, DVv, H, Sq, Sk, D, DV,
+                   scale, NQB, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
+                   LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+                   HYBRID: tl.constexpr):
     """dK and dV, one program per (bh, key block), query blocks from the last to the first:
       dz_ij = p_ij (dO_i . v_j - D_i),  D_i = dO_i . O_i
       ds_rj = dz_rj - sum_{i >= r} dz_ij exp(s_rj - c_ij)
@@ -163,7 +190,8 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LPC, LNC, DK, DVv, H,
       LP_rj = log sum_{i >= r} max(dz_ij, 0) exp(-c_ij)  (LN: the negative part),
     suffix log-sum-exp scans carried up the query blocks; every exponent is bounded, since
     s_rj <= c_ij for i >= r. The carries each query block starts from (the later blocks' part) are
-    written to LPC/LNC for the dQ pass (:func:`bwd_q_kernel`): no atomics."""
+    written to LPC/LNC for the dQ pass (:func:`bwd_q_kernel`): no atomics. ``HYBRID``: ds2 (the
+    softmax part's score gradient, no column term) is added to ds, and dV takes u p + (1 - u) P."""
     bh = tl.program_id(0)
     kb = tl.program_id(1)
     b = bh // H
@@ -174,6 +202,7 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LPC, LNC, DK, DVv, H,
     dv = tl.zeros((BK, BDV), DT)
     lp_carry = tl.full((BK,), NEG, DT)
     ln_carry = tl.full((BK,), NEG, DT)
+    u = head_u(U, bh, H, DT, HYBRID)
     first = 0
     if CAUSAL:
         first = (kb * BK) // BQ
@@ -182,11 +211,12 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LPC, LNC, DK, DVv, H,
         offs_q = qb * BQ + tl.arange(0, BQ)
         tl.store(LPC + (bh * NQB + qb) * Sk + offs_k, lp_carry, mask=offs_k < Sk)
         tl.store(LNC + (bh * NQB + qb) * Sk + offs_k, ln_carry, mask=offs_k < Sk)
-        s, ok, c, p, dz, q, k, do = _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, bh, b, qb, offs_q, offs_k,
-                                              offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM,
-                                              DT, LOWP)
+        s, ok, c, w, dz, ds2, q, k, do = _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b,
+                                                   qb, offs_q, offs_k, offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB,
+                                                   CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID)
         ds, lp, ln = _ds(s, ok, c, dz, lp_carry, ln_carry)
-        dv += tile_dot(tl.trans(p.to(do.dtype)), do, DT, LOWP)
+        ds += ds2
+        dv += tile_dot(tl.trans(w.to(do.dtype)), do, DT, LOWP)
         dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP) * scale
         lp_carry = _lae(lp_carry, _lse_rows(lp))
         ln_carry = _lae(ln_carry, _lse_rows(ln))
@@ -197,9 +227,10 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LPC, LNC, DK, DVv, H,
 
 
 @triton.jit
-def bwd_q_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LPC, LNC, DQ, H, Sq, Sk, D, DV, scale, NQB,
-                 CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
-                 LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+def bwd_q_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC, LNC, DQ, H, Sq, Sk, D, DV, scale,
+                 NQB, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
+                 LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+                 HYBRID: tl.constexpr):
     """dQ of one query block in its own pass (FlashAttention-2's query-block program): per key block
     the tile's ds from its own suffix scans and the later blocks' carries (LPC, LNC), dq += ds k."""
     bh = tl.program_id(0)
@@ -209,17 +240,18 @@ def bwd_q_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LPC, LNC, DQ, H, Sq, Sk
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     dq = tl.zeros((BQ, BD), DT)
+    u = head_u(U, bh, H, DT, HYBRID)
     n_keys = Sk
     if CAUSAL:
         n_keys = tl.minimum(Sk, (qb + 1) * BQ)
     for kb in range(0, tl.cdiv(n_keys, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
-        s, ok, c, p, dz, q, k, do = _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, bh, b, qb, offs_q, offs_k,
-                                              offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM,
-                                              DT, LOWP)
+        s, ok, c, w, dz, ds2, q, k, do = _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b,
+                                                   qb, offs_q, offs_k, offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB,
+                                                   CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID)
         lp_carry = tl.load(LPC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
         ln_carry = tl.load(LNC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
         ds, lp, ln = _ds(s, ok, c, dz, lp_carry, ln_carry)
-        dq += tile_dot(ds.to(k.dtype), k, DT, LOWP)
+        dq += tile_dot((ds + ds2).to(k.dtype), k, DT, LOWP)
     tl.store(DQ + bh * Sq * D + offs_q[:, None] * D + offs_d[None, :], dq * scale,
              mask=(offs_q[:, None] < Sq) & (offs_d[None, :] < D))

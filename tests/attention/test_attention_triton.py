@@ -113,13 +113,13 @@ def test_dnas_and_hnas_cores_dispatch_to_triton_with_the_same_values():
         tri.eval(), ref.eval()
         import nas_cli.attention.triton_prefix as tp
 
-        calls = []
-        real = tp.prefix_dnas_triton
-        tp.prefix_dnas_triton = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+        calls, name = [], f"prefix_{scheme}_triton"  # HNAS: both parts from the same passes (issue #48, 3)
+        real = getattr(tp, name)
+        setattr(tp, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
         try:
             out = tri(q, k, v, qm, km).out
         finally:
-            tp.prefix_dnas_triton = real
+            setattr(tp, name, real)
         assert calls, f"{scheme}: impl=triton did not run the kernels"
         want = ref(q, k, v, qm, km).out
         torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
@@ -251,6 +251,36 @@ def test_hnas_encoder_kernels_equal_the_float64_formula(case):
 
 
 @pytest.mark.parametrize("case", [
+    # (B, H, Sq, Sk, D, Dv, causal, block_q, block_k): lengths not multiples of the blocks, padded
+    (2, 3, 37, 37, 16, 12, True, 16, 32),
+    (2, 2, 29, 45, 8, 8, False, 32, 16),   # cross-attention: prefix over the queries, all keys
+])
+def test_hnas_prefix_kernels_equal_the_float64_formula(case):
+    """HNAS's prefix form from one pass (issue #48, 3): u O_DNAS + (1 - u) O_softmax per head with the
+    prefix column normalizer, softmax attention under the same mask (causal where DNAS is); values
+    and the gradients of q, k, v and u against the formula written out in float64."""
+    from nas_cli.attention.base import doubly_normalized_logits, masked_row_softmax
+    from nas_cli.attention.triton_prefix import prefix_hnas_triton
+
+    b, h, sq, sk, d, dv, causal, bq, bk = case
+    q, k, v = _inputs(b, h, sq, sk, d, dv, seed=sq + 3 * sk)
+    qm, km = _masks(b, sq, sk, causal)
+    u = torch.linspace(0.15, 0.85, h, dtype=torch.float64).requires_grad_()
+    allowed = qm[:, None, :, None] & km[:, None, None, :]
+    if causal:
+        allowed = allowed & torch.ones(sq, sk, dtype=torch.bool).tril()
+    s = q @ k.transpose(-1, -2) / d ** 0.5
+    dn = masked_row_softmax(doubly_normalized_logits(s, allowed, True), allowed)
+    w = u[None, :, None, None]
+    want = ((w * dn + (1 - w) * masked_row_softmax(s, allowed)) @ v) * qm[:, None, :, None]
+    got = prefix_hnas_triton(q, k, v, u, qm, km, causal=causal, block_q=bq, block_k=bk)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    g = torch.randn_like(want)
+    for a, r in zip(torch.autograd.grad(got, (q, k, v, u), g), torch.autograd.grad(want, (q, k, v, u), g)):
+        torch.testing.assert_close(a, r, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", [
     # (B, H, Sq, Sk, D, Dv, iterations, padded, block_q, block_k): lengths not multiples of the blocks
     (2, 2, 37, 45, 16, 19, 3, True, 32, 16),
     (1, 2, 20, 33, 8, 8, 2, False, 16, 16),
@@ -331,20 +361,31 @@ def test_encoder_backward_is_deterministic_and_low_precision_is_within_sdpas_own
         assert err <= 2 * sdpa, (dtype, err, sdpa)
 
 
-def test_prefix_backward_is_deterministic_and_low_precision_is_within_sdpas_own_error():
+@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
+def test_prefix_backward_is_deterministic_and_low_precision_is_within_sdpas_own_error(scheme):
     """The prefix form's dQ has its own pass (issue #48): two backward passes give the same bits;
-    bf16/fp16 (tensor-core products) within 2x the error causal SDPA makes in the same dtype."""
+    bf16/fp16 (tensor-core products) within 2x the error causal SDPA makes in the same dtype. HNAS:
+    u = 0.3 and 0.8 per head, both parts from the same passes."""
     import torch.nn.functional as F
 
-    from nas_cli.attention.triton_prefix import prefix_dnas_triton
+    from nas_cli.attention.triton_prefix import prefix_dnas_triton, prefix_hnas_triton
 
     q, k, v = [t.detach() for t in _inputs(1, 2, 24, 24, 16, 16, seed=6)]
     want = _reference(q, k, v, None, None, True)
+    u = torch.tensor([0.3, 0.8])
+    if scheme == "hnas":
+        w = u.double()[None, :, None, None]
+        want = w * want + (1 - w) * F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def kernel(*x):
+        if scheme == "hnas":
+            return prefix_hnas_triton(*x, u, causal=True, block_q=16, block_k=16)
+        return prefix_dnas_triton(*x, causal=True, block_q=16, block_k=16)
+
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
-        out = prefix_dnas_triton(*x, causal=True, block_q=16, block_k=16)
-        grads = [torch.autograd.grad(prefix_dnas_triton(*x, causal=True, block_q=16, block_k=16), x,
-                                     torch.ones_like(out)) for _ in range(2)]
+        out = kernel(*x)
+        grads = [torch.autograd.grad(kernel(*x), x, torch.ones_like(out)) for _ in range(2)]
         assert all(torch.equal(a, b) for a, b in zip(*grads)), dtype
         err = (out.double() - want).abs().max().item()
         if dtype == torch.float32:
