@@ -11,7 +11,7 @@
 #    end-to-end training steps of Transformer-base at WMT14 shapes (bf16-mixed).
 #
 # Environment: ONLY_TRITON=1 stops after the Triton kernels' checks and timings and the Hugging Face
-# step (step 0b: 9.5 minutes at most, what one 15-minute GPU session holds); LONG=1 adds the 64k-context
+# step (step 0b: 9.8 minutes at most, what one 15-minute GPU session holds with the machine's start); LONG=1 adds the 64k-context
 # memory check (2.5 minutes at most; SKIP_HF=1 leaves out the Hugging Face step to make room); MULTI30K=<folder> also trains the study's Multi30k preset on the GPU beside the
 # checks; SKIP_NUMERICS=1 / SKIP_ATTENTION=1 leave out gpu-check's numerics / the attention-core
 # timings (e.g. when only the training path changed since they were measured).
@@ -46,20 +46,20 @@ fi
 # 0b. the Triton kernels of both forms (issue #48): values, gradients and determinism in float32, bf16
 #     (tensor cores) and fp16 against float64 and SDPA's own error; then their time against SDPA, both
 #     forms, d_head 64 and 128, S up to 16k; and the Llama-style training step through Hugging Face
-step triton_check 90 python benchmarks/triton_check.py --out "$out/triton_check.json"
+step triton_check 150 python benchmarks/triton_check.py --out "$out/triton_check.json"
 # the encoder kernels' tiles are autotuned on the GPU (nas_cli/attention/triton_tiles.py): if the check of the
 # autotuned rows failed, the timings run with the fixed tiles instead (and say so in steps.txt)
 if grep -q '"tiles": "auto".*"pass": false' "$out/triton_check.txt" 2>/dev/null; then
     export NAS_TRITON_TILES=fixed
     echo "autotuned tiles failed their check: timings with NAS_TRITON_TILES=fixed" | tee -a "$out/steps.txt"
 fi
-step attention_triton_encoder 180 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+step attention_triton_encoder 170 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
     --causal off --lengths 1024,2048,4096,8192,16384 --schemes unas,dnas-triton,hnas-triton,sinkhorn-triton,dnas-flex \
     --out-json "$out/attention_triton_encoder.json" --out-md "$out/attention_triton_encoder.md"
-step attention_triton_prefix 110 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+step attention_triton_prefix 100 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
     --causal on --lengths 1024,2048,4096,8192,16384 --schemes unas,dnas-triton,hnas-triton \
     --out-json "$out/attention_triton_prefix.json" --out-md "$out/attention_triton_prefix.md"
-step attention_triton_d128 80 nas-bench attention --device cuda --dtype bfloat16 --batch 4 --heads 8 --d-head 128 \
+step attention_triton_d128 60 nas-bench attention --device cuda --dtype bfloat16 --batch 4 --heads 8 --d-head 128 \
     --causal both --lengths 2048,8192 --schemes unas,dnas-triton \
     --out-json "$out/attention_triton_d128.json" --out-md "$out/attention_triton_d128.md"
 [ "${SKIP_HF:-0}" = 1 ] || step hf_step 110 python benchmarks/hf_step.py --device cuda --layers 8 --hidden 512 --heads 8 --seq 2048 --batch 4 \
