@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import torch
 
-from nas_cli.attention.triton_prefix import next_pow2, triton_unavailable
+from nas_cli.attention.triton_prefix import mixed_row_terms, next_pow2, triton_unavailable
 from nas_cli.attention.triton_tiles import BACKWARD, FORWARD, launch, length_bucket
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -115,17 +115,7 @@ class _TritonEncoder(torch.autograd.Function):
         outs, lses = (saved[6:8], saved[8:10]) if hybrid else (saved[6:7], saved[7:8])
         st = _setup(q, k, v, q_mask if has_qm else None, k_mask if has_km else None)
         K, bh, scale = st["K"], st["bsz"] * st["heads"], st["d"] ** -0.5
-        gw = g.to(st["wd"])
-        rows = [(gw * o).sum(-1) for o in outs]  # (B, H, Sq): dO . O of each part
-        du = None
-        if hybrid:
-            u = saved[10]
-            w = u.to(st["wd"])[None, :, None]
-            deltas = [(w * rows[0]).contiguous(), ((1 - w) * rows[1]).contiguous()]
-            du = (rows[0] - rows[1]).sum((0, 2)).to(u.dtype)  # d out / d u = O_DNAS - O_softmax, per head
-            uw = u.to(st["wd"]).contiguous()
-        else:
-            deltas, uw = [rows[0].contiguous()], st["dummy"]
+        deltas, du, uw = mixed_row_terms(g, outs, saved[10] if hybrid else None, st["wd"], st["dummy"])
         g = g.contiguous().to(v.dtype if st["lowp"] else st["wd"])
         colsum = torch.empty(bh, st["sk"], dtype=st["wd"], device=q.device)
         dq = torch.empty(q.shape, dtype=st["wd"], device=q.device)

@@ -47,6 +47,13 @@ def tile_load(P, bh, offs_r, offs_c, R, C, DT: tl.constexpr, LOWP: tl.constexpr)
 
 
 @triton.jit
+def tile_store(P, bh, offs_r, offs_c, R, C, x):
+    """Write a (rows x cols) tile into a (B*H, R, C) tensor, inside its bounds."""
+    tl.store(P + bh * R * C + offs_r[:, None] * C + offs_c[None, :], x,
+             mask=(offs_r[:, None] < R) & (offs_c[None, :] < C))
+
+
+@triton.jit
 def _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr):
     ok = (offs_q[:, None] < Sq) & (offs_k[None, :] < Sk)
     if HAS_QM:
@@ -84,8 +91,7 @@ def softmax_step(m, l, acc, z, ok, V, bh, offs_k, offs_dv, Sk, DV, DT: tl.conste
 def store_rows(OUT, LSE, bh, offs_q, offs_dv, Sq, DV, acc, m, l, has):
     """The finished rows: O = acc / l (zeros for a row with no allowed key) and LSE = m + log l (0 there)."""
     out = tl.where(has[:, None], acc / tl.where(has, l, 1.0)[:, None], 0.0)
-    tl.store(OUT + bh * Sq * DV + offs_q[:, None] * DV + offs_dv[None, :], out,
-             mask=(offs_q[:, None] < Sq) & (offs_dv[None, :] < DV))
+    tile_store(OUT, bh, offs_q, offs_dv, Sq, DV, out)
     tl.store(LSE + bh * Sq + offs_q, tl.where(has, m + tl.log(tl.where(has, l, 1.0)), 0.0), mask=offs_q < Sq)
 
 
@@ -164,6 +170,18 @@ def _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_
     p = tl.where(ok, tl.exp(z - lse[:, None]), 0.0)
     pi = tl.where(ok, tl.exp(z), 0.0)
     do = tile_load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
+    w, dz, ds2 = mixed_grads(s, ok, p, do, V, DELTA, LSE2, DELTA2, u, bh, offs_q, offs_k, offs_dv, Sq, Sk, DV, DT,
+                             LOWP, HYBRID)
+    return w, pi, dz, ds2, q, k, do
+
+
+@triton.jit
+def mixed_grads(s, ok, p, do, V, DELTA, LSE2, DELTA2, u, bh, offs_q, offs_k, offs_dv, Sq, Sk, DV, DT: tl.constexpr,
+                LOWP: tl.constexpr, HYBRID: tl.constexpr):
+    """A backward tile's terms from the DNAS weights p (either form): dz = p (u dO . v - D) (u = 1
+    without ``HYBRID``); with ``HYBRID`` (HNAS) also the softmax part's score gradient
+    ds2 = P ((1 - u) dO . v - D2), P = exp(s - LSE2) (0 otherwise), and the weights dV sees,
+    w = u p + (1 - u) P (p otherwise). One dO . V^T serves both parts."""
     v = tile_load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
     delta = tl.load(DELTA + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
     dpv = tile_dot(do, tl.trans(v), DT, LOWP)
@@ -178,7 +196,7 @@ def _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_
         dz = tl.where(ok, p * (dpv - delta[:, None]), 0.0)
         ds2 = tl.zeros_like(dz)
         w = p
-    return w, pi, dz, ds2, q, k, do
+    return w, dz, ds2
 
 
 @triton.jit
@@ -223,10 +241,8 @@ def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DK, DV
         ds = dz - pi * g[None, :] + ds2
         dv += tile_dot(tl.trans(w.to(do.dtype)), do, DT, LOWP)
         dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP)
-    tl.store(DK + bh * Sk * D + offs_k[:, None] * D + offs_d[None, :], dk * scale,
-             mask=(offs_k[:, None] < Sk) & (offs_d[None, :] < D))
-    tl.store(DVv + bh * Sk * DV + offs_k[:, None] * DV + offs_dv[None, :], dv,
-             mask=(offs_k[:, None] < Sk) & (offs_dv[None, :] < DV))
+    tile_store(DK, bh, offs_k, offs_d, Sk, D, dk * scale)
+    tile_store(DVv, bh, offs_k, offs_dv, Sk, DV, dv)
 
 
 @triton.jit(do_not_specialize=["TUNE"])
@@ -250,5 +266,4 @@ def bwd_q_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DQ, H, 
         g = tl.load(G + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
         ds = dz - pi * g[None, :] + ds2
         dq += tile_dot(ds.to(k.dtype), k, DT, LOWP)
-    tl.store(DQ + bh * Sq * D + offs_q[:, None] * D + offs_d[None, :], dq * scale,
-             mask=(offs_q[:, None] < Sq) & (offs_d[None, :] < D))
+    tile_store(DQ, bh, offs_q, offs_d, Sq, D, dq * scale)

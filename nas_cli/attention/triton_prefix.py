@@ -88,6 +88,19 @@ def _launch_setup(q, k, v, q_mask, k_mask, block_q: int, block_k: int):
                 has_qm=qm is not None, has_km=km is not None, nqb=-(-sq // block_q), bd=next_pow2(d), bdv=next_pow2(dv), bq=block_q, bk=block_k)
 
 
+def mixed_row_terms(g, outs, u, wd, dummy):
+    """The backward's row terms of one part or, with ``u`` (HNAS: u O + (1 - u) O2), of two: each part's
+    D_i = dO_i . O_i times its share (B, H, Sq), u's gradient (sum dO . (O - O2) per head; None
+    without u) and u in the work dtype (``dummy`` without u). Both forms' kernels use them."""
+    gw = g.to(wd)
+    rows = [(gw * o).sum(-1) for o in outs]
+    if u is None:
+        return [rows[0].contiguous()], None, dummy
+    w = u.to(wd)[None, :, None]
+    deltas = [(w * rows[0]).contiguous(), ((1 - w) * rows[1]).contiguous()]
+    return deltas, (rows[0] - rows[1]).sum((0, 2)).to(u.dtype), u.to(wd).contiguous()
+
+
 class _TritonPrefixDNAS(torch.autograd.Function):
     """Prefix-normalized DNAS; with ``u`` (HNAS, one value per head), u O_DNAS + (1 - u) O_softmax from
     the same passes (softmax attention with the same mask: causal where DNAS is), u's gradient included."""
@@ -130,17 +143,8 @@ class _TritonPrefixDNAS(torch.autograd.Function):
         st = _launch_setup(q, k, v, q_mask, k_mask, block_q, block_k)
         K, bh = st["K"], st["bsz"] * st["heads"]
         scale = 1.0 / (st["d"] ** 0.5)
-        gw = g.to(st["wd"])
-        rows = [(gw * o).sum(-1) for o in outs]  # (B, H, Sq): dO . O of each part
-        du = None
-        if hybrid:
-            u = saved[10]
-            w = u.to(st["wd"])[None, :, None]
-            deltas = [(w * rows[0]).contiguous(), ((1 - w) * rows[1]).contiguous()]
-            du = (rows[0] - rows[1]).sum((0, 2)).to(u.dtype)  # d out / d u = O_DNAS - O_softmax, per head
-            uw, second = u.to(st["wd"]).contiguous(), (lses[1], deltas[1])
-        else:
-            deltas, uw, second = [rows[0].contiguous()], st["qm"], (st["qm"], st["qm"])
+        deltas, du, uw = mixed_row_terms(g, outs, saved[10] if hybrid else None, st["wd"], st["qm"])
+        second = (lses[1], deltas[1]) if hybrid else (st["qm"], st["qm"])
         g = g.contiguous().to(v.dtype if st["lowp"] else st["wd"])
         dq = torch.empty(q.shape, dtype=st["wd"], device=q.device)
         dk = torch.empty(k.shape, dtype=st["wd"], device=q.device)

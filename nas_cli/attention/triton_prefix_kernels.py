@@ -15,7 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nas_cli.attention.triton_encoder_kernels import head_u, tile_dot, tile_load, softmax_step, store_rows
+from nas_cli.attention.triton_encoder_kernels import (head_u, mixed_grads, softmax_step, store_rows, tile_dot,
+                                                      tile_load, tile_store)
 
 NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain global inside a kernel (the interpreter accepts it)
 
@@ -143,20 +144,8 @@ def _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb
     lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
     p = tl.where(ok, tl.exp(s - c - lse[:, None]), 0.0)
     do = tile_load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
-    v = tile_load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
-    delta = tl.load(DELTA + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
-    dpv = tile_dot(do, tl.trans(v), DT, LOWP)
-    if HYBRID:
-        lse2 = tl.load(LSE2 + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
-        delta2 = tl.load(DELTA2 + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
-        p2 = tl.where(ok, tl.exp(s - lse2[:, None]), 0.0)
-        dz = tl.where(ok, p * (u * dpv - delta[:, None]), 0.0)
-        ds2 = tl.where(ok, p2 * ((1.0 - u) * dpv - delta2[:, None]), 0.0)
-        w = u * p + (1.0 - u) * p2
-    else:
-        dz = tl.where(ok, p * (dpv - delta[:, None]), 0.0)
-        ds2 = tl.zeros_like(dz)
-        w = p
+    w, dz, ds2 = mixed_grads(s, ok, p, do, V, DELTA, LSE2, DELTA2, u, bh, offs_q, offs_k, offs_dv, Sq, Sk, DV, DT,
+                             LOWP, HYBRID)
     return s, ok, c, w, dz, ds2, q, k, do
 
 
@@ -220,10 +209,8 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC,
         dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP) * scale
         lp_carry = _lae(lp_carry, _lse_rows(lp))
         ln_carry = _lae(ln_carry, _lse_rows(ln))
-    tl.store(DK + bh * Sk * D + offs_k[:, None] * D + offs_d[None, :], dk,
-             mask=(offs_k[:, None] < Sk) & (offs_d[None, :] < D))
-    tl.store(DVv + bh * Sk * DV + offs_k[:, None] * DV + offs_dv[None, :], dv,
-             mask=(offs_k[:, None] < Sk) & (offs_dv[None, :] < DV))
+    tile_store(DK, bh, offs_k, offs_d, Sk, D, dk)
+    tile_store(DVv, bh, offs_k, offs_dv, Sk, DV, dv)
 
 
 @triton.jit
@@ -253,5 +240,4 @@ def bwd_q_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC, L
         ln_carry = tl.load(LNC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
         ds, lp, ln = _ds(s, ok, c, dz, lp_carry, ln_carry)
         dq += tile_dot((ds + ds2).to(k.dtype), k, DT, LOWP)
-    tl.store(DQ + bh * Sq * D + offs_q[:, None] * D + offs_d[None, :], dq * scale,
-             mask=(offs_q[:, None] < Sq) & (offs_d[None, :] < D))
+    tile_store(DQ, bh, offs_q, offs_d, Sq, D, dq * scale)

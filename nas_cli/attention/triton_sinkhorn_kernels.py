@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nas_cli.attention.triton_encoder_kernels import NEG, tile_dot, tile_load, tile_scores
+from nas_cli.attention.triton_encoder_kernels import NEG, mixed_grads, tile_dot, tile_load, tile_store, tile_scores
 
 
 @triton.jit(do_not_specialize=["TUNE"])
@@ -105,9 +105,8 @@ def _sink_tile(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, bh, b, offs_q, offs_k
     last_c = CS + (ITERS - 1) * T_K
     p = _biased(s, ok, BS + ITERS * T_Q, last_c, bh, offs_q, offs_k, Sq, Sk)
     do = tile_load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
-    v = tile_load(V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
-    delta = tl.load(DELTA + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
-    dz = tl.where(ok, p * (tile_dot(do, tl.trans(v), DT, LOWP) - delta[:, None]), 0.0)
+    p, dz, ds = mixed_grads(s, ok, p, do, V, DELTA, DELTA, DELTA, 1.0, bh, offs_q, offs_k, offs_dv, Sq, Sk, DV, DT,
+                            LOWP, False)
     ds = dz
     if WITH_CHAIN:
         for t in range(0, ITERS):
@@ -160,10 +159,8 @@ def sink_bwd_kv_kernel(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, DK, DVv, H, S
                                          LOWP)
         dv += tile_dot(tl.trans(p.to(do.dtype)), do, DT, LOWP)
         dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP)
-    tl.store(DK + bh * Sk * D + offs_k[:, None] * D + offs_d[None, :], dk * scale,
-             mask=(offs_k[:, None] < Sk) & (offs_d[None, :] < D))
-    tl.store(DVv + bh * Sk * DV + offs_k[:, None] * DV + offs_dv[None, :], dv,
-             mask=(offs_k[:, None] < Sk) & (offs_dv[None, :] < DV))
+    tile_store(DK, bh, offs_k, offs_d, Sk, D, dk * scale)
+    tile_store(DVv, bh, offs_k, offs_dv, Sk, DV, dv)
 
 
 @triton.jit(do_not_specialize=["TUNE"])
@@ -184,5 +181,4 @@ def sink_bwd_q_kernel(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, DQ, H, Sq, Sk,
                                          offs_dv, Sq, Sk, D, DV, scale, ITERS, T_Q, T_K, True, HAS_QM, HAS_KM, DT,
                                          LOWP)
         dq += tile_dot(ds.to(k.dtype), k, DT, LOWP)
-    tl.store(DQ + bh * Sq * D + offs_q[:, None] * D + offs_d[None, :], dq * scale,
-             mask=(offs_q[:, None] < Sq) & (offs_d[None, :] < D))
+    tile_store(DQ, bh, offs_q, offs_d, Sq, D, dq * scale)

@@ -196,9 +196,11 @@ def test_joblib_refuses_multi_process_jobs(tmp_path):
 
 
 # ---- resume ---------------------------------------------------------------------------------------
+#: a run long enough to be stopped mid-training: 240 steps over about 4 epochs (62 batches of 16 each), so a
+#: resume crosses epoch boundaries; batches of 16, not the task's 64, keep each step cheap
 LONG = (*TINY, "trainer.max_steps=240", "trainer.val_check_interval=80", "checkpoint.last_every_n_steps=10",
-        "task.train_size=4000", "task.val_size=128", "task.test_size=128", "trainer.limit_val_batches=1.0",
-        "trainer.limit_test_batches=1.0")
+        "task.train_size=1000", "task.batch_size=16", "task.val_size=128", "task.test_size=128",
+        "trainer.limit_val_batches=1.0", "trainer.limit_test_batches=1.0")
 
 
 def start(run_dir: Path, cwd: Path, *extra: str) -> subprocess.Popen:
