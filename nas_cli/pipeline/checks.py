@@ -269,11 +269,9 @@ def check_hf_model(plan, cfg: DictConfig, lm: bool) -> None:
 
 
 def check_triton(plan, cfg: DictConfig) -> None:
-    """``attention.impl=triton`` runs where Triton runs (CUDA; the CPU only under TRITON_INTERPRET=1,
-    for tests) and covers DNAS and HNAS in both forms (the encoder form: attention/triton_encoder.py;
-    the prefix form of decoder self- and cross-attention: attention/triton_prefix.py), with
-    backward passes that use no atomics (``trainer.deterministic=true`` takes them); Sinkhorn-k has
-    kernels in the encoder form and keeps the chunked path in the prefix form, which the run says once."""
+    """``attention.impl=triton`` runs where Triton runs (CUDA; the CPU only under TRITON_INTERPRET=1, for
+    tests): DNAS and HNAS in both forms, Sinkhorn-k in the encoder form (its prefix form keeps the chunked
+    path, which the run says once); no atomics, so ``trainer.deterministic=true`` takes the kernels."""
     chosen = {loc: p for loc, p in plan.placed.items() if p.options.get("impl") == "triton"}
     if not chosen:
         return
