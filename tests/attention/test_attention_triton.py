@@ -85,16 +85,26 @@ def test_float32_within_documented_tolerance():
         assert (a.double() - w).abs().max() < 1e-4 * max(1.0, w.abs().max().item())
 
 
-def test_the_future_changes_nothing():
-    from nas_cli.attention.triton_prefix import prefix_dnas_triton
+@pytest.mark.parametrize("scheme", ["dnas", "hnas"])
+def test_the_future_changes_nothing(scheme):
+    """Causality, exactly: perturbing every position after t changes no output at or before t, for DNAS's
+    prefix kernels and for HNAS's (both parts from the same passes)."""
+    from nas_cli.attention.triton_prefix import prefix_dnas_triton, prefix_hnas_triton
+
+    u = torch.tensor([0.3, 0.7], dtype=torch.float64)
+
+    def run(*x):
+        if scheme == "hnas":
+            return prefix_hnas_triton(*x, u, causal=True, block_q=16, block_k=16)
+        return prefix_dnas_triton(*x, causal=True, block_q=16, block_k=16)
 
     q, k, v = (t.detach() for t in _inputs(1, 2, 48, 48, 8, 8, seed=5))
-    base = prefix_dnas_triton(q, k, v, causal=True, block_q=16, block_k=16)
+    base = run(q, k, v)
     for cut in (7, 16, 31):  # perturb every position after `cut` (within and across blocks)
         q2, k2, v2 = q.clone(), k.clone(), v.clone()
         for t in (q2, k2, v2):
             t[:, :, cut + 1:] += torch.randn_like(t[:, :, cut + 1:]) * 3
-        out = prefix_dnas_triton(q2, k2, v2, causal=True, block_q=16, block_k=16)
+        out = run(q2, k2, v2)
         assert torch.equal(out[:, :, :cut + 1], base[:, :, :cut + 1])
         assert not torch.equal(out[:, :, cut + 1:], base[:, :, cut + 1:])
 
