@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import torch
 
-from nas_cli.attention.triton_prefix import mixed_row_terms, next_pow2, triton_unavailable
+from nas_cli.attention.triton_prefix import mixed_output, mixed_row_terms, next_pow2, triton_unavailable
 from nas_cli.attention.triton_tiles import BACKWARD, FORWARD, launch, length_bucket
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -101,10 +101,7 @@ class _TritonEncoder(torch.autograd.Function):
         masks = [m if m is not None else torch.empty(0) for m in (q_mask, k_mask)]
         ctx.save_for_backward(q, k, v, *masks, col, *outs, *lses, *([u] if hybrid else []))
         ctx.conf = (block_q, block_k, q_mask is not None, k_mask is not None, hybrid)
-        if not hybrid:
-            return outs[0].to(v.dtype)
-        w = u.to(st["wd"])[None, :, None, None]
-        return (w * outs[0] + (1 - w) * outs[1]).to(v.dtype)
+        return mixed_output(outs, u, v.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable

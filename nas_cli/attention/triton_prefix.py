@@ -88,6 +88,14 @@ def _launch_setup(q, k, v, q_mask, k_mask, block_q: int, block_k: int):
                 has_qm=qm is not None, has_km=km is not None, nqb=-(-sq // block_q), bd=next_pow2(d), bdv=next_pow2(dv), bq=block_q, bk=block_k)
 
 
+def mixed_output(outs, u, dtype):
+    """The forward's output: the one part, or with ``u`` (HNAS) u O + (1 - u) O2 per head, in ``dtype``."""
+    if u is None:
+        return outs[0].to(dtype)
+    w = u.to(outs[0].dtype)[None, :, None, None]
+    return (w * outs[0] + (1 - w) * outs[1]).to(dtype)
+
+
 def mixed_row_terms(g, outs, u, wd, dummy):
     """The backward's row terms of one part or, with ``u`` (HNAS: u O + (1 - u) O2), of two: each part's
     D_i = dO_i . O_i times its share (B, H, Sq), u's gradient (sum dO . (O - O2) per head; None
@@ -127,10 +135,7 @@ class _TritonPrefixDNAS(torch.autograd.Function):
         masks = [m if m is not None else torch.empty(0) for m in (q_mask, k_mask)]
         ctx.save_for_backward(q, k, v, *masks, carry, *outs, *lses, *([u] if hybrid else []))
         ctx.conf = (causal, block_q, block_k, q_mask is not None, k_mask is not None, hybrid)
-        if not hybrid:
-            return outs[0].to(v.dtype)
-        w = u.to(st["wd"])[None, :, None, None]
-        return (w * outs[0] + (1 - w) * outs[1]).to(v.dtype)
+        return mixed_output(outs, u, v.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
