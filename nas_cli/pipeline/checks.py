@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
@@ -283,11 +284,20 @@ def check_triton(plan, cfg: DictConfig) -> None:
                  lambda device: triton_unavailable(torch.device(device)))
     other = [loc for loc, p in chosen.items() if "sinkhorn" in str(p.scheme) and loc in ("decoder", "cross")]
     if other:
-        import sys
+        _note_once(f"attention.impl=triton covers DNAS and HNAS in both forms and Sinkhorn-k in the encoder form; "
+                   f"Sinkhorn-k at {', '.join(other)} (prefix-normalized) uses the chunked exact path (same values "
+                   "and gradients)")
 
-        print(f"nas-run: note: attention.impl=triton covers DNAS and HNAS in both forms and Sinkhorn-k in the encoder "
-              f"form; Sinkhorn-k at {', '.join(other)} (prefix-normalized) uses the chunked exact path (same values "
-              "and gradients)", file=sys.stderr)
+
+_NOTED: set[str] = set()
+
+
+def _note_once(text: str) -> None:
+    """A note to stderr, once per process: the configuration is checked before Hydra starts and again
+    in each job, and a user should read it once."""
+    if text not in _NOTED:
+        _NOTED.add(text)
+        print(f"nas-run: note: {text}", file=sys.stderr)
 
 
 def _check_fused(cfg: DictConfig, what: str, atomics: str | None, unavailable) -> None:
@@ -322,12 +332,10 @@ def check_flex(plan, cfg: DictConfig) -> None:
                  lambda device: flex_unavailable(device, training=True))
     prefix = [loc for loc in flex if loc in ("decoder", "cross")]
     if prefix:
-        import sys
-
-        print(f"nas-run: note: attention.impl=flex: {', '.join(prefix)} attention is prefix-normalized (each "
-              "query's column sums run over the queries before it), which FlexAttention cannot express; "
-              f"{'it uses' if len(prefix) == 1 else 'they use'} the chunked exact path (same values and gradients)",
-              file=sys.stderr)
+        _note_once(f"attention.impl=flex: {', '.join(prefix)} attention is prefix-normalized (each query's column "
+                   "sums run over the queries before it), which FlexAttention cannot express; "
+                   f"{'it uses' if len(prefix) == 1 else 'they use'} the chunked exact path (same values and "
+                   "gradients)")
 
 
 def _example(key: str, cfg: DictConfig) -> str:

@@ -175,16 +175,22 @@ def test_impl_triton_refused_with_one_line_where_it_cannot_run(tmp_path):
         assert not (tmp_path / "outputs").exists()
 
 
-def test_impl_triton_for_every_location_passes_the_checks_and_names_the_chunked_ones(capsys):
+def test_impl_triton_for_every_location_passes_the_checks_and_names_the_chunked_ones(capsys, monkeypatch):
     """Found on an H200: ``attention=dnas attention.impl=triton`` (every location, the encoder too)
     crashed in the pre-run check (an AttributeError) instead of saying which locations keep the
-    chunked path; only the decoder-level spelling had been run."""
+    chunked path; only the decoder-level spelling had been run. The note is said once per process,
+    though the configuration is checked before Hydra and again in the job."""
+    from nas_cli.pipeline import checks
     from nas_cli.pipeline.checks import check_config
+
+    monkeypatch.setattr(checks, "_NOTED", set())
 
     check_config(compose_cfg("attention=dnas", "attention.impl=triton", "trainer.accelerator=cpu"))
     assert capsys.readouterr().err == ""  # every location runs kernels: the encoder form has its own (#48)
     check_config(compose_cfg("attention=sinkhorn", "attention.impl=triton", "trainer.accelerator=cpu"))
     assert "Sinkhorn-k at decoder, cross (prefix-normalized) uses the chunked" in capsys.readouterr().err
+    check_config(compose_cfg("attention=sinkhorn", "attention.impl=triton", "trainer.accelerator=cpu"))
+    assert capsys.readouterr().err == ""  # the same run's second check: said once
     check_config(compose_cfg("attention.encoder=sinkhorn", "attention.encoder.impl=triton",  # kernels: no note
                              "trainer.accelerator=cpu"))
     assert capsys.readouterr().err == ""
