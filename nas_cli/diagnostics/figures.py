@@ -40,9 +40,11 @@ def _pyplot():
 
 
 def _png(fig) -> bytes:
+    """The figure as PNG bytes. zlib level 1: the same pixels (PNG is lossless) about 10% larger, and
+    a third less time in the encoder, which every run pays six times at its end."""
     plt = _pyplot()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=90, pil_kwargs={"compress_level": 1})
     plt.close(fig)
     return buf.getvalue()
 

@@ -27,6 +27,33 @@ def test_a_forked_command_prints_and_exits_as_the_installed_script(tmp_path, arg
     assert forked.stdout or forked.stderr
 
 
+EXITS = {  # what a process does on its way out, each as a `python -c` program
+    "status": "import sys; print('out'); sys.exit(3)",
+    "message": "import sys; sys.exit('bye')",
+    "atexit": "import atexit; atexit.register(print, 'at exit')",
+    "thread": "import threading, time; threading.Thread(target=lambda: (time.sleep(0.3), print('joined'))).start()",
+    "unflushed": "import sys; sys.stdout.write('no newline'); sys.stderr.write('err, no newline')",
+    "exception": "raise ValueError('boom')",
+    "interrupt": "raise KeyboardInterrupt",
+}
+
+
+@pytest.mark.parametrize("name", EXITS)
+def test_a_forked_command_ends_as_python_ends_a_process(tmp_path, name):
+    """The server ends its children as the interpreter's exit would, less the teardown of every
+    module (2 s a command): exit status, SystemExit's message, atexit functions, non-daemon
+    threads joined, streams flushed, a traceback, a death by SIGINT."""
+    import sys
+
+    argv = [sys.executable, "-c", EXITS[name]]
+    assert zygote.serves(*argv[:2])
+    forked = zygote.run(argv, cwd=tmp_path, env=_env(), timeout=60)
+    real = subprocess.run(argv, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+    assert (forked.returncode, forked.stdout) == (real.returncode, real.stdout)
+    # a traceback's frames differ (the server's own are above the program's); its last line does not
+    assert forked.stderr.splitlines()[-1:] == real.stderr.splitlines()[-1:], (forked.stderr, real.stderr)
+
+
 def test_a_forked_command_sees_its_own_environment_and_pythonpath(tmp_path):
     # a config package found through PYTHONPATH, and a variable the server never saw
     conf = tmp_path / "lib" / "my_pkg_zyg" / "conf"
