@@ -75,6 +75,18 @@ def run_command(argv, *, cwd=None, env=None, timeout=None, check=False, capture_
     return proc
 
 
+def start_command(argv, *, cwd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
+    """``subprocess.Popen(argv, ..., text=True, start_new_session=True)``: a command started for a
+    test to watch and signal (its ``pid`` is also its process group). A nas-* command runs in a
+    process forked from the test server, as :func:`run_command` does (tests/zygote.py), without its
+    imports; a test that needs the installed script's own process (signal dispositions inherited
+    from the caller) uses ``subprocess.Popen``."""
+    argv = [str(a) for a in argv]
+    if zygote.serves(*argv[:2]):
+        return zygote.popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True, start_new_session=True)
+
+
 def nas_run(*args, cwd, timeout=300):
     """The real ``nas-run`` command in a process of its own, logging to W&B as configured (offline)."""
     env = {**os.environ, "WANDB_MODE": "", "NO_COLOR": "1"}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -172,6 +173,92 @@ def run(argv: list[str], *, cwd, env: dict, timeout: float | None) -> subprocess
                                        b"".join(chunks[err_r]).decode(errors="replace"))
 
 
+class Command:
+    """A command started by the server, with what the tests use of ``subprocess.Popen``: ``pid``
+    (also its process group), ``stdout``/``stderr`` (text, when asked for), ``poll``, ``wait``,
+    ``communicate``, ``send_signal``, ``kill`` and ``returncode`` (negative: ended by that signal)."""
+
+    def __init__(self, argv: list[str], *, cwd, env: dict, stdout=None, stderr=None):
+        self.args = [str(a) for a in argv]
+        self.returncode: int | None = None
+        server = _get_server()
+        ends, keep = [], []
+        for want in (stdout, stderr):
+            if want == subprocess.PIPE:
+                r, w = os.pipe()
+                ends.append(w)
+                keep.append(r)
+            else:  # None or DEVNULL: this test's own stream is not the command's business
+                ends.append(os.open(os.devnull, os.O_WRONLY))
+                keep.append(None)
+        null = os.open(os.devnull, os.O_RDONLY)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(server.path)
+            payload = json.dumps({"argv": self.args, "cwd": os.path.abspath(str(cwd)), "env": dict(env)}).encode()
+            socket.send_fds(self._sock, [_HEADER.pack(len(payload)) + payload], [null, *ends])
+        finally:
+            for fd in (null, *ends):
+                os.close(fd)
+        self.stdout, self.stderr = (None if r is None else open(r, encoding="utf-8", errors="replace") for r in keep)
+        self._reader = self._sock.makefile("rb")
+        global last_pid
+        self.pid = last_pid = int(_recv_line(self._reader))
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            if select.select([self._sock], [], [], 0)[0]:
+                self.returncode = int(_recv_line(self._reader))
+                self._reader.close()
+                self._sock.close()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None and not select.select([self._sock], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.poll()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        streams = [f for f in (self.stdout, self.stderr) if f is not None and not f.closed]
+        chunks = {f: [] for f in streams}
+        sel = selectors.DefaultSelector()
+        for f in streams:
+            sel.register(f.fileno(), selectors.EVENT_READ, f)
+        try:
+            while sel.get_map():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                for key, _ in sel.select(left):
+                    data = os.read(key.fd, 65536)
+                    if data:
+                        chunks[key.data].append(data)
+                    else:
+                        sel.unregister(key.fd)
+        finally:
+            sel.close()
+        for f in streams:
+            f.close()
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        out = [b"".join(chunks[f]).decode(errors="replace") if f in chunks else None
+               for f in (self.stdout, self.stderr)]
+        return out[0], out[1]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def popen(argv: list[str], *, cwd, env: dict, stdout=None, stderr=None) -> Command:
+    """``subprocess.Popen(argv, cwd=cwd, env=env, stdout=..., stderr=..., text=True,
+    start_new_session=True)`` run by a child forked from the server (``serves(argv[0])``)."""
+    return Command(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+
+
 # ----------------------------------------------------------------------------------- server
 class _Child(BaseException):
     """Raised in a freshly forked child to leave the server's loop before running the command."""
@@ -195,13 +282,30 @@ def _recv_request(conn):
 
 
 def _serve(path: str) -> None:
+    """Fork a child for each request and send its pid, then its exit status when it ends; children
+    run side by side (a test may start one command and run another while it trains)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
     listener.listen(8)
     os.rename(path + ".tmp", path)  # the client waits for this name: the server is ready
     parent = os.getppid()
-    listener.settimeout(2.0)
+    listener.settimeout(0.02)  # also how often ended children are reaped
+    running: dict[int, socket.socket] = {}  # pid -> the connection its status goes to
     while True:
+        while running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = running.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                except OSError:
+                    pass
+                conn.close()
         try:
             conn, _ = listener.accept()
         except socket.timeout:
@@ -209,28 +313,26 @@ def _serve(path: str) -> None:
                 return
             continue
         conn.setblocking(True)
-        with conn:
-            request, fds = _recv_request(conn)
-            if request is None or len(fds) != 3:
-                for fd in fds:
-                    os.close(fd)
-                continue
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                listener.close()
-                conn.detach()
-                request["fds"] = fds
-                raise _Child(request)
+        request, fds = _recv_request(conn)
+        if request is None or len(fds) != 3:
             for fd in fds:
                 os.close(fd)
-            conn.sendall(f"{pid}\n".encode())
-            _, status = os.waitpid(pid, 0)
-            try:
-                conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
-            except OSError:
-                pass
+            conn.close()
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            for other in running.values():  # the other commands' connections are not this one's
+                other.close()
+            conn.close()  # the child's copy: the server keeps its own
+            request["fds"] = fds
+            raise _Child(request)
+        for fd in fds:
+            os.close(fd)
+        conn.sendall(f"{pid}\n".encode())
+        running[pid] = conn
 
 
 def _wandb_temporary_folders() -> list:

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from faults import run_with_fault
-from helpers import NAS_RUN, nas_run, run_command
+from helpers import NAS_RUN, nas_run, run_command, start_command
 
 FAST = ("debug=fast", "progress_bar=false", "logger=csv")
 NAS_REPORT = str(Path(NAS_RUN).with_name("nas-report"))
@@ -74,9 +74,8 @@ def test_the_last_steps_are_validated_and_the_tested_step_is_said(tmp_path):
 def test_a_second_process_in_the_same_run_directory_is_refused_and_overwrites_nothing(tmp_path):
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
-    first = subprocess.Popen([NAS_RUN, *FAST, "trainer.max_steps=100000", "checkpoint.last_every_n_steps=5",
-                              f"hydra.run.dir={run}"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+    first = start_command([NAS_RUN, *FAST, "trainer.max_steps=100000", "checkpoint.last_every_n_steps=5",
+                           f"hydra.run.dir={run}"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL)
     try:
         end = time.time() + 120
         while not (run / "checkpoints" / "last.ckpt").exists():

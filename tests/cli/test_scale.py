@@ -26,7 +26,7 @@ from nas_cli.pipeline.run import build_module, build_task
 from nas_cli.infra.distributed import shard_and_resume
 from nas_cli.infra.wandb_offline import read_run
 from nas_cli.model.plan import AttentionPlan
-from helpers import NAS_RUN, nas_run, run_command
+from helpers import NAS_RUN, nas_run, run_command, start_command
 
 TINY = ("debug=fast", "progress_bar=false")
 
@@ -205,8 +205,7 @@ LONG = (*TINY, "trainer.max_steps=240", "trainer.val_check_interval=80", "checkp
 
 def start(run_dir: Path, cwd: Path, *extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
-    return subprocess.Popen([NAS_RUN, *LONG, *extra, f"hydra.run.dir={run_dir}"], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_command([NAS_RUN, *LONG, *extra, f"hydra.run.dir={run_dir}"], cwd=cwd, env=env)
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
@@ -220,8 +219,10 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
 def start_group(cwd: Path, *args: str, **popen) -> subprocess.Popen:
     """nas-run in a process group of its own (what a terminal, `timeout` or a SLURM step signal as one)."""
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
-    return subprocess.Popen([NAS_RUN, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, **popen)
+    if popen:  # e.g. a signal ignored from the start: the installed script itself
+        return subprocess.Popen([NAS_RUN, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True, **popen)
+    return start_command([NAS_RUN, *args], cwd=cwd, env=env)
 
 
 def assert_group_gone(pgid: int) -> None:
@@ -546,8 +547,7 @@ def test_sigkill_in_a_later_epoch_then_resume_gives_bit_identical_weights(tmp_pa
 
     run = tmp_path / "killed"
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
-    proc = subprocess.Popen([NAS_RUN, *args, f"hydra.run.dir={run}"], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = start_command([NAS_RUN, *args, f"hydra.run.dir={run}"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL)
     last, end = run / "checkpoints" / "last.ckpt", time.time() + 300
     while True:  # kill as soon as a checkpoint from epoch >= 1 exists
         assert proc.poll() is None, proc.stderr.read()[-3000:]
@@ -586,8 +586,7 @@ def test_a_job_the_scheduler_ends_fails_alone_and_the_same_command_finishes_it(t
     args = ["-m", "debug=fast", "logger=csv", "trainer.max_steps=20,150", "trainer.val_check_interval=10",
             "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}"]
     env = {**os.environ, "WANDB_MODE": "offline", "NO_COLOR": "1"}
-    proc = subprocess.Popen([NAS_RUN, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = start_command([NAS_RUN, *args], cwd=tmp_path, env=env)
     deadline = time.time() + 300
     while time.time() < deadline and not list(sweep.glob("1_*/checkpoints/last.ckpt")):
         time.sleep(0.5)

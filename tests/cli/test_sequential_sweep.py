@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from helpers import NAS_RUN, nas_run, run_command
+from helpers import NAS_RUN, nas_run, run_command, start_command
 from nas_cli.report import stopping as seq
 
 SWEEP = ("-m", "attention=unas,dnas", "seed=auto", "debug=fast", "progress_bar=false", "hydra.sweeper.max_seeds=3",
@@ -25,8 +25,8 @@ def _summaries(root):
 def test_sequential_sweep_continues_after_a_kill_and_runs_no_seed_twice(tmp_path):
     root = tmp_path / "seq"
     env = {**os.environ, "NO_COLOR": "1"}
-    proc = subprocess.Popen([NAS_RUN, *SWEEP, f"hydra.sweep.dir={root}"], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = start_command([NAS_RUN, *SWEEP, f"hydra.sweep.dir={root}"], cwd=tmp_path, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:  # killed (with its workers) once the first look is written, before the sweep can finish
         deadline = time.time() + 240
         while time.time() < deadline and not (root / "sequential.json").is_file() and proc.poll() is None:

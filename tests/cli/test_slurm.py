@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import NAS_RUN
+from helpers import NAS_RUN, run_command, start_command
 from slurm_cluster import SlurmCluster, available
 
 # one xdist worker runs them all (pyproject's --dist loadgroup): one accounting cluster and one two-node cluster
@@ -50,9 +50,8 @@ def cluster():
 def _nas_run(cluster, *args, cwd, timeout=400, wait=True):
     env = {**cluster.env, "NO_COLOR": "1"}
     if not wait:
-        return subprocess.Popen([NAS_RUN, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    return subprocess.run([NAS_RUN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+        return start_command([NAS_RUN, *args], cwd=cwd, env=env)
+    return run_command([NAS_RUN, *args], cwd=cwd, timeout=timeout, env=env)
 
 
 def test_a_sequential_sweep_runs_as_job_arrays_on_a_cpu_partition(cluster, tmp_path):
@@ -128,10 +127,9 @@ def test_ddp_over_two_slurm_nodes(two_nodes, tmp_path):
     assert summary["processes"] == 2
     assert len(list(run.rglob("run-*.wandb"))) == 1  # one W&B run, written by rank 0
     # the test metrics of the two processes equal one process's evaluation of the same checkpoint
-    ev = subprocess.run([NAS_RUN.replace("nas-run", "nas-eval"), str(run), "--split", "test", "--ckpt",
-                         str(run / summary["best_checkpoint"]) if summary.get("best_checkpoint") else
-                         str(run / "checkpoints" / "best.ckpt"), "--name", "single"],
-                        capture_output=True, text=True, timeout=300)
+    ev = run_command([NAS_RUN.replace("nas-run", "nas-eval"), str(run), "--split", "test", "--ckpt",
+                      str(run / summary["best_checkpoint"]) if summary.get("best_checkpoint") else
+                      str(run / "checkpoints" / "best.ckpt"), "--name", "single"], timeout=300)
     assert ev.returncode == 0, ev.stderr[-2000:]
     single = json.loads((run / "eval" / "single.json").read_text())["metrics"]
     for key in ("test/loss", "test/bleu", "test/exact_match"):
@@ -228,8 +226,8 @@ def test_preemption_requeues_resume_bit_identically_and_close_wandb_cleanly(clus
     steps = [h.get("trainer/global_step") for h in runs[0]["history"] if "train/loss" in h]
     assert steps and max(steps) >= 5  # what was logged before the first stop was written
     # the same job, never interrupted, on the plain CPU: bit-identical final weights
-    ref = subprocess.run([NAS_RUN, *setup, "hydra.run.dir=ref"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=400, env={**cluster.env, "NO_COLOR": "1"})
+    ref = run_command([NAS_RUN, *setup, "hydra.run.dir=ref"], cwd=tmp_path, timeout=400,
+                      env={**cluster.env, "NO_COLOR": "1"})
     assert ref.returncode == 0, ref.stderr[-2000:]
     a = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     b = torch.load(tmp_path / "ref" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
