@@ -14,8 +14,10 @@ imported under the test worker's environment (the tests change only variables th
 do not read), the child is its own process group leader, and it ends without the interpreter's
 teardown of every module (:func:`_exit_as_python_does`: 2 s a command, all of it copying the
 server's memory pages; exit status, atexit functions and flushed streams as Python's own exit).
-Tests that signal a process or its group, or need the installed script itself, start it with
-``subprocess`` (NAS_RUN); so do all tests with ``NAS_TEST_ZYGOTE=0`` in the environment.
+A test that watches or signals a command starts it with :func:`popen` (helpers.start_command):
+the server runs its children side by side. Tests that need the installed script itself (a signal
+ignored from the start, the packaging checks) start it with ``subprocess`` (NAS_RUN); so do all
+tests with ``NAS_TEST_ZYGOTE=0`` in the environment.
 
 Run as a script, this file is the server: ``python zygote.py <socket path>``.
 """

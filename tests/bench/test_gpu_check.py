@@ -21,8 +21,13 @@ def test_gpu_check_without_cuda_says_so_and_exits_0():
 
 
 def test_every_scheme_matches_float64_in_float32_on_the_cpu():
-    rows = gpucheck.check_numerics("cpu", ["float32"], s=24, d=16)
-    assert {r["scheme"] for r in rows} == set(gpucheck.scheme_names())
+    # the Triton kernels' rows are left to tests/attention/test_attention_triton.py, which checks the
+    # same cores against float64 in more cases: here, under the interpreter, their prefix scans alone
+    # took 56 of this test's 57 s (one Python call per tile element)
+    names = [n for n in gpucheck.scheme_names() if not n.endswith("-triton")]
+    assert len(names) < len(gpucheck.scheme_names())
+    rows = gpucheck.check_numerics("cpu", ["float32"], schemes=names, s=24, d=16)
+    assert {r["scheme"] for r in rows} == set(names)
     bad = [r for r in rows if not r["ok"]]
     assert not bad, bad[:3]
     assert max(r["err_out"] for r in rows) < 1e-4
