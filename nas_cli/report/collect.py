@@ -9,6 +9,7 @@ so runs logged online, offline or not at all are handled alike.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -39,10 +40,23 @@ def _read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+#: configs already read in this process: {path: ((mtime_ns, size, inode), config)}. A page built from
+#: many reports (benchmarks/study_report.py) reads each run's config once instead of once a report
+_CONFIGS: dict[Path, tuple[tuple[int, int, int], dict]] = {}
+
+
 def _read_config(run_dir: Path) -> dict:
-    path = run_dir / ".hydra" / "config.yaml"
+    path = (run_dir / ".hydra" / "config.yaml").absolute()
+    try:
+        st = path.stat()
+    except OSError:
+        return {}
     if not path.is_file():
         return {}
+    key = (st.st_mtime_ns, st.st_size, st.st_ino)
+    known = _CONFIGS.get(path)
+    if known is not None and known[0] == key:
+        return copy.deepcopy(known[1])
     from omegaconf import OmegaConf
 
     try:
@@ -50,9 +64,13 @@ def _read_config(run_dir: Path) -> dict:
     except Exception:  # a damaged file: report the run without its config
         return {}
     try:
-        return OmegaConf.to_container(cfg, resolve=True)
+        data = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # interpolations needing resolvers registered by nas-run only
-        return OmegaConf.to_container(cfg, resolve=False)
+        data = OmegaConf.to_container(cfg, resolve=False)
+    if len(_CONFIGS) >= 10_000:
+        _CONFIGS.clear()
+    _CONFIGS[path] = (key, data)
+    return copy.deepcopy(data)
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:

@@ -285,3 +285,21 @@ def test_html_report_renders_in_headless_chromium(report, tmp_path):
     pixels = mpimg.imread(shot)
     assert pixels.shape[0] >= 1000 and pixels.shape[1] >= 1000
     assert float(pixels[..., :3].std()) > 0.05  # not a blank page
+
+
+def test_a_config_read_again_is_read_from_the_file_when_it_changed(tmp_path):
+    """Configs are kept per process (a page of many reports reads each run once); a changed file is read anew,
+    and a caller's changes to what it got do not reach the next caller."""
+    from nas_cli.report.collect import load_run
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    cfg = run / ".hydra" / "config.yaml"
+    cfg.write_text("seed: 1\nmodel:\n  heads: 4\n")
+    first = load_run(run).config
+    assert first == {"seed": 1, "model": {"heads": 4}}
+    first["model"]["heads"] = 99
+    assert load_run(run).config["model"]["heads"] == 4
+    cfg.write_text("seed: 2\nmodel:\n  heads: 8\n")  # same size, new contents
+    os.utime(cfg, ns=(cfg.stat().st_atime_ns, cfg.stat().st_mtime_ns + 1_000_000))
+    assert load_run(run).config == {"seed": 2, "model": {"heads": 8}}
