@@ -126,53 +126,19 @@ def _recv_line(reader) -> bytes:
 
 def run(argv: list[str], *, cwd, env: dict, timeout: float | None) -> subprocess.CompletedProcess:
     """``subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)``,
-    run by a child forked from the server; ``argv[0]`` is an installed console script (serves())."""
-    server = _get_server()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    null = os.open(os.devnull, os.O_RDONLY)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    run by a child forked from the server; ``argv[0]`` is an installed console script (serves()).
+    On a timeout the command's process group is killed."""
+    cmd = Command(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        sock.connect(server.path)
-        payload = json.dumps({"argv": [str(a) for a in argv], "cwd": os.path.abspath(str(cwd)),
-                              "env": dict(env)}).encode()
-        socket.send_fds(sock, [_HEADER.pack(len(payload)) + payload], [null, out_w, err_w])
-    finally:
-        for fd in (out_w, err_w, null):
-            os.close(fd)
-    global last_pid
-    reader = sock.makefile("rb")
-    pid = last_pid = int(_recv_line(reader))
-    chunks = {out_r: [], err_r: []}
-    sel = selectors.DefaultSelector()
-    for fd in chunks:
-        sel.register(fd, selectors.EVENT_READ)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    try:
-        while sel.get_map():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                _recv_line(reader)
-                raise subprocess.TimeoutExpired(argv, timeout, b"".join(chunks[out_r]), b"".join(chunks[err_r]))
-            for key, _ in sel.select(left):
-                data = os.read(key.fd, 65536)
-                if data:
-                    chunks[key.fd].append(data)
-                else:
-                    sel.unregister(key.fd)
-        returncode = int(_recv_line(reader))
-    finally:
-        sel.close()
-        reader.close()
-        sock.close()
-        for fd in chunks:
-            os.close(fd)
-    return subprocess.CompletedProcess(argv, returncode, b"".join(chunks[out_r]).decode(errors="replace"),
-                                       b"".join(chunks[err_r]).decode(errors="replace"))
+        out, err = cmd.communicate(timeout)
+    except subprocess.TimeoutExpired as late:
+        try:
+            os.killpg(cmd.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        cmd.wait()
+        raise subprocess.TimeoutExpired(cmd.args, timeout, late.output, late.stderr) from None
+    return subprocess.CompletedProcess(cmd.args, cmd.returncode, out, err)
 
 
 class Command:
@@ -227,11 +193,15 @@ class Command:
         sel = selectors.DefaultSelector()
         for f in streams:
             sel.register(f.fileno(), selectors.EVENT_READ, f)
+
+        def text(f):
+            return b"".join(chunks[f]).decode(errors="replace") if f in chunks else None
+
         try:
             while sel.get_map():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise subprocess.TimeoutExpired(self.args, timeout)
+                    raise subprocess.TimeoutExpired(self.args, timeout, text(self.stdout), text(self.stderr))
                 for key, _ in sel.select(left):
                     data = os.read(key.fd, 65536)
                     if data:
@@ -243,9 +213,7 @@ class Command:
         for f in streams:
             f.close()
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        out = [b"".join(chunks[f]).decode(errors="replace") if f in chunks else None
-               for f in (self.stdout, self.stderr)]
-        return out[0], out[1]
+        return text(self.stdout), text(self.stderr)
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
