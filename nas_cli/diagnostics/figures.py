@@ -136,12 +136,12 @@ def heatmap_grid(rows: Sequence[tuple[str, Sequence[np.ndarray]]], title: str,
             if c == 0:
                 ax.set_ylabel(label, fontsize=8)
     fig.suptitle(title, fontsize=10)
-    # the colour bar 0.15 inches wide, with 0.75 inches for its labels at the right edge (a share of
+    # the colour bar 0.15 inches wide, with 0.9 inches for its labels at the right edge (a share of
     # the width clipped them in narrow figures)
-    _margins(fig, left=0.55, right=1.2, bottom=0.3, top=0.62, rows=len(rows), cols=n_cols, wgap=0.4, hgap=0.55)
+    _margins(fig, left=0.55, right=1.35, bottom=0.3, top=0.62, rows=len(rows), cols=n_cols, wgap=0.4, hgap=0.55)
     if im is not None:
         width = fig.get_size_inches()[0]
-        fig.colorbar(im, cax=fig.add_axes([1 - 0.9 / width, 0.15, 0.15 / width, 0.7]), label="JSD")
+        fig.colorbar(im, cax=fig.add_axes([1 - 1.05 / width, 0.15, 0.15 / width, 0.7]), label="JSD")
     return _png(fig)
 
 
