@@ -366,7 +366,7 @@ def test_encoder_backward_is_deterministic_and_low_precision_is_within_sdpas_own
         x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
         out = kernel(*x)
         assert out.dtype == dtype
-        grads = [torch.autograd.grad(kernel(*x), x, torch.ones_like(out)) for _ in range(2)]
+        grads = [torch.autograd.grad(out, x, torch.ones_like(out), retain_graph=True) for _ in range(2)]
         assert all(torch.equal(a, b) for a, b in zip(*grads)), dtype
         err = (out.double() - want).abs().max().item()
         if dtype == torch.float32:
@@ -401,7 +401,7 @@ def test_prefix_backward_is_deterministic_and_low_precision_is_within_sdpas_own_
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         x = [t.to(dtype).requires_grad_() for t in (q, k, v)]
         out = kernel(*x)
-        grads = [torch.autograd.grad(kernel(*x), x, torch.ones_like(out)) for _ in range(2)]
+        grads = [torch.autograd.grad(out, x, torch.ones_like(out), retain_graph=True) for _ in range(2)]
         assert all(torch.equal(a, b) for a, b in zip(*grads)), dtype
         err = (out.double() - want).abs().max().item()
         if dtype == torch.float32:
