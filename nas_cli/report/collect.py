@@ -13,6 +13,7 @@ import copy
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -51,7 +52,7 @@ def _read_config(run_dir: Path) -> dict:
         st = path.stat()
     except OSError:
         return {}
-    if not path.is_file():
+    if not stat.S_ISREG(st.st_mode):
         return {}
     key = (st.st_mtime_ns, st.st_size, st.st_ino)
     known = _CONFIGS.get(path)
