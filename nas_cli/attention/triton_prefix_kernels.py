@@ -19,6 +19,10 @@ from nas_cli.attention.triton_encoder_kernels import (head_u, mixed_grads, softm
                                                       tile_load, tile_store)
 
 NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain global inside a kernel (the interpreter accepts it)
+#: the largest prefix sum (relative to its column's reference) the linear-space fast path accepts: below
+#: it no term overflows, and in the backward a later block's part, exp(ref_j - c_ij), lost below float32's
+#: smallest normal number weighs at most HUGE * 1.2e-38 ~ 1e-8 of its dz
+HUGE = tl.constexpr(1.0e30)
 
 
 @triton.jit
@@ -53,18 +57,48 @@ def _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT: tl.constexpr, 
 
 
 @triton.jit
+def _prefix_norm(s, ok, carry):
+    """The prefix normalizer of one tile, c_ij = log(exp(carry_j) + sum_{r <= i in the tile} exp(s_rj)).
+
+    Fast path, in linear space: with a reference per column, ref_j = max(carry_j, s_(r0, j)) for the
+    column's first allowed row r0 in the tile, e_rj = exp(s_rj - ref_j), S_ij = exp(carry_j - ref_j) +
+    cumsum_{r <= i} e_rj (>= 1 on every allowed pair) and c_ij = ref_j + log S_ij: one exponential and
+    one logarithm per score, the sums on the adders. ref_j and S_ij depend only on the rows r <= i, so
+    a query's value never depends on a later query's, not even in its rounding. Where a later row's
+    score lies so far above ref_j that S_ij > HUGE (a spread of ~69 within the tile), that pair takes
+    the log-space scan instead (``tl.associative_scan`` of log-add-exp, about ten transcendentals per
+    score, exact for any spread), which runs only in a tile that has such a pair. Returns c, ref, e,
+    S (1 off the allowed pairs) and whether the whole tile took the fast path."""
+    BQ: tl.constexpr = s.shape[0]
+    rows = tl.arange(0, BQ)[:, None]
+    first = tl.min(tl.where(ok, rows, BQ), axis=0)
+    s0 = tl.sum(tl.where(ok & (rows == first[None, :]), s, 0.0), axis=0)
+    ref = tl.where(first < BQ, tl.maximum(carry, s0), carry)
+    e = tl.exp(tl.minimum(tl.where(ok, s - ref[None, :], NEG), 70.0))  # e^70 > HUGE: such a pair is flagged
+    base = tl.where(carry > NEG * 0.5, tl.exp(carry - ref), 0.0)
+    S = tl.cumsum(e, 0) + base[None, :]
+    bad = ok & ~(S <= HUGE)  # also where S overflowed
+    S = tl.where(ok, S, 1.0)
+    c = ref[None, :] + tl.log(S)
+    n_bad = tl.max(bad.to(tl.int32))
+    if n_bad > 0:
+        c = tl.where(bad, _lae(carry[None, :], tl.associative_scan(s, 0, _lae)), c)
+    return c, ref, e, S, n_bad == 0
+
+
+@triton.jit
 def _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale, NQB,
                  CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
                  LOWP: tl.constexpr):
     """One (query block x key block) tile: the scores s (NEG where not allowed), the allowed mask, the
     loaded q and k, and the prefix normalizer c_ij = logaddexp(carry_j, log-sum-exp of s_rj over the
-    tile's rows r <= i)."""
+    tile's rows r <= i) with what :func:`_prefix_norm` keeps for the backward's fast path."""
     s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT, LOWP)
     ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL)
     s = tl.where(ok, s, NEG)
     carry = tl.load(CARRY + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
-    c = _lae(carry[None, :], tl.associative_scan(s, 0, _lae))
-    return s, ok, q, k, c
+    c, big, e, S, fast = _prefix_norm(s, ok, carry)
+    return s, ok, q, k, c, big, e, S, fast
 
 
 @triton.jit
@@ -121,8 +155,8 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, s
         n_keys = tl.minimum(Sk, (qb + 1) * BQ)
     for kb in range(0, tl.cdiv(n_keys, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
-        s, ok, q, k, c = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale,
-                                      NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP)
+        s, ok, q, k, c, big, e, S, fast = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H,
+                                                       Sq, Sk, D, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP)
         m, l, acc = softmax_step(m, l, acc, tl.where(ok, s - c, NEG), ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
         if HYBRID:
             m2, l2, acc2 = softmax_step(m2, l2, acc2, s, ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
@@ -139,14 +173,14 @@ def _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb
     """One tile of the backward: s, the allowed mask, c, the weights dV sees (p; HNAS: u p + (1 - u) P),
     dz_ij = p_ij (u dO_i . v_j - D_i) (u = 1 without ``HYBRID``), the softmax part's score gradient
     ds2_ij = P_ij ((1 - u) dO_i . v_j - D2_i) (0 without ``HYBRID``), and the loaded q, k, dO."""
-    s, ok, q, k, c = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale,
-                                  NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP)
+    s, ok, q, k, c, big, e, S, fast = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq,
+                                                   Sk, D, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP)
     lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
-    p = tl.where(ok, tl.exp(s - c - lse[:, None]), 0.0)
+    p = tl.exp(tl.where(ok, s - c - lse[:, None], NEG))
     do = tile_load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
     w, dz, ds2 = mixed_grads(s, ok, p, do, V, DELTA, LSE2, DELTA2, u, bh, offs_q, offs_k, offs_dv, Sq, Sk, DV, DT,
                              LOWP, HYBRID)
-    return s, ok, c, w, dz, ds2, q, k, do
+    return s, ok, c, big, e, S, fast, w, dz, ds2, q, k, do
 
 
 @triton.jit
@@ -157,14 +191,33 @@ def _lse_rows(x):
 
 
 @triton.jit
-def _ds(s, ok, c, dz, lp_carry, ln_carry):
-    """ds_rj = dz_rj - exp(s_rj + LP_rj) + exp(s_rj + LN_rj) from the tile's suffix scans and the carries
-    of the later query blocks; also the tile's own lp, ln (for the next carries)."""
-    lp = tl.where(dz > 0, tl.log(tl.where(dz > 0, dz, 1.0)) - c, NEG)
-    ln = tl.where(dz < 0, tl.log(tl.where(dz < 0, -dz, 1.0)) - c, NEG)
-    lp_s = _lae(tl.associative_scan(lp, 0, _lae, reverse=True), lp_carry[None, :])
-    ln_s = _lae(tl.associative_scan(ln, 0, _lae, reverse=True), ln_carry[None, :])
-    return tl.where(ok, dz - tl.exp(s + lp_s) + tl.exp(s + ln_s), 0.0), lp, ln
+def _ds(s, ok, c, big, e, S, fast, dz, lp_carry, ln_carry):
+    """ds_rj = dz_rj - sum_{i >= r} dz_ij exp(s_rj - c_ij) over this tile's rows and the later query
+    blocks (whose part comes as the carries LP_j = log sum max(dz_ij, 0) exp(-c_ij), LN_j the same for
+    the negative part); also this tile's own part of the carries, per column.
+
+    Fast path (the tile's :func:`_prefix_norm` took it): exp(s_rj - c_ij) = e_rj / S_ij, so the sum is
+    e_rj (reverse-cumsum_{i >= r} dz_ij / S_ij + A_j) with the carries as A_j = exp(LP_j + M_j) -
+    exp(LN_j + M_j) (every c_ij of a later block is >= M_j: no overflow): no transcendental per score.
+    Otherwise the suffix log-sum-exp scans of the positive and negative parts of dz_ij exp(-c_ij),
+    with every exponent bounded (s_rj <= c_ij for i >= r)."""
+    if fast:
+        r = dz / S
+        a = tl.exp(lp_carry + big) - tl.exp(ln_carry + big)
+        ds = tl.where(ok, dz - e * (tl.cumsum(r, 0, reverse=True) + a[None, :]), 0.0)
+        pos = tl.sum(tl.where(r > 0, r, 0.0), axis=0)
+        neg = tl.sum(tl.where(r < 0, -r, 0.0), axis=0)
+        lp_own = tl.where(pos > 0, tl.log(tl.where(pos > 0, pos, 1.0)) - big, NEG)
+        ln_own = tl.where(neg > 0, tl.log(tl.where(neg > 0, neg, 1.0)) - big, NEG)
+    else:
+        lp = tl.where(dz > 0, tl.log(tl.where(dz > 0, dz, 1.0)) - c, NEG)
+        ln = tl.where(dz < 0, tl.log(tl.where(dz < 0, -dz, 1.0)) - c, NEG)
+        lp_s = _lae(tl.associative_scan(lp, 0, _lae, reverse=True), lp_carry[None, :])
+        ln_s = _lae(tl.associative_scan(ln, 0, _lae, reverse=True), ln_carry[None, :])
+        ds = tl.where(ok, dz - tl.exp(s + lp_s) + tl.exp(s + ln_s), 0.0)
+        lp_own = _lse_rows(lp)
+        ln_own = _lse_rows(ln)
+    return ds, lp_own, ln_own
 
 
 @triton.jit
@@ -200,15 +253,15 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC,
         offs_q = qb * BQ + tl.arange(0, BQ)
         tl.store(LPC + (bh * NQB + qb) * Sk + offs_k, lp_carry, mask=offs_k < Sk)
         tl.store(LNC + (bh * NQB + qb) * Sk + offs_k, ln_carry, mask=offs_k < Sk)
-        s, ok, c, w, dz, ds2, q, k, do = _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b,
+        s, ok, c, big, e, S, fast, w, dz, ds2, q, k, do = _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b,
                                                    qb, offs_q, offs_k, offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB,
                                                    CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID)
-        ds, lp, ln = _ds(s, ok, c, dz, lp_carry, ln_carry)
+        ds, lp_own, ln_own = _ds(s, ok, c, big, e, S, fast, dz, lp_carry, ln_carry)
         ds += ds2
         dv += tile_dot(tl.trans(w.to(do.dtype)), do, DT, LOWP)
         dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP) * scale
-        lp_carry = _lae(lp_carry, _lse_rows(lp))
-        ln_carry = _lae(ln_carry, _lse_rows(ln))
+        lp_carry = _lae(lp_carry, lp_own)
+        ln_carry = _lae(ln_carry, ln_own)
     tile_store(DK, bh, offs_k, offs_d, Sk, D, dk)
     tile_store(DVv, bh, offs_k, offs_dv, Sk, DV, dv)
 
@@ -233,11 +286,11 @@ def bwd_q_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC, L
         n_keys = tl.minimum(Sk, (qb + 1) * BQ)
     for kb in range(0, tl.cdiv(n_keys, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
-        s, ok, c, w, dz, ds2, q, k, do = _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b,
+        s, ok, c, big, e, S, fast, w, dz, ds2, q, k, do = _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b,
                                                    qb, offs_q, offs_k, offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB,
                                                    CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID)
         lp_carry = tl.load(LPC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
         ln_carry = tl.load(LNC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
-        ds, lp, ln = _ds(s, ok, c, dz, lp_carry, ln_carry)
+        ds, lp_own, ln_own = _ds(s, ok, c, big, e, S, fast, dz, lp_carry, ln_carry)
         dq += tile_dot((ds + ds2).to(k.dtype), k, DT, LOWP)
     tile_store(DQ, bh, offs_q, offs_d, Sq, D, dq * scale)

@@ -70,6 +70,40 @@ def test_values_and_gradients_equal_the_float64_reference(case):
         assert out[0, :, -3:].abs().max() == 0
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_prefix_kernels_stay_exact_where_a_tile_spreads_beyond_the_linear_fast_path(causal, monkeypatch):
+    """The prefix normalizer's fast path sums exp(s - ref) in linear space (issue #48: one exponential and one
+    logarithm per score instead of a log-add-exp scan); a pair whose prefix sum would leave that range (a later
+    row's score ~1000 above the column's reference, past float64's exp) takes the log-space scan. Values and
+    q/k/v gradients still equal the float64 formula, and the same input with the guard switched off is wrong:
+    the fallback is what this input exercises."""
+    import triton.language as tl
+
+    from nas_cli.attention import triton_prefix_kernels as kernels
+    from nas_cli.attention.triton_prefix import prefix_dnas_triton
+
+    q, k, v = _inputs(1, 2, 45, 45, 8, 8, seed=11)
+    with torch.no_grad():
+        q[:, :, 21] *= 1000.0  # one query row in the second block of 16: its tile mixes both paths
+        q[:, :, 40] *= -700.0
+    qm, km = _masks(1, 45, 45, causal)
+
+    def run():
+        out = prefix_dnas_triton(q, k, v, qm, km, causal=causal, block_q=16, block_k=16)
+        return out, torch.autograd.grad(out, (q, k, v), g)
+
+    ref = _reference(q, k, v, qm, km, causal)
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2), dtype=ref.dtype)
+    want = torch.autograd.grad(ref, (q, k, v), g)
+    out, got = run()
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for a, w in zip(got, want):
+        torch.testing.assert_close(a, w, rtol=1e-12, atol=1e-10 * w.abs().max().item())
+    monkeypatch.setattr(kernels, "HUGE", tl.constexpr(float("inf")))
+    wrong, _ = run()
+    assert not torch.allclose(wrong, ref, atol=1e-3)
+
+
 def test_float32_within_documented_tolerance():
     from nas_cli.attention.triton_prefix import prefix_dnas_triton
 
@@ -100,10 +134,12 @@ def test_the_future_changes_nothing(scheme):
 
     q, k, v = (t.detach() for t in _inputs(1, 2, 48, 48, 8, 8, seed=5))
     base = run(q, k, v)
-    for cut in (7, 16, 31):  # perturb every position after `cut` (within and across blocks)
+    # perturb every position after `cut` (within and across blocks); x1000: the later rows' scores leave the
+    # prefix normalizer's linear fast path, and their tile takes the log-space scan for those pairs alone
+    for cut, size in ((7, 3.0), (16, 3.0), (31, 3.0), (7, 1000.0), (20, 1000.0)):
         q2, k2, v2 = q.clone(), k.clone(), v.clone()
         for t in (q2, k2, v2):
-            t[:, :, cut + 1:] += torch.randn_like(t[:, :, cut + 1:]) * 3
+            t[:, :, cut + 1:] += torch.randn_like(t[:, :, cut + 1:]) * size
         out = run(q2, k2, v2)
         assert torch.equal(out[:, :, :cut + 1], base[:, :, :cut + 1])
         assert not torch.equal(out[:, :, cut + 1:], base[:, :, cut + 1:])
