@@ -8,26 +8,41 @@ kernels, never holding an (Sq x Sk) tensor.
    column log-sum-exp over all earlier query blocks is written out as that block's *carry*
    (Sq / BQ x Sk numbers per head: BQ times fewer than the scores).
 2. Row pass, one program per (batch x head, query block), key blocks in order: the tile's scores,
-   the prefix normalizer c_ij = logaddexp(carry_j, log-sum-exp scan of s_rj down the rows r <= i
-   of the tile), z = s - c, and FlashAttention's online softmax of z over the key blocks. The
-   row's log-sum-exp of z is kept (Sq numbers) for the backward.
+   the prefix normalizer c_ij = logaddexp(carry_j, log-sum-exp of s_rj down the rows r <= i of the
+   tile), z = s - c, and FlashAttention's online softmax of z over the key blocks. The row's
+   log-sum-exp of z is kept (Sq numbers) for the backward.
+
+**The prefix normalizer in linear space** (issue #48): with a reference per column that depends on no
+later row, ref_j = max(carry_j, s_(r0, j)) for the column's first allowed row r0 in the tile,
+e_rj = exp(s_rj - ref_j) and S_ij = exp(carry_j - ref_j) + cumsum_{r <= i} e_rj (>= 1), so
+c_ij = ref_j + log S_ij: one exponential and one logarithm per score, the sums on the adders
+(``tl.cumsum``), where a log-add-exp scan (``tl.associative_scan``) costs about ten transcendentals
+per score. A query's value depends on no later query, not even in its rounding (tested: perturbing
+the future by 1000x changes no earlier output bit). A pair whose S_ij would pass 1e30 (a later row's
+score ~69 above the column's reference within one tile) takes the log-space scan, which runs only
+in a tile that has such a pair: exact for any spread (tested with spreads of ~1000).
 
 **Backward, FlashAttention-2 style, no atomics**: a key-block pass, per (batch x head, key
 block), query blocks from the last to the first:
 with dz_ij = p_ij (dO_i . v_j - D_i) (D_i = dO_i . O_i), the gradient of the scores is
 
     ds_rj = dz_rj - sum_{i >= r} dz_ij exp(s_rj - c_ij)
-          = dz_rj - exp(s_rj + LP_rj) + exp(s_rj + LN_rj),
-    LP_rj = log sum_{i >= r} max(dz_ij, 0) exp(-c_ij),   LN_rj the same for the negative part,
+          = dz_rj - e_rj (sum_{i >= r in the tile} dz_ij / S_ij + A_j),
 
-where LP and LN are suffix log-sum-exp scans down the tile, carried from the later query blocks.
-Every exponent is bounded (s_rj <= c_ij for i >= r), so no spread of the normalizer can overflow
-(the chunked PyTorch path falls back to autograd for wide spreads). dK and dV accumulate in the
-key-block program, which also writes the carries each query block starts from (the later blocks'
-LP and LN: Sq / BQ x Sk numbers each); dQ has its own pass, one program per query block, which
-recomputes its tiles' ds from them. Every number is written by one program in a fixed order, so
-two backward passes give the same bits (``trainer.deterministic=true`` takes the kernels). bf16/fp16 inputs go through ``tl.dot`` in their
-own dtype (tensor cores) with float32 accumulation; float32 and float64 keep IEEE products.
+with exp(s_rj - c_ij) = e_rj / S_ij inside the tile (a reverse ``tl.cumsum``) and the later query
+blocks' part carried in log space, LP_j = log sum max(dz_ij, 0) exp(-c_ij) and LN_j the same for the
+negative part, A_j = exp(LP_j + ref_j) - exp(LN_j + ref_j) (every later c_ij >= ref_j: no overflow).
+The weights are p_ij = (e_ij / S_ij) exp(-lse_i): the backward takes no exponential or logarithm per
+score beyond e. A tile with a pair outside the fast path's range, or a row whose lse is below -20
+(cross-attention only: in causal self-attention lse_i >= 0), takes the log-space form: LP and LN as
+suffix log-sum-exp scans down the tile, every exponent bounded (s_rj <= c_ij for i >= r), so no
+spread of the normalizer can overflow (the chunked PyTorch path falls back to autograd for wide
+spreads). dK and dV accumulate in the key-block program, which also writes the carries each query
+block starts from (the later blocks' LP and LN: Sq / BQ x Sk numbers each); dQ has its own pass, one
+program per query block, which recomputes its tiles' ds from them. Every number is written by one
+program in a fixed order, so two backward passes give the same bits (``trainer.deterministic=true``
+takes the kernels). bf16/fp16 inputs go through ``tl.dot`` in their own dtype (tensor cores) with
+float32 accumulation; float32 and float64 keep IEEE products.
 
 **HNAS** (:func:`prefix_hnas_triton`): u O + (1 - u) O2 per head, O2 softmax attention under the
 same mask. The row pass runs a second online softmax, over s, in the same loop (one QK^T, one load

@@ -23,6 +23,9 @@ NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain glob
 #: it no term overflows, and in the backward a later block's part, exp(ref_j - c_ij), lost below float32's
 #: smallest normal number weighs at most HUGE * 1.2e-38 ~ 1e-8 of its dz
 HUGE = tl.constexpr(1.0e30)
+#: the lowest row log-sum-exp (of z) for which the backward takes p = (e / S) exp(-lse): e / S lost below
+#: float32's smallest normal number then weighs at most 1.2e-38 * e^20 ~ 6e-30
+LSE_FLOOR = tl.constexpr(-20.0)
 
 
 @triton.jit
@@ -57,33 +60,36 @@ def _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT: tl.constexpr, 
 
 
 @triton.jit
-def _prefix_norm(s, ok, carry):
-    """The prefix normalizer of one tile, c_ij = log(exp(carry_j) + sum_{r <= i in the tile} exp(s_rj)).
-
-    Fast path, in linear space: with a reference per column, ref_j = max(carry_j, s_(r0, j)) for the
-    column's first allowed row r0 in the tile, e_rj = exp(s_rj - ref_j), S_ij = exp(carry_j - ref_j) +
-    cumsum_{r <= i} e_rj (>= 1 on every allowed pair) and c_ij = ref_j + log S_ij: one exponential and
-    one logarithm per score, the sums on the adders. ref_j and S_ij depend only on the rows r <= i, so
-    a query's value never depends on a later query's, not even in its rounding. Where a later row's
-    score lies so far above ref_j that S_ij > HUGE (a spread of ~69 within the tile), that pair takes
-    the log-space scan instead (``tl.associative_scan`` of log-add-exp, about ten transcendentals per
-    score, exact for any spread), which runs only in a tile that has such a pair. Returns c, ref, e,
-    S (1 off the allowed pairs) and whether the whole tile took the fast path."""
+def _prefix_sums(s, ok, carry):
+    """The linear-space sums behind one tile's prefix normalizer, c_ij = log(exp(carry_j) + sum_{r <= i in
+    the tile} exp(s_rj)) = ref_j + log S_ij, with a reference per column, ref_j = max(carry_j, s_(r0, j))
+    for the column's first allowed row r0 in the tile: e_rj = exp(s_rj - ref_j) and S_ij =
+    exp(carry_j - ref_j) + cumsum_{r <= i} e_rj (>= 1 on every allowed pair). One exponential per score,
+    the sums on the adders. ref_j and S_ij depend only on the rows r <= i, so a query's value never
+    depends on a later query's, not even in its rounding. A pair whose S_ij passes HUGE (a later row's
+    score ~69 above ref_j) is *bad*: its c needs the log-space scan (:func:`_prefix_c`). Returns ref, e,
+    S (1 off the allowed pairs), the bad pairs and their count."""
     BQ: tl.constexpr = s.shape[0]
     rows = tl.arange(0, BQ)[:, None]
     first = tl.min(tl.where(ok, rows, BQ), axis=0)
     s0 = tl.sum(tl.where(ok & (rows == first[None, :]), s, 0.0), axis=0)
     ref = tl.where(first < BQ, tl.maximum(carry, s0), carry)
-    e = tl.exp(tl.minimum(tl.where(ok, s - ref[None, :], NEG), 70.0))  # e^70 > HUGE: such a pair is flagged
+    e = tl.exp(tl.minimum(tl.where(ok, s - ref[None, :], NEG), 70.0))  # e^70 > HUGE: such a pair is bad
     base = tl.where(carry > NEG * 0.5, tl.exp(carry - ref), 0.0)
     S = tl.cumsum(e, 0) + base[None, :]
     bad = ok & ~(S <= HUGE)  # also where S overflowed
-    S = tl.where(ok, S, 1.0)
+    return ref, e, tl.where(ok, S, 1.0), bad, tl.max(bad.to(tl.int32))
+
+
+@triton.jit
+def _prefix_c(s, carry, ref, S, bad, n_bad):
+    """c_ij = ref_j + log S_ij (one logarithm per score); the bad pairs, in a tile that has any, from the
+    log-space scan instead (``tl.associative_scan`` of log-add-exp down the rows: about ten transcendentals
+    per score, exact for any spread)."""
     c = ref[None, :] + tl.log(S)
-    n_bad = tl.max(bad.to(tl.int32))
     if n_bad > 0:
         c = tl.where(bad, _lae(carry[None, :], tl.associative_scan(s, 0, _lae)), c)
-    return c, ref, e, S, n_bad == 0
+    return c
 
 
 @triton.jit
@@ -91,14 +97,14 @@ def _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, 
                  CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
                  LOWP: tl.constexpr):
     """One (query block x key block) tile: the scores s (NEG where not allowed), the allowed mask, the
-    loaded q and k, and the prefix normalizer c_ij = logaddexp(carry_j, log-sum-exp of s_rj over the
-    tile's rows r <= i) with what :func:`_prefix_norm` keeps for the backward's fast path."""
+    loaded q and k, the tile's carry (each key's log-sum-exp over the earlier query blocks) and its
+    :func:`_prefix_sums`."""
     s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT, LOWP)
     ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL)
     s = tl.where(ok, s, NEG)
     carry = tl.load(CARRY + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
-    c, big, e, S, fast = _prefix_norm(s, ok, carry)
-    return s, ok, q, k, c, big, e, S, fast
+    ref, e, S, bad, n_bad = _prefix_sums(s, ok, carry)
+    return s, ok, q, k, carry, ref, e, S, bad, n_bad
 
 
 @triton.jit
@@ -155,8 +161,10 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, s
         n_keys = tl.minimum(Sk, (qb + 1) * BQ)
     for kb in range(0, tl.cdiv(n_keys, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
-        s, ok, q, k, c, big, e, S, fast = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H,
-                                                       Sq, Sk, D, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP)
+        s, ok, q, k, carry, ref, e, S, bad, n_bad = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k,
+                                                                 offs_d, H, Sq, Sk, D, scale, NQB, CAUSAL, HAS_QM,
+                                                                 HAS_KM, DT, LOWP)
+        c = _prefix_c(s, carry, ref, S, bad, n_bad)
         m, l, acc = softmax_step(m, l, acc, tl.where(ok, s - c, NEG), ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
         if HYBRID:
             m2, l2, acc2 = softmax_step(m2, l2, acc2, s, ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
@@ -170,17 +178,27 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, s
 def _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb, offs_q, offs_k, offs_d, offs_dv,
               H, Sq, Sk, D, DV, scale, NQB, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr,
               DT: tl.constexpr, LOWP: tl.constexpr, HYBRID: tl.constexpr):
-    """One tile of the backward: s, the allowed mask, c, the weights dV sees (p; HNAS: u p + (1 - u) P),
+    """One tile of the backward: s, the allowed mask, c (where the suffix sums need it), the prefix sums,
+    whether the tile has no bad pair, the weights dV sees (p; HNAS: u p + (1 - u) P),
     dz_ij = p_ij (u dO_i . v_j - D_i) (u = 1 without ``HYBRID``), the softmax part's score gradient
     ds2_ij = P_ij ((1 - u) dO_i . v_j - D2_i) (0 without ``HYBRID``), and the loaded q, k, dO."""
-    s, ok, q, k, c, big, e, S, fast = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq,
-                                                   Sk, D, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP)
+    s, ok, q, k, carry, ref, e, S, bad, n_bad = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d,
+                                                             H, Sq, Sk, D, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT,
+                                                             LOWP)
     lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
-    p = tl.exp(tl.where(ok, s - c - lse[:, None], NEG))
+    if (n_bad == 0) & (tl.min(lse) > LSE_FLOOR):
+        # p_ij = exp(s_ij - c_ij - lse_i) = (e_ij / S_ij) exp(-lse_i): no transcendental per score. A
+        # row's lse is >= 0 in causal self-attention (its diagonal z_ii = 0); below LSE_FLOOR, exp(-lse)
+        # could lift an e / S that underflowed into a weight that matters, so such a tile takes the logarithm
+        c = s  # not read: this tile's suffix sums take the fast path too
+        p = e / S * tl.exp(-lse)[:, None]
+    else:
+        c = _prefix_c(s, carry, ref, S, bad, n_bad)
+        p = tl.exp(tl.where(ok, s - c - lse[:, None], NEG))
     do = tile_load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
     w, dz, ds2 = mixed_grads(s, ok, p, do, V, DELTA, LSE2, DELTA2, u, bh, offs_q, offs_k, offs_dv, Sq, Sk, DV, DT,
                              LOWP, HYBRID)
-    return s, ok, c, big, e, S, fast, w, dz, ds2, q, k, do
+    return s, ok, c, ref, e, S, n_bad == 0, w, dz, ds2, q, k, do
 
 
 @triton.jit
@@ -191,24 +209,24 @@ def _lse_rows(x):
 
 
 @triton.jit
-def _ds(s, ok, c, big, e, S, fast, dz, lp_carry, ln_carry):
+def _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry):
     """ds_rj = dz_rj - sum_{i >= r} dz_ij exp(s_rj - c_ij) over this tile's rows and the later query
     blocks (whose part comes as the carries LP_j = log sum max(dz_ij, 0) exp(-c_ij), LN_j the same for
     the negative part); also this tile's own part of the carries, per column.
 
-    Fast path (the tile's :func:`_prefix_norm` took it): exp(s_rj - c_ij) = e_rj / S_ij, so the sum is
-    e_rj (reverse-cumsum_{i >= r} dz_ij / S_ij + A_j) with the carries as A_j = exp(LP_j + M_j) -
-    exp(LN_j + M_j) (every c_ij of a later block is >= M_j: no overflow): no transcendental per score.
+    Fast path (the tile has no bad pair, :func:`_prefix_sums`): exp(s_rj - c_ij) = e_rj / S_ij, so the sum is
+    e_rj (reverse-cumsum_{i >= r} dz_ij / S_ij + A_j) with the carries as A_j = exp(LP_j + ref_j) -
+    exp(LN_j + ref_j) (every c_ij of a later block is >= ref_j: no overflow): no transcendental per score.
     Otherwise the suffix log-sum-exp scans of the positive and negative parts of dz_ij exp(-c_ij),
     with every exponent bounded (s_rj <= c_ij for i >= r)."""
     if fast:
         r = dz / S
-        a = tl.exp(lp_carry + big) - tl.exp(ln_carry + big)
+        a = tl.exp(lp_carry + ref) - tl.exp(ln_carry + ref)
         ds = tl.where(ok, dz - e * (tl.cumsum(r, 0, reverse=True) + a[None, :]), 0.0)
         pos = tl.sum(tl.where(r > 0, r, 0.0), axis=0)
         neg = tl.sum(tl.where(r < 0, -r, 0.0), axis=0)
-        lp_own = tl.where(pos > 0, tl.log(tl.where(pos > 0, pos, 1.0)) - big, NEG)
-        ln_own = tl.where(neg > 0, tl.log(tl.where(neg > 0, neg, 1.0)) - big, NEG)
+        lp_own = tl.where(pos > 0, tl.log(tl.where(pos > 0, pos, 1.0)) - ref, NEG)
+        ln_own = tl.where(neg > 0, tl.log(tl.where(neg > 0, neg, 1.0)) - ref, NEG)
     else:
         lp = tl.where(dz > 0, tl.log(tl.where(dz > 0, dz, 1.0)) - c, NEG)
         ln = tl.where(dz < 0, tl.log(tl.where(dz < 0, -dz, 1.0)) - c, NEG)
@@ -253,10 +271,10 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC,
         offs_q = qb * BQ + tl.arange(0, BQ)
         tl.store(LPC + (bh * NQB + qb) * Sk + offs_k, lp_carry, mask=offs_k < Sk)
         tl.store(LNC + (bh * NQB + qb) * Sk + offs_k, ln_carry, mask=offs_k < Sk)
-        s, ok, c, big, e, S, fast, w, dz, ds2, q, k, do = _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b,
-                                                   qb, offs_q, offs_k, offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB,
-                                                   CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID)
-        ds, lp_own, ln_own = _ds(s, ok, c, big, e, S, fast, dz, lp_carry, ln_carry)
+        s, ok, c, ref, e, S, fast, w, dz, ds2, q, k, do = _bwd_tile(
+            Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb, offs_q, offs_k, offs_d, offs_dv, H, Sq,
+            Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID)
+        ds, lp_own, ln_own = _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry)
         ds += ds2
         dv += tile_dot(tl.trans(w.to(do.dtype)), do, DT, LOWP)
         dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP) * scale
@@ -286,11 +304,11 @@ def bwd_q_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC, L
         n_keys = tl.minimum(Sk, (qb + 1) * BQ)
     for kb in range(0, tl.cdiv(n_keys, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
-        s, ok, c, big, e, S, fast, w, dz, ds2, q, k, do = _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b,
-                                                   qb, offs_q, offs_k, offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB,
-                                                   CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID)
+        s, ok, c, ref, e, S, fast, w, dz, ds2, q, k, do = _bwd_tile(
+            Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb, offs_q, offs_k, offs_d, offs_dv, H, Sq,
+            Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID)
         lp_carry = tl.load(LPC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
         ln_carry = tl.load(LNC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
-        ds, lp_own, ln_own = _ds(s, ok, c, big, e, S, fast, dz, lp_carry, ln_carry)
+        ds, lp_own, ln_own = _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry)
         dq += tile_dot((ds + ds2).to(k.dtype), k, DT, LOWP)
     tile_store(DQ, bh, offs_q, offs_d, Sq, D, dq * scale)

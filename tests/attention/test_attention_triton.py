@@ -70,13 +70,15 @@ def test_values_and_gradients_equal_the_float64_reference(case):
         assert out[0, :, -3:].abs().max() == 0
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_prefix_kernels_stay_exact_where_a_tile_spreads_beyond_the_linear_fast_path(causal, monkeypatch):
+@pytest.mark.parametrize("causal, low_row", [(True, False), (False, False), (False, True)])
+def test_prefix_kernels_stay_exact_where_a_tile_spreads_beyond_the_linear_fast_path(causal, low_row, monkeypatch):
     """The prefix normalizer's fast path sums exp(s - ref) in linear space (issue #48: one exponential and one
-    logarithm per score instead of a log-add-exp scan); a pair whose prefix sum would leave that range (a later
-    row's score ~1000 above the column's reference, past float64's exp) takes the log-space scan. Values and
-    q/k/v gradients still equal the float64 formula, and the same input with the guard switched off is wrong:
-    the fallback is what this input exercises."""
+    logarithm per score instead of a log-add-exp scan); a pair whose prefix sum would leave that range (a
+    later row's score ~1000 above the column's reference, past float64's exp) takes the log-space scan.
+    ``low_row``: an earlier query outscores the later ones by 1700 or more on every key (cross-attention),
+    so the later rows' log-sum-exps are below -1700 and their backward weights take the logarithm, not
+    e / S exp(-lse). Values and q/k/v gradients still equal the float64 formula, and the same input with
+    the guard switched off is wrong: the fallbacks are what these inputs exercise."""
     import triton.language as tl
 
     from nas_cli.attention import triton_prefix_kernels as kernels
@@ -84,8 +86,13 @@ def test_prefix_kernels_stay_exact_where_a_tile_spreads_beyond_the_linear_fast_p
 
     q, k, v = _inputs(1, 2, 45, 45, 8, 8, seed=11)
     with torch.no_grad():
-        q[:, :, 21] *= 1000.0  # one query row in the second block of 16: its tile mixes both paths
-        q[:, :, 40] *= -700.0
+        if low_row:  # every key aligned with query 10, which outscores the later rows by ~1000
+            k[..., 0] = k[..., 0].abs() + 1.0
+            q[:, :, 10] = 0.0
+            q[:, :, 10, 0] = 5000.0
+        else:
+            q[:, :, 21] *= 1000.0  # one query row in the second block of 16: its tile mixes both paths
+            q[:, :, 40] *= -700.0
     qm, km = _masks(1, 45, 45, causal)
 
     def run():
@@ -99,9 +106,15 @@ def test_prefix_kernels_stay_exact_where_a_tile_spreads_beyond_the_linear_fast_p
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     for a, w in zip(got, want):
         torch.testing.assert_close(a, w, rtol=1e-12, atol=1e-10 * w.abs().max().item())
-    monkeypatch.setattr(kernels, "HUGE", tl.constexpr(float("inf")))
-    wrong, _ = run()
-    assert not torch.allclose(wrong, ref, atol=1e-3)
+    if low_row:  # the weights from e / S exp(-lse) in every tile: 0 * inf
+        monkeypatch.setattr(kernels, "LSE_FLOOR", tl.constexpr(-1.0e30))
+        with pytest.warns(RuntimeWarning):  # exp(-lse) overflows, 0 * inf
+            _, wrong = run()
+        assert not all(torch.allclose(a, w, atol=1e-3) for a, w in zip(wrong, want))
+    else:
+        monkeypatch.setattr(kernels, "HUGE", tl.constexpr(float("inf")))
+        wrong, _ = run()
+        assert not torch.allclose(wrong, ref, atol=1e-3)
 
 
 def test_float32_within_documented_tolerance():
