@@ -61,7 +61,8 @@ import os
 
 import torch
 
-#: tile sizes (tl.dot needs at least 16)
+#: tile sizes when one of block_q / block_k is given (tl.dot needs at least 16); otherwise
+#: :func:`nas_cli.attention.triton_tiles.prefix_tiles` picks them
 BLOCK_Q = 32
 BLOCK_K = 32
 
@@ -100,7 +101,75 @@ def _launch_setup(q, k, v, q_mask, k_mask, block_q: int, block_k: int):
     dummy = torch.zeros(1, dtype=torch.int8, device=q.device)
     return dict(bsz=bsz, heads=heads, sq=sq, sk=sk, d=d, dv=dv, wd=wd, dt=dt, K=K, lowp=lowp,
                 qm=qm if qm is not None else dummy, km=km if km is not None else dummy,
-                has_qm=qm is not None, has_km=km is not None, nqb=-(-sq // block_q), bd=next_pow2(d), bdv=next_pow2(dv), bq=block_q, bk=block_k)
+                has_qm=qm is not None, has_km=km is not None, nqb=-(-sq // block_q), bd=next_pow2(d),
+                bdv=next_pow2(dv), bq=block_q, bk=block_k)
+
+
+def _launch(tiles) -> dict:
+    """The launch options of a tile choice: Triton's defaults where (BQ, BK, warps, stages) leaves them None."""
+    return {name: x for name, x in zip(("num_warps", "num_stages"), tiles[2:]) if x is not None}
+
+
+def _forward_passes(q, k, v, q_mask, k_mask, causal: bool, hybrid: bool, tiles):
+    """The column pass and the row pass with ``tiles`` (BQ, BK, warps, stages): the carry, the output(s)
+    and their row log-sum-exps (two of each with ``hybrid``)."""
+    st = _launch_setup(q, k, v, q_mask, k_mask, tiles[0], tiles[1])
+    K, bh, opts = st["K"], st["bsz"] * st["heads"], _launch(tiles)
+    scale = 1.0 / (st["d"] ** 0.5)
+    carry = torch.empty(bh, st["nqb"], st["sk"], dtype=st["wd"], device=q.device)
+    K.col_carry_kernel[(bh, -(-st["sk"] // st["bk"]))](
+        q, k, st["qm"], st["km"], carry, st["heads"], st["sq"], st["sk"], st["d"], scale, st["nqb"],
+        CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"], BQ=st["bq"],
+        BK=st["bk"], BD=st["bd"], **opts)
+    outs = [torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
+            for _ in range(2 if hybrid else 1)]
+    lses = [torch.empty(st["bsz"], st["heads"], st["sq"], dtype=st["wd"], device=q.device) for _ in outs]
+    out2, lse2 = (outs[1], lses[1]) if hybrid else (st["qm"], st["qm"])  # (a dummy without HNAS)
+    K.row_kernel[(bh, st["nqb"])](
+        q, k, v, st["qm"], st["km"], carry, outs[0], lses[0], out2, lse2, st["heads"], st["sq"], st["sk"],
+        st["d"], st["dv"], scale, st["nqb"], CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"],
+        DT=st["dt"], LOWP=st["lowp"], BQ=st["bq"], BK=st["bk"], BD=st["bd"], BDV=st["bdv"], HYBRID=hybrid, **opts)
+    return carry, outs, lses
+
+
+def _backward_passes(q, k, v, q_mask, k_mask, causal: bool, u, tiles, carry, outs, lses, g):
+    """The key-block pass (dK, dV) and dQ's pass with ``tiles``: (dq, dk, dv, du) for the output gradient g."""
+    st = _launch_setup(q, k, v, q_mask, k_mask, tiles[0], tiles[1])
+    K, bh, hybrid, opts = st["K"], st["bsz"] * st["heads"], u is not None, _launch(tiles)
+    scale = 1.0 / (st["d"] ** 0.5)
+    deltas, du, uw = mixed_row_terms(g, outs, u, st["wd"], st["qm"])
+    second = (lses[1], deltas[1]) if hybrid else (st["qm"], st["qm"])
+    g = g.contiguous().to(v.dtype if st["lowp"] else st["wd"])
+    dq = torch.empty(q.shape, dtype=st["wd"], device=q.device)
+    dk = torch.empty(k.shape, dtype=st["wd"], device=q.device)
+    dv = torch.empty(v.shape, dtype=st["wd"], device=q.device)
+    # each query block's suffix carries of the later blocks (written by the key-block pass, read by dQ's)
+    lpc, lnc = (torch.full((bh, st["nqb"], st["sk"]), -1.0e30, dtype=st["wd"], device=q.device) for _ in range(2))
+    args = (q, k, v, st["qm"], st["km"], carry, lses[0], g, deltas[0], *second, uw, lpc, lnc)
+    sizes = (st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale, st["nqb"])
+    flags = dict(CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"],
+                 BQ=st["bq"], BK=st["bk"], BD=st["bd"], BDV=st["bdv"], HYBRID=hybrid, **opts)
+    K.bwd_col_kernel[(bh, -(-st["sk"] // st["bk"]))](*args, dk, dv, *sizes, **flags)
+    K.bwd_q_kernel[(bh, st["nqb"])](*args, dq, *sizes, **flags)
+    return dq, dk, dv, du
+
+
+def _tiles_for(q, k, v, q_mask, k_mask, causal: bool, u):
+    """The tiles of this call (:func:`nas_cli.attention.triton_tiles.prefix_tiles`): tuned on a GPU once per
+    case by running the whole forward and backward with each candidate."""
+    from nas_cli.attention import triton_tiles as tt
+
+    key = (str(q.dtype).replace("torch.", ""), f"d{q.size(-1)}/{v.size(-1)}", "causal" if causal else "prefix",
+           "qmask" if q_mask is not None else "", "kmask" if k_mask is not None else "",
+           "hnas" if u is not None else "dnas", f"bucket{tt.length_bucket(q.size(-2), k.size(-2))}", str(q.device))
+
+    def trial(tiles):
+        with torch.no_grad():
+            carry, outs, lses = _forward_passes(q, k, v, q_mask, k_mask, causal, u is not None, tiles)
+            g = torch.ones(q.shape[:-1] + (v.size(-1),), dtype=v.dtype, device=q.device)
+            _backward_passes(q, k, v, q_mask, k_mask, causal, u, tiles, carry, outs, lses, g)
+
+    return tt.prefix_tiles(key, q.dtype in (torch.bfloat16, torch.float16), q.device.type == "cuda", trial)
 
 
 def mixed_output(outs, u, dtype):
@@ -129,59 +198,33 @@ class _TritonPrefixDNAS(torch.autograd.Function):
     the same passes (softmax attention with the same mask: causal where DNAS is), u's gradient included."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_mask, k_mask, causal: bool, u, block_q: int, block_k: int):
+    def forward(ctx, q, k, v, q_mask, k_mask, causal: bool, u, block_q, block_k):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        st = _launch_setup(q, k, v, q_mask, k_mask, block_q, block_k)
-        K, bh, hybrid = st["K"], st["bsz"] * st["heads"], u is not None
-        scale = 1.0 / (st["d"] ** 0.5)
-        carry = torch.empty(bh, st["nqb"], st["sk"], dtype=st["wd"], device=q.device)
-        K.col_carry_kernel[(bh, -(-st["sk"] // block_k))](
-            q, k, st["qm"], st["km"], carry, st["heads"], st["sq"], st["sk"], st["d"], scale, st["nqb"],
-            CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"], BQ=block_q,
-            BK=block_k, BD=st["bd"])
-        outs = [torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
-                for _ in range(2 if hybrid else 1)]
-        lses = [torch.empty(st["bsz"], st["heads"], st["sq"], dtype=st["wd"], device=q.device) for _ in outs]
-        out2, lse2 = (outs[1], lses[1]) if hybrid else (st["qm"], st["qm"])  # (a dummy without HNAS)
-        K.row_kernel[(bh, st["nqb"])](
-            q, k, v, st["qm"], st["km"], carry, outs[0], lses[0], out2, lse2, st["heads"], st["sq"], st["sk"],
-            st["d"], st["dv"], scale, st["nqb"], CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"],
-            DT=st["dt"], LOWP=st["lowp"], BQ=block_q, BK=block_k, BD=st["bd"], BDV=st["bdv"], HYBRID=hybrid)
+        if block_q is None and block_k is None:
+            tiles = _tiles_for(q, k, v, q_mask, k_mask, causal, u)
+        else:
+            tiles = (int(block_q or BLOCK_Q), int(block_k or BLOCK_K), None, None)
+        carry, outs, lses = _forward_passes(q, k, v, q_mask, k_mask, causal, u is not None, tiles)
         masks = [m if m is not None else torch.empty(0) for m in (q_mask, k_mask)]
-        ctx.save_for_backward(q, k, v, *masks, carry, *outs, *lses, *([u] if hybrid else []))
-        ctx.conf = (causal, block_q, block_k, q_mask is not None, k_mask is not None, hybrid)
+        ctx.save_for_backward(q, k, v, *masks, carry, *outs, *lses, *([u] if u is not None else []))
+        ctx.conf = (causal, tiles, q_mask is not None, k_mask is not None, u is not None)
         return mixed_output(outs, u, v.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        causal, block_q, block_k, has_qm, has_km, hybrid = ctx.conf
+        causal, tiles, has_qm, has_km, hybrid = ctx.conf
         saved = ctx.saved_tensors
         q, k, v, q_mask, k_mask, carry = saved[:6]
         outs, lses = (saved[6:8], saved[8:10]) if hybrid else (saved[6:7], saved[7:8])
         q_mask, k_mask = (q_mask if has_qm else None), (k_mask if has_km else None)
-        st = _launch_setup(q, k, v, q_mask, k_mask, block_q, block_k)
-        K, bh = st["K"], st["bsz"] * st["heads"]
-        scale = 1.0 / (st["d"] ** 0.5)
-        deltas, du, uw = mixed_row_terms(g, outs, saved[10] if hybrid else None, st["wd"], st["qm"])
-        second = (lses[1], deltas[1]) if hybrid else (st["qm"], st["qm"])
-        g = g.contiguous().to(v.dtype if st["lowp"] else st["wd"])
-        dq = torch.empty(q.shape, dtype=st["wd"], device=q.device)
-        dk = torch.empty(k.shape, dtype=st["wd"], device=q.device)
-        dv = torch.empty(v.shape, dtype=st["wd"], device=q.device)
-        # each query block's suffix carries of the later blocks (written by the key-block pass, read by dQ's)
-        lpc, lnc = (torch.full((bh, st["nqb"], st["sk"]), -1.0e30, dtype=st["wd"], device=q.device) for _ in range(2))
-        args = (q, k, v, st["qm"], st["km"], carry, lses[0], g, deltas[0], *second, uw, lpc, lnc)
-        sizes = (st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale, st["nqb"])
-        flags = dict(CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"],
-                     BQ=block_q, BK=block_k, BD=st["bd"], BDV=st["bdv"], HYBRID=hybrid)
-        K.bwd_col_kernel[(bh, -(-st["sk"] // block_k))](*args, dk, dv, *sizes, **flags)
-        K.bwd_q_kernel[(bh, st["nqb"])](*args, dq, *sizes, **flags)
+        dq, dk, dv, du = _backward_passes(q, k, v, q_mask, k_mask, causal, saved[10] if hybrid else None, tiles,
+                                          carry, outs, lses, g)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, du, None, None
 
 
-def prefix_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, causal: bool = False, block_q: int = BLOCK_Q,
-                       block_k: int = BLOCK_K) -> torch.Tensor:
+def prefix_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, causal: bool = False, block_q: int | None = None,
+                       block_k: int | None = None) -> torch.Tensor:
     """(B, H, Sq, Dv): prefix-normalized DNAS (``causal``: also j <= i), zeros at padded queries and
     at rows without an allowed key, as :func:`nas_cli.attention.efficient.dnas_attention` with
     ``prefix=True`` gives. q (B, H, Sq, D), k (B, H, Sk, D), v (B, H, Sk, Dv); masks (B, S) bool,
@@ -191,11 +234,11 @@ def prefix_dnas_triton(q, k, v, q_mask=None, k_mask=None, *, causal: bool = Fals
         raise RuntimeError(f"attention.impl=triton: {why}")
     if q.size(-2) == 0 or k.size(-2) == 0:
         return q.new_zeros(*q.shape[:-1], v.size(-1), dtype=v.dtype)
-    return _TritonPrefixDNAS.apply(q, k, v, q_mask, k_mask, causal, None, int(block_q), int(block_k))
+    return _TritonPrefixDNAS.apply(q, k, v, q_mask, k_mask, causal, None, block_q, block_k)
 
 
-def prefix_hnas_triton(q, k, v, u, q_mask=None, k_mask=None, *, causal: bool = False, block_q: int = BLOCK_Q,
-                       block_k: int = BLOCK_K) -> torch.Tensor:
+def prefix_hnas_triton(q, k, v, u, q_mask=None, k_mask=None, *, causal: bool = False,
+                       block_q: int | None = None, block_k: int | None = None) -> torch.Tensor:
     """(B, H, Sq, Dv): HNAS in the prefix form, u O_DNAS + (1 - u) O_softmax with ``u`` (H,) per head, both
     parts from one pass over K and V (softmax attention with the same mask: causal where ``causal``);
     gradients for q, k, v and u."""
@@ -204,4 +247,4 @@ def prefix_hnas_triton(q, k, v, u, q_mask=None, k_mask=None, *, causal: bool = F
         raise RuntimeError(f"attention.impl=triton: {why}")
     if q.size(-2) == 0 or k.size(-2) == 0:
         return q.new_zeros(*q.shape[:-1], v.size(-1), dtype=v.dtype) + 0 * u.sum()
-    return _TritonPrefixDNAS.apply(q, k, v, q_mask, k_mask, causal, u, int(block_q), int(block_k))
+    return _TritonPrefixDNAS.apply(q, k, v, q_mask, k_mask, causal, u, block_q, block_k)

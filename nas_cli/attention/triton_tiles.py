@@ -1,5 +1,6 @@
-"""Tile sizes of the encoder form's Triton kernels (issue #48): autotuned on a GPU, fixed elsewhere.
+"""Tile sizes of the Triton kernels (issue #48): autotuned on a GPU, fixed elsewhere.
 
+**Encoder form.**
 On CUDA every kernel is wrapped in Triton's autotuner (``triton.autotune``): the first call for a
 GPU, input dtype (part of the autotuner's key), compile-time case (head dims, masks, HNAS) and length
 bucket times each candidate
@@ -15,6 +16,15 @@ Triton's CPU interpreter (``TRITON_INTERPRET=1``, where the tests run: it has no
 the caller gives the block sizes, and under ``torch.use_deterministic_algorithms``
 (``trainer.deterministic=true``): tiles chosen by timing could differ between two runs and change
 the order of the sums, so two runs would not repeat bit for bit.
+
+**Prefix form** (:func:`prefix_tiles`). Its carry of column log-sum-exps is laid out per query block, so
+all four passes must share one BQ, which Triton's per-kernel autotuner cannot promise. It is tuned
+jointly instead: at the first call of a case (GPU, dtype, head dims, masks, HNAS, length bucket), each
+candidate of :data:`PREFIX` runs the whole forward and backward once on the call's own inputs (into
+scratch buffers), timed, and the fastest is kept for that case. A candidate that fails to compile or
+launch (registers, shared memory) is skipped. Where tiles are not tuned (the interpreter, ``fixed``,
+deterministic runs), bf16/fp16 on CUDA take :data:`PREFIX_FIXED_LOWP`, everything else 32 x 32.
+``NAS_TRITON_PREFIX_TILES=BQxBK[xWARPSxSTAGES]`` sets them (to compare candidates on a GPU).
 """
 from __future__ import annotations
 
@@ -32,8 +42,13 @@ BACKWARD = ((64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 2), (128, 64, 8, 2))
 #: the timer the autotuner uses; None: Triton's do_bench with a short warm-up (5 ms) and window (25 ms).
 #: A test sets a CPU timer to run the autotuner under the interpreter.
 BENCH = None
+#: (BQ, BK, num_warps, num_stages) tried for the prefix form's four passes together (:func:`prefix_tiles`)
+PREFIX = ((32, 64, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2))
+#: the prefix form's tiles for bf16/fp16 on CUDA where they are not tuned (None: Triton's default warps/stages)
+PREFIX_FIXED_LOWP = (64, 64, 4, 2)
 _TUNED: dict = {}
 _KEYS: dict = {}
+_PREFIX_KEPT: dict = {}
 
 
 def length_bucket(sq: int, sk: int) -> int:
@@ -99,5 +114,50 @@ def chosen(kernel, table=FORWARD) -> dict | None:
 
 
 def chosen_all() -> dict:
-    """Every autotuned kernel's last tiles, by kernel name (for the benchmarks' records)."""
-    return {getattr(kernel, "__name__", str(kernel)): chosen(kernel, table) for kernel, table, _ in list(_TUNED)}
+    """Every autotuned kernel's last tiles, by kernel name, and the prefix form's (for the benchmarks' records)."""
+    kept = {getattr(kernel, "__name__", str(kernel)): chosen(kernel, table) for kernel, table, _ in list(_TUNED)}
+    return {**kept, **prefix_chosen()}
+
+
+def env_prefix_tiles() -> tuple | None:
+    raw = os.environ.get("NAS_TRITON_PREFIX_TILES", "").strip()
+    if not raw:
+        return None
+    try:
+        parts = tuple(int(x) for x in raw.lower().split("x"))
+    except ValueError:
+        parts = ()
+    if len(parts) not in (2, 4) or any(x <= 0 for x in parts) or any(x < 16 or x & (x - 1) for x in parts[:2]):
+        raise ValueError(f"NAS_TRITON_PREFIX_TILES={raw!r}: expected BQxBK or BQxBKxWARPSxSTAGES, BQ and BK powers "
+                         "of two from 16 (e.g. 64x64 or 64x64x4x2)")
+    return parts if len(parts) == 4 else (*parts, None, None)
+
+
+def prefix_tiles(key: tuple, lowp: bool, cuda: bool, trial) -> tuple:
+    """(BQ, BK, num_warps, num_stages) for one call of the prefix form (num_warps/num_stages None: Triton's
+    defaults). ``key``: the case (dtype, head dims, masks, HNAS, length bucket, device); ``trial(tiles)``
+    runs the forward and backward once with those tiles. Tuned once per key where :func:`autotuning` holds
+    (the fastest candidate of :data:`PREFIX` by the GPU's timer); otherwise fixed (module docstring)."""
+    forced = env_prefix_tiles()
+    if forced is not None:
+        return forced
+    if not autotuning():
+        return PREFIX_FIXED_LOWP if (lowp and cuda) else (FIXED_Q, FIXED_K, None, None)
+    if key not in _PREFIX_KEPT:
+        timer = BENCH or _quick_bench
+        best, best_ms = None, float("inf")
+        for tiles in PREFIX:
+            try:
+                ms = timer(lambda tiles=tiles: trial(tiles))
+            except Exception:  # noqa: BLE001 - a candidate this GPU cannot compile or launch is skipped
+                continue
+            if ms < best_ms:
+                best, best_ms = tiles, ms
+        _PREFIX_KEPT[key] = best or (FIXED_Q, FIXED_K, None, None)
+    return _PREFIX_KEPT[key]
+
+
+def prefix_chosen() -> dict:
+    """The prefix form's tiles kept so far, by case (for the benchmarks' records)."""
+    return {"prefix " + " ".join(map(str, key)): dict(zip(("BQ", "BK", "num_warps", "num_stages"), tiles))
+            for key, tiles in _PREFIX_KEPT.items()}

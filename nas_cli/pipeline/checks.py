@@ -279,9 +279,14 @@ def check_triton(plan, cfg: DictConfig) -> None:
     import torch
 
     from nas_cli.attention.triton_prefix import triton_unavailable
+    from nas_cli.attention.triton_tiles import env_prefix_tiles
 
     _check_fused(cfg, f"attention.impl=triton ({', '.join(chosen)})", None,
                  lambda device: triton_unavailable(torch.device(device)))
+    try:
+        env_prefix_tiles()
+    except ValueError as err:
+        raise UserError(str(err)) from None
     other = [loc for loc, p in chosen.items() if "sinkhorn" in str(p.scheme) and loc in ("decoder", "cross")]
     if other:
         _note_once(f"attention.impl=triton covers DNAS and HNAS in both forms and Sinkhorn-k in the encoder form; "

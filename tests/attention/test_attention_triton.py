@@ -222,6 +222,13 @@ def test_impl_triton_refused_with_one_line_where_it_cannot_run(tmp_path):
         assert proc.returncode == 2, proc.stderr[-1500:]
         assert words in proc.stderr and "Traceback" not in proc.stderr
         assert not (tmp_path / "outputs").exists()
+    # where it can run (the interpreter here), a malformed prefix-tile setting is refused before the run
+    proc = run_command([nas_run, "attention=dnas", "attention.impl=triton", "debug=fast"], cwd=tmp_path,
+                       env={**os.environ, "NAS_TRITON_PREFIX_TILES": "64"}, capture_output=True, text=True,
+                       timeout=120)
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("nas-run: error: NAS_TRITON_PREFIX_TILES='64'")
+    assert "Traceback" not in proc.stderr and not (tmp_path / "outputs").exists()
 
 
 def test_impl_triton_for_every_location_passes_the_checks_and_names_the_chunked_ones(capsys, monkeypatch):
@@ -505,3 +512,60 @@ def test_autotuned_tiles_give_the_same_values_and_can_be_fixed(monkeypatch):
     monkeypatch.setenv("NAS_TRITON_TILES", "fixed")
     assert not tt.autotuning()
     assert tt.length_bucket(100, 2047) == 0 and tt.length_bucket(2048, 10) == 1 and tt.length_bucket(9000, 1) == 2
+
+
+def test_prefix_tiles_are_tuned_jointly_for_all_passes_and_can_be_set(monkeypatch):
+    """The prefix form's four passes share one BQ (the carry's layout), so on a GPU its tiles are tuned
+    jointly (issue #48): each candidate runs the whole forward and backward once and the fastest is kept per
+    case. Here with a CPU timer under the interpreter: DNAS and HNAS keep a candidate of the table, one per
+    case, and the values and gradients equal the float64 reference with those tiles;
+    NAS_TRITON_PREFIX_TILES sets them, and a malformed value is refused in one line that names it."""
+    import time
+
+    from nas_cli.attention import triton_tiles as tt
+    from nas_cli.attention.triton_prefix import prefix_dnas_triton, prefix_hnas_triton
+
+    timed = []
+
+    def cpu_timer(fn, quantiles=None):
+        t0 = time.perf_counter()
+        fn()
+        timed.append(1)
+        return (time.perf_counter() - t0) * 1e3
+
+    monkeypatch.setattr(tt, "BENCH", cpu_timer)
+    monkeypatch.setattr(tt, "PREFIX", ((16, 32, 4, 2), (32, 16, 4, 2)))
+    monkeypatch.setattr(tt, "_PREFIX_KEPT", {})
+    q, k, v = _inputs(1, 2, 37, 37, 8, 8, seed=4)
+    qm, km = _masks(1, 37, 37, True)
+    u = torch.tensor([0.25, 0.6], dtype=torch.float64, requires_grad=True)
+    g = torch.randn(1, 2, 37, 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    ref = _reference(q, k, v, qm, km, True)
+    got = prefix_dnas_triton(q, k, v, qm, km, causal=True)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    for a, w in zip(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, w, rtol=0, atol=1e-11)
+    assert len(timed) == 2  # each candidate once
+    prefix_dnas_triton(q, k, v, qm, km, causal=True)
+    assert len(timed) == 2  # the same case: kept
+    hnas = prefix_hnas_triton(q, k, v, u, qm, km, causal=True)
+    assert len(timed) == 4  # HNAS is a case of its own
+    kept = tt.prefix_chosen()
+    assert len(kept) == 2 and all((t["BQ"], t["BK"], t["num_warps"], t["num_stages"]) in tt.PREFIX
+                                  for t in kept.values())
+    assert torch.isfinite(hnas).all()
+
+    monkeypatch.setenv("NAS_TRITON_PREFIX_TILES", "16x16")
+    assert tt.prefix_tiles(("other",), False, False, None) == (16, 16, None, None)
+    torch.testing.assert_close(prefix_dnas_triton(q, k, v, qm, km, causal=True), ref, rtol=0, atol=1e-12)
+    monkeypatch.setenv("NAS_TRITON_PREFIX_TILES", "48x16")
+    with pytest.raises(ValueError, match="NAS_TRITON_PREFIX_TILES='48x16'"):
+        prefix_dnas_triton(q, k, v, qm, km, causal=True)
+    monkeypatch.delenv("NAS_TRITON_PREFIX_TILES")
+    monkeypatch.setattr(tt, "BENCH", None)  # the interpreter without a timer: fixed tiles
+    assert tt.prefix_tiles(("new",), True, False, None) == (tt.FIXED_Q, tt.FIXED_K, None, None)
+    torch.use_deterministic_algorithms(True)
+    try:  # deterministic runs on CUDA: the fixed low-precision tiles, never a timed choice
+        assert tt.prefix_tiles(("new",), True, True, None) == tt.PREFIX_FIXED_LOWP
+    finally:
+        torch.use_deterministic_algorithms(False)
