@@ -11,7 +11,7 @@
 #    end-to-end training steps of Transformer-base at WMT14 shapes (bf16-mixed).
 #
 # Environment: ONLY_TRITON=1 stops after the Triton kernels' checks and timings and the Hugging Face
-# step (step 0b: 9.8 minutes at most, what one 15-minute GPU session holds with the machine's start); LONG=1 adds the 64k-context
+# step (step 0b: 10.7 minutes at most, what one 15-minute GPU session holds with the machine's start); LONG=1 adds the 64k-context
 # memory check (2.5 minutes at most; SKIP_HF=1 leaves out the Hugging Face step to make room); MULTI30K=<folder> also trains the study's Multi30k preset on the GPU beside the
 # checks; SKIP_NUMERICS=1 / SKIP_ATTENTION=1 leave out gpu-check's numerics / the attention-core
 # timings (e.g. when only the training path changed since they were measured).
@@ -56,7 +56,7 @@ fi
 step attention_triton_encoder 170 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
     --causal off --lengths 1024,2048,4096,8192,16384 --schemes unas,dnas-triton,hnas-triton,sinkhorn-triton,dnas-flex \
     --out-json "$out/attention_triton_encoder.json" --out-md "$out/attention_triton_encoder.md"
-step attention_triton_prefix 100 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+step attention_triton_prefix 150 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
     --causal on --lengths 1024,2048,4096,8192,16384 --schemes unas,dnas-triton,hnas-triton \
     --out-json "$out/attention_triton_prefix.json" --out-md "$out/attention_triton_prefix.md"
 step attention_triton_d128 60 nas-bench attention --device cuda --dtype bfloat16 --batch 4 --heads 8 --d-head 128 \

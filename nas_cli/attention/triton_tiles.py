@@ -42,8 +42,10 @@ BACKWARD = ((64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 2), (128, 64, 8, 2))
 #: the timer the autotuner uses; None: Triton's do_bench with a short warm-up (5 ms) and window (25 ms).
 #: A test sets a CPU timer to run the autotuner under the interpreter.
 BENCH = None
-#: (BQ, BK, num_warps, num_stages) tried for the prefix form's four passes together (:func:`prefix_tiles`)
-PREFIX = ((32, 64, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2))
+#: (BQ, BK, num_warps, num_stages) tried for the prefix form's four passes together (:func:`prefix_tiles`):
+#: three, since each is four compilations at the first call of a case; the backward's programs hold
+#: several (BQ x BK) float32 tiles at once, so BQ stays at 64 or below
+PREFIX = ((32, 64, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2))
 #: the prefix form's tiles for bf16/fp16 on CUDA where they are not tuned (None: Triton's default warps/stages)
 PREFIX_FIXED_LOWP = (64, 64, 4, 2)
 _TUNED: dict = {}
