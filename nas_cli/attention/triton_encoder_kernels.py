@@ -168,7 +168,9 @@ def _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_
     lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
     z = s - c[None, :]
     p = tl.where(ok, tl.exp(z - lse[:, None]), 0.0)
-    pi = tl.where(ok, tl.exp(z), 0.0)
+    # pi = exp(z) = p exp(lse_i), one exponential per row instead of one per score: z <= 0 (c_j is the
+    # column's log-sum-exp), so lse_i <= log Sk cannot overflow, and where exp(lse_i) underflows pi <= exp(lse_i)
+    pi = p * tl.exp(lse)[:, None]
     do = tile_load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
     w, dz, ds2 = mixed_grads(s, ok, p, do, V, DELTA, LSE2, DELTA2, u, bh, offs_q, offs_k, offs_dv, Sq, Sk, DV, DT,
                              LOWP, HYBRID)
