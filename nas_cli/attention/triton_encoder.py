@@ -16,9 +16,11 @@ gradient of the scores is
 
     ds_ij = dz_ij - pi_ij G_j,   G_j = sum_i' dz_i'j   (dc_j / ds_ij = pi_ij),
 
-so the column term is a column reduction (G), not a scatter. One program per key block sums G
-down the query blocks, then accumulates dK_j = scale sum_i ds_ij q_i and dV_j = sum_i p_ij dO_i;
-dQ has its own pass, one program per query block: dQ_i = scale sum_j ds_ij k_j. Every number is
+so the column term is a column reduction (G), not a scatter. One program per key block goes down
+the query blocks once: since dK_j = scale sum_i ds_ij q_i = scale (sum_i dz_ij q_i - G_j sum_i
+pi_ij q_i), it accumulates G, both sums and dV_j = sum_i p_ij dO_i in the same loop and combines
+them at the end (pi_ij = p_ij exp(L_i): no second exponential per score). dQ has its own pass, one
+program per query block: dQ_i = scale sum_j ds_ij k_j, with the G the first pass stored. Every number is
 written by one program in a fixed order, so two backward passes give the same bits
 (``trainer.deterministic=true`` can use it).
 

@@ -213,10 +213,12 @@ def head_u(U, bh, H, DT: tl.constexpr, HYBRID: tl.constexpr):
 def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DK, DVv, H, Sq, Sk, D, DV, scale,
                   TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                   BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, HYBRID: tl.constexpr):
-    """dK and dV of one key block (FlashAttention-2's key-block program, no atomics). First the
-    column sums G_j = sum_i dz_ij down all query blocks (kept for the dQ pass), then
-    ds_ij = dz_ij - pi_ij G_j (the column step's term as a column reduction), dk_j = scale sum_i
-    ds_ij q_i and dv_j = sum_i p_ij dO_i."""
+    """dK and dV of one key block (FlashAttention-2's key-block program, no atomics), one pass down the
+    query blocks. With ds_ij = dz_ij - pi_ij G_j (the column step's term, G_j = sum_i dz_ij):
+    dk_j = scale (sum_i (dz_ij + ds2_ij) q_i - G_j sum_i pi_ij q_i), so G_j, both sums and
+    dv_j = sum_i p_ij dO_i accumulate in the same loop (one QK^T, one dO V^T and one exponential per
+    score; until issue #48's second round a first loop summed G and a second recomputed every tile).
+    G is kept for the dQ pass."""
     bh = tl.program_id(0)
     kb = tl.program_id(1)
     b = bh // H
@@ -226,24 +228,20 @@ def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DK, DV
     nqb = tl.cdiv(Sq, BQ)
     u = head_u(U, bh, H, DT, HYBRID)
     g = tl.zeros((BK,), DT)
-    for qb in range(0, nqb):
-        offs_q = qb * BQ + tl.arange(0, BQ)
-        w, pi, dz, ds2, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_q,
-                                              offs_k, offs_d, offs_dv, Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP,
-                                              HYBRID)
-        g += tl.sum(dz, axis=0)
-    tl.store(G + bh * Sk + offs_k, g, mask=offs_k < Sk)
     dk = tl.zeros((BK, BD), DT)
+    dkc = tl.zeros((BK, BD), DT)
     dv = tl.zeros((BK, BDV), DT)
     for qb in range(0, nqb):
         offs_q = qb * BQ + tl.arange(0, BQ)
         w, pi, dz, ds2, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_q,
                                               offs_k, offs_d, offs_dv, Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP,
                                               HYBRID)
-        ds = dz - pi * g[None, :] + ds2
+        g += tl.sum(dz, axis=0)
         dv += tile_dot(tl.trans(w.to(do.dtype)), do, DT, LOWP)
-        dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP)
-    tile_store(DK, bh, offs_k, offs_d, Sk, D, dk * scale)
+        dk += tile_dot(tl.trans((dz + ds2).to(q.dtype)), q, DT, LOWP)
+        dkc += tile_dot(tl.trans(pi.to(q.dtype)), q, DT, LOWP)
+    tl.store(G + bh * Sk + offs_k, g, mask=offs_k < Sk)
+    tile_store(DK, bh, offs_k, offs_d, Sk, D, (dk - g[:, None] * dkc) * scale)
     tile_store(DVv, bh, offs_k, offs_dv, Sk, DV, dv)
 
 
