@@ -6,7 +6,11 @@ kernels, never holding an (Sq x Sk) tensor.
 
 1. Column pass, one program per (batch x head, key block), query blocks in order: each key's
    column log-sum-exp over all earlier query blocks is written out as that block's *carry*
-   (Sq / BQ x Sk numbers per head: BQ times fewer than the scores).
+   (BQ times fewer numbers than the scores). The queries run in chunks of :data:`CHUNK_Q` rows, so
+   the carries exist for one chunk at a time ((CHUNK_Q / BQ) x Sk numbers per head: linear in the
+   length); each chunk's column pass starts from the column log-sum-exps of all earlier rows and
+   advances them, and the backward, from the last chunk to the first, rebuilds each chunk's
+   carries from them and hands its suffix sums and dK/dV to the chunk before.
 2. Row pass, one program per (batch x head, query block), key blocks in order: the tile's scores,
    the prefix normalizer c_ij = logaddexp(carry_j, log-sum-exp of s_rj down the rows r <= i of the
    tile), z = s - c, and FlashAttention's online softmax of z over the key blocks. The row's
@@ -65,6 +69,10 @@ import torch
 #: :func:`nas_cli.attention.triton_tiles.prefix_tiles` picks them
 BLOCK_Q = 32
 BLOCK_K = 32
+#: rows per chunk of queries (rounded down to a multiple of BQ): the carries are kept for one chunk at a
+#: time, (CHUNK_Q / BQ) x Sk numbers per head, so memory grows linearly in the length; a sequence longer
+#: than one chunk rebuilds each chunk's carries in the backward (one more QK^T pass over the scores)
+CHUNK_Q = 8192
 
 
 def triton_unavailable(device: torch.device) -> str | None:
@@ -110,30 +118,47 @@ def _launch(tiles) -> dict:
     return {name: x for name, x in zip(("num_warps", "num_stages"), tiles[2:]) if x is not None}
 
 
+def _chunks(sq: int, bq: int) -> list[tuple[int, int]]:
+    """(first row, query blocks) of each chunk of queries: :data:`CHUNK_Q` rows (a multiple of BQ) each."""
+    rows = max(bq, CHUNK_Q // bq * bq)
+    return [(q0, -(-min(rows, sq - q0) // bq)) for q0 in range(0, sq, rows)]
+
+
 def _forward_passes(q, k, v, q_mask, k_mask, causal: bool, hybrid: bool, tiles):
-    """The column pass and the row pass with ``tiles`` (BQ, BK, warps, stages): the carry, the output(s)
-    and their row log-sum-exps (two of each with ``hybrid``)."""
+    """The column pass and the row pass with ``tiles`` (BQ, BK, warps, stages), chunk by chunk of queries:
+    what the backward needs to rebuild the carries (the one chunk's carries, or each chunk's starting
+    column log-sum-exps: S numbers per head and chunk), the output(s) and their row log-sum-exps (two of
+    each with ``hybrid``)."""
     st = _launch_setup(q, k, v, q_mask, k_mask, tiles[0], tiles[1])
     K, bh, opts = st["K"], st["bsz"] * st["heads"], _launch(tiles)
     scale = 1.0 / (st["d"] ** 0.5)
-    carry = torch.empty(bh, st["nqb"], st["sk"], dtype=st["wd"], device=q.device)
-    K.col_carry_kernel[(bh, -(-st["sk"] // st["bk"]))](
-        q, k, st["qm"], st["km"], carry, st["heads"], st["sq"], st["sk"], st["d"], scale, st["nqb"],
-        CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"], BQ=st["bq"],
-        BK=st["bk"], BD=st["bd"], **opts)
     outs = [torch.empty(st["bsz"], st["heads"], st["sq"], st["dv"], dtype=st["wd"], device=q.device)
             for _ in range(2 if hybrid else 1)]
     lses = [torch.empty(st["bsz"], st["heads"], st["sq"], dtype=st["wd"], device=q.device) for _ in outs]
     out2, lse2 = (outs[1], lses[1]) if hybrid else (st["qm"], st["qm"])  # (a dummy without HNAS)
-    K.row_kernel[(bh, st["nqb"])](
-        q, k, v, st["qm"], st["km"], carry, outs[0], lses[0], out2, lse2, st["heads"], st["sq"], st["sk"],
-        st["d"], st["dv"], scale, st["nqb"], CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"],
-        DT=st["dt"], LOWP=st["lowp"], BQ=st["bq"], BK=st["bk"], BD=st["bd"], BDV=st["bdv"], HYBRID=hybrid, **opts)
-    return carry, outs, lses
+    run = torch.full((bh, st["sk"]), -1.0e30, dtype=st["wd"], device=q.device)
+    chunks = _chunks(st["sq"], st["bq"])
+    starts = []
+    for q0, nqb in chunks:
+        if len(chunks) > 1:
+            starts.append(run.clone())
+        carry = torch.empty(bh, nqb, st["sk"], dtype=st["wd"], device=q.device)
+        K.col_carry_kernel[(bh, -(-st["sk"] // st["bk"]))](
+            q, k, st["qm"], st["km"], carry, run, st["heads"], st["sq"], st["sk"], st["d"], scale, nqb, q0,
+            CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"], BQ=st["bq"],
+            BK=st["bk"], BD=st["bd"], **opts)
+        K.row_kernel[(bh, nqb)](
+            q, k, v, st["qm"], st["km"], carry, outs[0], lses[0], out2, lse2, st["heads"], st["sq"], st["sk"],
+            st["d"], st["dv"], scale, nqb, q0, CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"],
+            DT=st["dt"], LOWP=st["lowp"], BQ=st["bq"], BK=st["bk"], BD=st["bd"], BDV=st["bdv"], HYBRID=hybrid,
+            **opts)
+    return (torch.stack(starts) if starts else carry), outs, lses
 
 
-def _backward_passes(q, k, v, q_mask, k_mask, causal: bool, u, tiles, carry, outs, lses, g):
-    """The key-block pass (dK, dV) and dQ's pass with ``tiles``: (dq, dk, dv, du) for the output gradient g."""
+def _backward_passes(q, k, v, q_mask, k_mask, causal: bool, u, tiles, carries, outs, lses, g):
+    """The key-block pass (dK, dV) and dQ's pass with ``tiles``, chunk by chunk of queries from the last
+    (rebuilding each chunk's carries from its starting column log-sum-exps where there are several):
+    (dq, dk, dv, du) for the output gradient g."""
     st = _launch_setup(q, k, v, q_mask, k_mask, tiles[0], tiles[1])
     K, bh, hybrid, opts = st["K"], st["bsz"] * st["heads"], u is not None, _launch(tiles)
     scale = 1.0 / (st["d"] ** 0.5)
@@ -141,16 +166,28 @@ def _backward_passes(q, k, v, q_mask, k_mask, causal: bool, u, tiles, carry, out
     second = (lses[1], deltas[1]) if hybrid else (st["qm"], st["qm"])
     g = g.contiguous().to(v.dtype if st["lowp"] else st["wd"])
     dq = torch.empty(q.shape, dtype=st["wd"], device=q.device)
-    dk = torch.empty(k.shape, dtype=st["wd"], device=q.device)
-    dv = torch.empty(v.shape, dtype=st["wd"], device=q.device)
-    # each query block's suffix carries of the later blocks (written by the key-block pass, read by dQ's)
-    lpc, lnc = (torch.full((bh, st["nqb"], st["sk"]), -1.0e30, dtype=st["wd"], device=q.device) for _ in range(2))
-    args = (q, k, v, st["qm"], st["km"], carry, lses[0], g, deltas[0], *second, uw, lpc, lnc)
-    sizes = (st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale, st["nqb"])
+    dk = torch.zeros(k.shape, dtype=st["wd"], device=q.device)
+    dv = torch.zeros(v.shape, dtype=st["wd"], device=q.device)
+    # the later chunks' suffix carries, advanced by each chunk's key-block pass
+    lpr, lnr = (torch.full((bh, st["sk"]), -1.0e30, dtype=st["wd"], device=q.device) for _ in range(2))
+    sizes = (st["heads"], st["sq"], st["sk"], st["d"], st["dv"], scale)
     flags = dict(CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"],
                  BQ=st["bq"], BK=st["bk"], BD=st["bd"], BDV=st["bdv"], HYBRID=hybrid, **opts)
-    K.bwd_col_kernel[(bh, -(-st["sk"] // st["bk"]))](*args, dk, dv, *sizes, **flags)
-    K.bwd_q_kernel[(bh, st["nqb"])](*args, dq, *sizes, **flags)
+    chunks = _chunks(st["sq"], st["bq"])
+    for index in reversed(range(len(chunks))):
+        q0, nqb = chunks[index]
+        carry = carries
+        if len(chunks) > 1:
+            carry = torch.empty(bh, nqb, st["sk"], dtype=st["wd"], device=q.device)
+            K.col_carry_kernel[(bh, -(-st["sk"] // st["bk"]))](
+                q, k, st["qm"], st["km"], carry, carries[index].clone(), *sizes[:4], scale, nqb, q0,
+                CAUSAL=causal, HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"],
+                BQ=st["bq"], BK=st["bk"], BD=st["bd"], **opts)
+        # each query block's suffix carries of the later blocks (written by the key-block pass, read by dQ's)
+        lpc, lnc = (torch.full((bh, nqb, st["sk"]), -1.0e30, dtype=st["wd"], device=q.device) for _ in range(2))
+        args = (q, k, v, st["qm"], st["km"], carry, lses[0], g, deltas[0], *second, uw, lpc, lnc)
+        K.bwd_col_kernel[(bh, -(-st["sk"] // st["bk"]))](*args, lpr, lnr, dk, dv, *sizes, nqb, q0, **flags)
+        K.bwd_q_kernel[(bh, nqb)](*args, dq, *sizes, nqb, q0, **flags)
     return dq, dk, dv, du
 
 

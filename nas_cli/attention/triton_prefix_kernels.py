@@ -108,45 +108,49 @@ def _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, 
 
 
 @triton.jit
-def col_carry_kernel(Q, K, QM, KM, CARRY, H, Sq, Sk, D, scale, NQB,
+def col_carry_kernel(Q, K, QM, KM, CARRY, RUN, H, Sq, Sk, D, scale, NQB, Q0,
                      CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
                      LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
-    """CARRY[bh, qb, j] = log sum_{r < qb * BQ} exp(s_rj): each key's column log-sum-exp over all
-    earlier query blocks (NEG where there is none). One program per (bh, key block); query blocks in order."""
+    """CARRY[bh, qb, j] = log sum_{r < Q0 + qb * BQ} exp(s_rj) for the NQB query blocks of one chunk of
+    queries that starts at row Q0: each key's column log-sum-exp over all earlier rows (NEG where there
+    is none), from RUN[bh, j] (the same over the rows before Q0), which the program then advances past
+    the chunk's rows. One program per (bh, key block); query blocks in order."""
     bh = tl.program_id(0)
     kb = tl.program_id(1)
     b = bh // H
     offs_k = kb * BK + tl.arange(0, BK)
     offs_d = tl.arange(0, BD)
-    carry = tl.full((BK,), NEG, DT)
+    carry = tl.load(RUN + bh * Sk + offs_k, mask=offs_k < Sk, other=NEG)
     first = 0
     if CAUSAL:  # query blocks that end before this key block see none of its keys
-        first = (kb * BK) // BQ
+        first = tl.minimum(tl.maximum(kb * BK - Q0, 0) // BQ, NQB)
     for qb in range(0, first):
         tl.store(CARRY + (bh * NQB + qb) * Sk + offs_k, carry, mask=offs_k < Sk)
     for qb in range(first, NQB):
         tl.store(CARRY + (bh * NQB + qb) * Sk + offs_k, carry, mask=offs_k < Sk)
-        offs_q = qb * BQ + tl.arange(0, BQ)
+        offs_q = Q0 + qb * BQ + tl.arange(0, BQ)
         s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT, LOWP)
         ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL)
         s = tl.where(ok, s, NEG)
         top = tl.max(s, axis=0)
         col = top + tl.log(tl.sum(tl.exp(s - top[None, :]), axis=0))
         carry = _lae(carry, col)
+    tl.store(RUN + bh * Sk + offs_k, carry, mask=offs_k < Sk)
 
 
 @triton.jit
-def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, scale, NQB,
+def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, scale, NQB, Q0,
                CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
                LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                HYBRID: tl.constexpr):
     """Output rows of one query block: per key block, the prefix normalizer c from the carry and a
     log-sum-exp scan down the rows, then an online softmax of z = s - c over the key blocks.
-    ``HYBRID``: softmax attention over s in the same loop, into OUT2 and LSE2."""
+    ``HYBRID``: softmax attention over s in the same loop, into OUT2 and LSE2. Query block qb of the
+    chunk that starts at row Q0."""
     bh = tl.program_id(0)
     qb = tl.program_id(1)
     b = bh // H
-    offs_q = qb * BQ + tl.arange(0, BQ)
+    offs_q = Q0 + qb * BQ + tl.arange(0, BQ)
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     m = tl.full((BQ,), NEG, DT)
@@ -158,7 +162,7 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, s
     seen = tl.zeros((BQ,), tl.int32)
     n_keys = Sk
     if CAUSAL:
-        n_keys = tl.minimum(Sk, (qb + 1) * BQ)
+        n_keys = tl.minimum(Sk, Q0 + (qb + 1) * BQ)
     for kb in range(0, tl.cdiv(n_keys, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
         s, ok, q, k, carry, ref, e, S, bad, n_bad = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k,
@@ -239,8 +243,8 @@ def _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry):
 
 
 @triton.jit
-def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC, LNC, DK, DVv, H, Sq, Sk, D, DV,
-                   scale, NQB, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
+def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC, LNC, LPR, LNR, DK, DVv, H, Sq,
+                   Sk, D, DV, scale, NQB, Q0, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
                    LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                    HYBRID: tl.constexpr):
     """dK and dV, one program per (bh, key block), query blocks from the last to the first:
@@ -251,7 +255,10 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC,
     suffix log-sum-exp scans carried up the query blocks; every exponent is bounded, since
     s_rj <= c_ij for i >= r. The carries each query block starts from (the later blocks' part) are
     written to LPC/LNC for the dQ pass (:func:`bwd_q_kernel`): no atomics. ``HYBRID``: ds2 (the
-    softmax part's score gradient, no column term) is added to ds, and dV takes u p + (1 - u) P."""
+    softmax part's score gradient, no column term) is added to ds, and dV takes u p + (1 - u) P.
+    Chunks of queries (the NQB blocks from row Q0) run from the last to the first: the carries start
+    from LPR/LNR (the later chunks' part), which the program advances, and dK and dV are added to
+    what the later chunks left in DK and DVv (float32 or float64, zeros before the last chunk)."""
     bh = tl.program_id(0)
     kb = tl.program_id(1)
     b = bh // H
@@ -260,15 +267,15 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC,
     offs_dv = tl.arange(0, BDV)
     dk = tl.zeros((BK, BD), DT)
     dv = tl.zeros((BK, BDV), DT)
-    lp_carry = tl.full((BK,), NEG, DT)
-    ln_carry = tl.full((BK,), NEG, DT)
+    lp_carry = tl.load(LPR + bh * Sk + offs_k, mask=offs_k < Sk, other=NEG)
+    ln_carry = tl.load(LNR + bh * Sk + offs_k, mask=offs_k < Sk, other=NEG)
     u = head_u(U, bh, H, DT, HYBRID)
     first = 0
     if CAUSAL:
-        first = (kb * BK) // BQ
+        first = tl.minimum(tl.maximum(kb * BK - Q0, 0) // BQ, NQB)
     for it in range(0, NQB - first):
         qb = NQB - 1 - it
-        offs_q = qb * BQ + tl.arange(0, BQ)
+        offs_q = Q0 + qb * BQ + tl.arange(0, BQ)
         tl.store(LPC + (bh * NQB + qb) * Sk + offs_k, lp_carry, mask=offs_k < Sk)
         tl.store(LNC + (bh * NQB + qb) * Sk + offs_k, ln_carry, mask=offs_k < Sk)
         s, ok, c, ref, e, S, fast, w, dz, ds2, q, k, do = _bwd_tile(
@@ -280,28 +287,31 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC,
         dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP) * scale
         lp_carry = _lae(lp_carry, lp_own)
         ln_carry = _lae(ln_carry, ln_own)
-    tile_store(DK, bh, offs_k, offs_d, Sk, D, dk)
-    tile_store(DVv, bh, offs_k, offs_dv, Sk, DV, dv)
+    tl.store(LPR + bh * Sk + offs_k, lp_carry, mask=offs_k < Sk)
+    tl.store(LNR + bh * Sk + offs_k, ln_carry, mask=offs_k < Sk)
+    tile_store(DK, bh, offs_k, offs_d, Sk, D, dk + tile_load(DK, bh, offs_k, offs_d, Sk, D, DT, False))
+    tile_store(DVv, bh, offs_k, offs_dv, Sk, DV, dv + tile_load(DVv, bh, offs_k, offs_dv, Sk, DV, DT, False))
 
 
 @triton.jit
 def bwd_q_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC, LNC, DQ, H, Sq, Sk, D, DV, scale,
-                 NQB, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
+                 NQB, Q0, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
                  LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                  HYBRID: tl.constexpr):
     """dQ of one query block in its own pass (FlashAttention-2's query-block program): per key block
-    the tile's ds from its own suffix scans and the later blocks' carries (LPC, LNC), dq += ds k."""
+    the tile's ds from its own suffix scans and the later blocks' carries (LPC, LNC), dq += ds k.
+    Query block qb of the chunk that starts at row Q0."""
     bh = tl.program_id(0)
     qb = tl.program_id(1)
     b = bh // H
-    offs_q = qb * BQ + tl.arange(0, BQ)
+    offs_q = Q0 + qb * BQ + tl.arange(0, BQ)
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     dq = tl.zeros((BQ, BD), DT)
     u = head_u(U, bh, H, DT, HYBRID)
     n_keys = Sk
     if CAUSAL:
-        n_keys = tl.minimum(Sk, (qb + 1) * BQ)
+        n_keys = tl.minimum(Sk, Q0 + (qb + 1) * BQ)
     for kb in range(0, tl.cdiv(n_keys, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
         s, ok, c, ref, e, S, fast, w, dz, ds2, q, k, do = _bwd_tile(
