@@ -11,7 +11,7 @@
 #    end-to-end training steps of Transformer-base at WMT14 shapes (bf16-mixed).
 #
 # Environment: ONLY_TRITON=1 stops after the Triton kernels' checks and timings and the Hugging Face
-# step (step 0b: 10.7 minutes at most, what one 15-minute GPU session holds with the machine's start); LONG=1 adds the 64k-context
+# step (step 0b: 10 minutes at most, the longest one command may run on the lent GPU, and what one 15-minute session holds with the machine's start); LONG=1 adds the 64k-context
 # memory check (2.5 minutes at most; SKIP_HF=1 leaves out the Hugging Face step to make room); MULTI30K=<folder> also trains the study's Multi30k preset on the GPU beside the
 # checks; SKIP_NUMERICS=1 / SKIP_ATTENTION=1 leave out gpu-check's numerics / the attention-core
 # timings (e.g. when only the training path changed since they were measured).
@@ -46,30 +46,57 @@ fi
 # 0b. the Triton kernels of both forms (issue #48): values, gradients and determinism in float32, bf16
 #     (tensor cores) and fp16 against float64 and SDPA's own error; then their time against SDPA, both
 #     forms, d_head 64 and 128, S up to 16k; and the Llama-style training step through Hugging Face
-step triton_check 150 python benchmarks/triton_check.py --out "$out/triton_check.json"
+#     The kernels compile (and their tiles are tuned) at the first call of each case, one compilation
+#     after another in one process. So first, in parallel: each form's checks in a process of its own,
+#     and beside them each timed scheme's smallest case (S=1024: every integer argument the kernels
+#     specialize on, such as S and the blocks per chunk, is then a multiple of 16, as at the timed
+#     lengths), so that the compilations share the CPU cores and land in Triton's on-disk cache for the
+#     timing steps. SKIP_WARM=1 leaves the warm-up cases out.
+mkdir -p "$out/warm"
+for form in encoder hnas-encoder sinkhorn3-encoder prefix hnas-prefix; do
+    step "triton_check_$form" 200 python benchmarks/triton_check.py --forms "$form" --out "$out/triton_check_$form.json" &
+done
+if [ "${SKIP_WARM:-0}" != 1 ]; then
+    warm() {  # warm NAME nas-bench-attention-arguments...
+        local name=$1
+        shift
+        timeout --kill-after=10 "$(( 200 * scale ))" nas-bench attention --device cuda --dtype bfloat16 --lengths 1024 \
+            --repeats 1 --warmup 1 --max-seconds 600 "$@" --out-json "$out/warm/$name.json" \
+            --out-md "$out/warm/$name.md" > "$out/warm/$name.txt" 2>&1
+        echo "warm $name: exit $? after $SECONDS s" >> "$out/warm/steps.txt"
+    }
+    for scheme in dnas-triton hnas-triton sinkhorn-triton; do
+        warm "encoder_$scheme" --batch 8 --heads 8 --d-head 64 --causal off --schemes "$scheme" &
+    done
+    for scheme in dnas-triton hnas-triton; do
+        warm "prefix_$scheme" --batch 8 --heads 8 --d-head 64 --causal on --schemes "$scheme" &
+    done
+    warm d128_dnas-triton --batch 4 --heads 8 --d-head 128 --causal both --schemes dnas-triton &
+fi
+wait
 # the encoder kernels' tiles are autotuned on the GPU (nas_cli/attention/triton_tiles.py): if the check of the
 # autotuned rows failed, the timings run with the fixed tiles instead (and say so in steps.txt)
-if grep -q '"tiles": "auto".*"pass": false' "$out/triton_check.txt" 2>/dev/null; then
+if cat "$out"/triton_check_*.txt 2>/dev/null | grep -q '"tiles": "auto".*"pass": false'; then
     export NAS_TRITON_TILES=fixed
     echo "autotuned tiles failed their check: timings with NAS_TRITON_TILES=fixed" | tee -a "$out/steps.txt"
 fi
-step attention_triton_encoder 170 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
-    --causal off --lengths 1024,2048,4096,8192,16384 --schemes unas,dnas-triton,hnas-triton,sinkhorn-triton,dnas-flex \
+step attention_triton_encoder 130 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+    --causal off --lengths 1024,2048,4096,8192,16384 --schemes unas,dnas-triton,hnas-triton,sinkhorn-triton,dnas-flex --max-seconds 150 \
     --out-json "$out/attention_triton_encoder.json" --out-md "$out/attention_triton_encoder.md"
-step attention_triton_prefix 150 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
-    --causal on --lengths 1024,2048,4096,8192,16384 --schemes unas,dnas-triton,hnas-triton \
+step attention_triton_prefix 110 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+    --causal on --lengths 1024,2048,4096,8192,16384 --schemes unas,dnas-triton,hnas-triton --max-seconds 150 \
     --out-json "$out/attention_triton_prefix.json" --out-md "$out/attention_triton_prefix.md"
 step attention_triton_d128 60 nas-bench attention --device cuda --dtype bfloat16 --batch 4 --heads 8 --d-head 128 \
-    --causal both --lengths 2048,8192 --schemes unas,dnas-triton \
+    --causal both --lengths 2048,8192 --schemes unas,dnas-triton --max-seconds 150 \
     --out-json "$out/attention_triton_d128.json" --out-md "$out/attention_triton_d128.md"
-[ "${SKIP_HF:-0}" = 1 ] || step hf_step 110 python benchmarks/hf_step.py --device cuda --layers 8 --hidden 512 --heads 8 --seq 2048 --batch 4 \
+[ "${SKIP_HF:-0}" = 1 ] || step hf_step 100 python benchmarks/hf_step.py --device cuda --layers 8 --hidden 512 --heads 8 --seq 2048 --batch 4 \
     --bf16 --reps 10 --warmup 3 --tag "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
     --out "$out/hf_step.json" --markdown "$out/hf_step.md"
 # LONG=1: the longest context one DNAS layer trains at (issue #48's last target: B=1, H=8, d=64, S up to 64k;
 # nas-bench attention records each case's peak memory, which must grow linearly in S), instead of hf_step
 # when one session cannot hold both
 if [ "${LONG:-0}" = 1 ]; then
-    step attention_long 150 nas-bench attention --device cuda --dtype bfloat16 --batch 1 --heads 8 --d-head 64 \
+    step attention_long 100 nas-bench attention --device cuda --dtype bfloat16 --batch 1 --heads 8 --d-head 64 \
         --causal both --lengths 16384,32768,65536 --schemes unas,dnas-triton --repeats 2 \
         --out-json "$out/attention_long.json" --out-md "$out/attention_long.md"
 fi

@@ -49,6 +49,9 @@ def _causal(s: int, causal: bool, device) -> torch.Tensor:
     return full.tril() if causal else full
 
 
+FORMS = ("encoder", "hnas-encoder", "sinkhorn3-encoder", "prefix", "hnas-prefix")
+
+
 def _rel_err(got, want) -> float:
     """The largest of the gradients' max |error| / max |reference| (q, k, v)."""
     return max((a.double() - w).abs().max().item() / w.abs().max().item() for a, w in zip(got, want))
@@ -110,16 +113,23 @@ def main() -> int:
     p.add_argument("--out", default="triton_check.json")
     p.add_argument("--device", default="cuda", help="cuda; cpu runs under TRITON_INTERPRET=1 at --small sizes")
     p.add_argument("--small", action="store_true", help="S=40 and 23, d=16: for the CPU interpreter")
+    p.add_argument("--forms", default=",".join(FORMS),
+                   help=f"comma-separated, of {', '.join(FORMS)} (e.g. one per process, so that the kernels of "
+                        "several forms compile at once)")
     args = p.parse_args()
+    forms = [f for f in args.forms.split(",") if f]
+    unknown = sorted(set(forms) - set(FORMS))
+    if unknown:
+        p.error(f"--forms: unknown {', '.join(unknown)} (choose from {', '.join(FORMS)})")
     rows = []
     sizes = ((40, 16), (23, 16)) if args.small else ((1000, 64), (777, 128))
-    for form in ("encoder", "hnas-encoder", "sinkhorn3-encoder", "prefix", "hnas-prefix"):
+    for form in forms:
         # the second size (d_head 128 on a GPU) for DNAS's two forms only: every size, form and dtype
         # is a compilation on the GPU (Triton caches none between machines), and the session is short
         for s, d in sizes if form in ("encoder", "prefix") else sizes[:1]:
             rows += check(form, 2, 2 if args.small else 4, s, d, args.device)
     if args.device == "cuda":  # the autotuned tiles the timings use, in bf16 at the timed head dim
-        for form in ("encoder", "hnas-encoder", "sinkhorn3-encoder"):
+        for form in [f for f in ("encoder", "hnas-encoder", "sinkhorn3-encoder") if f in forms]:
             rows += check(form, 2, 4, 1000, 64, args.device, tiles="auto", dtypes=(torch.bfloat16,))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU (Triton interpreter)"
