@@ -12,7 +12,7 @@
 #
 # Environment: ONLY_TRITON=1 stops after the Triton kernels' checks and timings and the Hugging Face
 # step (step 0b: 10 minutes at most, the longest one command may run on the lent GPU, and what one 15-minute session holds with the machine's start); LONG=1 adds the 64k-context
-# memory check (2.5 minutes at most; SKIP_HF=1 leaves out the Hugging Face step to make room); MULTI30K=<folder> also trains the study's Multi30k preset on the GPU beside the
+# memory check (100 s at most; SKIP_HF=1 leaves out the Hugging Face step to make room); MULTI30K=<folder> also trains the study's Multi30k preset on the GPU beside the
 # checks; SKIP_NUMERICS=1 / SKIP_ATTENTION=1 leave out gpu-check's numerics / the attention-core
 # timings (e.g. when only the training path changed since they were measured).
 #
