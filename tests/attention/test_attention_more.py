@@ -405,8 +405,8 @@ def test_incremental_decoding_of_the_new_schemes():
 
 # ---- every new scheme through the command line -------------------------------------------
 
-SMALL = ["debug=fast", "trainer.max_steps=4", "run_test=false", "task.train_size=64", "task.val_size=16",
-         "task.test_size=16", "task.batch_size=8"]
+SMALL = ["debug=fast", "diagnostics.plots=never", "trainer.max_steps=4", "run_test=false", "task.train_size=64",
+         "task.val_size=16", "task.test_size=16", "task.batch_size=8"]  # the figures: tests/diagnostics
 
 
 def test_every_new_scheme_runs_in_a_multirun(tmp_path, monkeypatch):

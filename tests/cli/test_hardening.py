@@ -18,7 +18,7 @@ import yaml
 from faults import run_with_fault
 from helpers import NAS_RUN, nas_run, run_command, start_command
 
-FAST = ("debug=fast", "progress_bar=false", "logger=csv")
+FAST = ("debug=fast", "progress_bar=false", "logger=csv", "diagnostics.plots=never")  # the figures: tests/diagnostics
 NAS_REPORT = str(Path(NAS_RUN).with_name("nas-report"))
 
 

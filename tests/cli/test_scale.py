@@ -28,7 +28,7 @@ from nas_cli.infra.wandb_offline import read_run
 from nas_cli.model.plan import AttentionPlan
 from helpers import NAS_RUN, nas_run, run_command, start_command
 
-TINY = ("debug=fast", "progress_bar=false")
+TINY = ("debug=fast", "progress_bar=false", "diagnostics.plots=never")  # the figures: tests/diagnostics
 
 
 def wandb_files(run_dir: Path) -> list[Path]:

@@ -14,8 +14,9 @@ from scipy import stats as sps
 from helpers import NAS_RUN, nas_run, run_command, start_command
 from nas_cli.report import stopping as seq
 
-SWEEP = ("-m", "attention=unas,dnas", "seed=auto", "debug=fast", "progress_bar=false", "hydra.sweeper.max_seeds=3",
-         "hydra.sweeper.metric=ppl", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+# the runs' diagnostics figures are left out (tests/diagnostics draws them); the sweep's own figure is not
+SWEEP = ("-m", "attention=unas,dnas", "seed=auto", "debug=fast", "progress_bar=false", "diagnostics.plots=never",
+         "hydra.sweeper.max_seeds=3", "hydra.sweeper.metric=ppl", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
 
 
 def _summaries(root):

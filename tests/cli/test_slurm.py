@@ -20,7 +20,8 @@ from slurm_cluster import SlurmCluster, available
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm"),
               pytest.mark.skipif(available(accounting=True) is not None, reason=str(available(accounting=True)))]
 
-TINY = ("debug=fast", "progress_bar=false", "trainer.max_steps=4", "run_test=false")
+TINY = ("debug=fast", "progress_bar=false", "trainer.max_steps=4", "run_test=false",
+        "diagnostics.plots=never")  # the figures: tests/diagnostics
 
 
 def _started(kind, prefix: str, **options):
@@ -73,8 +74,9 @@ def test_a_sequential_sweep_runs_as_job_arrays_on_a_cpu_partition(cluster, tmp_p
 
 
 def test_a_job_the_scheduler_ends_fails_alone_and_the_same_command_finishes_it(cluster, tmp_path):
-    args = ("debug=fast", "progress_bar=false", "trainer.max_steps=150", "trainer.val_check_interval=75",
-            "run_test=false", "hydra/launcher=slurm", "-m", "seed=1,2", "hydra.sweep.dir=sw")
+    args = ("debug=fast", "progress_bar=false", "diagnostics.plots=never", "trainer.max_steps=150",
+            "trainer.val_check_interval=75", "run_test=false", "hydra/launcher=slurm", "-m", "seed=1,2",
+            "hydra.sweep.dir=sw")
     proc = _nas_run(cluster, *args, cwd=tmp_path, wait=False)
     try:
         victim = None
@@ -183,9 +185,9 @@ def test_preemption_requeues_resume_bit_identically_and_close_wandb_cleanly(clus
     # traceback in the job's log (4), and the records logged before the first stop are in the first run file.
     from nas_cli.infra.wandb_offline import read_run
 
-    setup = ("debug=fast", "progress_bar=false", "trainer.max_steps=160", "trainer.val_check_interval=40",
-             "trainer.log_every_n_steps=5", "run_test=false", "trainer.deterministic=true", "threads=1", "seed=1",
-             "checkpoint.last_every_n_steps=10")
+    setup = ("debug=fast", "progress_bar=false", "diagnostics.plots=never", "trainer.max_steps=160",
+             "trainer.val_check_interval=40", "trainer.log_every_n_steps=5", "run_test=false",
+             "trainer.deterministic=true", "threads=1", "seed=1", "checkpoint.last_every_n_steps=10")
     proc = _nas_run(cluster, *setup, "hydra/launcher=slurm", "-m", "hydra.sweep.dir=sw", cwd=tmp_path, wait=False)
     try:
         job, last = None, None
