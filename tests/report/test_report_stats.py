@@ -213,7 +213,7 @@ def compare_sweep(tmp_path_factory):
     sweep = root / "sweep"
     proc = nas_run("-m", "task=sort", "attention=unas,dnas", "seed=1,2", "trainer.max_steps=40",
                    "trainer.val_check_interval=20", "task.train_size=2000", "task.test_size=200",
-                   "progress_bar=false", "logger=csv",
+                   "progress_bar=false", "logger=csv", "diagnostics.plots=never",  # figures: tests/diagnostics
                    f"hydra.sweep.dir={sweep}", cwd=root, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return sweep
@@ -626,7 +626,8 @@ def test_a_metric_undefined_by_design_is_not_compared_and_the_rest_is(tmp_path):
     # is still refused with one line
     sweep = tmp_path / "sw"
     proc = nas_run("-m", "debug=fast", "progress_bar=false", "logger=csv", "attention=unas,kernel_linear,kernel_rbf",
-                   "seed=1,2", "trainer.max_steps=6", f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
+                   "seed=1,2", "trainer.max_steps=6", "diagnostics.plots=never", f"hydra.sweep.dir={sweep}",
+                   cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = report(sweep, "--baseline", "scheme=unas", "--metrics", "jsd,ppl", "--format", "json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
