@@ -122,6 +122,8 @@ def chosen_all() -> dict:
 
 
 def env_prefix_tiles() -> tuple | None:
+    """The prefix form's tiles from ``NAS_TRITON_PREFIX_TILES`` (None when unset); ValueError, naming the
+    variable and the form it takes, for a malformed value (the run's checks turn it into one line)."""
     raw = os.environ.get("NAS_TRITON_PREFIX_TILES", "").strip()
     if not raw:
         return None
