@@ -69,11 +69,10 @@ def _prefix_sums(s, ok, carry):
     depends on a later query's, not even in its rounding. A pair whose S_ij passes HUGE (a later row's
     score ~69 above ref_j) is *bad*: its c needs the log-space scan (:func:`_prefix_c`). Returns ref, e,
     S (1 off the allowed pairs), the bad pairs and their count."""
-    BQ: tl.constexpr = s.shape[0]
-    rows = tl.arange(0, BQ)[:, None]
-    first = tl.min(tl.where(ok, rows, BQ), axis=0)
+    rows = tl.arange(0, s.shape[0])[:, None]
+    first = tl.min(tl.where(ok, rows, s.shape[0]), axis=0)  # s.shape[0] (= BQ): the column has none
     s0 = tl.sum(tl.where(ok & (rows == first[None, :]), s, 0.0), axis=0)
-    ref = tl.where(first < BQ, tl.maximum(carry, s0), carry)
+    ref = tl.where(first < s.shape[0], tl.maximum(carry, s0), carry)
     e = tl.exp(tl.minimum(tl.where(ok, s - ref[None, :], NEG), 70.0))  # e^70 > HUGE: such a pair is bad
     base = tl.where(carry > NEG * 0.5, tl.exp(carry - ref), 0.0)
     S = tl.cumsum(e, 0) + base[None, :]
