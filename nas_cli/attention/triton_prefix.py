@@ -109,8 +109,8 @@ def _launch_setup(q, k, v, q_mask, k_mask, block_q: int, block_k: int):
     dummy = torch.zeros(1, dtype=torch.int8, device=q.device)
     return dict(bsz=bsz, heads=heads, sq=sq, sk=sk, d=d, dv=dv, wd=wd, dt=dt, K=K, lowp=lowp,
                 qm=qm if qm is not None else dummy, km=km if km is not None else dummy,
-                has_qm=qm is not None, has_km=km is not None, nqb=-(-sq // block_q), bd=next_pow2(d),
-                bdv=next_pow2(dv), bq=block_q, bk=block_k)
+                has_qm=qm is not None, has_km=km is not None, bd=next_pow2(d), bdv=next_pow2(dv), bq=block_q,
+                bk=block_k)
 
 
 def _launch(tiles) -> dict:
