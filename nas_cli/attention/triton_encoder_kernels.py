@@ -29,11 +29,16 @@ INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 @triton.jit
 def tile_dot(a, b, DT: tl.constexpr, LOWP: tl.constexpr):
     """a @ b with float32 (or float64) accumulation: tensor cores for bf16/fp16 operands, IEEE otherwise."""
+    # one return per function: compiled Triton checks every return statement's type, the untaken
+    # branches' of a constexpr if included
     if LOWP:
         if INTERPRETING:
-            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee", out_dtype=tl.float32).to(DT)
-        return tl.dot(a, b, out_dtype=tl.float32).to(DT)
-    return tl.dot(a.to(DT), b.to(DT), input_precision="ieee", out_dtype=DT)
+            out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee", out_dtype=tl.float32).to(DT)
+        else:
+            out = tl.dot(a, b, out_dtype=tl.float32).to(DT)
+    else:
+        out = tl.dot(a.to(DT), b.to(DT), input_precision="ieee", out_dtype=DT)
+    return out
 
 
 @triton.jit
@@ -41,9 +46,9 @@ def tile_load(P, bh, offs_r, offs_c, R, C, DT: tl.constexpr, LOWP: tl.constexpr)
     """A (rows x cols) tile of a (B*H, R, C) tensor, zeros outside; native dtype if LOWP, else DT."""
     x = tl.load(P + bh * R * C + offs_r[:, None] * C + offs_c[None, :],
                 mask=(offs_r[:, None] < R) & (offs_c[None, :] < C), other=0.0)
-    if LOWP:
-        return x
-    return x.to(DT)
+    if not LOWP:
+        x = x.to(DT)
+    return x
 
 
 @triton.jit

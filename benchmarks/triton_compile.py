@@ -1,0 +1,242 @@
+"""Compile every Triton kernel of DNAS's fused forms for an NVIDIA GPU on a machine without one, and
+read the compiled code (issue #48): what the GPU session would otherwise find out first, at the cost of
+its minutes.
+
+Triton compiles for a CUDA target without a GPU (its wheel ships ``ptxas`` and ``cuobjdump``): the
+kernels' launch code runs as in training (forward, then backward) with CPU tensors, while a stand-in
+driver names the target (``--arch``, default 90: H100/H200) and each launch only compiles. For every
+kernel, form, dtype, head dim, mask case and tile candidate (the autotuner's and the prefix tuner's
+tables, and the fixed tiles) it records:
+
+- whether it compiles (a kernel that does not would fail the GPU run at its first call);
+- registers per thread and the stack (local memory) the compiler had to spill to: a spilling kernel
+  is slow, so a candidate that spills is worth dropping from the tables;
+- shared memory per program (a Hopper program may use 227 KiB);
+- from the machine code: the tensor-core instructions (``HGMMA``: Hopper's warpgroup MMA, ``HMMA``:
+  mma.sync), the special-function instructions (``MUFU``: exponentials, logarithms, reciprocals) and
+  all instructions, counted statically (per loop body, not per run).
+
+    python benchmarks/triton_compile.py --out-json triton_compile.json --out-md triton_compile.md
+    python benchmarks/triton_compile.py --quick      # one kernel module's worth per form, fixed tiles
+
+Exit status 1 if a kernel fails to compile. Run without ``TRITON_INTERPRET`` (the script clears it).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # before Triton is imported: compile, do not interpret
+
+FORMS = ("encoder", "hnas-encoder", "sinkhorn3-encoder", "prefix", "hnas-prefix", "prefix-cross")
+ENCODER_FORMS = FORMS[:3]
+DTYPES = ("bfloat16", "float16", "float32")
+_COMPILED: list = []
+
+
+def _install(arch: int) -> None:
+    """A driver that names the target and launches nothing: each kernel call compiles only."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    class _CompileOnly:
+        target = GPUTarget("cuda", arch, 32)
+
+        def get_current_target(self):
+            return self.target
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def is_active(self):
+            return True
+
+    driver.set_active(_CompileOnly())
+    if getattr(JITFunction, "_nas_compile_only", False):
+        return
+    run = JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        t0 = time.perf_counter()
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        _COMPILED.append((self.__name__, time.perf_counter() - t0, kernel))
+        return kernel
+
+    JITFunction.run = compile_only
+    JITFunction._nas_compile_only = True
+    from nas_cli.attention import triton_encoder, triton_prefix
+
+    triton_prefix.triton_unavailable = triton_encoder.triton_unavailable = lambda device: None
+
+
+def candidates(form: str, quick: bool, tiles=None) -> list:
+    """(label, choice) per tile candidate of a form: the fixed tiles (choice None), then the tables' (the
+    encoder forms: the i-th forward and backward candidates together; the prefix forms: the joint tuner's),
+    or only ``tiles`` ((BQ, BK, warps, stages) tuples, every kernel) where given."""
+    from nas_cli.attention import triton_tiles as tt
+
+    if tiles:
+        return [("x".join(map(str, t)), (t, t) if form in ENCODER_FORMS else t) for t in tiles]
+    fixed = [(f"fixed {tt.FIXED_Q}x{tt.FIXED_K}", None)]
+    if quick:
+        return fixed
+    if form in ENCODER_FORMS:
+        return fixed + [("x".join(map(str, f)) + " / " + "x".join(map(str, b)), (f, b))
+                        for f, b in zip(tt.FORWARD, tt.BACKWARD)]
+    return fixed + [("x".join(map(str, t)), t) for t in dict.fromkeys((*tt.PREFIX, tt.PREFIX_FIXED_LOWP))]
+
+
+def _encoder_launch(choice):
+    """triton_tiles.launch with the (forward, backward) tiles ``choice`` (None: the fixed tiles)."""
+    from nas_cli.attention import triton_tiles as tt
+
+    def launch(kernel, per, bh, length, bucket, args, kwargs, table=tt.FORWARD, block_q=None, block_k=None):
+        tune = tt.tuning_key(bucket, kwargs)
+        if choice is None:
+            kernel[(bh, 1)](*args, tune, BQ=tt.FIXED_Q, BK=tt.FIXED_K, **kwargs)
+            return
+        bq, bk, warps, stages = choice[0] if table is tt.FORWARD else choice[1]
+        kernel[(bh, 1)](*args, tune, BQ=bq, BK=bk, num_warps=warps, num_stages=stages, **kwargs)
+
+    return launch
+
+
+def _sass_counts(cubin: bytes, tools: Path) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
+                               text=True).stdout
+        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    res = dict(re.findall(r"(REG|STACK|LOCAL|SHARED):(\d+)", usage))
+    ops = collections.Counter(m.split(".")[0] + ("." + m.split(".")[1] if m.startswith("MUFU") else "")
+                              for m in re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass))
+    return {"regs": int(res.get("REG", -1)), "spill_stack_bytes": int(res.get("STACK", 0)),
+            "local_bytes": int(res.get("LOCAL", 0)), "tensor_core_instr": ops["HGMMA"] + ops["HMMA"],
+            "wgmma": ops["HGMMA"] > 0, "mufu_ex2": ops["MUFU.EX2"], "mufu_lg2": ops["MUFU.LG2"],
+            "mufu_rcp": ops["MUFU.RCP"], "instructions": sum(ops.values())}
+
+
+def compile_case(arch: int, form: str, dtype: str, d: int, masks: str, label: str, choice) -> list[dict]:
+    """Forward and backward of one case, compile-only: a row per kernel compiled (or one row with the error)."""
+    _install(arch)
+    import torch
+    import triton
+
+    from nas_cli.attention import triton_encoder as te
+    from nas_cli.attention import triton_prefix as tp
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    te.launch = _encoder_launch(choice if form in ENCODER_FORMS else None)
+    os.environ.pop("NAS_TRITON_PREFIX_TILES", None)
+    os.environ["NAS_TRITON_TILES"] = "fixed"
+    if form not in ENCODER_FORMS and choice is not None:
+        os.environ["NAS_TRITON_PREFIX_TILES"] = "x".join(map(str, choice))
+    s = 1024  # a multiple of 16, as the timed lengths: the integer arguments specialize as they will there
+    dt = getattr(torch, dtype)
+    q, k, v = (torch.zeros(1, 2, s, d, dtype=dt, requires_grad=True) for _ in range(3))
+    u = torch.full((2,), 0.5, requires_grad=True)
+    mask = torch.ones(1, s, dtype=torch.bool) if masks == "padded" else None
+    run = {"encoder": lambda: te.encoder_dnas_triton(q, k, v, mask, mask),
+           "hnas-encoder": lambda: te.encoder_hnas_triton(q, k, v, u, mask, mask),
+           "sinkhorn3-encoder": lambda: te.encoder_dnas_triton(q, k, v, mask, mask, iterations=3),
+           "prefix": lambda: tp.prefix_dnas_triton(q, k, v, mask, mask, causal=True),
+           "hnas-prefix": lambda: tp.prefix_hnas_triton(q, k, v, u, mask, mask, causal=True),
+           "prefix-cross": lambda: tp.prefix_dnas_triton(q, k, v, mask, mask, causal=False)}[form]
+    base = {"arch": f"sm_{arch}", "triton": triton.__version__, "form": form, "dtype": dtype, "d_head": d,
+            "masks": masks, "tiles": label}
+    _COMPILED.clear()
+    try:
+        run().float().sum().backward()
+    except Exception as exc:  # noqa: BLE001 - a kernel that does not compile is this tool's finding
+        failed = str(exc).strip().splitlines()
+        rows = [{**base, "kernel": _COMPILED[-1][0] if _COMPILED else "?", "ok": False,
+                 "error": " | ".join(x.strip() for x in failed if x.strip())[-600:]}]
+        return _rows(base, tools) + rows
+    return _rows(base, tools)
+
+
+def _rows(base: dict, tools: Path) -> list[dict]:
+    rows = []
+    for name, seconds, kernel in _COMPILED:
+        meta = kernel.metadata
+        rows.append({**base, "kernel": name, "ok": True, "compile_s": round(seconds, 2),
+                     "num_warps": meta.num_warps, "num_stages": meta.num_stages, "shared_bytes": meta.shared,
+                     **_sass_counts(kernel.asm["cubin"], tools)})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| form | dtype | d | masks | tiles | kernel | compiles | warps | regs | spill (bytes) | shared (KiB) "
+            "| tensor-core instr | MUFU ex2/lg2/rcp | instr |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        if not r["ok"]:
+            lines.append(f"| {r['form']} | {r['dtype']} | {r['d_head']} | {r['masks']} | {r['tiles']} | {r['kernel']} "
+                         f"| **no**: {r['error'][:160]} | | | | | | | |")
+            continue
+        lines.append(f"| {r['form']} | {r['dtype']} | {r['d_head']} | {r['masks']} | {r['tiles']} | {r['kernel']} | "
+                     f"yes | {r['num_warps']} | {r['regs']} | {r['spill_stack_bytes']} | "
+                     f"{r['shared_bytes'] / 1024:.0f} | {r['tensor_core_instr']}{' (wgmma)' if r['wgmma'] else ''} | "
+                     f"{r['mufu_ex2']}/{r['mufu_lg2']}/{r['mufu_rcp']} | {r['instructions']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", type=int, default=90, help="CUDA compute capability x 10 (90: H100/H200, 80: A100)")
+    p.add_argument("--forms", default=",".join(FORMS), help=f"comma-separated, of {', '.join(FORMS)}")
+    p.add_argument("--dtypes", default="bfloat16", help=f"comma-separated, of {', '.join(DTYPES)}")
+    p.add_argument("--d-heads", default="64,128")
+    p.add_argument("--masks", default="none", help="comma-separated, of none, padded (query and key masks)")
+    p.add_argument("--quick", action="store_true", help="fixed tiles only")
+    p.add_argument("--tiles", help="compile these tiles instead of the tables: comma-separated BQxBKxWARPSxSTAGES")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--out-json")
+    p.add_argument("--out-md")
+    a = p.parse_args()
+    forms, dtypes, masks = a.forms.split(","), a.dtypes.split(","), a.masks.split(",")
+    for name, got, allowed in (("--forms", forms, FORMS), ("--dtypes", dtypes, DTYPES),
+                               ("--masks", masks, ("none", "padded"))):
+        if set(got) - set(allowed):
+            p.error(f"{name}: unknown {', '.join(sorted(set(got) - set(allowed)))} (choose from {', '.join(allowed)})")
+    try:
+        tiles = [tuple(int(x) for x in t.split("x")) for t in a.tiles.split(",")] if a.tiles else None
+        assert tiles is None or all(len(t) == 4 for t in tiles)
+    except (ValueError, AssertionError):
+        p.error(f"--tiles {a.tiles}: expected BQxBKxWARPSxSTAGES, comma-separated (e.g. 64x64x8x2)")
+    cases = [(a.arch, form, dtype, int(d), m, label, choice) for form in forms for dtype in dtypes
+             for d in a.d_heads.split(",") for m in masks for label, choice in candidates(form, a.quick, tiles)]
+    rows = []
+    t0 = time.time()
+    with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+        for got in pool.map(compile_case, *zip(*cases)):
+            rows += got
+            for r in got:
+                print(json.dumps(r), flush=True)
+    print(f"{len(cases)} cases, {len(rows)} kernels, {sum(not r['ok'] for r in rows)} failed, {time.time() - t0:.0f} s",
+          file=sys.stderr)
+    if a.out_json:
+        Path(a.out_json).write_text(json.dumps(rows, indent=1) + "\n")
+    if a.out_md:
+        Path(a.out_md).write_text(markdown(rows))
+    return 1 if any(not r["ok"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
