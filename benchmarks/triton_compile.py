@@ -19,7 +19,7 @@ tables, and the fixed tiles) it records:
     python benchmarks/triton_compile.py --out-json triton_compile.json --out-md triton_compile.md
     python benchmarks/triton_compile.py --quick      # one kernel module's worth per form, fixed tiles
 
-Exit status 1 if a kernel fails to compile. Run without ``TRITON_INTERPRET`` (the script clears it).
+Exit status 1 if a kernel fails to compile. The script clears ``TRITON_INTERPRET`` before Triton is imported.
 """
 from __future__ import annotations
 
@@ -35,8 +35,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)  # before Triton is imported: compile, do not interpret
-
 FORMS = ("encoder", "hnas-encoder", "sinkhorn3-encoder", "prefix", "hnas-prefix", "prefix-cross")
 ENCODER_FORMS = FORMS[:3]
 DTYPES = ("bfloat16", "float16", "float32")
@@ -44,7 +42,9 @@ _COMPILED: list = []
 
 
 def _install(arch: int) -> None:
-    """A driver that names the target and launches nothing: each kernel call compiles only."""
+    """A driver that names the target and launches nothing: each kernel call compiles only (in a process
+    that has not imported Triton under its interpreter)."""
+    os.environ.pop("TRITON_INTERPRET", None)
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
@@ -72,7 +72,8 @@ def _install(arch: int) -> None:
     def compile_only(self, *args, grid, warmup, **kwargs):
         t0 = time.perf_counter()
         kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
-        _COMPILED.append((self.__name__, time.perf_counter() - t0, kernel))
+        module = self.module.rsplit(".", 1)[-1].removeprefix("triton_").removesuffix("_kernels")
+        _COMPILED.append((f"{module}.{self.__name__}", time.perf_counter() - t0, kernel))
         return kernel
 
     JITFunction.run = compile_only
@@ -128,7 +129,7 @@ def _sass_counts(cubin: bytes, tools: Path) -> dict:
                               for m in re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass))
     return {"regs": int(res.get("REG", -1)), "spill_stack_bytes": int(res.get("STACK", 0)),
             "local_bytes": int(res.get("LOCAL", 0)), "tensor_core_instr": ops["HGMMA"] + ops["HMMA"],
-            "wgmma": ops["HGMMA"] > 0, "mufu_ex2": ops["MUFU.EX2"], "mufu_lg2": ops["MUFU.LG2"],
+            "wgmma": ops["HGMMA"] > 0, "mufu_ex2": ops["MUFU.EX2"],
             "mufu_rcp": ops["MUFU.RCP"], "instructions": sum(ops.values())}
 
 
@@ -181,23 +182,43 @@ def _rows(base: dict, tools: Path) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], command: str = "") -> str:
+    """A summary per (form, head dim, tiles), then a row per kernel."""
+    first = rows[0] if rows else {}
+    out = ["# Triton kernels compiled for an NVIDIA GPU (generated)", "",
+           f"Compiled for {first.get('arch', '?')} with Triton {first.get('triton', '?')} on a machine without a GPU"
+           + (f": `{command}`" if command else "") + ". Registers per thread (at most 255), the bytes per thread"
+           " spilled to local memory, shared memory per program, and static instruction counts (per loop body, not"
+           " per run) from the cubin.", "",
+           "| form | dtype | d | masks | tiles | kernels | compile | max regs | spills (kernel: bytes) | max shared "
+           "(KiB) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    cases: dict = {}
+    for r in rows:
+        cases.setdefault((r["form"], r["dtype"], r["d_head"], r["masks"], r["tiles"]), []).append(r)
+    for (form, dtype, d, masks, tiles), got in cases.items():
+        ok = [r for r in got if r["ok"]]
+        spills = ", ".join(f"{r['kernel'].split('.')[-1]}: {r['spill_stack_bytes']}" for r in ok
+                           if r["spill_stack_bytes"]) or "none"
+        out.append(f"| {form} | {dtype} | {d} | {masks} | {tiles} | {len(ok)} | "
+                   f"{'ok' if len(ok) == len(got) else '**failed**'} | {max((r['regs'] for r in ok), default='-')} | "
+                   f"{spills} | {max((r['shared_bytes'] for r in ok), default=0) / 1024:.0f} |")
     head = ("| form | dtype | d | masks | tiles | kernel | compiles | warps | regs | spill (bytes) | shared (KiB) "
-            "| tensor-core instr | MUFU ex2/lg2/rcp | instr |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+            "| tensor-core instr | MUFU ex2/rcp | instr |")
+    out += ["", head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if not r["ok"]:
-            lines.append(f"| {r['form']} | {r['dtype']} | {r['d_head']} | {r['masks']} | {r['tiles']} | {r['kernel']} "
-                         f"| **no**: {r['error'][:160]} | | | | | | | |")
+            out.append(f"| {r['form']} | {r['dtype']} | {r['d_head']} | {r['masks']} | {r['tiles']} | {r['kernel']} "
+                       f"| **no**: {r['error'][:160]} | | | | | | | |")
             continue
-        lines.append(f"| {r['form']} | {r['dtype']} | {r['d_head']} | {r['masks']} | {r['tiles']} | {r['kernel']} | "
-                     f"yes | {r['num_warps']} | {r['regs']} | {r['spill_stack_bytes']} | "
-                     f"{r['shared_bytes'] / 1024:.0f} | {r['tensor_core_instr']}{' (wgmma)' if r['wgmma'] else ''} | "
-                     f"{r['mufu_ex2']}/{r['mufu_lg2']}/{r['mufu_rcp']} | {r['instructions']} |")
-    return "\n".join(lines) + "\n"
+        out.append(f"| {r['form']} | {r['dtype']} | {r['d_head']} | {r['masks']} | {r['tiles']} | {r['kernel']} | "
+                   f"yes | {r['num_warps']} | {r['regs']} | {r['spill_stack_bytes']} | "
+                   f"{r['shared_bytes'] / 1024:.0f} | {r['tensor_core_instr']}{' (wgmma)' if r['wgmma'] else ''} | "
+                   f"{r['mufu_ex2']}/{r['mufu_rcp']} | {r['instructions']} |")
+    return "\n".join(out) + "\n"
 
 
 def main() -> int:
+    os.environ.pop("TRITON_INTERPRET", None)  # before Triton is imported: compile, do not interpret
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", type=int, default=90, help="CUDA compute capability x 10 (90: H100/H200, 80: A100)")
     p.add_argument("--forms", default=",".join(FORMS), help=f"comma-separated, of {', '.join(FORMS)}")
@@ -234,7 +255,8 @@ def main() -> int:
     if a.out_json:
         Path(a.out_json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.out_md:
-        Path(a.out_md).write_text(markdown(rows))
+        command = "python benchmarks/triton_compile.py " + " ".join(sys.argv[1:])
+        Path(a.out_md).write_text(markdown(rows, command))
     return 1 if any(not r["ok"] for r in rows) else 0
 
 
