@@ -89,11 +89,13 @@ def candidates(form: str, quick: bool, tiles=None) -> list:
     or only ``tiles`` ((BQ, BK, warps, stages) tuples, every kernel) where given."""
     from nas_cli.attention import triton_tiles as tt
 
-    if tiles:
+    if tiles and tiles != "tuners":
         return [("x".join(map(str, t)), (t, t) if form in ENCODER_FORMS else t) for t in tiles]
     fixed = [(f"fixed {tt.FIXED_Q}x{tt.FIXED_K}", None)]
     if quick:
         return fixed
+    if tiles == "tuners":
+        return [("through the tuners", "tuners")]
     if form in ENCODER_FORMS:
         return fixed + [("x".join(map(str, f)) + " / " + "x".join(map(str, b)), (f, b))
                         for f, b in zip(tt.FORWARD, tt.BACKWARD)]
@@ -133,6 +135,12 @@ def _sass_counts(cubin: bytes, tools: Path) -> dict:
             "mufu_rcp": ops["MUFU.RCP"], "instructions": sum(ops.values())}
 
 
+def _stand_in_timer(fn, quantiles=None):
+    """The tuners' timer under ``--tuners``: runs (here: compiles) the candidate and calls every one 1 ms."""
+    fn()
+    return [1.0, 1.0, 1.0] if quantiles else 1.0
+
+
 def compile_case(arch: int, form: str, dtype: str, d: int, masks: str, label: str, choice) -> list[dict]:
     """Forward and backward of one case, compile-only: a row per kernel compiled (or one row with the error)."""
     _install(arch)
@@ -142,11 +150,14 @@ def compile_case(arch: int, form: str, dtype: str, d: int, masks: str, label: st
     from nas_cli.attention import triton_encoder as te
     from nas_cli.attention import triton_prefix as tp
 
+    from nas_cli.attention import triton_tiles as tt
+
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    te.launch = _encoder_launch(choice if form in ENCODER_FORMS else None)
+    te.launch = tt.launch if choice == "tuners" else _encoder_launch(choice if form in ENCODER_FORMS else None)
+    tt.BENCH = _stand_in_timer if choice == "tuners" else None
     os.environ.pop("NAS_TRITON_PREFIX_TILES", None)
-    os.environ["NAS_TRITON_TILES"] = "fixed"
-    if form not in ENCODER_FORMS and choice is not None:
+    os.environ["NAS_TRITON_TILES"] = "auto" if choice == "tuners" else "fixed"
+    if form not in ENCODER_FORMS and choice not in (None, "tuners"):
         os.environ["NAS_TRITON_PREFIX_TILES"] = "x".join(map(str, choice))
     s = 1024  # a multiple of 16, as the timed lengths: the integer arguments specialize as they will there
     dt = getattr(torch, dtype)
@@ -226,6 +237,9 @@ def main() -> int:
     p.add_argument("--d-heads", default="64,128")
     p.add_argument("--masks", default="none", help="comma-separated, of none, padded (query and key masks)")
     p.add_argument("--quick", action="store_true", help="fixed tiles only")
+    p.add_argument("--tuners", action="store_true",
+                   help="each case once through the tuners as on a GPU (Triton's autotuner for the encoder forms, the "
+                        "joint tuner for the prefix forms), with a stand-in timer: every candidate compiles")
     p.add_argument("--tiles", help="compile these tiles instead of the tables: comma-separated BQxBKxWARPSxSTAGES")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--out-json")
@@ -239,6 +253,7 @@ def main() -> int:
     try:
         tiles = [tuple(int(x) for x in t.split("x")) for t in a.tiles.split(",")] if a.tiles else None
         assert tiles is None or all(len(t) == 4 for t in tiles)
+        tiles = "tuners" if a.tuners else tiles
     except (ValueError, AssertionError):
         p.error(f"--tiles {a.tiles}: expected BQxBKxWARPSxSTAGES, comma-separated (e.g. 64x64x8x2)")
     cases = [(a.arch, form, dtype, int(d), m, label, choice) for form in forms for dtype in dtypes
