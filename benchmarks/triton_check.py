@@ -8,7 +8,7 @@ with padding and lengths that are not multiples of the tiles; and two backward p
 the same bits (no atomics). ``hnas-encoder``: HNAS's one-pass encoder kernels (u = 0.3 / 0.8 per
 head) against u DNAS + (1 - u) softmax in float64, and ``hnas-prefix`` the same in the causal prefix form; ``sinkhorn3-encoder``: Sinkhorn-3's 2k-pass encoder
 kernels against the naive Sinkhorn core (three materialized column-row normalizations) in float64.
-Every row runs the fixed tiles (32 x 32; on a GPU the prefix form's bf16/fp16 rows 32 x 64, 8 warps); on a GPU
+Every row runs the fixed tiles (32 x 32; on a GPU the prefix form's bf16/fp16 rows 64 x 32, 8 warps); on a GPU
 three more rows (bf16, d=64, each encoder form) run the autotuned tiles that the timings use.
 
     python benchmarks/triton_check.py --out gpu_out/triton_check.json      # exit 1 if a check fails

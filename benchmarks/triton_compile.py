@@ -13,11 +13,14 @@ tables, and the fixed tiles) it records:
   is slow, so a candidate that spills is worth dropping from the tables;
 - shared memory per program (a Hopper program may use 227 KiB);
 - from the machine code: the tensor-core instructions (``HGMMA``: Hopper's warpgroup MMA, ``HMMA``:
-  mma.sync), the special-function instructions (``MUFU``: exponentials, logarithms, reciprocals) and
-  all instructions, counted statically (per loop body, not per run).
+  mma.sync), the special-function unit's exponentials and reciprocals (``MUFU.EX2``, ``MUFU.RCP``;
+  Triton's logarithm compiles to a polynomial on the FMA units) and all instructions, counted
+  statically (each instruction once, loops and untaken branches alike).
 
-    python benchmarks/triton_compile.py --out-json triton_compile.json --out-md triton_compile.md
-    python benchmarks/triton_compile.py --quick      # one kernel module's worth per form, fixed tiles
+    python benchmarks/triton_compile.py --d-heads 64,128 --out-json docs/triton_compile.json --out-md docs/triton_compile.md
+    python benchmarks/triton_compile.py --quick      # the fixed tiles only
+    python benchmarks/triton_compile.py --tuners     # through the autotuner and the joint tuner, as on a GPU
+    python benchmarks/triton_compile.py --arch 80    # an A100
 
 Exit status 1 if a kernel fails to compile. The script clears ``TRITON_INTERPRET`` before Triton is imported.
 """
@@ -199,8 +202,8 @@ def markdown(rows: list[dict], command: str = "") -> str:
     out = ["# Triton kernels compiled for an NVIDIA GPU (generated)", "",
            f"Compiled for {first.get('arch', '?')} with Triton {first.get('triton', '?')} on a machine without a GPU"
            + (f": `{command}`" if command else "") + ". Registers per thread (at most 255), the bytes per thread"
-           " spilled to local memory, shared memory per program, and static instruction counts (per loop body, not"
-           " per run) from the cubin.", "",
+           " spilled to local memory, shared memory per program, and static instruction counts from the cubin (each"
+           " instruction once: a loop's body once, untaken branches too).", "",
            "| form | dtype | d | masks | tiles | kernels | compile | max regs | spills (kernel: bytes) | max shared "
            "(KiB) |", "|---|---|---|---|---|---|---|---|---|---|"]
     cases: dict = {}
@@ -236,11 +239,12 @@ def main() -> int:
     p.add_argument("--dtypes", default="bfloat16", help=f"comma-separated, of {', '.join(DTYPES)}")
     p.add_argument("--d-heads", default="64,128")
     p.add_argument("--masks", default="none", help="comma-separated, of none, padded (query and key masks)")
-    p.add_argument("--quick", action="store_true", help="fixed tiles only")
-    p.add_argument("--tuners", action="store_true",
-                   help="each case once through the tuners as on a GPU (Triton's autotuner for the encoder forms, the "
-                        "joint tuner for the prefix forms), with a stand-in timer: every candidate compiles")
-    p.add_argument("--tiles", help="compile these tiles instead of the tables: comma-separated BQxBKxWARPSxSTAGES")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--quick", action="store_true", help="fixed tiles only")
+    which.add_argument("--tuners", action="store_true",
+                       help="each case once through the tuners as on a GPU (Triton's autotuner for the encoder forms, the "
+                            "joint tuner for the prefix forms), with a stand-in timer: every candidate compiles")
+    which.add_argument("--tiles", help="compile these tiles instead of the tables: comma-separated BQxBKxWARPSxSTAGES")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--out-json")
     p.add_argument("--out-md")
@@ -270,7 +274,13 @@ def main() -> int:
     if a.out_json:
         Path(a.out_json).write_text(json.dumps(rows, indent=1) + "\n")
     if a.out_md:
-        command = "python benchmarks/triton_compile.py " + " ".join(sys.argv[1:])
+        argv = sys.argv[1:]
+        for i in reversed(range(len(argv))):  # --jobs changes how long it takes, not what it finds
+            if argv[i] == "--jobs":
+                del argv[i:i + 2]
+            elif argv[i].startswith("--jobs="):
+                del argv[i]
+        command = "python benchmarks/triton_compile.py " + " ".join(argv)
         Path(a.out_md).write_text(markdown(rows, command))
     return 1 if any(not r["ok"] for r in rows) else 0
 

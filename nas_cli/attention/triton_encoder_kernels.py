@@ -107,7 +107,7 @@ def col_kernel(Q, K, QM, KM, RB, C, H, Sq, Sk, D, scale,
     """C[bh, j] = log sum_i exp(s_ij - RB[bh, i]) over the allowed queries (NEG for a column with
     none; RB, a per-query bias, only with ``HAS_RB``: Sinkhorn-k's later column steps): one program
     per (bh, key block), an online log-sum-exp down the query blocks. No V, no output."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     kb = tl.program_id(1)
     b = bh // H
     offs_k = kb * BK + tl.arange(0, BK)
@@ -134,7 +134,7 @@ def row_kernel(Q, K, V, QM, KM, C, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, scale
     """Output rows of one query block: FlashAttention's online softmax of z = s - c over the key
     blocks; LSE[bh, i] = log sum_j exp(z_ij) is kept for the backward (0 for a row with no key).
     ``HYBRID``: softmax attention over s in the same loop, into OUT2 and LSE2."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     qb = tl.program_id(1)
     b = bh // H
     offs_q = qb * BQ + tl.arange(0, BQ)
@@ -224,7 +224,7 @@ def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DK, DV
     dv_j = sum_i p_ij dO_i accumulate in the same loop (one QK^T, one dO V^T and one exponential per
     score; until issue #48's second round a first loop summed G and a second recomputed every tile).
     G is kept for the dQ pass."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     kb = tl.program_id(1)
     b = bh // H
     offs_k = kb * BK + tl.arange(0, BK)
@@ -255,7 +255,7 @@ def bwd_q_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DQ, H, 
                  TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                  BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, HYBRID: tl.constexpr):
     """dQ of one query block in its own pass (no atomics): dq_i = scale sum_j (dz_ij - pi_ij G_j + ds2_ij) k_j."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     qb = tl.program_id(1)
     b = bh // H
     offs_q = qb * BQ + tl.arange(0, BQ)

@@ -114,7 +114,7 @@ def col_carry_kernel(Q, K, QM, KM, CARRY, RUN, H, Sq, Sk, D, scale, NQB, Q0,
     queries that starts at row Q0: each key's column log-sum-exp over all earlier rows (NEG where there
     is none), from RUN[bh, j] (the same over the rows before Q0), which the program then advances past
     the chunk's rows. One program per (bh, key block); query blocks in order."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     kb = tl.program_id(1)
     b = bh // H
     offs_k = kb * BK + tl.arange(0, BK)
@@ -146,7 +146,7 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, s
     log-sum-exp scan down the rows, then an online softmax of z = s - c over the key blocks.
     ``HYBRID``: softmax attention over s in the same loop, into OUT2 and LSE2. Query block qb of the
     chunk that starts at row Q0."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     qb = tl.program_id(1)
     b = bh // H
     offs_q = Q0 + qb * BQ + tl.arange(0, BQ)
@@ -258,7 +258,7 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC,
     Chunks of queries (the NQB blocks from row Q0) run from the last to the first: the carries start
     from LPR/LNR (the later chunks' part), which the program advances, and dK and dV are added to
     what the later chunks left in DK and DVv (float32 or float64, zeros before the last chunk)."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     kb = tl.program_id(1)
     b = bh // H
     offs_k = kb * BK + tl.arange(0, BK)
@@ -300,7 +300,7 @@ def bwd_q_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC, L
     """dQ of one query block in its own pass (FlashAttention-2's query-block program): per key block
     the tile's ds from its own suffix scans and the later blocks' carries (LPC, LNC), dq += ds k.
     Query block qb of the chunk that starts at row Q0."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     qb = tl.program_id(1)
     b = bh // H
     offs_q = Q0 + qb * BQ + tl.arange(0, BQ)

@@ -24,7 +24,7 @@ def row_lse_kernel(Q, K, QM, KM, C, B, H, Sq, Sk, D, scale,
                    BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     """B[bh, i] = log sum_j exp(s_ij - C[bh, j]) over the allowed keys (0 for a row with none, as the
     DNAS row kernel keeps it): one program per (bh, query block). No V, no output."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     qb = tl.program_id(1)
     b = bh // H
     offs_q = qb * BQ + tl.arange(0, BQ)
@@ -58,7 +58,7 @@ def row_reduce_kernel(Q, K, QM, KM, RB, CB, W, OUT, H, Sq, Sk, D, scale,
                       BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     """OUT[bh, i] = -sum_j W[bh, j] exp(s_ij - RB_i - CB_j): a column normalizer's adjoint W carried to
     the row vector of the step before it. One program per (bh, query block)."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     qb = tl.program_id(1)
     b = bh // H
     offs_q = qb * BQ + tl.arange(0, BQ)
@@ -79,7 +79,7 @@ def col_reduce_kernel(Q, K, QM, KM, RB, CB, W, OUT, H, Sq, Sk, D, scale,
                       BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     """OUT[bh, j] = -sum_i W[bh, i] exp(s_ij - RB_i - CB_j): a row normalizer's adjoint W carried to the
     column vector of the step before it. One program per (bh, key block)."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     kb = tl.program_id(1)
     b = bh // H
     offs_k = kb * BK + tl.arange(0, BK)
@@ -123,7 +123,7 @@ def dz_colsum_kernel(Q, K, V, QM, KM, CS, BS, DO, DELTA, OUT, H, Sq, Sk, D, DV, 
                      TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                      BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """OUT[bh, j] = -sum_i dz_ij: the last column normalizer's adjoint, where the chain starts."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     kb = tl.program_id(1)
     b = bh // H
     offs_k = kb * BK + tl.arange(0, BK)
@@ -144,7 +144,7 @@ def sink_bwd_kv_kernel(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, DK, DVv, H, S
                        TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                        BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """dK and dV of one key block, no atomics: dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p_ij dO_i."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     kb = tl.program_id(1)
     b = bh // H
     offs_k = kb * BK + tl.arange(0, BK)
@@ -168,7 +168,7 @@ def sink_bwd_q_kernel(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, DQ, H, Sq, Sk,
                       TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
                       BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """dQ of one query block in its own pass: dq_i = scale sum_j ds_ij k_j."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     qb = tl.program_id(1)
     b = bh // H
     offs_q = qb * BQ + tl.arange(0, BQ)

@@ -40,20 +40,21 @@ FORWARD = ((128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2))
 #: the backward passes hold dK, dV (or dQ) accumulators besides the tile: smaller candidates. Compiled for
 #: sm_90 (benchmarks/triton_compile.py, docs/speed.md), the dK/dV program spilled registers at 64 x 64 with 4
 #: warps (0.1 KB per thread at d_head 64, 0.8 KB at 128) and at 64 x 128 with 8 (0.6 / 1.2 KB); these four
-#: spill nothing at d_head 64 (at 128 every candidate spills 0.1-0.3 KB)
+#: spill nothing at d_head 64 in DNAS (at 128 each spills 40-210 bytes)
 BACKWARD = ((64, 64, 8, 2), (32, 64, 4, 3), (32, 128, 8, 2), (128, 64, 8, 2))
 #: the timer the autotuner uses; None: Triton's do_bench with a short warm-up (5 ms) and window (25 ms).
 #: A test sets a CPU timer to run the autotuner under the interpreter.
 BENCH = None
 #: (BQ, BK, num_warps, num_stages) tried for the prefix form's four passes together (:func:`prefix_tiles`):
-#: three, since each is four compilations at the first call of a case. The backward's programs hold
-#: several (BQ x BK) float32 tiles at once: compiled for sm_90 (benchmarks/triton_compile.py, docs/speed.md),
-#: 32 x 64 with 8 warps and 32 x 32 with 4 spill no register at d_head 64 or 128, while 64 x 64 with 4 warps
-#: spilled 1.6 KB per thread in the dK/dV pass and 32 x 64 with 4 warps 0.2-0.6 KB; 64 x 64 with 8 warps
-#: (0.3-0.5 KB) stays as the large-tile candidate for the timer to judge
-PREFIX = ((32, 64, 8, 2), (32, 32, 4, 2), (64, 64, 8, 2))
+#: three, since each is four compilations at the first call of a case. Chosen from the kernels compiled for
+#: sm_90 with Triton 3.6 (benchmarks/triton_compile.py, docs/triton_compile.md): 64 x 32 with 8 warps runs
+#: every pass on Hopper's warpgroup MMA (wgmma) and spills no register in DNAS at d_head 64 (0.1-0.3 KB per
+#: thread in the dK/dV pass otherwise); 32 x 64 with 8 warps spills nothing at d_head 64 or 128 but its
+#: 32-row tiles take mma.sync in three of the four passes; 64 x 64 with 8 warps is the large wgmma tile
+#: and spills 0.4-1.7 KB. 64 x 64 with 4 warps, the untuned default before, spilled 1.6 KB in the dK/dV pass
+PREFIX = ((64, 32, 8, 2), (32, 64, 8, 2), (64, 64, 8, 2))
 #: the prefix form's tiles for bf16/fp16 on CUDA where they are not tuned (None: Triton's default warps/stages)
-PREFIX_FIXED_LOWP = (32, 64, 8, 2)
+PREFIX_FIXED_LOWP = (64, 32, 8, 2)
 _TUNED: dict = {}
 _KEYS: dict = {}
 _PREFIX_KEPT: dict = {}
