@@ -12,6 +12,7 @@ tables, and the fixed tiles) it records:
 - registers per thread and the stack (local memory) the compiler had to spill to: a spilling kernel
   is slow, so a candidate that spills is worth dropping from the tables;
 - shared memory per program (a Hopper program may use 227 KiB);
+- whether its offsets are 64-bit (the batch x head index widened first, so a tensor may pass 2^31 elements);
 - from the machine code: the tensor-core instructions (``HGMMA``: Hopper's warpgroup MMA, ``HMMA``:
   mma.sync), the special-function unit's exponentials and reciprocals (``MUFU.EX2``, ``MUFU.RCP``;
   Triton's logarithm compiles to a polynomial on the FMA units) and all instructions, counted
@@ -186,13 +187,20 @@ def compile_case(arch: int, form: str, dtype: str, d: int, masks: str, label: st
     return _rows(base, tools)
 
 
+def _offsets_int64(ttir: str) -> bool:
+    """Whether the kernel widens its first program id (the batch x head index its offsets start from) to
+    64 bits before any arithmetic: then B x H x S x D may pass 2^31 elements without its offsets wrapping."""
+    pid = re.search(r"(%[\w.]+) = tt.get_program_id x : i32", ttir)
+    return bool(pid) and f"arith.extsi {pid.group(1)} : i32 to i64" in ttir
+
+
 def _rows(base: dict, tools: Path) -> list[dict]:
     rows = []
     for name, seconds, kernel in _COMPILED:
         meta = kernel.metadata
         rows.append({**base, "kernel": name, "ok": True, "compile_s": round(seconds, 2),
                      "num_warps": meta.num_warps, "num_stages": meta.num_stages, "shared_bytes": meta.shared,
-                     **_sass_counts(kernel.asm["cubin"], tools)})
+                     "offsets_int64": _offsets_int64(kernel.asm["ttir"]), **_sass_counts(kernel.asm["cubin"], tools)})
     return rows
 
 

@@ -47,6 +47,8 @@ def test_every_kernel_compiles_for_hopper_and_its_bf16_products_use_the_tensor_c
     assert all(r["ok"] and r["arch"] == "sm_90" for r in rows)
     # every kernel multiplies bf16 tiles: on the tensor cores (HMMA/HGMMA), never emulated on the FMA units
     assert all(r["tensor_core_instr"] > 0 for r in rows), [r["kernel"] for r in rows if not r["tensor_core_instr"]]
+    # 64-bit offsets: a tensor (or the prefix form's carries) may pass 2^31 elements without wrapping
+    assert all(r["offsets_int64"] for r in rows), [r["kernel"] for r in rows if not r["offsets_int64"]]
     # a Hopper program has 255 registers per thread and 227 KiB of shared memory
     assert all(0 < r["regs"] <= 255 and r["shared_bytes"] <= 227 * 1024 for r in rows)
 
