@@ -87,18 +87,19 @@ def _install(arch: int) -> None:
     triton_prefix.triton_unavailable = triton_encoder.triton_unavailable = lambda device: None
 
 
-def candidates(form: str, quick: bool, tiles=None) -> list:
+def candidates(form: str, quick: bool = False, tuners: bool = False, tiles=None) -> list:
     """(label, choice) per tile candidate of a form: the fixed tiles (choice None), then the tables' (the
-    encoder forms: the i-th forward and backward candidates together; the prefix forms: the joint tuner's),
-    or only ``tiles`` ((BQ, BK, warps, stages) tuples, every kernel) where given."""
+    encoder forms: the i-th forward and backward candidates together; the prefix forms: the joint tuner's);
+    only the fixed tiles if ``quick``; one pass through the tuners (choice "tuners") if ``tuners``; or only
+    ``tiles`` ((BQ, BK, warps, stages) tuples, every kernel) where given."""
     from nas_cli.attention import triton_tiles as tt
 
-    if tiles and tiles != "tuners":
+    if tiles:
         return [("x".join(map(str, t)), (t, t) if form in ENCODER_FORMS else t) for t in tiles]
     fixed = [(f"fixed {tt.FIXED_Q}x{tt.FIXED_K}", None)]
     if quick:
         return fixed
-    if tiles == "tuners":
+    if tuners:
         return [("through the tuners", "tuners")]
     if form in ENCODER_FORMS:
         return fixed + [("x".join(map(str, f)) + " / " + "x".join(map(str, b)), (f, b))
@@ -153,7 +154,6 @@ def compile_case(arch: int, form: str, dtype: str, d: int, masks: str, label: st
 
     from nas_cli.attention import triton_encoder as te
     from nas_cli.attention import triton_prefix as tp
-
     from nas_cli.attention import triton_tiles as tt
 
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -265,11 +265,10 @@ def main() -> int:
     try:
         tiles = [tuple(int(x) for x in t.split("x")) for t in a.tiles.split(",")] if a.tiles else None
         assert tiles is None or all(len(t) == 4 for t in tiles)
-        tiles = "tuners" if a.tuners else tiles
     except (ValueError, AssertionError):
         p.error(f"--tiles {a.tiles}: expected BQxBKxWARPSxSTAGES, comma-separated (e.g. 64x64x8x2)")
     cases = [(a.arch, form, dtype, int(d), m, label, choice) for form in forms for dtype in dtypes
-             for d in a.d_heads.split(",") for m in masks for label, choice in candidates(form, a.quick, tiles)]
+             for d in a.d_heads.split(",") for m in masks for label, choice in candidates(form, a.quick, a.tuners, tiles)]
     rows = []
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as pool:
