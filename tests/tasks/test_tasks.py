@@ -366,3 +366,21 @@ def test_sources_longer_than_the_model_refused_before_training_and_decoding_capp
                          f"hydra.run.dir={tmp_path / 'b'}"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert ok.stderr.count("decoding stops at model.max_len - 1 = 39 tokens") == 1
+
+
+@pytest.mark.parametrize("n,lo,hi,symbols", [(20000, 4, 12, 16), (3000, 1, 40, 512), (500, 7, 7, 2)])
+def test_synthetic_strings_are_one_draw_per_string_in_order(n, lo, hi, symbols):
+    # the synthetic tasks' data is a function of task.seed: drawing all symbols at once must give exactly the strings
+    # of the plain definition (a length per string, then each string's symbols, one draw per string), or every
+    # synthetic run, documented number and committed result would silently change with it
+    from tasks.synthetic import SPECIALS, SyntheticSeq2Seq, _strings
+
+    gen, ref_gen = torch.Generator().manual_seed(1234), torch.Generator().manual_seed(1234)
+    for _ in range(3):  # the three splits, from one generator
+        lengths = torch.randint(lo, hi + 1, (n,), generator=ref_gen)
+        ref = [(torch.randint(0, symbols, (int(L),), generator=ref_gen) + SPECIALS).tolist() for L in lengths]
+        assert _strings(n, lo, hi, symbols, gen) == ref
+    task = SyntheticSeq2Seq(train_size=200, val_size=20, test_size=30)
+    task.setup()
+    first = task.splits["test"].pairs[0]
+    assert first[1] == first[0][::-1] and len(task.splits["val"]) == 20
