@@ -482,6 +482,41 @@ def test_secrets_never_reach_files(tmp_path):
         assert env_key["WANDB_API_KEY"].encode() not in data, p
 
 
+def test_saved_configs_without_a_secret_word_are_not_parsed_and_every_secret_is_still_dropped(tmp_path):
+    # redact_files skips a file whose text has none of the secret words (a run's saved configs, usually): that must
+    # never skip a key is_secret calls secret, in any case, spelling or quoting
+    import random
+
+    from omegaconf import OmegaConf
+
+    from nas_cli.infra import redaction
+
+    rng = random.Random(0)
+    words = ["api_key", "keys", "authkey", "accessToken", "hf_token", "password", "PASSWD", "Credentials",
+             "my key", "x-Secret-value", "KEY", "sessionToken"]
+    for i in range(200):  # the documented names and random compounds of them
+        name = words[i] if i < len(words) else (rng.choice(["", "my_", "X", "a-"]) + rng.choice(words)
+                                                  + rng.choice(["", "_1", "s", "Name"]))
+        if i >= len(words) and not redaction.is_secret(name):
+            continue  # e.g. accessTokens: not a secret by the rule (as max_tokens is not)
+        assert redaction.is_secret(name), name
+        path = tmp_path / f"c{i}.yaml"
+        OmegaConf.save(OmegaConf.create({"model": {"heads": 4}, "logger": {name: "sk-123", "project": "p"}}), path)
+        redaction.redact_files(path)
+        saved = OmegaConf.to_container(OmegaConf.load(path))
+        assert saved == {"model": {"heads": 4}, "logger": {"project": "p"}}, (name, saved)
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("model:\n  heads: 4   # not as OmegaConf would write it\ntask:\n  max_len: 12\n")
+    before = plain.read_bytes()
+    real = redaction.OmegaConf.load
+    redaction.OmegaConf.load = lambda *a: pytest.fail("parsed a file with no secret word")
+    try:
+        redaction.redact_files(plain)
+    finally:
+        redaction.OmegaConf.load = real
+    assert plain.read_bytes() == before
+
+
 # ---- data order: every epoch a new one, a function of (seed, epoch) ------------------------------
 class _RecordBatches(pl.Callback):
     def __init__(self):
