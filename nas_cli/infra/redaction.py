@@ -93,7 +93,8 @@ def redact(node):
 
 
 #: text in which no key can be secret has none of these, in any case (:func:`is_secret` lowers each key's
-#: name and looks for them in it): such a file need not be parsed (about 0.05 s a run on 2 CPU cores, every run of a sweep)
+#: name and looks for them in it): such a file need not be parsed (about 0.05 s a run on 2 CPU cores,
+#: every run of a sweep)
 _MAY_BE_SECRET = re.compile("|".join((*SECRET_WORDS, "token")), re.IGNORECASE)
 
 
