@@ -1,4 +1,5 @@
 """Real Hydra composition of every task x attention scheme, and the pieces built from it."""
+import functools
 from pathlib import Path
 
 import pytest
@@ -20,19 +21,10 @@ TASKS = available("task")
 
 
 
-_OVERRIDES: dict = {}
-
-
+@functools.cache  # once per task and data folder: the schemes of one task share them
 def tiny_data_overrides(task_name: str, root: Path) -> list[str]:
     """Tiny generated data in the layout the task's own config asks for (its kind, languages
-    and split names), and the options that shrink it: no list a new task must be added to.
-    Made once per task and data folder (the schemes of one task share them)."""
-    if (task_name, root) not in _OVERRIDES:
-        _OVERRIDES[task_name, root] = _tiny_data_overrides(task_name, root)
-    return _OVERRIDES[task_name, root]
-
-
-def _tiny_data_overrides(task_name: str, root: Path) -> list[str]:
+    and split names), and the options that shrink it: no list a new task must be added to."""
     from datafiles import write_lm, write_parallel
     from hydra.utils import get_class
 
