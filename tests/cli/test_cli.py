@@ -46,7 +46,8 @@ def test_debug_run_from_another_directory_logs_to_offline_wandb(tmp_path):
 
 def test_multirun_one_wandb_run_per_job_in_one_group(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = nas_run("-m", "debug=fast", "trainer.max_steps=6", "run_test=false", "attention=unas,dnas", "model.heads=2,4",
+    proc = nas_run("-m", "debug=fast", "trainer.max_steps=6", "run_test=false", "diagnostics.plots=never",
+                   "attention=unas,dnas", "model.heads=2,4",
                    f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "summary.json").exists())
@@ -103,7 +104,7 @@ def test_validation_interval_longer_than_an_epoch_is_one_line_naming_the_fix(tmp
     is known (a ValueError with a traceback): nas-run says it in one line, with both ways out, and
     the suggested one trains."""
     args = ("task=sort", "task.train_size=500", "task.test_size=50", "trainer.max_steps=20",
-            "trainer.val_check_interval=10", "logger=csv", "progress_bar=false")
+            "trainer.val_check_interval=10", "logger=csv", "progress_bar=false", "diagnostics.plots=never")
     proc = nas_run(*args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout
     last = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1]

@@ -38,7 +38,8 @@ def _summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-FAST = ["debug=fast", "trainer.max_steps=6", "logger=csv", "progress_bar=false"]
+FAST = ["debug=fast", "trainer.max_steps=6", "logger=csv", "progress_bar=false",
+        "diagnostics.plots=never"]  # the figures: tests/diagnostics, and the learned value's below
 
 
 def test_a_new_scheme_is_one_python_file_and_one_yaml(tmp_path):
@@ -296,7 +297,7 @@ def test_a_user_schemes_learned_value_reaches_wandb_and_nas_report(tmp_path):
     (tmp_path / "my_conf" / "attention" / "tempered.yaml").write_text(
         _block("`my_conf/attention/tempered.yaml`", "yaml"))
     run_args = _guide_command("`my_conf/attention/tempered.yaml`", "nas-run")
-    fast = [a for a in FAST if not a.startswith("logger=")]
+    fast = [a for a in FAST if not a.startswith(("logger=", "diagnostics.plots="))]  # W&B, and its figure
     proc = _nas_run(*run_args, *fast, cwd=tmp_path, env_extra={"PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = sorted((tmp_path / "tempered").glob("0_*"))[0]

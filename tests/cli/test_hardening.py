@@ -136,13 +136,13 @@ def test_sigusr_outside_training_stops_with_one_line(tmp_path, fault, phase):
 
 def test_a_kill_before_the_first_checkpoint_continues_the_same_wandb_run(tmp_path):
     run = tmp_path / "run"
-    proc = run_with_fault("kill@step:0", "debug=fast", "progress_bar=false", "trainer.max_steps=10",
-                          f"hydra.run.dir={run}", cwd=tmp_path)
+    proc = run_with_fault("kill@step:0", "debug=fast", "progress_bar=false", "diagnostics.plots=never",
+                          "trainer.max_steps=10", f"hydra.run.dir={run}", cwd=tmp_path)
     assert proc.returncode == -signal.SIGKILL and not (run / "checkpoints" / "last.ckpt").exists()
     first = {p.name.rsplit("-", 1)[1] for p in run.rglob("run-*.wandb")}
     assert len(first) == 1
-    again = nas_run("debug=fast", "progress_bar=false", "trainer.max_steps=10", f"hydra.run.dir={run}",
-                    cwd=tmp_path)
+    again = nas_run("debug=fast", "progress_bar=false", "diagnostics.plots=never", "trainer.max_steps=10",
+                    f"hydra.run.dir={run}", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     ids = {p.name.rsplit("-", 1)[1] for p in run.rglob("run-*.wandb")}
     assert ids == first and f"{summary(run)['wandb_run_id']}.wandb" in ids  # no orphan W&B run
@@ -172,7 +172,8 @@ def test_resume_refuses_fewer_steps_than_done_and_records_its_overrides(tmp_path
 
 def test_a_finished_run_trains_longer_in_the_same_wandb_run(tmp_path):
     run = tmp_path / "run"
-    first = nas_run("debug=fast", "progress_bar=false", "trainer.max_steps=20", f"hydra.run.dir={run}", cwd=tmp_path)
+    first = nas_run("debug=fast", "progress_bar=false", "diagnostics.plots=never", "trainer.max_steps=20",
+                    f"hydra.run.dir={run}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     before = summary(run)
     same = nas_run(f"resume={run}", cwd=tmp_path)
@@ -396,8 +397,8 @@ def test_a_full_disk_while_saving_names_the_path_and_keeps_the_previous_checkpoi
 def test_secrets_in_nested_quoted_and_list_overrides_never_reach_files(tmp_path):
     secrets = ["sk-NESTED-1", "sk QUOTED 2", "sk-LIST-3"]
     run = tmp_path / "run"
-    proc = nas_run("debug=fast", "progress_bar=false", "trainer.max_steps=2", "run_test=false",
-                   "+logger.auth={token:sk-NESTED-1,user:me}", '+logger.api_key="sk QUOTED 2"',
+    proc = nas_run("debug=fast", "progress_bar=false", "diagnostics.plots=never", "trainer.max_steps=2",
+                   "run_test=false", "+logger.auth={token:sk-NESTED-1,user:me}", '+logger.api_key="sk QUOTED 2"',
                    "+logger.access_token=[sk-LIST-3,x]", f"hydra.run.dir={run}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = [p for p in run.rglob("*") if p.is_file()]

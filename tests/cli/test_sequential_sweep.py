@@ -86,7 +86,7 @@ def test_sequential_sweep_continues_after_a_kill_and_runs_no_seed_twice(tmp_path
 
 def test_a_failing_job_is_retried_then_stops_the_sweep_and_is_never_a_seed(tmp_path):
     # model.heads=3 does not divide the tiny model's width: that job fails at every attempt
-    proc = nas_run("-m", "model.heads=4,3", "seed=auto", "debug=fast", "progress_bar=false",
+    proc = nas_run("-m", "model.heads=4,3", "seed=auto", "debug=fast", "progress_bar=false", "diagnostics.plots=never",
                    "trainer.max_steps=4", "run_test=true", "hydra.sweep.dir=out", cwd=tmp_path, timeout=400)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "job(s) of this round failed: running them again" in proc.stderr

@@ -16,7 +16,7 @@ from nas_cli.pipeline.run import train
 
 # three steps, every step logged; dropout off so the runs are deterministic
 BASE = ["debug=fast", "logger=csv", "trainer.max_steps=3", "trainer.log_every_n_steps=1", "run_test=false",
-        "model.dropout=0"]
+        "model.dropout=0", "diagnostics.plots=never"]
 
 
 def logged_losses(run_dir, *overrides) -> list[float]:
