@@ -19,6 +19,9 @@
 # Each step writes its own JSON and text into OUT_DIR as it ends and is stopped by `timeout`
 # if it runs long, so a cut-short session keeps what finished. Exit status: the number of steps
 # that failed or timed out.
+# tests/bench/test_gpu_measure_script.py runs this script on the CPU with a stand-in for every program it
+# starts and puts each command line through that program's own checks (options, scheme and form names,
+# nas-run's overrides), so that an edit here cannot cost a GPU session a misspelled option.
 set -u
 out=${1:?usage: benchmarks/gpu_measure.sh OUT_DIR [SECONDS_PER_STEP_SCALE]}
 scale=${2:-1}

@@ -100,7 +100,7 @@ def table(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
     p.add_argument("--layers", type=int, default=2)
@@ -116,6 +116,11 @@ def main() -> None:
     p.add_argument("--tag", default="", help="a words in the heading (e.g. H200): one section per tag")
     p.add_argument("--out", default=str(ROOT / "docs" / "hf_step.json"))
     p.add_argument("--markdown", default=str(ROOT / "docs" / "speed.md"))
+    return p
+
+
+def main() -> None:
+    p = make_parser()
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     result = run(args)

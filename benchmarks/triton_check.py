@@ -108,7 +108,7 @@ def check(form: str, b: int, h: int, s: int, d: int, device: str = "cuda", seed:
     return rows
 
 
-def main() -> int:
+def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="triton_check.json")
     p.add_argument("--device", default="cuda", help="cuda; cpu runs under TRITON_INTERPRET=1 at --small sizes")
@@ -116,11 +116,23 @@ def main() -> int:
     p.add_argument("--forms", default=",".join(FORMS),
                    help=f"comma-separated, of {', '.join(FORMS)} (e.g. one per process, so that the kernels of "
                         "several forms compile at once)")
-    args = p.parse_args()
-    forms = [f for f in args.forms.split(",") if f]
-    unknown = sorted(set(forms) - set(FORMS))
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (an unknown form is an error): args.forms becomes a list."""
+    p = make_parser()
+    args = p.parse_args(argv)
+    args.forms = [f for f in args.forms.split(",") if f]
+    unknown = sorted(set(args.forms) - set(FORMS))
     if unknown:
         p.error(f"--forms: unknown {', '.join(unknown)} (choose from {', '.join(FORMS)})")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    forms = args.forms
     rows = []
     sizes = ((40, 16), (23, 16)) if args.small else ((1000, 64), (777, 128))
     for form in forms:
