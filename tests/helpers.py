@@ -69,7 +69,8 @@ def run_command(argv, *, cwd=None, env=None, timeout=None, check=False, capture_
         proc = zygote.run(argv, cwd=os.getcwd() if cwd is None else cwd,
                           env=dict(os.environ) if env is None else env, timeout=timeout)
     else:
-        proc = subprocess.run(argv, cwd=cwd, env=env, timeout=timeout, capture_output=True, text=True)
+        proc = subprocess.run(argv, cwd=cwd, env=env, timeout=timeout, capture_output=True, text=True,
+                              preexec_fn=zygote.terminal_signals)
     if check:
         proc.check_returncode()
     return proc
@@ -84,7 +85,8 @@ def start_command(argv, *, cwd, env, stdout=subprocess.PIPE, stderr=subprocess.P
     argv = [str(a) for a in argv]
     if zygote.serves(*argv[:2]):
         return zygote.popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
-    return subprocess.Popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True, start_new_session=True)
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True, start_new_session=True,
+                            preexec_fn=zygote.terminal_signals)
 
 
 def nas_run(*args, cwd, timeout=300):

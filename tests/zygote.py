@@ -68,6 +68,18 @@ def serves(argv0: str, argv1: str | None = None) -> bool:
             and os.path.isfile(path))
 
 
+def terminal_signals() -> None:
+    """SIGINT and SIGHUP at their defaults, as in a command started from a terminal, whatever this
+    suite was started with: in the background of a script (``pytest &``: SIGINT ignored) or under
+    nohup (SIGHUP ignored), every process it starts would inherit them ignored and keep them ignored,
+    as nas-run rightly does then (tests/cli/test_scale.py), and the tests that press Ctrl-C or hang up
+    would see a run that never stops. For a forked command, and before the exec of a plain one
+    (``preexec_fn``). A test of an ignored signal sets it in its own ``preexec_fn``."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
+
+
 # ----------------------------------------------------------------------------------- client
 class _Server:
     def __init__(self):
@@ -339,6 +351,9 @@ def _run_child(request) -> None:
     import numpy
 
     os.setpgid(0, 0)
+    terminal_signals()
+    if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:  # as Python's start installs it where not ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     for target, fd in zip((0, 1, 2), request["fds"]):
         os.dup2(fd, target)
         os.close(fd)
