@@ -12,7 +12,7 @@
 #
 # Environment: ONLY_TRITON=1 stops after the Triton kernels' checks and timings and the Hugging Face
 # step (step 0b: 10 minutes at most, the longest one command may run on the lent GPU, and what one 15-minute session holds with the machine's start); LONG=1 adds the 64k-context
-# memory check (100 s at most; SKIP_HF=1 leaves out the Hugging Face step to make room); MULTI30K=<folder> also trains the study's Multi30k preset on the GPU beside the
+# memory check (100 s at most) and the encoder kernels' EVEN gain (S = 4096 against 4095, 60 s; SKIP_HF=1 leaves out the Hugging Face step to make room); MULTI30K=<folder> also trains the study's Multi30k preset on the GPU beside the
 # checks; SKIP_NUMERICS=1 / SKIP_ATTENTION=1 leave out gpu-check's numerics / the attention-core
 # timings (e.g. when only the training path changed since they were measured).
 #
@@ -75,6 +75,10 @@ if [ "${SKIP_WARM:-0}" != 1 ]; then
         warm "prefix_$scheme" --batch 8 --heads 8 --d-head 64 --causal on --schemes "$scheme" &
     done
     warm d128_dnas-triton --batch 4 --heads 8 --d-head 128 --causal both --schemes dnas-triton &
+    # LONG=1's EVEN comparison below: the encoder kernels with the bounds test, compiled at a length the
+    # tiles do not divide (the later --lengths wins; 1023 and 4095 specialize alike, neither a multiple of 16)
+    [ "${LONG:-0}" = 1 ] && warm encoder_dnas-triton_uneven --batch 8 --heads 8 --d-head 64 --causal off \
+        --schemes dnas-triton --lengths 1023 &
 fi
 wait
 # the encoder kernels' tiles are autotuned on the GPU (nas_cli/attention/triton_tiles.py): if the check of the
@@ -102,6 +106,11 @@ if [ "${LONG:-0}" = 1 ]; then
     step attention_long 100 nas-bench attention --device cuda --dtype bfloat16 --batch 1 --heads 8 --d-head 64 \
         --causal both --lengths 16384,32768,65536 --schemes unas,dnas-triton --repeats 2 \
         --out-json "$out/attention_long.json" --out-md "$out/attention_long.md"
+    # what skipping the bounds test gains (the encoder kernels' EVEN case, where the tiles divide both
+    # lengths): S = 4096 against 4095, one row shorter but tested at every tile, in one run
+    step attention_triton_even 60 nas-bench attention --device cuda --dtype bfloat16 --batch 8 --heads 8 --d-head 64 \
+        --causal off --lengths 4095,4096 --schemes unas,dnas-triton --max-seconds 60 \
+        --out-json "$out/attention_triton_even.json" --out-md "$out/attention_triton_even.md"
 fi
 [ "${ONLY_TRITON:-0}" = 1 ] && exit "$(grep -vc ': exit 0 ' "$out/steps.txt")"
 

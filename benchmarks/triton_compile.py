@@ -146,7 +146,7 @@ def _stand_in_timer(fn, quantiles=None):
     return [1.0, 1.0, 1.0] if quantiles else 1.0
 
 
-def compile_case(arch: int, form: str, dtype: str, d: int, masks: str, label: str, choice) -> list[dict]:
+def compile_case(arch: int, form: str, dtype: str, d: int, masks: str, label: str, choice, s: int = 1024) -> list[dict]:
     """Forward and backward of one case, compile-only: a row per kernel compiled (or one row with the error)."""
     _install(arch)
     import torch
@@ -163,7 +163,8 @@ def compile_case(arch: int, form: str, dtype: str, d: int, masks: str, label: st
     os.environ["NAS_TRITON_TILES"] = "auto" if choice == "tuners" else "fixed"
     if form not in ENCODER_FORMS and choice not in (None, "tuners"):
         os.environ["NAS_TRITON_PREFIX_TILES"] = "x".join(map(str, choice))
-    s = 1024  # a multiple of 16, as the timed lengths: the integer arguments specialize as they will there
+    # s: 1024 by default, a multiple of 16 and of every tile, as the timed lengths: the integer arguments
+    # specialize as they will there, and the encoder kernels compile their EVEN case (no bounds test)
     dt = getattr(torch, dtype)
     q, k, v = (torch.zeros(1, 2, s, d, dtype=dt, requires_grad=True) for _ in range(3))
     u = torch.full((2,), 0.5, requires_grad=True)
@@ -175,7 +176,7 @@ def compile_case(arch: int, form: str, dtype: str, d: int, masks: str, label: st
            "hnas-prefix": lambda: tp.prefix_hnas_triton(q, k, v, u, mask, mask, causal=True),
            "prefix-cross": lambda: tp.prefix_dnas_triton(q, k, v, mask, mask, causal=False)}[form]
     base = {"arch": f"sm_{arch}", "triton": triton.__version__, "form": form, "dtype": dtype, "d_head": d,
-            "masks": masks, "tiles": label}
+            "seq": s, "masks": masks, "tiles": label}
     _COMPILED.clear()
     try:
         run().float().sum().backward()
@@ -247,6 +248,10 @@ def main() -> int:
     p.add_argument("--dtypes", default="bfloat16", help=f"comma-separated, of {', '.join(DTYPES)}")
     p.add_argument("--d-heads", default="64,128")
     p.add_argument("--masks", default="none", help="comma-separated, of none, padded (query and key masks)")
+    p.add_argument("--seq", type=int, default=1024,
+                   help="the length every case compiles at (default 1024: every tile divides it, so the encoder "
+                        "kernels compile without their bounds test; e.g. 1000 compiles them with it, as padded "
+                        "training batches of any length run them)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--quick", action="store_true", help="fixed tiles only")
     which.add_argument("--tuners", action="store_true",
@@ -267,7 +272,9 @@ def main() -> int:
         assert tiles is None or all(len(t) == 4 for t in tiles)
     except (ValueError, AssertionError):
         p.error(f"--tiles {a.tiles}: expected BQxBKxWARPSxSTAGES, comma-separated (e.g. 64x64x8x2)")
-    cases = [(a.arch, form, dtype, int(d), m, label, choice) for form in forms for dtype in dtypes
+    if a.seq < 16:
+        p.error(f"--seq {a.seq}: at least 16")
+    cases = [(a.arch, form, dtype, int(d), m, label, choice, a.seq) for form in forms for dtype in dtypes
              for d in a.d_heads.split(",") for m in masks for label, choice in candidates(form, a.quick, a.tuners, tiles)]
     rows = []
     t0 = time.time()

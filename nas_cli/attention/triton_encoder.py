@@ -47,14 +47,15 @@ their products); float32 and float64 inputs keep exact (IEEE) products, for the 
 Runs on CUDA; on the CPU only under Triton's interpreter (``TRITON_INTERPRET=1``, set before
 Triton is first imported), which the tests use at small sizes. Tile sizes: autotuned per GPU,
 dtype, head dims and length bucket on CUDA, fixed under the interpreter or when given
-(:mod:`nas_cli.attention.triton_tiles`).
+(:mod:`nas_cli.attention.triton_tiles`). Where every tile a call may run divides both lengths, the kernels
+are compiled without the bounds test (``EVEN``, :func:`nas_cli.attention.triton_tiles.tiles_divide`).
 """
 from __future__ import annotations
 
 import torch
 
 from nas_cli.attention.triton_prefix import mixed_output, mixed_row_terms, next_pow2, triton_unavailable
-from nas_cli.attention.triton_tiles import BACKWARD, FORWARD, launch, length_bucket
+from nas_cli.attention.triton_tiles import BACKWARD, FORWARD, launch, length_bucket, tiles_divide
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -74,8 +75,10 @@ def _setup(q, k, v, q_mask, k_mask):
 
 def _run(st, kernel, per: str, args, blocks, table=FORWARD, **flags) -> None:
     """``kernel`` over (batch x head, query blocks if ``per`` is "BQ", else key blocks), with the
-    given tiles ``blocks`` (block_q, block_k; None: autotuned on a GPU, fixed elsewhere)."""
-    common = dict(HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"], BD=st["bd"])
+    given tiles ``blocks`` (block_q, block_k; None: autotuned on a GPU, fixed elsewhere); ``EVEN`` where
+    every tile it may run divides both lengths (no bounds test in the kernels)."""
+    common = dict(HAS_QM=st["has_qm"], HAS_KM=st["has_km"], DT=st["dt"], LOWP=st["lowp"], BD=st["bd"],
+                  EVEN=tiles_divide(st["sq"], st["sk"], table, *blocks))
     launch(kernel, per, st["bsz"] * st["heads"], st["sq"] if per == "BQ" else st["sk"], st["tune"], args,
            {**common, **flags}, table, *blocks)
 

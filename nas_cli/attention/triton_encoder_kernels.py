@@ -59,8 +59,13 @@ def tile_store(P, bh, offs_r, offs_c, R, C, x):
 
 
 @triton.jit
-def _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr):
-    ok = (offs_q[:, None] < Sq) & (offs_k[None, :] < Sk)
+def _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, EVEN: tl.constexpr):
+    """The allowed pairs of a tile: inside both lengths (``EVEN``: the tiles divide both lengths, so every
+    pair is; a constant the compiler folds into the selects that use it), real query, real key."""
+    if EVEN:
+        ok = tl.full((offs_q.shape[0], offs_k.shape[0]), 1, tl.int1)
+    else:
+        ok = (offs_q[:, None] < Sq) & (offs_k[None, :] < Sk)
     if HAS_QM:
         qm = tl.load(QM + b * Sq + offs_q, mask=offs_q < Sq, other=0)
         ok = ok & (qm[:, None] != 0)
@@ -72,12 +77,12 @@ def _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM: tl.constexpr, HAS_KM: tl
 
 @triton.jit
 def tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM: tl.constexpr,
-            HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr):
+                HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr, EVEN: tl.constexpr):
     """One (BQ x BK) tile: the scores (NEG where not allowed), the allowed mask, the loaded q and k."""
     q = tile_load(Q, bh, offs_q, offs_d, Sq, D, DT, LOWP)
     k = tile_load(K, bh, offs_k, offs_d, Sk, D, DT, LOWP)
     s = tile_dot(q, tl.trans(k), DT, LOWP) * scale
-    ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM)
+    ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, EVEN)
     return tl.where(ok, s, NEG), ok, q, k
 
 
@@ -102,8 +107,8 @@ def store_rows(OUT, LSE, bh, offs_q, offs_dv, Sq, DV, acc, m, l, has):
 
 @triton.jit(do_not_specialize=["TUNE"])
 def col_kernel(Q, K, QM, KM, RB, C, H, Sq, Sk, D, scale,
-               TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
-               BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, HAS_RB: tl.constexpr):
+               TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, EVEN: tl.constexpr, DT: tl.constexpr,
+               LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, HAS_RB: tl.constexpr):
     """C[bh, j] = log sum_i exp(s_ij - RB[bh, i]) over the allowed queries (NEG for a column with
     none; RB, a per-query bias, only with ``HAS_RB``: Sinkhorn-k's later column steps): one program
     per (bh, key block), an online log-sum-exp down the query blocks. No V, no output."""
@@ -117,7 +122,7 @@ def col_kernel(Q, K, QM, KM, RB, C, H, Sq, Sk, D, scale,
     for qb in range(0, tl.cdiv(Sq, BQ)):
         offs_q = qb * BQ + tl.arange(0, BQ)
         s, ok, q, k = tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT,
-                              LOWP)
+                              LOWP, EVEN)
         if HAS_RB:
             rb = tl.load(RB + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
             s = tl.where(ok, s - rb[:, None], NEG)
@@ -129,7 +134,8 @@ def col_kernel(Q, K, QM, KM, RB, C, H, Sq, Sk, D, scale,
 
 @triton.jit(do_not_specialize=["TUNE"])
 def row_kernel(Q, K, V, QM, KM, C, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, scale,
-               TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+               TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, EVEN: tl.constexpr, DT: tl.constexpr,
+               LOWP: tl.constexpr,
                BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, HYBRID: tl.constexpr):
     """Output rows of one query block: FlashAttention's online softmax of z = s - c over the key
     blocks; LSE[bh, i] = log sum_j exp(z_ij) is kept for the backward (0 for a row with no key).
@@ -149,7 +155,7 @@ def row_kernel(Q, K, V, QM, KM, C, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, scale
     for kb in range(0, tl.cdiv(Sk, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
         s, ok, q, k = tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT,
-                              LOWP)
+                              LOWP, EVEN)
         c = tl.load(C + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
         m, l, acc = softmax_step(m, l, acc, tl.where(ok, s - c[None, :], NEG), ok, V, bh, offs_k, offs_dv, Sk, DV,
                                  DT, LOWP)
@@ -163,12 +169,13 @@ def row_kernel(Q, K, V, QM, KM, C, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, scale
 @triton.jit
 def _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_q, offs_k, offs_d, offs_dv, Sq, Sk,
                D, DV, scale, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
-               HYBRID: tl.constexpr):
+               HYBRID: tl.constexpr, EVEN: tl.constexpr):
     """One tile of the backward: p (row weights), pi = exp(s - c) (the column step's weights),
     dz = p (u dO . v - D) (the gradient of z; u = 1 without ``HYBRID``), and the loaded q, k, dO.
     ``HYBRID``: w = u p + (1 - u) P (the weights dV sees) and ds2 = P ((1 - u) dO . v - D2) (the
     softmax part's score gradient, 0 otherwise)."""
-    s, ok, q, k = tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT, LOWP)
+    s, ok, q, k = tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT, LOWP,
+                              EVEN)
     c = tl.load(C + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
     lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
     z = s - c[None, :]
@@ -216,7 +223,8 @@ def head_u(U, bh, H, DT: tl.constexpr, HYBRID: tl.constexpr):
 
 @triton.jit(do_not_specialize=["TUNE"])
 def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DK, DVv, H, Sq, Sk, D, DV, scale,
-                  TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+                  TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, EVEN: tl.constexpr, DT: tl.constexpr,
+                  LOWP: tl.constexpr,
                   BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, HYBRID: tl.constexpr):
     """dK and dV of one key block (FlashAttention-2's key-block program, no atomics), one pass down the
     query blocks. With ds_ij = dz_ij - pi_ij G_j (the column step's term, G_j = sum_i dz_ij):
@@ -240,7 +248,7 @@ def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DK, DV
         offs_q = qb * BQ + tl.arange(0, BQ)
         w, pi, dz, ds2, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_q,
                                               offs_k, offs_d, offs_dv, Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP,
-                                              HYBRID)
+                                              HYBRID, EVEN)
         g += tl.sum(dz, axis=0)
         dv += tile_dot(tl.trans(w.to(do.dtype)), do, DT, LOWP)
         dk += tile_dot(tl.trans((dz + ds2).to(q.dtype)), q, DT, LOWP)
@@ -252,7 +260,8 @@ def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DK, DV
 
 @triton.jit(do_not_specialize=["TUNE"])
 def bwd_q_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DQ, H, Sq, Sk, D, DV, scale,
-                 TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
+                 TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, EVEN: tl.constexpr, DT: tl.constexpr,
+                 LOWP: tl.constexpr,
                  BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, HYBRID: tl.constexpr):
     """dQ of one query block in its own pass (no atomics): dq_i = scale sum_j (dz_ij - pi_ij G_j + ds2_ij) k_j."""
     bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
@@ -267,7 +276,7 @@ def bwd_q_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DQ, H, 
         offs_k = kb * BK + tl.arange(0, BK)
         w, pi, dz, ds2, q, k, do = _grad_tile(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, offs_q,
                                               offs_k, offs_d, offs_dv, Sq, Sk, D, DV, scale, HAS_QM, HAS_KM, DT, LOWP,
-                                              HYBRID)
+                                              HYBRID, EVEN)
         g = tl.load(G + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
         ds = dz - pi * g[None, :] + ds2
         dq += tile_dot(ds.to(k.dtype), k, DT, LOWP)

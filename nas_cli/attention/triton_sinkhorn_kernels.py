@@ -20,8 +20,8 @@ from nas_cli.attention.triton_encoder_kernels import NEG, mixed_grads, tile_dot,
 
 @triton.jit(do_not_specialize=["TUNE"])
 def row_lse_kernel(Q, K, QM, KM, C, B, H, Sq, Sk, D, scale,
-                   TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
-                   BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
+                   TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, EVEN: tl.constexpr, DT: tl.constexpr,
+                   LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     """B[bh, i] = log sum_j exp(s_ij - C[bh, j]) over the allowed keys (0 for a row with none, as the
     DNAS row kernel keeps it): one program per (bh, query block). No V, no output."""
     bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
@@ -34,7 +34,7 @@ def row_lse_kernel(Q, K, QM, KM, C, B, H, Sq, Sk, D, scale,
     for kb in range(0, tl.cdiv(Sk, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
         s, ok, q, k = tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT,
-                                  LOWP)
+                                  LOWP, EVEN)
         c = tl.load(C + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
         z = tl.where(ok, s - c[None, :], NEG)
         m_new = tl.maximum(m, tl.max(z, axis=1))
@@ -54,8 +54,8 @@ def _biased(s, ok, RB, CB, bh, offs_q, offs_k, Sq, Sk):
 
 @triton.jit(do_not_specialize=["TUNE"])
 def row_reduce_kernel(Q, K, QM, KM, RB, CB, W, OUT, H, Sq, Sk, D, scale,
-                      TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
-                      BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
+                      TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, EVEN: tl.constexpr, DT: tl.constexpr,
+                      LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     """OUT[bh, i] = -sum_j W[bh, j] exp(s_ij - RB_i - CB_j): a column normalizer's adjoint W carried to
     the row vector of the step before it. One program per (bh, query block)."""
     bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
@@ -67,7 +67,7 @@ def row_reduce_kernel(Q, K, QM, KM, RB, CB, W, OUT, H, Sq, Sk, D, scale,
     for kb in range(0, tl.cdiv(Sk, BK)):
         offs_k = kb * BK + tl.arange(0, BK)
         s, ok, q, k = tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT,
-                                  LOWP)
+                                  LOWP, EVEN)
         w = tl.load(W + bh * Sk + offs_k, mask=offs_k < Sk, other=0.0)
         acc += tl.sum(_biased(s, ok, RB, CB, bh, offs_q, offs_k, Sq, Sk) * w[None, :], axis=1)
     tl.store(OUT + bh * Sq + offs_q, -acc, mask=offs_q < Sq)
@@ -75,8 +75,8 @@ def row_reduce_kernel(Q, K, QM, KM, RB, CB, W, OUT, H, Sq, Sk, D, scale,
 
 @triton.jit(do_not_specialize=["TUNE"])
 def col_reduce_kernel(Q, K, QM, KM, RB, CB, W, OUT, H, Sq, Sk, D, scale,
-                      TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
-                      BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
+                      TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, EVEN: tl.constexpr, DT: tl.constexpr,
+                      LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     """OUT[bh, j] = -sum_i W[bh, i] exp(s_ij - RB_i - CB_j): a row normalizer's adjoint W carried to the
     column vector of the step before it. One program per (bh, key block)."""
     bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
@@ -88,7 +88,7 @@ def col_reduce_kernel(Q, K, QM, KM, RB, CB, W, OUT, H, Sq, Sk, D, scale,
     for qb in range(0, tl.cdiv(Sq, BQ)):
         offs_q = qb * BQ + tl.arange(0, BQ)
         s, ok, q, k = tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT,
-                                  LOWP)
+                                  LOWP, EVEN)
         w = tl.load(W + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
         acc += tl.sum(_biased(s, ok, RB, CB, bh, offs_q, offs_k, Sq, Sk) * w[:, None], axis=0)
     tl.store(OUT + bh * Sk + offs_k, -acc, mask=offs_k < Sk)
@@ -97,11 +97,12 @@ def col_reduce_kernel(Q, K, QM, KM, RB, CB, W, OUT, H, Sq, Sk, D, scale,
 @triton.jit
 def _sink_tile(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, bh, b, offs_q, offs_k, offs_d, offs_dv, Sq, Sk, D, DV,
                scale, ITERS, T_Q, T_K, WITH_CHAIN: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr,
-               DT: tl.constexpr, LOWP: tl.constexpr):
+               DT: tl.constexpr, LOWP: tl.constexpr, EVEN: tl.constexpr):
     """One tile of the backward: p = exp(s - C^(k) - B^(k)) (the output's weights), dz = p (dO . v - D)
     and, with ``WITH_CHAIN``, the score gradient ds = dz + sum_t GC[t]_j exp(s - BS[t]_i - CS[t]_j)
     + sum_{t >= 1} GB[t]_i exp(s - BS[t]_i - CS[t-1]_j) (every normalizer's term; else ds = dz)."""
-    s, ok, q, k = tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT, LOWP)
+    s, ok, q, k = tile_scores(Q, K, QM, KM, bh, b, offs_q, offs_k, offs_d, Sq, Sk, D, scale, HAS_QM, HAS_KM, DT, LOWP,
+                              EVEN)
     last_c = CS + (ITERS - 1) * T_K
     p = _biased(s, ok, BS + ITERS * T_Q, last_c, bh, offs_q, offs_k, Sq, Sk)
     do = tile_load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
@@ -120,8 +121,8 @@ def _sink_tile(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, bh, b, offs_q, offs_k
 
 @triton.jit(do_not_specialize=["TUNE"])
 def dz_colsum_kernel(Q, K, V, QM, KM, CS, BS, DO, DELTA, OUT, H, Sq, Sk, D, DV, scale, ITERS, T_Q, T_K,
-                     TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
-                     BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+                     TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, EVEN: tl.constexpr, DT: tl.constexpr,
+                     LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """OUT[bh, j] = -sum_i dz_ij: the last column normalizer's adjoint, where the chain starts."""
     bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     kb = tl.program_id(1)
@@ -134,15 +135,15 @@ def dz_colsum_kernel(Q, K, V, QM, KM, CS, BS, DO, DELTA, OUT, H, Sq, Sk, D, DV, 
         offs_q = qb * BQ + tl.arange(0, BQ)
         p, dz, ds, q, k, do = _sink_tile(Q, K, V, QM, KM, CS, BS, CS, BS, DO, DELTA, bh, b, offs_q, offs_k, offs_d,
                                          offs_dv, Sq, Sk, D, DV, scale, ITERS, T_Q, T_K, False, HAS_QM, HAS_KM, DT,
-                                         LOWP)
+                                         LOWP, EVEN)
         acc += tl.sum(dz, axis=0)
     tl.store(OUT + bh * Sk + offs_k, -acc, mask=offs_k < Sk)
 
 
 @triton.jit(do_not_specialize=["TUNE"])
 def sink_bwd_kv_kernel(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, DK, DVv, H, Sq, Sk, D, DV, scale, ITERS, T_Q, T_K,
-                       TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
-                       BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+                       TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, EVEN: tl.constexpr, DT: tl.constexpr,
+                       LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """dK and dV of one key block, no atomics: dk_j = scale sum_i ds_ij q_i, dv_j = sum_i p_ij dO_i."""
     bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     kb = tl.program_id(1)
@@ -156,7 +157,7 @@ def sink_bwd_kv_kernel(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, DK, DVv, H, S
         offs_q = qb * BQ + tl.arange(0, BQ)
         p, dz, ds, q, k, do = _sink_tile(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, bh, b, offs_q, offs_k, offs_d,
                                          offs_dv, Sq, Sk, D, DV, scale, ITERS, T_Q, T_K, True, HAS_QM, HAS_KM, DT,
-                                         LOWP)
+                                         LOWP, EVEN)
         dv += tile_dot(tl.trans(p.to(do.dtype)), do, DT, LOWP)
         dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP)
     tile_store(DK, bh, offs_k, offs_d, Sk, D, dk * scale)
@@ -165,8 +166,8 @@ def sink_bwd_kv_kernel(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, DK, DVv, H, S
 
 @triton.jit(do_not_specialize=["TUNE"])
 def sink_bwd_q_kernel(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, DQ, H, Sq, Sk, D, DV, scale, ITERS, T_Q, T_K,
-                      TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr,
-                      BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+                      TUNE, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, EVEN: tl.constexpr, DT: tl.constexpr,
+                      LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """dQ of one query block in its own pass: dq_i = scale sum_j ds_ij k_j."""
     bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     qb = tl.program_id(1)
@@ -179,6 +180,6 @@ def sink_bwd_q_kernel(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, DQ, H, Sq, Sk,
         offs_k = kb * BK + tl.arange(0, BK)
         p, dz, ds, q, k, do = _sink_tile(Q, K, V, QM, KM, CS, BS, GC, GB, DO, DELTA, bh, b, offs_q, offs_k, offs_d,
                                          offs_dv, Sq, Sk, D, DV, scale, ITERS, T_Q, T_K, True, HAS_QM, HAS_KM, DT,
-                                         LOWP)
+                                         LOWP, EVEN)
         dq += tile_dot(ds.to(k.dtype), k, DT, LOWP)
     tile_store(DQ, bh, offs_q, offs_d, Sq, D, dq * scale)

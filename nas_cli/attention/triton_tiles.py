@@ -115,6 +115,18 @@ def launch(kernel, per: str, bh: int, length: int, bucket: int, args, kwargs, ta
     kernel[(bh, -(-length // (bq if per == "BQ" else bk)))](*args, tune, BQ=bq, BK=bk, **kwargs)
 
 
+def tiles_divide(sq: int, sk: int, table=FORWARD, block_q=None, block_k=None) -> bool:
+    """Whether every tile a :func:`launch` with these arguments may run divides both lengths (each candidate
+    of ``table`` where it autotunes, else the given or fixed tiles). The encoder-form kernels then take
+    ``EVEN``: no tile reaches past a length, so they skip the bounds test and the selects it feeds (on sm_90,
+    8-17% of the instructions in their loops, counted in the compiled code; the padding masks stay)."""
+    if block_q is None and block_k is None and autotuning():
+        tiles = [(bq, bk) for bq, bk, *_ in table]
+    else:
+        tiles = [(block_q or FIXED_Q, block_k or FIXED_K)]
+    return all(sq % bq == 0 and sk % bk == 0 for bq, bk in tiles)
+
+
 def chosen(kernel, table=FORWARD) -> dict | None:
     """The tiles the autotuner kept for ``kernel`` at its last key (None before its first call)."""
     tuner = _TUNED.get((kernel, table, BENCH))

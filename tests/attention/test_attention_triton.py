@@ -313,13 +313,16 @@ def _encoder_reference(q, k, v, qm, km):
 
 
 @pytest.mark.parametrize("case", [
-    # (B, H, Sq, Sk, D, Dv, padded, block_q, block_k): lengths not multiples of the blocks
+    # (B, H, Sq, Sk, D, Dv, padded, block_q, block_k): lengths not multiples of the blocks, then multiples
+    # (the kernels' EVEN case: no bounds test), with padding and without
     (2, 2, 37, 45, 16, 19, True, 32, 32),
     (1, 3, 33, 33, 8, 8, False, 16, 16),
     (2, 1, 64, 20, 24, 24, True, 16, 32),
+    (2, 2, 64, 32, 16, 12, True, 32, 16),
+    (1, 2, 32, 64, 8, 8, False, 16, 32),
 ])
-def test_encoder_kernels_equal_the_float64_reference(case):
-    from nas_cli.attention.triton_encoder import encoder_dnas_triton
+def test_encoder_kernels_equal_the_float64_reference(case, monkeypatch):
+    import nas_cli.attention.triton_encoder as te
 
     b, h, sq, sk, d, dv, padded, bq, bk = case
     q, k, v = _inputs(b, h, sq, sk, d, dv, seed=sq + sk)
@@ -328,18 +331,22 @@ def test_encoder_kernels_equal_the_float64_reference(case):
         qm, km = torch.ones(b, sq, dtype=torch.bool), torch.ones(b, sk, dtype=torch.bool)
         qm[0, -5:] = False
         km[-1, -7:] = False
-    out = encoder_dnas_triton(q, k, v, qm, km, block_q=bq, block_k=bk)
+    even, real = [], te.launch
+    monkeypatch.setattr(te, "launch", lambda *a, **kw: even.append(a[6]["EVEN"]) or real(*a, **kw))
+    out = te.encoder_dnas_triton(q, k, v, qm, km, block_q=bq, block_k=bk)
     want = _encoder_reference(q, k, v, qm, km)
     torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
     g = torch.randn_like(out)
     for got, ref in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
         torch.testing.assert_close(got, ref, rtol=0, atol=1e-11)
+    assert even == [sq % bq == 0 and sk % bk == 0] * 4  # the forward's two passes and the backward's two
 
 
 @pytest.mark.parametrize("case", [
     # (B, H, Sq, Sk, D, Dv, padded, block_q, block_k): lengths not multiples of the blocks
     (2, 3, 37, 45, 16, 19, True, 32, 16),
     (1, 2, 20, 33, 8, 8, False, 16, 16),
+    (1, 2, 32, 48, 8, 8, True, 16, 16),   # multiples of the blocks (EVEN), padded
 ])
 def test_hnas_encoder_kernels_equal_the_float64_formula(case):
     """HNAS's encoder form from one pass (issue #48, 3): u O_DNAS + (1 - u) O_softmax per head, values
@@ -400,6 +407,7 @@ def test_hnas_prefix_kernels_equal_the_float64_formula(case):
     # (B, H, Sq, Sk, D, Dv, iterations, padded, block_q, block_k): lengths not multiples of the blocks
     (2, 2, 37, 45, 16, 19, 3, True, 32, 16),
     (1, 2, 20, 33, 8, 8, 2, False, 16, 16),
+    (1, 2, 32, 48, 8, 8, 2, True, 16, 16),   # multiples of the blocks (EVEN), padded
 ])
 def test_sinkhorn_encoder_kernels_equal_the_float64_reference(case):
     """Sinkhorn-k's encoder form as 2k fused passes (issue #48, 3): values and q/k/v gradients against the
@@ -568,6 +576,10 @@ def test_autotuned_tiles_give_the_same_values_and_can_be_fixed(monkeypatch):
         best = tt.chosen(kernel, table)
         assert best is not None and (best["BQ"], best["BK"], best["num_warps"], best["num_stages"]) in table
     assert tt.tuning_key(0, {"HAS_QM": True}) != tt.tuning_key(0, {"HAS_QM": False}) != tt.tuning_key(1, {})
+    # EVEN (no bounds test) only where every candidate tile of the table divides both lengths
+    assert tt.tiles_divide(256, 128, tt.FORWARD) and tt.tiles_divide(128, 128, tt.BACKWARD)
+    assert not tt.tiles_divide(256, 64, tt.FORWARD) and not tt.tiles_divide(64, 128, tt.BACKWARD)
+    assert tt.tiles_divide(64, 32, tt.FORWARD, 32, 32) and not tt.tiles_divide(64, 32, tt.FORWARD, 32, 64)
     torch.use_deterministic_algorithms(True)
     try:  # trainer.deterministic: tiles chosen by timing could differ between runs, so fixed ones
         assert not tt.autotuning()

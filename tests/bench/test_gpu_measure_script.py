@@ -90,7 +90,7 @@ def _check(argv: list[str]) -> str:
     ({}, {"triton_check": 5, "hf_step": 1, "nas-bench attention": 11, "nas-bench gpu-check": 2,
           "nas-bench train": 1}),
     ({"ONLY_TRITON": "1"}, {"triton_check": 5, "hf_step": 1, "nas-bench attention": 9}),
-    ({"ONLY_TRITON": "1", "LONG": "1", "SKIP_HF": "1"}, {"triton_check": 5, "nas-bench attention": 10}),
+    ({"ONLY_TRITON": "1", "LONG": "1", "SKIP_HF": "1"}, {"triton_check": 5, "nas-bench attention": 12}),
     ({"MULTI30K": "/data/multi30k", "SKIP_WARM": "1"},
      {"triton_check": 5, "hf_step": 1, "nas-bench attention": 5, "nas-bench gpu-check": 2, "nas-bench train": 1,
       "nas-run": 1}),
