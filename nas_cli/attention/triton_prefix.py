@@ -24,7 +24,11 @@ c_ij = ref_j + log S_ij: one exponential and one logarithm per score, the sums o
 per score. A query's value depends on no later query, not even in its rounding (tested: perturbing
 the future by 1000x changes no earlier output bit). A pair whose S_ij would pass 1e30 (a later row's
 score ~69 above the column's reference within one tile) takes the log-space scan, which runs only
-in a tile that has such a pair: exact for any spread (tested with spreads of ~1000).
+in a tile that has such a pair: exact for any spread (tested with spreads of ~1000). A tile whose keys
+all come before its first query (off the diagonal; in cross-attention, every query block after the
+first) takes ref_j = carry_j, which already holds the column's first allowed row, and no causal test:
+each pass runs those tiles in a loop of its own, compiled without the reduction down the tile's rows
+that finds r0 (``simple_from`` in the kernels).
 
 **Backward, FlashAttention-2 style, no atomics**: a key-block pass, per (batch x head, key
 block), query blocks from the last to the first:

@@ -37,7 +37,9 @@ def _lae(a, b):
 
 @triton.jit
 def _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr,
-             CAUSAL: tl.constexpr):
+             CAUSAL: tl.constexpr, SIMPLE: tl.constexpr = False):
+    """The allowed pairs of a tile: inside both lengths, real query, real key, and (``CAUSAL``) key <= query;
+    a ``SIMPLE`` tile (:func:`simple_from`) has every key before its first query, so no causal test."""
     ok = (offs_q[:, None] < Sq) & (offs_k[None, :] < Sk)
     if HAS_QM:
         qm = tl.load(QM + b * Sq + offs_q, mask=offs_q < Sq, other=0)
@@ -46,8 +48,23 @@ def _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM: tl.constexpr, HAS_KM: tl
         km = tl.load(KM + b * Sk + offs_k, mask=offs_k < Sk, other=0)
         ok = ok & (km[None, :] != 0)
     if CAUSAL:
-        ok = ok & (offs_k[None, :] <= offs_q[:, None])
+        if not SIMPLE:
+            ok = ok & (offs_k[None, :] <= offs_q[:, None])
     return ok
+
+
+@triton.jit
+def simple_from(row0, kb_end, CAUSAL: tl.constexpr, BK: tl.constexpr):
+    """For the tiles of query rows from ``row0`` on: the key blocks before this one (at most ``kb_end``) are
+    *simple*. Every key of a simple tile comes before the tile's first query (causal: key block kb ends
+    before row0; cross-attention: any key block once row0 > 0), so each key's carry (its column
+    log-sum-exp over the earlier rows) already holds its first allowed row's score: the tile needs neither
+    the causal test nor a reference from its own rows (:func:`_prefix_sums`)."""
+    if CAUSAL:
+        n = tl.minimum(row0 // BK, kb_end)
+    else:
+        n = tl.where(row0 > 0, kb_end, 0)
+    return n
 
 
 @triton.jit
@@ -60,7 +77,7 @@ def _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT: tl.constexpr, 
 
 
 @triton.jit
-def _prefix_sums(s, ok, carry):
+def _prefix_sums(s, ok, carry, SIMPLE: tl.constexpr):
     """The linear-space sums behind one tile's prefix normalizer, c_ij = log(exp(carry_j) + sum_{r <= i in
     the tile} exp(s_rj)) = ref_j + log S_ij, with a reference per column, ref_j = max(carry_j, s_(r0, j))
     for the column's first allowed row r0 in the tile: e_rj = exp(s_rj - ref_j) and S_ij =
@@ -68,11 +85,17 @@ def _prefix_sums(s, ok, carry):
     the sums on the adders. ref_j and S_ij depend only on the rows r <= i, so a query's value never
     depends on a later query's, not even in its rounding. A pair whose S_ij passes HUGE (a later row's
     score ~69 above ref_j) is *bad*: its c needs the log-space scan (:func:`_prefix_c`). Returns ref, e,
-    S (1 off the allowed pairs), the bad pairs and their count."""
-    rows = tl.arange(0, s.shape[0])[:, None]
-    first = tl.min(tl.where(ok, rows, s.shape[0]), axis=0)  # s.shape[0] (= BQ): the column has none
-    s0 = tl.sum(tl.where(ok & (rows == first[None, :]), s, 0.0), axis=0)
-    ref = tl.where(first < s.shape[0], tl.maximum(carry, s0), carry)
+    S (1 off the allowed pairs), the bad pairs and their count. A ``SIMPLE`` tile (:func:`simple_from`)
+    takes ref_j = carry_j: every key's first allowed row is in an earlier block, so no reduction down the
+    tile's rows is needed for it (where a key has no earlier allowed row after all, carry_j = NEG and every
+    pair of its column is bad: exact, by the log-space scan)."""
+    if SIMPLE:
+        ref = carry
+    else:
+        rows = tl.arange(0, s.shape[0])[:, None]
+        first = tl.min(tl.where(ok, rows, s.shape[0]), axis=0)  # s.shape[0] (= BQ): the column has none
+        s0 = tl.sum(tl.where(ok & (rows == first[None, :]), s, 0.0), axis=0)
+        ref = tl.where(first < s.shape[0], tl.maximum(carry, s0), carry)
     e = tl.exp(tl.minimum(tl.where(ok, s - ref[None, :], NEG), 70.0))  # e^70 > HUGE: such a pair is bad
     base = tl.where(carry > NEG * 0.5, tl.exp(carry - ref), 0.0)
     S = tl.cumsum(e, 0) + base[None, :]
@@ -94,15 +117,15 @@ def _prefix_c(s, carry, ref, S, bad, n_bad):
 @triton.jit
 def _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d, H, Sq, Sk, D, scale, NQB,
                  CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
-                 LOWP: tl.constexpr):
+                 LOWP: tl.constexpr, SIMPLE: tl.constexpr):
     """One (query block x key block) tile: the scores s (NEG where not allowed), the allowed mask, the
     loaded q and k, the tile's carry (each key's log-sum-exp over the earlier query blocks) and its
     :func:`_prefix_sums`."""
     s, q, k = _tile(Q, K, bh, offs_q, offs_k, offs_d, Sq, Sk, D, scale, DT, LOWP)
-    ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL)
+    ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL, SIMPLE)
     s = tl.where(ok, s, NEG)
     carry = tl.load(CARRY + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
-    ref, e, S, bad, n_bad = _prefix_sums(s, ok, carry)
+    ref, e, S, bad, n_bad = _prefix_sums(s, ok, carry, SIMPLE)
     return s, ok, q, k, carry, ref, e, S, bad, n_bad
 
 
@@ -138,6 +161,24 @@ def col_carry_kernel(Q, K, QM, KM, CARRY, RUN, H, Sq, Sk, D, scale, NQB, Q0,
 
 
 @triton.jit
+def _row_step(m, l, acc, m2, l2, acc2, seen, kb, Q, K, V, QM, KM, CARRY, bh, b, qb, offs_q, offs_d, offs_dv, H, Sq, Sk,
+              D, DV, scale, NQB, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
+              LOWP: tl.constexpr, BK: tl.constexpr, HYBRID: tl.constexpr, SIMPLE: tl.constexpr):
+    """Key block kb of the row pass: the tile's prefix normalizer c, then one step of the online softmax of
+    z = s - c (and, ``HYBRID``, of s); ``SIMPLE``: a tile of :func:`simple_from`."""
+    offs_k = kb * BK + tl.arange(0, BK)
+    s, ok, q, k, carry, ref, e, S, bad, n_bad = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d,
+                                                             H, Sq, Sk, D, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT,
+                                                             LOWP, SIMPLE)
+    c = _prefix_c(s, carry, ref, S, bad, n_bad)
+    m, l, acc = softmax_step(m, l, acc, tl.where(ok, s - c, NEG), ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
+    if HYBRID:
+        m2, l2, acc2 = softmax_step(m2, l2, acc2, s, ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
+    seen = tl.maximum(seen, tl.max(ok.to(tl.int32), axis=1))
+    return m, l, acc, m2, l2, acc2, seen
+
+
+@triton.jit
 def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, scale, NQB, Q0,
                CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
                LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
@@ -162,16 +203,16 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, s
     n_keys = Sk
     if CAUSAL:
         n_keys = tl.minimum(Sk, Q0 + (qb + 1) * BQ)
-    for kb in range(0, tl.cdiv(n_keys, BK)):
-        offs_k = kb * BK + tl.arange(0, BK)
-        s, ok, q, k, carry, ref, e, S, bad, n_bad = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k,
-                                                                 offs_d, H, Sq, Sk, D, scale, NQB, CAUSAL, HAS_QM,
-                                                                 HAS_KM, DT, LOWP)
-        c = _prefix_c(s, carry, ref, S, bad, n_bad)
-        m, l, acc = softmax_step(m, l, acc, tl.where(ok, s - c, NEG), ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
-        if HYBRID:
-            m2, l2, acc2 = softmax_step(m2, l2, acc2, s, ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
-        seen = tl.maximum(seen, tl.max(ok.to(tl.int32), axis=1))
+    n_kb = tl.cdiv(n_keys, BK)
+    n_simple = simple_from(Q0 + qb * BQ, n_kb, CAUSAL, BK)
+    for kb in range(0, n_simple):  # the key blocks before the tile's first query, then the rest
+        m, l, acc, m2, l2, acc2, seen = _row_step(m, l, acc, m2, l2, acc2, seen, kb, Q, K, V, QM, KM, CARRY, bh, b, qb,
+                                                  offs_q, offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB, CAUSAL,
+                                                  HAS_QM, HAS_KM, DT, LOWP, BK, HYBRID, True)
+    for kb in range(n_simple, n_kb):
+        m, l, acc, m2, l2, acc2, seen = _row_step(m, l, acc, m2, l2, acc2, seen, kb, Q, K, V, QM, KM, CARRY, bh, b, qb,
+                                                  offs_q, offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB, CAUSAL,
+                                                  HAS_QM, HAS_KM, DT, LOWP, BK, HYBRID, False)
     store_rows(OUT, LSE, bh, offs_q, offs_dv, Sq, DV, acc, m, l, seen > 0)
     if HYBRID:
         store_rows(OUT2, LSE2, bh, offs_q, offs_dv, Sq, DV, acc2, m2, l2, seen > 0)
@@ -180,14 +221,14 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, s
 @triton.jit
 def _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb, offs_q, offs_k, offs_d, offs_dv,
               H, Sq, Sk, D, DV, scale, NQB, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr,
-              DT: tl.constexpr, LOWP: tl.constexpr, HYBRID: tl.constexpr):
-    """One tile of the backward: s, the allowed mask, c (where the suffix sums need it), the prefix sums,
+              DT: tl.constexpr, LOWP: tl.constexpr, HYBRID: tl.constexpr, SIMPLE: tl.constexpr):
+    """One tile of the backward (``SIMPLE``: a tile of :func:`simple_from`): s, the allowed mask, c (where the suffix sums need it), the prefix sums,
     whether the tile has no bad pair, the weights dV sees (p; HNAS: u p + (1 - u) P),
     dz_ij = p_ij (u dO_i . v_j - D_i) (u = 1 without ``HYBRID``), the softmax part's score gradient
     ds2_ij = P_ij ((1 - u) dO_i . v_j - D2_i) (0 without ``HYBRID``), and the loaded q, k, dO."""
     s, ok, q, k, carry, ref, e, S, bad, n_bad = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d,
                                                              H, Sq, Sk, D, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT,
-                                                             LOWP)
+                                                             LOWP, SIMPLE)
     lse = tl.load(LSE + bh * Sq + offs_q, mask=offs_q < Sq, other=0.0)
     if (n_bad == 0) & (tl.min(lse) > LSE_FLOOR):
         # p_ij = exp(s_ij - c_ij - lse_i) = (e_ij / S_ij) exp(-lse_i): no transcendental per score. A
@@ -242,6 +283,26 @@ def _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry):
 
 
 @triton.jit
+def _col_step(dk, dv, lp_carry, ln_carry, qb, Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, LPC, LNC, bh, b,
+              offs_k, offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB, Q0, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr,
+              HAS_KM: tl.constexpr, DT: tl.constexpr, LOWP: tl.constexpr, BQ: tl.constexpr, HYBRID: tl.constexpr,
+              SIMPLE: tl.constexpr):
+    """Query block qb of the key-block pass: write the carries it starts from, then add its tile's dK and dV
+    and advance the carries; ``SIMPLE``: a tile of :func:`simple_from`."""
+    offs_q = Q0 + qb * BQ + tl.arange(0, BQ)
+    tl.store(LPC + (bh * NQB + qb) * Sk + offs_k, lp_carry, mask=offs_k < Sk)
+    tl.store(LNC + (bh * NQB + qb) * Sk + offs_k, ln_carry, mask=offs_k < Sk)
+    s, ok, c, ref, e, S, fast, w, dz, ds2, q, k, do = _bwd_tile(
+        Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb, offs_q, offs_k, offs_d, offs_dv, H, Sq,
+        Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID, SIMPLE)
+    ds, lp_own, ln_own = _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry)
+    ds += ds2
+    dv += tile_dot(tl.trans(w.to(do.dtype)), do, DT, LOWP)
+    dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP) * scale
+    return dk, dv, _lae(lp_carry, lp_own), _lae(ln_carry, ln_own)
+
+
+@triton.jit
 def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC, LNC, LPR, LNR, DK, DVv, H, Sq,
                    Sk, D, DV, scale, NQB, Q0, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, DT: tl.constexpr,
                    LOWP: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
@@ -272,24 +333,41 @@ def bwd_col_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC,
     first = 0
     if CAUSAL:
         first = tl.minimum(tl.maximum(kb * BK - Q0, 0) // BQ, NQB)
-    for it in range(0, NQB - first):
-        qb = NQB - 1 - it
-        offs_q = Q0 + qb * BQ + tl.arange(0, BQ)
-        tl.store(LPC + (bh * NQB + qb) * Sk + offs_k, lp_carry, mask=offs_k < Sk)
-        tl.store(LNC + (bh * NQB + qb) * Sk + offs_k, ln_carry, mask=offs_k < Sk)
-        s, ok, c, ref, e, S, fast, w, dz, ds2, q, k, do = _bwd_tile(
-            Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb, offs_q, offs_k, offs_d, offs_dv, H, Sq,
-            Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID)
-        ds, lp_own, ln_own = _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry)
-        ds += ds2
-        dv += tile_dot(tl.trans(w.to(do.dtype)), do, DT, LOWP)
-        dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP) * scale
-        lp_carry = _lae(lp_carry, lp_own)
-        ln_carry = _lae(ln_carry, ln_own)
+    # the query blocks whose tiles are simple (simple_from): causal, those that start after this key block
+    if CAUSAL:
+        simple = tl.minimum(tl.maximum(tl.cdiv(tl.maximum((kb + 1) * BK - Q0, 0), BQ), first), NQB)
+    else:
+        simple = tl.where(Q0 > 0, 0, tl.minimum(1, NQB))
+    for it in range(0, NQB - simple):  # from the last query block down: the simple tiles, then the rest
+        dk, dv, lp_carry, ln_carry = _col_step(dk, dv, lp_carry, ln_carry, NQB - 1 - it, Q, K, V, QM, KM, CARRY, LSE,
+                                               DO, DELTA, LSE2, DELTA2, u, LPC, LNC, bh, b, offs_k, offs_d, offs_dv, H,
+                                               Sq, Sk, D, DV, scale, NQB, Q0, CAUSAL, HAS_QM, HAS_KM, DT, LOWP, BQ,
+                                               HYBRID, True)
+    for it in range(NQB - simple, NQB - first):
+        dk, dv, lp_carry, ln_carry = _col_step(dk, dv, lp_carry, ln_carry, NQB - 1 - it, Q, K, V, QM, KM, CARRY, LSE,
+                                               DO, DELTA, LSE2, DELTA2, u, LPC, LNC, bh, b, offs_k, offs_d, offs_dv, H,
+                                               Sq, Sk, D, DV, scale, NQB, Q0, CAUSAL, HAS_QM, HAS_KM, DT, LOWP, BQ,
+                                               HYBRID, False)
     tl.store(LPR + bh * Sk + offs_k, lp_carry, mask=offs_k < Sk)
     tl.store(LNR + bh * Sk + offs_k, ln_carry, mask=offs_k < Sk)
     tile_store(DK, bh, offs_k, offs_d, Sk, D, dk + tile_load(DK, bh, offs_k, offs_d, Sk, D, DT, False))
     tile_store(DVv, bh, offs_k, offs_dv, Sk, DV, dv + tile_load(DVv, bh, offs_k, offs_dv, Sk, DV, DT, False))
+
+
+@triton.jit
+def _q_step(dq, kb, Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, LPC, LNC, bh, b, qb, offs_q, offs_d,
+            offs_dv, H, Sq, Sk, D, DV, scale, NQB, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr,
+            DT: tl.constexpr, LOWP: tl.constexpr, BK: tl.constexpr, HYBRID: tl.constexpr, SIMPLE: tl.constexpr):
+    """Key block kb of the dQ pass: the tile's ds from its own suffix sums and the later blocks' carries,
+    dq += ds k; ``SIMPLE``: a tile of :func:`simple_from`."""
+    offs_k = kb * BK + tl.arange(0, BK)
+    s, ok, c, ref, e, S, fast, w, dz, ds2, q, k, do = _bwd_tile(
+        Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb, offs_q, offs_k, offs_d, offs_dv, H, Sq,
+        Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID, SIMPLE)
+    lp_carry = tl.load(LPC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
+    ln_carry = tl.load(LNC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
+    ds, lp_own, ln_own = _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry)
+    return dq + tile_dot((ds + ds2).to(k.dtype), k, DT, LOWP)
 
 
 @triton.jit
@@ -311,13 +389,12 @@ def bwd_q_kernel(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, U, LPC, L
     n_keys = Sk
     if CAUSAL:
         n_keys = tl.minimum(Sk, Q0 + (qb + 1) * BQ)
-    for kb in range(0, tl.cdiv(n_keys, BK)):
-        offs_k = kb * BK + tl.arange(0, BK)
-        s, ok, c, ref, e, S, fast, w, dz, ds2, q, k, do = _bwd_tile(
-            Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb, offs_q, offs_k, offs_d, offs_dv, H, Sq,
-            Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID)
-        lp_carry = tl.load(LPC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
-        ln_carry = tl.load(LNC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
-        ds, lp_own, ln_own = _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry)
-        dq += tile_dot((ds + ds2).to(k.dtype), k, DT, LOWP)
+    n_kb = tl.cdiv(n_keys, BK)
+    n_simple = simple_from(Q0 + qb * BQ, n_kb, CAUSAL, BK)
+    for kb in range(0, n_simple):  # the key blocks before the tile's first query, then the rest
+        dq = _q_step(dq, kb, Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, LPC, LNC, bh, b, qb, offs_q,
+                     offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP, BK, HYBRID, True)
+    for kb in range(n_simple, n_kb):
+        dq = _q_step(dq, kb, Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, LPC, LNC, bh, b, qb, offs_q,
+                     offs_d, offs_dv, H, Sq, Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP, BK, HYBRID, False)
     tile_store(DQ, bh, offs_q, offs_d, Sq, D, dq * scale)

@@ -48,10 +48,10 @@ BENCH = None
 #: (BQ, BK, num_warps, num_stages) tried for the prefix form's four passes together (:func:`prefix_tiles`):
 #: three, since each is four compilations at the first call of a case. Chosen from the kernels compiled for
 #: sm_90 with Triton 3.6 (benchmarks/triton_compile.py, docs/triton_compile.md): 64 x 32 with 8 warps runs
-#: every pass on Hopper's warpgroup MMA (wgmma) and spills no register in DNAS at d_head 64 (0.1-0.3 KB per
-#: thread in the dK/dV pass otherwise); 32 x 64 with 8 warps spills nothing at d_head 64 or 128 but its
+#: every pass on Hopper's warpgroup MMA (wgmma) and spills no register in DNAS at d_head 64 (0.1-0.4 KB per
+#: thread in the dK/dV pass otherwise); 32 x 64 with 8 warps spills (almost) nothing at d_head 64 or 128 but its
 #: 32-row tiles take mma.sync in three of the four passes; 64 x 64 with 8 warps is the large wgmma tile
-#: and spills 0.4-1.7 KB. 64 x 64 with 4 warps, the untuned default before, spilled 1.6 KB in the dK/dV pass
+#: and spills up to 1.8 KB. 64 x 64 with 4 warps, the untuned default before, spilled 1.6 KB in the dK/dV pass
 PREFIX = ((64, 32, 8, 2), (32, 64, 8, 2), (64, 64, 8, 2))
 #: the prefix form's tiles for bf16/fp16 on CUDA where they are not tuned (None: Triton's default warps/stages)
 PREFIX_FIXED_LOWP = (64, 32, 8, 2)

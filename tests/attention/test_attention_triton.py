@@ -75,6 +75,31 @@ def test_values_and_gradients_equal_the_float64_reference(case):
         assert out[0, :, -3:].abs().max() == 0
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_prefix_tiles_past_the_diagonal_take_the_carry_as_reference_and_stay_exact(causal, monkeypatch):
+    """A tile whose keys all come before its first query (every tile off the diagonal in causal attention,
+    every query block after the first in cross-attention) needs no causal test and takes each key's carry
+    as its reference (issue #48: no reduction down the tile's rows). Where a real key has no real query
+    before the tile (queries padded on the left, the key mask apart), its carry is empty and the column
+    takes the exact log-space path. Values and q/k/v gradients equal the float64 formula. (Taking the
+    carry where the tile holds a key's first real row is exact too, by that same path, only slower; the
+    causal test skipped on a diagonal tile lets a query see the future: test_the_future_changes_nothing.)"""
+    import nas_cli.attention.triton_prefix as tp
+
+    b, h, sq, sk, bq, bk = 2, 2, 64, 64 if causal else 50, 16, 16
+    q, k, v = _inputs(b, h, sq, sk, 8, 8, seed=7)
+    qm, km = torch.ones(b, sq, dtype=torch.bool), torch.ones(b, sk, dtype=torch.bool)
+    qm[0, :40] = False  # 40 padded queries first: two whole query blocks and half of a third
+    km[1, -5:] = False
+    out = tp.prefix_dnas_triton(q, k, v, qm, km, causal=causal, block_q=bq, block_k=bk)
+    ref = _reference(q, k, v, qm, km, causal)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    g = torch.randn_like(out)
+    for a, w in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(a, w, rtol=0, atol=1e-11)
+    assert out[0, :, :40].abs().max() == 0
+
+
 @pytest.mark.parametrize("causal, low_row", [(True, False), (False, False), (False, True)])
 def test_prefix_kernels_stay_exact_where_a_tile_spreads_beyond_the_linear_fast_path(causal, low_row, monkeypatch):
     """The prefix normalizer's fast path sums exp(s - ref) in linear space (issue #48: one exponential and one
