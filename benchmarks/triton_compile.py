@@ -14,8 +14,9 @@ tables, and the fixed tiles) it records:
 - shared memory per program (a Hopper program may use 227 KiB);
 - whether its offsets are 64-bit (the batch x head index widened first, so a tensor may pass 2^31 elements);
 - from the machine code: the tensor-core instructions (``HGMMA``: Hopper's warpgroup MMA, ``HMMA``:
-  mma.sync), the special-function unit's exponentials and reciprocals (``MUFU.EX2``, ``MUFU.RCP``;
-  Triton's logarithm compiles to a polynomial on the FMA units) and all instructions, counted
+  mma.sync), the special-function unit's exponentials, reciprocals and logarithms (``MUFU.EX2``,
+  ``MUFU.RCP``, ``MUFU.LG2``: ``tl.log`` compiles to a polynomial on the FMA units, the prefix kernels' fast
+  logarithm for bf16/fp16 to ``MUFU.LG2``) and all instructions, counted
   statically (each instruction once, loops and untaken branches alike).
 
     python benchmarks/triton_compile.py --d-heads 64,128 --out-json docs/triton_compile.json --out-md docs/triton_compile.md
@@ -137,7 +138,7 @@ def _sass_counts(cubin: bytes, tools: Path) -> dict:
     return {"regs": int(res.get("REG", -1)), "spill_stack_bytes": int(res.get("STACK", 0)),
             "local_bytes": int(res.get("LOCAL", 0)), "tensor_core_instr": ops["HGMMA"] + ops["HMMA"],
             "wgmma": ops["HGMMA"] > 0, "mufu_ex2": ops["MUFU.EX2"],
-            "mufu_rcp": ops["MUFU.RCP"], "instructions": sum(ops.values())}
+            "mufu_rcp": ops["MUFU.RCP"], "mufu_lg2": ops["MUFU.LG2"], "instructions": sum(ops.values())}
 
 
 def _stand_in_timer(fn, quantiles=None):

@@ -50,7 +50,8 @@ block starts from (the later blocks' LP and LN: Sq / BQ x Sk numbers each); dQ h
 program per query block, which recomputes its tiles' ds from them. Every number is written by one
 program in a fixed order, so two backward passes give the same bits (``trainer.deterministic=true``
 takes the kernels). bf16/fp16 inputs go through ``tl.dot`` in their own dtype (tensor cores) with
-float32 accumulation; float32 and float64 keep IEEE products.
+float32 accumulation, and the fast path's logarithms go to the special-function unit (``fast_log``:
+absolute error about 1e-7); float32 and float64 keep IEEE products and ``tl.log``.
 
 **HNAS** (:func:`prefix_hnas_triton`): u O + (1 - u) O2 per head, O2 softmax attention under the
 same mask. The row pass runs a second online softmax, over s, in the same loop (one QK^T, one load

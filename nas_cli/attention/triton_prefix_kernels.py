@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
-from nas_cli.attention.triton_encoder_kernels import (head_u, mixed_grads, softmax_step, store_rows, tile_dot,
+from nas_cli.attention.triton_encoder_kernels import (INTERPRETING, head_u, mixed_grads, softmax_step, store_rows, tile_dot,
                                                       tile_load, tile_store)
 
 NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain global inside a kernel (the interpreter accepts it)
@@ -26,6 +27,8 @@ HUGE = tl.constexpr(1.0e30)
 #: the lowest row log-sum-exp (of z) for which the backward takes p = (e / S) exp(-lse): e / S lost below
 #: float32's smallest normal number then weighs at most 1.2e-38 * e^20 ~ 6e-30
 LSE_FLOOR = tl.constexpr(-20.0)
+#: float32's smallest normal number: the fast logarithm flushes smaller inputs to zero
+TINY = tl.constexpr(1.1754944e-38)
 
 
 @triton.jit
@@ -33,6 +36,30 @@ def _lae(a, b):
     """log(exp(a) + exp(b)), stable (NEG-safe)."""
     m = tl.maximum(a, b)
     return m + tl.log(tl.exp(a - m) + tl.exp(b - m))
+
+
+@triton.jit
+def fast_log(x, FAST: tl.constexpr):
+    """log x. ``FAST`` (bf16/fp16 inputs, float32 work; compiled, not under the interpreter): the special
+    function unit's logarithm (``lg2.approx``: absolute error about 1e-7, inputs below float32's smallest
+    normal number flushed to 0), a few instructions where ``tl.log`` compiles to libdevice's float32-exact
+    polynomial, about twenty. The per-column carries are held by every thread that holds their column, so
+    their logarithms repeat across a tile's threads: in the dK/dV pass they were a third of its loop."""
+    if FAST:
+        if INTERPRETING:
+            out = tl.log(x)
+        else:
+            out = libdevice.fast_logf(x)
+    else:
+        out = tl.log(x)
+    return out
+
+
+@triton.jit
+def _lae_fast(a, b, FAST: tl.constexpr):
+    """:func:`_lae` with :func:`fast_log` (its argument is at least 1)."""
+    m = tl.maximum(a, b)
+    return m + fast_log(tl.exp(a - m) + tl.exp(b - m), FAST)
 
 
 @triton.jit
@@ -104,11 +131,11 @@ def _prefix_sums(s, ok, carry, SIMPLE: tl.constexpr):
 
 
 @triton.jit
-def _prefix_c(s, carry, ref, S, bad, n_bad):
-    """c_ij = ref_j + log S_ij (one logarithm per score); the bad pairs, in a tile that has any, from the
-    log-space scan instead (``tl.associative_scan`` of log-add-exp down the rows: about ten transcendentals
-    per score, exact for any spread)."""
-    c = ref[None, :] + tl.log(S)
+def _prefix_c(s, carry, ref, S, bad, n_bad, FAST: tl.constexpr):
+    """c_ij = ref_j + log S_ij (one logarithm per score, :func:`fast_log`; S_ij >= 1); the bad pairs, in a
+    tile that has any, from the log-space scan instead (``tl.associative_scan`` of log-add-exp down the
+    rows: about ten transcendentals per score, exact for any spread)."""
+    c = ref[None, :] + fast_log(S, FAST)
     if n_bad > 0:
         c = tl.where(bad, _lae(carry[None, :], tl.associative_scan(s, 0, _lae)), c)
     return c
@@ -155,8 +182,8 @@ def col_carry_kernel(Q, K, QM, KM, CARRY, RUN, H, Sq, Sk, D, scale, NQB, Q0,
         ok = _allowed(offs_q, offs_k, b, Sq, Sk, QM, KM, HAS_QM, HAS_KM, CAUSAL)
         s = tl.where(ok, s, NEG)
         top = tl.max(s, axis=0)
-        col = top + tl.log(tl.sum(tl.exp(s - top[None, :]), axis=0))
-        carry = _lae(carry, col)
+        col = top + fast_log(tl.sum(tl.exp(s - top[None, :]), axis=0), LOWP)
+        carry = _lae_fast(carry, col, LOWP)
     tl.store(RUN + bh * Sk + offs_k, carry, mask=offs_k < Sk)
 
 
@@ -170,7 +197,7 @@ def _row_step(m, l, acc, m2, l2, acc2, seen, kb, Q, K, V, QM, KM, CARRY, bh, b, 
     s, ok, q, k, carry, ref, e, S, bad, n_bad = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d,
                                                              H, Sq, Sk, D, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT,
                                                              LOWP, SIMPLE)
-    c = _prefix_c(s, carry, ref, S, bad, n_bad)
+    c = _prefix_c(s, carry, ref, S, bad, n_bad, LOWP)
     m, l, acc = softmax_step(m, l, acc, tl.where(ok, s - c, NEG), ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
     if HYBRID:
         m2, l2, acc2 = softmax_step(m2, l2, acc2, s, ok, V, bh, offs_k, offs_dv, Sk, DV, DT, LOWP)
@@ -237,7 +264,7 @@ def _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb
         c = s  # not read: this tile's suffix sums take the fast path too
         p = e / S * tl.exp(-lse)[:, None]
     else:
-        c = _prefix_c(s, carry, ref, S, bad, n_bad)
+        c = _prefix_c(s, carry, ref, S, bad, n_bad, LOWP)
         p = tl.exp(tl.where(ok, s - c - lse[:, None], NEG))
     do = tile_load(DO, bh, offs_q, offs_dv, Sq, DV, DT, LOWP)
     w, dz, ds2 = mixed_grads(s, ok, p, do, V, DELTA, LSE2, DELTA2, u, bh, offs_q, offs_k, offs_dv, Sq, Sk, DV, DT,
@@ -253,7 +280,7 @@ def _lse_rows(x):
 
 
 @triton.jit
-def _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry):
+def _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry, FAST: tl.constexpr):
     """ds_rj = dz_rj - sum_{i >= r} dz_ij exp(s_rj - c_ij) over this tile's rows and the later query
     blocks (whose part comes as the carries LP_j = log sum max(dz_ij, 0) exp(-c_ij), LN_j the same for
     the negative part); also this tile's own part of the carries, per column.
@@ -269,8 +296,9 @@ def _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry):
         ds = tl.where(ok, dz - e * (tl.cumsum(r, 0, reverse=True) + a[None, :]), 0.0)
         pos = tl.sum(tl.where(r > 0, r, 0.0), axis=0)
         neg = tl.sum(tl.where(r < 0, -r, 0.0), axis=0)
-        lp_own = tl.where(pos > 0, tl.log(tl.where(pos > 0, pos, 1.0)) - ref, NEG)
-        ln_own = tl.where(neg > 0, tl.log(tl.where(neg > 0, neg, 1.0)) - ref, NEG)
+        floor = TINY if FAST else 0.0  # the fast logarithm flushes a subnormal sum to 0 (then log 0 = -inf)
+        lp_own = tl.where(pos > floor, fast_log(tl.where(pos > floor, pos, 1.0), FAST) - ref, NEG)
+        ln_own = tl.where(neg > floor, fast_log(tl.where(neg > floor, neg, 1.0), FAST) - ref, NEG)
     else:
         lp = tl.where(dz > 0, tl.log(tl.where(dz > 0, dz, 1.0)) - c, NEG)
         ln = tl.where(dz < 0, tl.log(tl.where(dz < 0, -dz, 1.0)) - c, NEG)
@@ -295,11 +323,11 @@ def _col_step(dk, dv, lp_carry, ln_carry, qb, Q, K, V, QM, KM, CARRY, LSE, DO, D
     s, ok, c, ref, e, S, fast, w, dz, ds2, q, k, do = _bwd_tile(
         Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb, offs_q, offs_k, offs_d, offs_dv, H, Sq,
         Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID, SIMPLE)
-    ds, lp_own, ln_own = _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry)
+    ds, lp_own, ln_own = _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry, LOWP)
     ds += ds2
     dv += tile_dot(tl.trans(w.to(do.dtype)), do, DT, LOWP)
     dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP) * scale
-    return dk, dv, _lae(lp_carry, lp_own), _lae(ln_carry, ln_own)
+    return dk, dv, _lae_fast(lp_carry, lp_own, LOWP), _lae_fast(ln_carry, ln_own, LOWP)
 
 
 @triton.jit
@@ -366,7 +394,7 @@ def _q_step(dq, kb, Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, LPC
         Sk, D, DV, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT, LOWP, HYBRID, SIMPLE)
     lp_carry = tl.load(LPC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
     ln_carry = tl.load(LNC + (bh * NQB + qb) * Sk + offs_k, mask=offs_k < Sk, other=NEG)
-    ds, lp_own, ln_own = _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry)
+    ds, lp_own, ln_own = _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry, LOWP)
     return dq + tile_dot((ds + ds2).to(k.dtype), k, DT, LOWP)
 
 

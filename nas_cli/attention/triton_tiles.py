@@ -49,7 +49,7 @@ BENCH = None
 #: three, since each is four compilations at the first call of a case. Chosen from the kernels compiled for
 #: sm_90 with Triton 3.6 (benchmarks/triton_compile.py, docs/triton_compile.md): 64 x 32 with 8 warps runs
 #: every pass on Hopper's warpgroup MMA (wgmma) and spills no register in DNAS at d_head 64 (0.1-0.4 KB per
-#: thread in the dK/dV pass otherwise); 32 x 64 with 8 warps spills (almost) nothing at d_head 64 or 128 but its
+#: thread in the dK/dV pass otherwise); 32 x 64 with 8 warps spills nothing at d_head 64 or 128 but its
 #: 32-row tiles take mma.sync in three of the four passes; 64 x 64 with 8 warps is the large wgmma tile
 #: and spills up to 1.8 KB. 64 x 64 with 4 warps, the untuned default before, spilled 1.6 KB in the dK/dV pass
 PREFIX = ((64, 32, 8, 2), (32, 64, 8, 2), (64, 64, 8, 2))

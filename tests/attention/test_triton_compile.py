@@ -53,6 +53,10 @@ def test_every_kernel_compiles_for_hopper_and_its_bf16_products_use_the_tensor_c
     assert all(r["ok"] and r["arch"] == "sm_90" for r in rows)
     # every kernel multiplies bf16 tiles: on the tensor cores (HMMA/HGMMA), never emulated on the FMA units
     assert all(r["tensor_core_instr"] > 0 for r in rows), [r["kernel"] for r in rows if not r["tensor_core_instr"]]
+    # the prefix form's logarithms of a bf16 input on the special-function unit (fast_log), not libdevice's
+    # float32-exact polynomial (about twenty instructions each)
+    fast = [r for r in rows if r["kernel"] in ("prefix.row_kernel", "prefix.bwd_col_kernel", "prefix.col_carry_kernel")]
+    assert fast and all(r["mufu_lg2"] > 0 for r in fast), [(r["kernel"], r["mufu_lg2"]) for r in fast]
     # 64-bit offsets: a tensor (or the prefix form's carries) may pass 2^31 elements without wrapping
     assert all(r["offsets_int64"] for r in rows), [r["kernel"] for r in rows if not r["offsets_int64"]]
     # a Hopper program has 255 registers per thread and 227 KiB of shared memory
