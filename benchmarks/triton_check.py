@@ -110,7 +110,8 @@ def check(form: str, b: int, h: int, s: int, d: int, device: str = "cuda", seed:
 
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="triton_check.json")
+    p.add_argument("--out", default="outputs/triton_check.json",
+                   help="the rows as JSON (default outputs/triton_check.json: outputs/ is where results go, not in git)")
     p.add_argument("--device", default="cuda", help="cuda; cpu runs under TRITON_INTERPRET=1 at --small sizes")
     p.add_argument("--small", action="store_true", help="S=40 and 23, d=16: for the CPU interpreter")
     p.add_argument("--forms", default=",".join(FORMS),

@@ -16,8 +16,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from nas_cli.attention.triton_encoder_kernels import (INTERPRETING, head_u, mixed_grads, softmax_step, store_rows, tile_dot,
-                                                      tile_load, tile_store)
+from nas_cli.attention.triton_encoder_kernels import (INTERPRETING, head_u, mixed_grads, softmax_step, store_rows,
+                                                      tile_dot, tile_load, tile_store)
 
 NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain global inside a kernel (the interpreter accepts it)
 #: the largest prefix sum (relative to its column's reference) the linear-space fast path accepts: below
@@ -249,9 +249,9 @@ def row_kernel(Q, K, V, QM, KM, CARRY, OUT, LSE, OUT2, LSE2, H, Sq, Sk, D, DV, s
 def _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb, offs_q, offs_k, offs_d, offs_dv,
               H, Sq, Sk, D, DV, scale, NQB, CAUSAL: tl.constexpr, HAS_QM: tl.constexpr, HAS_KM: tl.constexpr,
               DT: tl.constexpr, LOWP: tl.constexpr, HYBRID: tl.constexpr, SIMPLE: tl.constexpr):
-    """One tile of the backward (``SIMPLE``: a tile of :func:`simple_from`): s, the allowed mask, c (where the suffix sums need it), the prefix sums,
-    whether the tile has no bad pair, the weights dV sees (p; HNAS: u p + (1 - u) P),
-    dz_ij = p_ij (u dO_i . v_j - D_i) (u = 1 without ``HYBRID``), the softmax part's score gradient
+    """One tile of the backward (``SIMPLE``: a tile of :func:`simple_from`): s, the allowed mask, c (where the
+    suffix sums need it), the prefix sums, whether the tile has no bad pair, the weights dV sees (p; HNAS:
+    u p + (1 - u) P), dz_ij = p_ij (u dO_i . v_j - D_i) (u = 1 without ``HYBRID``), the softmax part's score gradient
     ds2_ij = P_ij ((1 - u) dO_i . v_j - D2_i) (0 without ``HYBRID``), and the loaded q, k, dO."""
     s, ok, q, k, carry, ref, e, S, bad, n_bad = _prefix_tile(Q, K, QM, KM, CARRY, bh, b, qb, offs_q, offs_k, offs_d,
                                                              H, Sq, Sk, D, scale, NQB, CAUSAL, HAS_QM, HAS_KM, DT,
