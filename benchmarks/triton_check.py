@@ -9,7 +9,7 @@ the same bits (no atomics). ``hnas-encoder``: HNAS's one-pass encoder kernels (u
 head) against u DNAS + (1 - u) softmax in float64, and ``hnas-prefix`` the same in the causal prefix form; ``sinkhorn3-encoder``: Sinkhorn-3's 2k-pass encoder
 kernels against the naive Sinkhorn core (three materialized column-row normalizations) in float64.
 Every row runs the fixed tiles (32 x 32; on a GPU the prefix form's bf16/fp16 rows 64 x 32, 8 warps); on a GPU
-three more rows (bf16, d=64, each encoder form) run the autotuned tiles that the timings use.
+the second size (d_head 128) runs in bf16 only, and three more rows (bf16, d=64, each encoder form) run the autotuned tiles that the timings use.
 
     python benchmarks/triton_check.py --out gpu_out/triton_check.json      # exit 1 if a check fails
 """
@@ -137,10 +137,13 @@ def main() -> int:
     rows = []
     sizes = ((40, 16), (23, 16)) if args.small else ((1000, 64), (777, 128))
     for form in forms:
-        # the second size (d_head 128 on a GPU) for DNAS's two forms only: every size, form and dtype
-        # is a compilation on the GPU (Triton caches none between machines), and the session is short
-        for s, d in sizes if form in ("encoder", "prefix") else sizes[:1]:
-            rows += check(form, 2, 2 if args.small else 4, s, d, args.device)
+        # the second size (d_head 128 on a GPU) for DNAS's two forms only, and on a GPU in bf16 only (the
+        # timed dtype): every size, form and dtype is a compilation on the GPU (Triton caches none between
+        # machines; the prefix form's 24 took 158 s on a 2-core machine once its kernels had two loops
+        # each, 92 s without float32 and fp16 at d_head 128), and the session is short
+        for i, (s, d) in enumerate(sizes if form in ("encoder", "prefix") else sizes[:1]):
+            dtypes = (torch.float32, torch.bfloat16, torch.float16) if i == 0 or args.small else (torch.bfloat16,)
+            rows += check(form, 2, 2 if args.small else 4, s, d, args.device, dtypes=dtypes)
     if args.device == "cuda":  # the autotuned tiles the timings use, in bf16 at the timed head dim
         for form in [f for f in ("encoder", "hnas-encoder", "sinkhorn3-encoder") if f in forms]:
             rows += check(form, 2, 4, 1000, 64, args.device, tiles="auto", dtypes=(torch.bfloat16,))
