@@ -102,13 +102,18 @@ def tuning_key(bucket: int, kwargs: dict) -> int:
     return _KEYS.setdefault((bucket, tuple(sorted((k, str(v)) for k, v in kwargs.items()))), len(_KEYS))
 
 
+def _tunes(block_q, block_k) -> bool:
+    """Whether a :func:`launch` with these block sizes autotunes its tiles (none given, and :func:`autotuning`)."""
+    return block_q is None and block_k is None and autotuning()
+
+
 def launch(kernel, per: str, bh: int, length: int, bucket: int, args, kwargs, table=FORWARD, block_q=None,
            block_k=None) -> None:
     """Run ``kernel`` on a (bh, blocks) grid, ``per`` ("BQ" or "BK") naming the block its second
     axis counts over ``length``: with the given or fixed tiles, or autotuned (per length ``bucket``
     and compile-time flags, :func:`tuning_key`)."""
     tune = tuning_key(bucket, kwargs)
-    if block_q is None and block_k is None and autotuning():
+    if _tunes(block_q, block_k):
         tuned(kernel, table)[lambda meta: (bh, -(-length // meta[per]))](*args, tune, **kwargs)
         return
     bq, bk = block_q or FIXED_Q, block_k or FIXED_K
@@ -119,11 +124,9 @@ def tiles_divide(sq: int, sk: int, table=FORWARD, block_q=None, block_k=None) ->
     """Whether every tile a :func:`launch` with these arguments may run divides both lengths (each candidate
     of ``table`` where it autotunes, else the given or fixed tiles). The encoder-form kernels then take
     ``EVEN``: no tile reaches past a length, so they skip the bounds test and the selects it feeds (on sm_90,
-    8-17% of the instructions in their loops, counted in the compiled code; the padding masks stay)."""
-    if block_q is None and block_k is None and autotuning():
-        tiles = [(bq, bk) for bq, bk, *_ in table]
-    else:
-        tiles = [(block_q or FIXED_Q, block_k or FIXED_K)]
+    11-18% of the instructions in their loops, counted in the compiled code; the padding masks stay)."""
+    tiles = [(bq, bk) for bq, bk, *_ in table] if _tunes(block_q, block_k) else [(block_q or FIXED_Q,
+                                                                                  block_k or FIXED_K)]
     return all(sq % bq == 0 and sk % bk == 0 for bq, bk in tiles)
 
 
