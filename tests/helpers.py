@@ -57,6 +57,16 @@ def qkv(b=2, h=4, sq=7, sk=7, d=8, seed=0, dtype=torch.float64):
 NAS_RUN = shutil.which("nas-run") or str(Path(sys.executable).parent / "nas-run")
 
 
+def glob_now(root: Path, pattern: str) -> list[Path]:
+    """``sorted(root.glob(pattern))`` while a command may be making ``root``: nas-run makes a run or sweep
+    directory it has not made yet to check that it can write there, and removes it again at once. Path.glob
+    tests that ``root`` is a directory, then lists it: a removal in between raised FileNotFoundError."""
+    try:
+        return sorted(root.glob(pattern))
+    except FileNotFoundError:
+        return []
+
+
 def run_command(argv, *, cwd=None, env=None, timeout=None, check=False, capture_output=True,
                 text=True) -> subprocess.CompletedProcess:
     """``subprocess.run(argv, capture_output=True, text=True, ...)``. One of this environment's

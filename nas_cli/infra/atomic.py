@@ -35,6 +35,33 @@ def atomic_write(path: str | Path, write: Callable[[Path], None], fsync: bool = 
     return path
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale_temporaries(root: str | Path) -> list[Path]:
+    """Remove, under ``root``, the temporary files (:func:`temporary_name`) of writers that are gone: a
+    process killed (SIGKILL, the out-of-memory killer, a node lost) between writing one and renaming it
+    leaves it behind. A file whose writer still runs, or this process's own, is kept. The removed files."""
+    removed = []
+    for tmp in Path(root).rglob(".*.tmp"):
+        pid = tmp.name[:-len(".tmp")].rpartition(".")[2]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        try:
+            tmp.unlink()
+            removed.append(tmp)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 

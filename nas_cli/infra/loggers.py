@@ -75,6 +75,8 @@ def _continuing_csv_logger():
     from pytorch_lightning.loggers import CSVLogger
     from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
+    from nas_cli.infra.atomic import atomic_write
+
     class ContinuingWriter(ExperimentWriter):
         def __init__(self, log_dir: str) -> None:
             self._kept: list[dict] = []
@@ -93,12 +95,13 @@ def _continuing_csv_logger():
                 first = min(int(m["step"]) for m in self.metrics)
                 keep = [r for r in self._kept if not r.get("step") or int(float(r["step"])) < first]
                 if len(keep) < len(self._kept):
-                    tmp = self.metrics_file_path + ".tmp"
-                    with open(tmp, "w", newline="") as f:
-                        writer = csv_module.DictWriter(f, fieldnames=self.metrics_keys)
-                        writer.writeheader()
-                        writer.writerows(keep)
-                    os.replace(tmp, self.metrics_file_path)
+                    def write(tmp: Path) -> None:
+                        with open(tmp, "w", newline="") as f:
+                            writer = csv_module.DictWriter(f, fieldnames=self.metrics_keys)
+                            writer.writeheader()
+                            writer.writerows(keep)
+
+                    atomic_write(self.metrics_file_path, write)
                 self._kept = []
             super().save()
 

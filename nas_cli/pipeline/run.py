@@ -29,6 +29,7 @@ from tasks.scores import declaration
 from nas_cli.infra.checkpoints import PeriodicCheckpoint, checkpoint_io, tested_checkpoint, unreadable_checkpoint
 from nas_cli.errors import Refused, SignalStop, Stopped, UserError
 from nas_cli.errors import unwrap as _unwrap
+from nas_cli.infra.atomic import remove_stale_temporaries
 from nas_cli.infra.config_identity import config_id
 from nas_cli.pipeline.lit import NasLitModule
 from nas_cli.infra.loggers import make_logger, wandb_run_id
@@ -174,6 +175,7 @@ def _prepare(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, jo
     if rank_zero_only.rank == 0:  # what a killed process was writing when it died (the directory is ours),
         for tmp in (run_dir / "checkpoints").glob("*.tmp"):  # even when no checkpoint was ever finished
             tmp.unlink(missing_ok=True)
+        remove_stale_temporaries(run_dir)  # the diagnostics, summaries and logs it was writing
     kept = continue_finished(run_dir) if continued and rank_zero_only.rank == 0 else None
     return _Job(run_dir, plan, cores, identity, config_id(OmegaConf.to_container(cfg, resolve=True)), resume, kept)
 

@@ -91,7 +91,11 @@ def test_a_second_process_in_the_same_run_directory_is_refused_and_overwrites_no
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    # the owner is gone (SIGKILL left its lock behind): the directory can be resumed
+    # the owner is gone (SIGKILL left its lock behind): the directory can be resumed. Killed between writing a
+    # temporary file and renaming it, it leaves that file too (how often depends on when the kill lands: made
+    # certain here); the run that takes the directory over removes it
+    (run / "diagnostics").mkdir(exist_ok=True)
+    (run / "diagnostics" / f".latest.json.{first.pid}.tmp").write_text('{"half": ')
     target = ckpt_step(run / "checkpoints" / "last.ckpt") + 10
     res = nas_run(f"resume={run}", f"trainer.max_steps={target}", cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -641,3 +645,29 @@ def test_a_busy_sweep_directory_is_refused_before_continuing_is_said(tmp_path):
         assert "continuing the sweep" not in busy.stderr
     finally:
         alive.kill()
+
+
+def test_only_the_temporary_files_of_writers_that_are_gone_are_removed(tmp_path):
+    # a writer killed between its temporary file and the rename leaves `.<name>.<pid>.tmp`; the next owner of
+    # the directory removes those of dead processes and leaves a live writer's, its own and every other file
+    from nas_cli.infra.atomic import atomic_write_text, remove_stale_temporaries, temporary_name
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its pid names no process now
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / "diagnostics").mkdir()
+        dead = tmp_path / "diagnostics" / f".latest.json.{gone.pid}.tmp"
+        dead_top = tmp_path / f".summary.json.{gone.pid}.tmp"
+        running = tmp_path / "diagnostics" / f".step_4.json.{live.pid}.tmp"
+        own = temporary_name(tmp_path / "x.json")
+        keep = [running, own, tmp_path / "notes.tmp", tmp_path / ".no-pid.tmp", tmp_path / "latest.json"]
+        for f in [dead, dead_top, *keep]:
+            f.write_text("{")
+        assert sorted(remove_stale_temporaries(tmp_path)) == sorted([dead, dead_top])
+        assert all(f.exists() for f in keep) and not dead.exists() and not dead_top.exists()
+        atomic_write_text(tmp_path / "x.json", "{}")  # this process's own write still works and leaves nothing
+        assert (tmp_path / "x.json").read_text() == "{}" and not own.exists()
+    finally:
+        live.kill()
+        live.wait()

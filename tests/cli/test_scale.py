@@ -26,7 +26,7 @@ from nas_cli.pipeline.run import build_module, build_task
 from nas_cli.infra.distributed import shard_and_resume
 from nas_cli.infra.wandb_offline import read_run
 from nas_cli.model.plan import AttentionPlan
-from helpers import NAS_RUN, nas_run, run_command, start_command
+from helpers import NAS_RUN, glob_now, nas_run, run_command, start_command
 
 TINY = ("debug=fast", "progress_bar=false", "diagnostics.plots=never")  # the figures: tests/diagnostics
 
@@ -331,7 +331,7 @@ def test_a_stopped_joblib_sweep_saves_every_job_and_says_how_to_continue_in_one_
     proc = start_group(tmp_path, "-m", *LONG, "logger=csv", "task.num_workers=1", "hydra/launcher=joblib",
                        "hydra.launcher.n_jobs=2", "attention=unas,dnas", "seed=1,2", f"hydra.sweep.dir={sweep}")
     end = time.time() + 240
-    while len(jobs := sorted(sweep.glob("*/checkpoints/last.ckpt"))) < 2:  # both workers are training
+    while len(jobs := glob_now(sweep, "*/checkpoints/last.ckpt")) < 2:  # both workers are training
         assert proc.poll() is None and time.time() < end, proc.stderr.read()[-3000:]
         time.sleep(0.05)
     jobs = [p.parents[1].name for p in jobs]
@@ -626,7 +626,7 @@ def test_a_job_the_scheduler_ends_fails_alone_and_the_same_command_finishes_it(t
     env = {**os.environ, "WANDB_MODE": "offline", "NO_COLOR": "1"}
     proc = start_command([NAS_RUN, *args], cwd=tmp_path, env=env)
     deadline = time.time() + 300
-    while time.time() < deadline and not list(sweep.glob("1_*/checkpoints/last.ckpt")):
+    while time.time() < deadline and not glob_now(sweep, "1_*/checkpoints/last.ckpt"):
         time.sleep(0.5)
     (long_job,) = sweep.glob("1_*")
     # as scancel does, end the job's processes: the training process (it holds the run directory's
