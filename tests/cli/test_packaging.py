@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# the wheel is built in this checkout's build/ folder (setuptools builds in the source tree): two workers
+# building it at once removed each other's files ("error: [Errno 2] No such file or directory", seen in a
+# full run). One worker runs these tests (pyproject's --dist loadgroup), so one wheel is built per test run
+pytestmark = pytest.mark.xdist_group("packaging")
 
 
 def test_every_python_package_is_listed_for_the_wheel():
