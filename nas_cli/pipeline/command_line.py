@@ -15,7 +15,7 @@ from nas_cli.errors import UserError
 from nas_cli.infra.rundir import CONTINUE_ENV
 from nas_cli.model.choices import CONF_DIR
 from nas_cli.model.plan import location_alias
-from nas_cli.pipeline.overrides import check_overrides
+from nas_cli.pipeline.overrides import check_overrides, check_resume_overrides
 from nas_cli.sweeps.continuation import saved_sweep_order
 
 
@@ -100,6 +100,7 @@ def resume_argv(argv: list[str]) -> list[str]:
 
     run_dir = Path(dirs[0]).expanduser().resolve()
     check_resumable(run_dir, rest)
+    check_resume_overrides(run_dir, rest, CONF_DIR)  # group choices and typos: one line, before Hydra
     os.environ[CONTINUE_ENV] = str(run_dir)
     quoted = str(run_dir).replace("\\", "\\\\").replace("'", "\\'")
     return ["--config-path", str(run_dir / ".hydra"), "--config-name", "config", *rest,

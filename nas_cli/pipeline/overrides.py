@@ -105,6 +105,44 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
             _unknown_key(cfg, o, key, groups)
 
 
+
+def check_resume_overrides(run_dir: Path, args: list[str], conf_dir: Path) -> None:
+    """``nas-run resume=<dir> [overrides]``: the overrides apply to the run's saved config
+    (``.hydra/config.yaml``), which has no config groups left to choose. Hydra answered a group choice
+    (``debug=fast``, ``attention=dnas``, ``trainer=gpu``) with a six-line message or a ValueError, and a
+    misspelled key the same way; ``+debug=fast`` trained with it silently ignored. Refused here, one line
+    each: a group choice, a key the saved config lacks, a key added where nas-run would ignore it, and a
+    sweep (resume= continues one run). ``hydra.*`` overrides are left to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    plain = [a for a in args if "=" in a and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    if not plain:
+        return
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(plain)
+    except HydraException as err:
+        raise UserError(_unparsable(parser, plain, err)) from None
+    groups = {p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"}
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    for o, text in zip(parsed, plain):
+        key = o.key_or_group
+        if o.is_sweep_override():
+            raise UserError(f"resume={run_dir}: {text} is a sweep; resume= continues one run with one value per key")
+        if o.package or key in groups:
+            if key == "attention" and str(o.package).startswith("attention."):  # as typed: attention.decoder=dnas
+                text = f"{o.package}={text.partition('=')[2]}"
+            raise UserError(f"resume={run_dir}: {text} chooses a config, which a resumed run keeps from its saved "
+                            f".hydra/config.yaml; change single keys (e.g. trainer.max_steps=...), or start a new run "
+                            f"with {text}")
+        if o.is_delete() or (o.is_add() and key.split(".")[0] not in CLOSED_SECTIONS and key.split(".")[0] in cfg):
+            continue  # a Trainer or logger option added on purpose, as in a new run
+        if OmegaConf.select(cfg, key, default=_MISSING, throw_on_resolution_failure=False) is _MISSING:
+            _unknown_key(cfg, o, key, groups)
+
+
 def _unknown_key(cfg, o, key: str, groups: set[str]) -> None:
     """Refuse a key the composed config lacks, with the closest one (or the section it needs)."""
     from omegaconf import OmegaConf

@@ -174,6 +174,38 @@ def test_resume_refuses_fewer_steps_than_done_and_records_its_overrides(tmp_path
     assert [r["overrides"] for r in recorded][-1] == ["trainer.max_steps=40", "+logger.api_key=***"]
 
 
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory):
+    """A run SIGKILLed at step 8 of 40, with a checkpoint at step 5: one to resume (the tests that use it
+    are refused and change nothing in it)."""
+    run = tmp_path_factory.mktemp("killed") / "run"
+    proc = run_with_fault("kill@step:8", *FAST, "trainer.max_steps=40", "checkpoint.last_every_n_steps=5",
+                          f"hydra.run.dir={run}", cwd=run.parent)
+    assert proc.returncode == -signal.SIGKILL
+    return run
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("debug=fast", "debug=fast chooses a config, which a resumed run keeps from its saved .hydra/config.yaml"),
+    ("attention=dnas", "attention=dnas chooses a config"),  # was a ValueError from Hydra, exit 1
+    ("attention.decoder=dnas", "attention.decoder=dnas chooses a config"),
+    ("+debug=fast", "+debug=fast chooses a config"),  # was silently ignored: the run trained on
+    ("trainer.max_stepz=30", "trainer.max_stepz is not an option; did you mean trainer.max_steps?"),  # six lines
+    ("+model.dropoutt=0.3", "+model.dropoutt: nas-run does not read this key, so it would be ignored"),
+    ("seed=1,2", "seed=1,2 is a sweep; resume= continues one run"),
+])
+def test_resume_overrides_that_cannot_apply_are_one_line_and_change_nothing(killed_run, override, needle):
+    # resume= applies its overrides to the run's saved config, which has no config groups to choose; Hydra
+    # answered these with its own multi-line message (exit 1), or trained with the option ignored
+    def files():
+        return {p: p.read_bytes() for p in killed_run.rglob("*") if p.is_file() and p.name != ".nas-run.lock"}
+
+    before = files()
+    line = one_line_error(nas_run(f"resume={killed_run}", "trainer.max_steps=30", override, cwd=killed_run.parent))
+    assert needle in line, line
+    assert files() == before
+
 def test_a_finished_run_trains_longer_in_the_same_wandb_run(tmp_path):
     run = tmp_path / "run"
     first = nas_run("debug=fast", "progress_bar=false", "diagnostics.plots=never", "trainer.max_steps=20",
