@@ -65,7 +65,7 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
     from omegaconf import OmegaConf
 
     if any(a.startswith(("--", "resume=")) for a in args):
-        return  # another config source (resume=, --config-path): Hydra checks it
+        return  # another config source: resume= (check_resume_overrides), --config-path (Hydra checks it)
     searchpath = [a for a in args if a.startswith(("hydra.searchpath=", "+hydra.searchpath="))]
     dirs = [conf_dir, *user_config_dirs(searchpath)]
     plain = [a for a in args if a not in ("-m", "--multirun") and "=" in a and not a.startswith(("hydra.", "hydra/"))]
@@ -105,7 +105,6 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
             _unknown_key(cfg, o, key, groups)
 
 
-
 def check_resume_overrides(run_dir: Path, args: list[str], conf_dir: Path) -> None:
     """``nas-run resume=<dir> [overrides]``: the overrides apply to the run's saved config
     (``.hydra/config.yaml``), which has no config groups left to choose. Hydra answered a group choice
@@ -137,8 +136,10 @@ def check_resume_overrides(run_dir: Path, args: list[str], conf_dir: Path) -> No
             raise UserError(f"resume={run_dir}: {text} chooses a config, which a resumed run keeps from its saved "
                             f".hydra/config.yaml; change single keys (e.g. trainer.max_steps=...), or start a new run "
                             f"with {text}")
-        if o.is_delete() or (o.is_add() and key.split(".")[0] not in CLOSED_SECTIONS and key.split(".")[0] in cfg):
-            continue  # a Trainer or logger option added on purpose, as in a new run
+        top = key.split(".")[0]
+        if o.is_delete() or (o.is_add() and top in cfg and (top not in CLOSED_SECTIONS
+                                                            or key.startswith("diagnostics.metrics."))):
+            continue  # a Trainer or logger option, or a diagnostic plug-in, added on purpose as in a new run
         if OmegaConf.select(cfg, key, default=_MISSING, throw_on_resolution_failure=False) is _MISSING:
             _unknown_key(cfg, o, key, groups)
 
