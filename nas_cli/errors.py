@@ -2,6 +2,7 @@
 stderr and a non-zero exit (:func:`fail`)."""
 from __future__ import annotations
 
+import argparse
 import sys
 
 
@@ -63,3 +64,14 @@ def fail(message: str, code: int = 2, kind: str = "error", color: str = "red", p
     """``<program>: <kind>: <message>`` on one line, then exit with ``code``."""
     say(f"[bold {color}]{program}: {kind}:[/] {message}")
     sys.exit(code)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser with its errors on one line, as :func:`fail` prints every other error: argparse
+    printed its whole usage block (up to nine lines) before the error; the usage is at ``--help``.
+    Subcommands' parsers are of the same class (argparse makes them with the parent's)."""
+
+    def error(self, message: str):
+        from rich.markup import escape
+
+        fail(escape(f"{message} (see {self.prog} --help)"), program=self.prog)

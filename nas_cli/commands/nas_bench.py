@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 
+from nas_cli.errors import OneLineParser
 from nas_cli.bench.attention import DEFAULT_SCHEMES, DTYPES, attention_main
 from nas_cli.bench.train import TRAIN_DEFAULT_SCHEMES, TRAIN_PRECISIONS, train_main
 
@@ -40,7 +41,7 @@ def _positive(kind):
 def make_parser() -> argparse.ArgumentParser:
     from nas_cli.bench.gpucheck import add_parser as add_gpu_check
 
-    parser = argparse.ArgumentParser(prog="nas-bench", description="Micro-benchmarks of nas-run components.")
+    parser = OneLineParser(prog="nas-bench", description="Micro-benchmarks of nas-run components.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_attention(sub)
     add_gpu_check(sub)

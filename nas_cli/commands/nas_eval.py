@@ -11,18 +11,17 @@ sacreBLEU signature) to ``<run dir>/eval/<name>.json`` and the hypotheses to
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from nas_cli.errors import UserError, fail
+from nas_cli.errors import OneLineParser, UserError, fail
 from nas_cli.pipeline.evaluation import evaluate
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="nas-eval", description=__doc__.split("\n")[0])
+    ap = OneLineParser(prog="nas-eval", description=__doc__.split("\n")[0])
     ap.add_argument("run_dir", type=Path, help="a nas-run run directory")
     ap.add_argument("--ckpt", type=Path, action="append", help="checkpoint(s) to use (averaged if several)")
     ap.add_argument("--average-last", type=int, default=0, help="average the last N periodic checkpoints")

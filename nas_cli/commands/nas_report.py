@@ -13,11 +13,13 @@ from pathlib import Path
 import sys
 from typing import Sequence
 
+from nas_cli.errors import OneLineParser
+
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="nas-report", description=__doc__.split("\n\n")[0].split(": ", 1)[-1],
         epilog="examples: nas-report outputs/sweeps/2024-05-01_12-00-00-000000 --html report.html\n"
                "          nas-report outputs --group-by task,scheme,heads",

@@ -19,16 +19,16 @@ with the -log Sk line of Theorem 2, plus ``explained_away.json`` with the number
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Sequence
 
 
+from nas_cli.errors import OneLineParser
 from nas_cli.bench.repro import run_explained_away, run_mode_collapse
 from nas_cli.diagnostics import mode_collapse as mc
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nas-repro", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="nas-repro", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("mode-collapse", help="Ding et al. Appendix E: mode collapse under UNAS vs DNAS")
     p.add_argument("--out", required=True, help="output directory (created if missing)")

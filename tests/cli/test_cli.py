@@ -1,5 +1,6 @@
 """End-to-end: the installed ``nas-run`` command, real Lightning, real W&B (offline)."""
 import csv
+import os
 from pathlib import Path
 import json
 
@@ -80,6 +81,26 @@ def test_bad_input_gives_one_clear_line(tmp_path, args, needle):
         again = nas_run("debug=fast", *args, cwd=tmp_path)
         assert again.returncode == 2 and not (tmp_path / "outputs").exists()
 
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["nas-eval", "run", "--beam", "abc"],
+     "nas-eval: error: argument --beam: invalid int value: 'abc' (see nas-eval --help)"),
+    (["nas-eval"], "nas-eval: error: the following arguments are required: run_dir (see nas-eval --help)"),
+    (["nas-report", "sweep", "--bogus"], "nas-report: error: unrecognized arguments: --bogus (see nas-report --help)"),
+    (["nas-bench", "attention", "--lengths", "abc"],  # a subcommand's parser: the same class
+     "nas-bench attention: error: argument --lengths: expected a number, got 'abc' (see nas-bench attention --help)"),
+    (["nas-repro", "bogus"], "nas-repro: error: argument command: invalid choice: 'bogus' (choose from "
+                             "'mode-collapse', 'explained-away') (see nas-repro --help)"),
+])
+def test_the_other_commands_bad_arguments_are_one_line(tmp_path, argv, line):
+    # argparse printed its usage block (up to nine lines) before the error; the usage is at --help
+    from helpers import run_command
+
+    proc = run_command([str(Path(NAS_RUN).with_name(argv[0])), *argv[1:]], cwd=tmp_path, timeout=120,
+                       env={**os.environ, "NO_COLOR": "1", "COLUMNS": "300"})
+    assert proc.returncode == 2 and proc.stderr.strip() == line, proc.stderr[-2000:]
+    assert proc.stdout == "" and list(tmp_path.iterdir()) == []
 
 @pytest.mark.parametrize("args,needle", [
     (["trainer.max_steps=-5"], "trainer.max_steps=-5 is not valid: it must be an integer"),
