@@ -35,12 +35,13 @@ def atomic_write(path: str | Path, write: Callable[[Path], None], fsync: bool = 
     return path
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (another user's process counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # another user's process: alive
+    except PermissionError:  # exists, owned by someone else
         return True
     return True
 
@@ -52,7 +53,7 @@ def remove_stale_temporaries(root: str | Path) -> list[Path]:
     removed = []
     for tmp in Path(root).rglob(".*.tmp"):
         pid = tmp.name[:-len(".tmp")].rpartition(".")[2]
-        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
             continue
         try:
             tmp.unlink()

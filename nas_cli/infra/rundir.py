@@ -23,7 +23,7 @@ from typing import Any
 
 from nas_cli.errors import UserError
 
-from nas_cli.infra.atomic import atomic_write_json
+from nas_cli.infra.atomic import atomic_write_json, process_alive
 
 #: set by ``nas-run resume=<dir>``: that directory may hold a finished run (to be trained longer)
 CONTINUE_ENV = "NAS_RUN_CONTINUE"
@@ -45,23 +45,13 @@ def _me() -> dict[str, Any]:
             "since": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def _stale(holder: dict[str, Any]) -> bool:
     me = _me()
     if holder.get("slurm_job_id") and holder.get("slurm_job_id") == me["slurm_job_id"]:
         return True  # this SLURM job requeued: its earlier process is gone
     if holder.get("host") == me["host"]:
         try:
-            return not _alive(int(holder.get("pid")))
+            return not process_alive(int(holder.get("pid")))
         except (TypeError, ValueError):
             return True
     return False  # another host: cannot tell, assume it is running
