@@ -9,7 +9,7 @@ import torch
 
 from nas_cli.infra.wandb_offline import read_run
 
-from helpers import NAS_RUN, nas_run  # noqa: F401  (NAS_RUN: used below)
+from helpers import NAS_RUN, nas_run, run_command  # noqa: F401  (NAS_RUN: used below)
 
 
 def test_debug_run_from_another_directory_logs_to_offline_wandb(tmp_path):
@@ -95,8 +95,6 @@ def test_bad_input_gives_one_clear_line(tmp_path, args, needle):
 ])
 def test_the_other_commands_bad_arguments_are_one_line(tmp_path, argv, line):
     # argparse printed its usage block (up to nine lines) before the error; the usage is at --help
-    from helpers import run_command
-
     proc = run_command([str(Path(NAS_RUN).with_name(argv[0])), *argv[1:]], cwd=tmp_path, timeout=120,
                        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "300"})
     assert proc.returncode == 2 and proc.stderr.strip() == line, proc.stderr[-2000:]
