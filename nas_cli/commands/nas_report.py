@@ -60,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
                                                      "difference of DELTA (in the metric's units) with 80%% power, "
                                                      "at the spread observed so far; DELTA for every metric, or "
                                                      "metric=DELTA[,...] (bleu=0.5,ppl=0.2)")
+    p.add_argument("--wandb", nargs="?", const="offline", choices=("offline", "online"), metavar="MODE",
+                   help="also log this comparison as a W&B run (job type report) in the runs' W&B group: every "
+                        "table (verdicts, per-seed detail, detectable differences), the figures and the HTML page; "
+                        "offline (default: under PATH/nas-report/, for wandb sync) or online (the runs' project "
+                        "and entity); running it again replaces that report run")
     p.add_argument("--no-item-tests", action="store_true", help="skip the per-seed comparisons on the test items "
                                                                 "(question b); the verdicts over seeds are kept")
     return p
@@ -105,17 +110,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if written:
         (console.print if args.format == "rich" else lambda m: print(m, file=sys.stderr))(
             f"CSV tables: {', '.join(written)}")
-    if args.html:
+    say = console.print if args.format == "rich" else (lambda m: print(m, file=sys.stderr))
+    if args.html or args.wandb:
         from nas_cli.report.verdicts import ITEM_NOTE, item_table
-        from nas_cli.report.html import write_html
+        from nas_cli.report.html import render_html
+
+        page = render_html(runs, groups, args.paths, title=args.title, by=by,
+                           verdicts=verdicts[:2] if verdicts else None,
+                           items=(item_table(compared), ITEM_NOTE) if compared else None, notes=notes)
+    if args.html:
+        from nas_cli.infra.atomic import atomic_write_text
 
         try:
-            path = write_html(args.html, runs, groups, args.paths, title=args.title, by=by,
-                              verdicts=verdicts[:2] if verdicts else None,
-                              items=(item_table(compared), ITEM_NOTE) if compared else None, notes=notes)
+            path = atomic_write_text(args.html, page)
         except OSError as err:
             return _fail(f"cannot write {args.html}: {err.strerror or err}")
-        (console.print if args.format == "rich" else lambda m: print(m, file=sys.stderr))(f"HTML report: {path}")
+        say(f"HTML report: {path}")
+    if args.wandb:
+        from nas_cli.report.wandb_report import log_report
+
+        try:
+            where = log_report(sections, notes, page, runs, groups, args.paths[0], args.wandb, args.title)
+        except OSError as err:
+            return _fail(f"--wandb: cannot write the W&B run under {args.paths[0]}: {err.strerror or err}")
+        say(f"W&B report run: {where}" + (f" (upload: wandb sync {where})" if args.wandb == "offline" else ""))
     return 0
 
 
@@ -308,7 +326,12 @@ def _print(args, sections, notes, console, groups, by, verdicts, table=None) -> 
 def _notes(groups, compared, baseline=None) -> list[str]:
     """One line each: systems without a baseline at their settings, verdicts that lean on the
     t-test's assumption, replicates counted once, runs without per-item outputs."""
+    from nas_cli.report.table import code_versions_note
+
     out = []
+    versions = code_versions_note([r for g in groups for r in g.runs])
+    if versions:
+        out.append(versions)
     if baseline is not None and baseline.unmatched:
         out.append(f"no baseline at the same {', '.join(baseline.matched_on)} for "
                    f"{'; '.join(g.label for g in baseline.unmatched)}: not compared")
@@ -355,13 +378,14 @@ def _caption(groups, by) -> str:
 
 
 def _rich(title, head, rows, caption):
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=title, caption=caption, caption_justify="left")
+    t = Table(title=escape(title), caption=escape(caption), caption_justify="left")
     for h in head:
-        t.add_column(h)
-    for r in rows:
-        t.add_row(*r)
+        t.add_column(escape(h))
+    for r in rows:  # cells are text, not markup
+        t.add_row(*map(escape, r))
     return t
 
 

@@ -58,7 +58,23 @@ def _register_sweeper(argv: list[str]) -> None:
             plugins.register(SequentialSweeper)
 
 
+def version_line() -> str:
+    """``nas-run --version``: nas-run's version and commit, then the libraries a run's numbers depend on."""
+    from importlib import metadata
+
+    from nas_cli.infra.version import code_version, describe
+
+    code = code_version()
+    where = f" (commit {code['commit']}{', with uncommitted changes' if code['dirty'] else ''})" if code["commit"] else ""
+    libs = ", ".join(f"{name} {metadata.version(dist)}" for name, dist in
+                     (("torch", "torch"), ("Lightning", "pytorch-lightning"), ("Hydra", "hydra-core"), ("wandb", "wandb")))
+    return f"nas-run {describe({'version': code['version']})}{where}\n{libs}"
+
+
 def main() -> None:
+    if "--version" in sys.argv[1:]:
+        print(version_line())
+        return
     _quiet()
     register_resolvers()
     try:

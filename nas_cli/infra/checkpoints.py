@@ -144,16 +144,23 @@ def unreadable_checkpoint(path: str) -> str | None:
     return None
 
 
+def checkpoint_step(path: str | None) -> int | None:
+    """The optimizer step a checkpoint was saved at; None without a path, -1 if unreadable."""
+    if not path:
+        return None
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step", -1))
+    except Exception:  # noqa: BLE001 - the test itself will say what is wrong with the file
+        return -1
+
+
 def tested_checkpoint(best: str | None, run_dir: Path, metric: str, value: float | None, final_step: int,
                       why: str | None = None) -> dict:
     """Which weights the test uses, said plainly (also the console line and summary.json)."""
     if not best:
         return {"checkpoint": None, "step": final_step, "metric": metric, "value": None,
                 "line": f"{why or 'no validation ran'}: tested the final weights (step {final_step})"}
-    try:
-        step = int(torch.load(best, map_location="cpu", weights_only=True, mmap=True).get("global_step", -1))
-    except Exception:  # noqa: BLE001 - the test itself will say what is wrong with the file
-        step = -1
+    step = checkpoint_step(best)
     shown = "?" if value is None else f"{value:.4g}"
     return {"checkpoint": os.path.relpath(best, run_dir), "step": step, "metric": metric, "value": value,
             "line": f"tested checkpoint: step {step} of {final_step} (best {metric} = {shown})"}

@@ -127,18 +127,16 @@ def wandb_run_id(logger) -> str | None:
     return init.get("id") if isinstance(init, dict) else None
 
 
-def make_logger(cfg, plan, run_dir: Path, group: str, job_type: str, run_id: str | None = None,
-                cfg_id: str | None = None):
+def make_logger(cfg, plan, run_dir: Path, group: str, job_type: str, run_id: str | None, cfg_id: str,
+                extra: dict[str, Any] | None = None):
     """The logger of ``cfg.logger`` (its ``_target_``, a factory of this module) for one job with
     the attention ``plan``. ``run_id``: the W&B run to continue (resume); ``cfg_id``: the job's
-    config_id, if already computed."""
+    config_id; ``extra``: what the job adds to the logged config (parameters, code version)."""
     from hydra.utils import get_method
     from omegaconf import OmegaConf
 
     from nas_cli.errors import unwrap as _unwrap
-    from nas_cli.infra.config_identity import config_id
 
-    cfg_id = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))
     tags = [f"task:{cfg.task.name}", f"scheme:{plan.tag}", f"heads:{cfg.model.heads}", f"cfg:{cfg_id}",
             *plan.wandb_tags,
             *cfg.logger.get("tags", [])]
@@ -151,7 +149,7 @@ def make_logger(cfg, plan, run_dir: Path, group: str, job_type: str, run_id: str
     except Exception as err:  # noqa: BLE001 - not importable: name it
         raise UserError(f"logger._target_={target} cannot be imported ({_unwrap(err)})") from None
     return factory(run_dir=run_dir, name=run_dir.name, group=group, job_type=job_type, tags=tags,
-                   hparams=public_config(cfg, plan, cfg_id), run_id=run_id or _new_run_id(), **options)
+                   hparams={**public_config(cfg, plan, cfg_id), **(extra or {})}, run_id=run_id or _new_run_id(), **options)
 
 
 def _new_run_id() -> str:
@@ -163,16 +161,16 @@ def _new_run_id() -> str:
 
 
 #: name parts that mark a config key as a secret (``logger.api_key``, ``access_token``, ``password``)
-def public_config(cfg, plan, cfg_id: str | None = None) -> dict[str, Any]:
+def public_config(cfg, plan, cfg_id: str) -> dict[str, Any]:
     """The resolved config with anything that looks like a secret dropped, plus the job's
-    attention ``plan`` (an :class:`~nas_cli.model.plan.AttentionPlan`) spelled out per location."""
+    attention ``plan`` (an :class:`~nas_cli.model.plan.AttentionPlan`) spelled out per location
+    the model has."""
     from omegaconf import OmegaConf
 
-    from nas_cli.infra.config_identity import config_id
     from nas_cli.infra.redaction import redact
 
     data = redact(OmegaConf.to_container(cfg, resolve=True))
-    data["config_id"] = cfg_id or config_id(OmegaConf.to_container(cfg, resolve=True))
+    data["config_id"] = cfg_id
     data["scheme"] = plan.tag
     data["attention_placement"] = plan.names
     return data

@@ -50,12 +50,14 @@ def read_run(path: str | Path) -> dict[str, Any]:
     """Returns {id, name, group, job_type, tags, config, summary, history} of one run.
 
     ``path``: the ``run-<id>.wandb`` file or a directory containing one (searched
-    recursively, e.g. a nas-run run directory)."""
+    recursively, e.g. a nas-run run directory: the newest run there, not one under
+    ``wandb/superseded/``)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     path = Path(path)
     if path.is_dir():
-        found = sorted(path.rglob("run-*.wandb"))
+        found = sorted((p for p in path.rglob("run-*.wandb") if SUPERSEDED not in p.relative_to(path).parts),
+                       key=lambda p: p.parent.name.removeprefix("offline-"))  # run-<YYYYmmdd_HHMMSS>-<id>
         if not found:
             raise FileNotFoundError(f"no W&B run file (run-*.wandb) under {path}")
         path = found[-1]
@@ -80,3 +82,74 @@ def read_run(path: str | Path) -> dict[str, Any]:
             for item in rec.summary.update:
                 out["summary"][_key(item)] = json.loads(item.value_json)
     return out
+
+
+# ---- one W&B run per nas-run run, in offline mode too -------------------------------------------
+#: where the offline folders of earlier launches of a resumed run are moved once their history is
+#: carried into the newest one (kept, not deleted; ``wandb sync <run dir>/wandb/offline-run-*``
+#: does not reach them)
+SUPERSEDED = "superseded"
+
+
+def _records(path: Path, kind: str):
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    for chunk in _chunks(path.read_bytes()):
+        rec = pb.Record()
+        rec.ParseFromString(chunk)
+        if rec.WhichOneof("record_type") == kind:
+            yield rec
+
+
+def _nested_history(path: Path) -> list[dict[str, Any]]:
+    """The history rows of one offline run file as they were logged: nested keys (a histogram,
+    an image) become the nested dicts W&B serialized them from."""
+    rows = []
+    for rec in _records(path, "history"):
+        row: dict[str, Any] = {}
+        for item in rec.history.item:
+            keys = [item.key] if item.key else list(item.nested_key)
+            node = row
+            for k in keys[:-1]:
+                node = node.setdefault(k, {})
+            node[keys[-1]] = json.loads(item.value_json)
+        rows.append(row)
+    return rows
+
+
+def offline_folders(wandb_dir: Path, run_id: str) -> list[Path]:
+    """The offline run folders of ``run_id`` directly under ``wandb_dir``, oldest first (W&B names
+    them ``offline-run-<YYYYmmdd_HHMMSS>-<id>``)."""
+    return sorted(p for p in Path(wandb_dir).glob(f"offline-run-*-{run_id}") if p.is_dir())
+
+
+def carry_history(run, wandb_dir: Path, upto_step: int, step_key: str = "trainer/global_step") -> int:
+    """Log into ``run`` (a new offline launch of a resumed run) the history the launches before it
+    logged up to and including ``upto_step`` (the step of the checkpoint it resumed from: later
+    rows are logged again by this launch), with their media; then move those earlier folders to
+    ``wandb/superseded/``. The newest offline folder then holds the whole run once, which is what
+    ``wandb sync`` uploads (it does not merge offline folders of one id: the last one synced
+    replaces the history). Returns the number of rows carried."""
+    import shutil
+
+    current = Path(run.dir).parent
+    earlier = [p for p in offline_folders(wandb_dir, run.id) if p.resolve() != current.resolve()]
+    if not earlier:
+        return 0
+    source = earlier[-1]  # it carries its own predecessors' rows already
+    files = sorted(source.glob("run-*.wandb"))
+    rows = _nested_history(files[-1]) if files else []
+    media = source / "files" / "media"
+    if media.is_dir():  # images are logged by their path inside the run's files/
+        shutil.copytree(media, Path(run.dir) / "media", dirs_exist_ok=True)
+    carried = 0
+    for row in rows:
+        step = row.get(step_key)
+        if not isinstance(step, (int, float)) or step > upto_step:
+            continue
+        run.log({k: v for k, v in row.items() if not k.startswith("_")})
+        carried += 1
+    (Path(wandb_dir) / SUPERSEDED).mkdir(exist_ok=True)
+    for folder in earlier:
+        folder.rename(Path(wandb_dir) / SUPERSEDED / folder.name)
+    return carried

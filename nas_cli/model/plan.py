@@ -30,7 +30,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from nas_cli.attention import AttentionCore, SchemeError
-from nas_cli.model.locations import LOCATIONS
+from nas_cli.model.locations import LOCATIONS, PLAIN, job_locations
 from nas_cli.model.choices import scheme_config
 
 #: keys of a composed ``attention`` node that are not constructor options
@@ -51,11 +51,14 @@ class Placed:
 
 
 class AttentionPlan:
-    """``{location: Placed}`` for the three locations of an encoder-decoder (a language
-    model uses ``decoder`` only)."""
+    """``{location: Placed}`` for the locations the model has: the three of an encoder-decoder,
+    ``decoder`` alone for a language model. A run's label, tags and ``config_id`` come from this
+    and nothing else, so two spellings that build the same model are one setup."""
 
-    def __init__(self, placed: dict[str, Placed]):
+    def __init__(self, placed: dict[str, Placed], explicit: frozenset[str] = frozenset()):
         self.placed = placed
+        #: locations the config names itself (``attention.cross=dnas``), not by the global choice
+        self.explicit = explicit
         #: {location: scheme name}
         self.names: dict[str, str] = {loc: p.scheme for loc, p in placed.items()}
         #: 'dnas' when one scheme runs everywhere, else 'enc-hnas_dec-unas_cross-unas'
@@ -71,10 +74,33 @@ class AttentionPlan:
         ``_target_`` (composed by Hydra), or, in configs saved before the plan existed, a
         scheme name (its options are then the global node's when the names agree, else its
         packaged YAML's)."""
-        placed, own = _placements(attn_cfg)
+        placed, own, explicit = _placements(attn_cfg)
         for loc, p in placed.items():
             _check_declared(p, "attention" if p.options is own else f"attention.{loc}")
-        return cls(placed)
+        return cls(placed, explicit)
+
+    @classmethod
+    def for_job(cls, cfg: DictConfig | dict) -> "AttentionPlan":
+        """The plan of a whole composed config, resolved against the model it builds
+        (:meth:`restricted` to :func:`~nas_cli.model.locations.job_locations`)."""
+        return cls.from_config(cfg["attention"]).restricted(job_locations(cfg), _model_words(cfg))
+
+    def restricted(self, used: tuple[str, ...], model: str = "the model") -> "AttentionPlan":
+        """The plan of the locations ``used`` (what the model builds). A location the config names
+        but the model does not have is refused in one line: a run labelled with a scheme it never
+        ran would be compared as if it had."""
+        for loc in LOCATIONS:
+            if loc in self.explicit and loc not in used:
+                keep = ", ".join(f"attention.{u}=..." for u in used)
+                raise SchemeError(f"attention.{loc}={self.placed[loc].scheme}: {model} has no {PLAIN[loc]}; "
+                                  f"drop attention.{loc} (the locations it has: {keep}, or attention=... for all)")
+        return AttentionPlan({loc: self.placed[loc] for loc in LOCATIONS if loc in used},
+                             self.explicit & frozenset(used))
+
+    def identity(self) -> dict[str, dict[str, Any]]:
+        """``{location: {"scheme": name, **options}}``: what ``config_id`` hashes in place of the
+        composed ``attention`` node (see :func:`canonical_config`)."""
+        return {loc: {"scheme": p.scheme, **p.options} for loc, p in self.placed.items()}
 
     # --- building the cores -----------------------------------------------------------
     def core(self, location: str, layer: int, causal: bool, heads: int, dropout: float = 0.0) -> AttentionCore:
@@ -94,15 +120,14 @@ class AttentionPlan:
         return self.core_factory(int(model_cfg.heads), float(model_cfg.get("attention_dropout", 0.0)))
 
     # --- cross-group constraints, checked before any data or W&B run -----------------
-    def check(self, model_cfg: DictConfig, lm: bool) -> None:
+    def check(self, model_cfg: DictConfig) -> None:
         """One line naming the option to change when a scheme cannot run with this model.
 
         Builds one probe core per location (cheap: no width-dependent parameters yet), so
         flags that follow a scheme's options (``attention.positions``) are the ones the
         model will see."""
-        used = ("decoder",) if lm else LOCATIONS
         positions = str(model_cfg.get("positions", "sinusoidal"))
-        for loc in used:
+        for loc in self.placed:
             causal = loc == "decoder"
             try:
                 core = self.core(loc, 0, causal, int(model_cfg.heads))
@@ -112,7 +137,7 @@ class AttentionPlan:
                 msg = str(err.__cause__ or err).strip().splitlines()[-1]
                 raise SchemeError(f"attention at {loc} ({self.placed[loc].scheme}): {msg}") from None
             if core.requires_no_input_positions and positions != "none":
-                where = "attention" if self.placed[loc].scheme == self.placed["encoder"].scheme else f"attention.{loc}"
+                where = "attention" if loc not in self.explicit else f"attention.{loc}"
                 raise SchemeError(
                     f"{where}={self.placed[loc].scheme} puts positions into the attention itself, but model.positions="
                     f"{positions} adds them to the input too: add model.positions=none")
@@ -133,9 +158,10 @@ class Cores:
         return self.plan.core(location, layer, causal, self.heads, self.dropout)
 
 
-def _placements(attn_cfg: DictConfig | dict) -> tuple[dict[str, Placed], dict[str, Any]]:
-    """{location: Placed} of a composed ``attention`` node, and the global node's options (see
-    :meth:`AttentionPlan.from_config`); the options are not checked here."""
+def _placements(attn_cfg: DictConfig | dict) -> tuple[dict[str, Placed], dict[str, Any], frozenset[str]]:
+    """{location: Placed} of a composed ``attention`` node, the global node's options, and the
+    locations the node names itself (see :meth:`AttentionPlan.from_config`); the options are not
+    checked here."""
     node = OmegaConf.create(attn_cfg) if isinstance(attn_cfg, dict) else attn_cfg
     data = OmegaConf.to_container(node, resolve=True)
     if "_target_" not in data:
@@ -143,6 +169,7 @@ def _placements(attn_cfg: DictConfig | dict) -> tuple[dict[str, Placed], dict[st
     name = str(data.get("name") or data["_target_"].rsplit(".", 1)[-1].lower())
     own = {k: v for k, v in data.items() if k not in _NOT_OPTIONS}
     placed = {}
+    explicit = frozenset(loc for loc in LOCATIONS if data.get(loc) is not None)
     for loc in LOCATIONS:
         value = data.get(loc)
         if value is None or value == name:
@@ -156,7 +183,33 @@ def _placements(attn_cfg: DictConfig | dict) -> tuple[dict[str, Placed], dict[st
         else:  # a scheme name (saved configs of earlier versions)
             legacy = OmegaConf.to_container(scheme_config(str(value)), resolve=True)
             placed[loc] = Placed(str(value), {k: v for k, v in legacy.items() if k not in _NOT_OPTIONS})
-    return placed, own
+    return placed, own, explicit
+
+
+def _model_words(cfg: DictConfig | dict) -> str:
+    """How a refusal names the model a config builds."""
+    used = job_locations(cfg)
+    task = cfg["task"].get("name", "?") if "task" in cfg else "?"
+    if used == ("decoder",):
+        return f"task {task} builds a decoder-only model: it"
+    if "encoder" not in used:
+        return "model.encoder_layers=0 builds no encoder: the model"
+    return "the model"
+
+
+def canonical_config(config: dict) -> dict:
+    """``config`` (a resolved container) with its ``attention`` node replaced by the plan of the
+    locations the model has (:meth:`AttentionPlan.identity`): ``attention=dnas`` and
+    ``attention.decoder=dnas`` on a language model are one setup. Unchanged when it has no
+    attention a plan can be read from."""
+    if not isinstance(config.get("attention"), dict) or "task" not in config:
+        return config
+    try:
+        placed = _placements(config["attention"])[0]
+    except SchemeError:
+        return config
+    return {**config, "attention": {loc: {"scheme": placed[loc].scheme, **placed[loc].options}
+                                    for loc in LOCATIONS if loc in job_locations(config)}}
 
 
 #: constructor parameters nas-run sets itself for every core: never options of a scheme's YAML
@@ -190,16 +243,21 @@ def make_core_factory(attn_cfg: DictConfig | dict, heads: int, dropout: float = 
 
 
 def tag_from_names(names: dict[str, str]) -> str:
-    """{location: scheme} -> 'dnas' when one scheme runs everywhere, else per location."""
+    """{location: scheme} of the locations a model has -> 'dnas' when one scheme runs at all of
+    them, else per location ('enc-hnas_dec-unas_cross-unas')."""
     if len(set(names.values())) == 1:
-        return names["encoder"]
-    return "_".join(f"{_SHORT[loc]}-{names[loc]}" for loc in LOCATIONS)
+        return next(iter(names.values()))
+    return "_".join(f"{_SHORT[loc]}-{names[loc]}" for loc in LOCATIONS if loc in names)
 
 
-def tag_resolver(attn_node) -> str:
-    """``${nas.tag:${attention}}``: the scheme tag in run-directory names. Hydra resolves it before
-    nas-run's pre-run check: the options are checked there (one line), not here (a traceback)."""
-    return tag_from_names({loc: p.scheme for loc, p in _placements(attn_node)[0].items()})
+def tag_resolver(attn_node, task_target, model_node) -> str:
+    """``${nas.tag:${attention},${task._target_},${model}}``: the scheme tag in run-directory names,
+    of the locations the model has. Hydra resolves it before nas-run's pre-run check: the options
+    are checked there (one line), not here (a traceback)."""
+    from nas_cli.model.locations import used_locations
+
+    used = used_locations(task_target, model_node)
+    return tag_from_names({loc: p.scheme for loc, p in _placements(attn_node)[0].items() if loc in used})
 
 
 _ALIAS = re.compile(r"^(attention)\.(encoder|decoder|cross)=(.*)$")

@@ -208,16 +208,10 @@ def check_shapes_and_logger(cfg: DictConfig) -> None:
 
 
 def is_language_model(cfg: DictConfig) -> bool:
-    """The one test of "is this task a language model": the task class's declared ``kind``
-    (a user's LM task need not be named like the built-in one)."""
-    if "task" not in cfg or not cfg.task.get("_target_"):
-        return False
-    from hydra.utils import get_class
+    """Whether the task of ``cfg`` is a language model (its class's declared ``kind``)."""
+    from nas_cli.model.locations import is_language_model as kind_is_lm
 
-    try:
-        return getattr(get_class(str(cfg.task._target_)), "kind", "seq2seq") == "lm"
-    except Exception:  # noqa: BLE001 - a class that cannot be imported is reported when the task is built
-        return False
+    return "task" in cfg and kind_is_lm(cfg.task.get("_target_"))
 
 
 def check_attention(cfg: DictConfig) -> AttentionPlan | None:
@@ -228,12 +222,11 @@ def check_attention(cfg: DictConfig) -> AttentionPlan | None:
     if "attention" not in cfg or "model" not in cfg:
         return None
     try:
-        lm = is_language_model(cfg)
-        plan = AttentionPlan.from_config(cfg.attention)
+        plan = AttentionPlan.for_job(cfg)
         if cfg.model.get("family"):
-            check_hf_model(plan, cfg, lm)
+            check_hf_model(plan, cfg, is_language_model(cfg))
         else:
-            plan.check(cfg.model, lm=lm)
+            plan.check(cfg.model)
     except SchemeError as err:
         raise UserError(str(err)) from None
     check_flex(plan, cfg)
@@ -261,10 +254,10 @@ def check_hf_model(plan, cfg: DictConfig, lm: bool) -> None:
     if cfg.model.get("adaptive_softmax") and not lm:
         raise UserError(f"model.adaptive_softmax is for language models; with model={cfg.model.get('name')} "
                         "add model.adaptive_softmax=null")
-    for loc in (("decoder",) if lm else ("encoder", "decoder", "cross")):
+    for loc in plan.placed:
         reason = refuse_reason(plan.core(loc, 0, loc == "decoder", int(cfg.model.heads)))
         if reason:
-            where = "attention" if len(set(plan.names.values())) == 1 else f"attention.{loc}"
+            where = f"attention.{loc}" if loc in plan.explicit else "attention"
             raise UserError(f"{where}={plan.placed[loc].scheme} cannot run inside model={cfg.model.get('name')}: "
                             f"it {reason}")
 

@@ -65,6 +65,12 @@ def item_outputs(task, index: list[int], nll: list[float], tokens: list[int], hy
     return out
 
 
+def grad_norm(parameters) -> torch.Tensor:
+    """Global 2-norm of the gradients of ``parameters`` (those without a gradient are skipped)."""
+    norms = [torch.linalg.vector_norm(p.grad.detach().float()) for p in parameters if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
+
+
 def inverse_sqrt(warmup: int):
     """Vaswani et al.: linear warm-up to the peak LR, then decay with 1/sqrt(step)."""
     warmup = max(1, int(warmup))
@@ -213,6 +219,13 @@ class NasLitModule(pl.LightningModule):
             self.log("train/token_acc", correct.float() / n, batch_size=bs)
             self.log("lr", self.optimizers().param_groups[0]["lr"], batch_size=bs)
         return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """The gradients' global 2-norm before clipping (Lightning clips after this hook; with
+        mixed precision they are unscaled by now), logged with the other per-step values. Under
+        FSDP each process holds a shard, so the value is its shard's."""
+        if self._log_now():
+            self.log("train/grad_norm", grad_norm(self.parameters()), batch_size=1)
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         if self._t0 is not None:

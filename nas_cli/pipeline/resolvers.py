@@ -40,15 +40,12 @@ def slurm_gpus(accelerator, devices) -> int | None:
     return _devices(devices) if str(accelerator) in ("gpu", "cuda") else None
 
 
-def scheme_tag(*args) -> str:
-    """``${nas.tag:${attention}}``: 'dnas', or 'enc-hnas_dec-unas_cross-unas' when locations differ.
-    (Configs of earlier versions pass the three location names instead.)"""
-    from nas_cli.model.locations import LOCATIONS
-    from nas_cli.model.plan import tag_from_names, tag_resolver
+def scheme_tag(attention, task_target, model) -> str:
+    """``${nas.tag:${attention},${task._target_},${model}}``: 'dnas', or 'enc-hnas_dec-unas_cross-unas'
+    when the locations the model has run different schemes (a language model: its decoder's)."""
+    from nas_cli.model.plan import tag_resolver
 
-    if len(args) == 3:
-        return tag_from_names(dict(zip(LOCATIONS, map(str, args))))
-    return tag_resolver(args[0])
+    return tag_resolver(attention, task_target, model)
 
 
 RESOLVERS = {"nas.tag": scheme_tag, "nas.direction": optuna_direction, "nas.slurm_tasks": slurm_tasks,

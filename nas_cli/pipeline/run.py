@@ -26,19 +26,23 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from nas_cli.attention import SchemeError
 from nas_cli.attention.base import learned_scalars, learned_values
 from tasks.scores import declaration
-from nas_cli.infra.checkpoints import PeriodicCheckpoint, checkpoint_io, tested_checkpoint, unreadable_checkpoint
+from nas_cli.infra.checkpoints import (PeriodicCheckpoint, checkpoint_io, checkpoint_step, tested_checkpoint,
+                                      unreadable_checkpoint)
 from nas_cli.errors import Refused, SignalStop, Stopped, UserError
 from nas_cli.errors import unwrap as _unwrap
 from nas_cli.infra.atomic import remove_stale_temporaries
 from nas_cli.infra.config_identity import config_id
 from nas_cli.pipeline.lit import NasLitModule
 from nas_cli.infra.loggers import make_logger, wandb_run_id
-from nas_cli.model.plan import AttentionPlan, Cores
+from nas_cli.infra.wandb_offline import carry_history
+from nas_cli.model.locations import job_locations
+from nas_cli.model.plan import AttentionPlan, Cores, canonical_config
 from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
                       environment, set_threads)
 from nas_cli.infra.resume import (CHAINED, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint, stop_signals_here,
                      continue_finished, pick_checkpoint)
 from nas_cli.infra.redaction import redacted_argv
+from nas_cli.infra.version import code_version
 from nas_cli.infra.atomic import atomic_write_json, atomic_write_text
 from nas_cli.infra.rundir import ITEMS_FILE, continuing
 from nas_cli.infra.distributed import StepSeed, shard_and_resume
@@ -135,7 +139,7 @@ def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_
     data = shard_and_resume(task, int(cfg.seed))  # the loaders as this process reads them
     module = build_module(cfg, task, job.cores)
     compiled = compile_model(module, cfg.get("compile", False))
-    logger = _start_logger(cfg, job)
+    logger = _start_logger(cfg, job, {"parameters": count_parameters(module.model), "code": code_version()})
     trainer, ckpt = _make_trainer(cfg, job, task, logger)
     _fit(cfg, job, trainer, module, data, compiled, phase)
     fit_seconds = module.fit_seconds_by_launch()  # this launch's training and, resumed, the earlier ones'
@@ -148,7 +152,7 @@ def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_
     if "test" in module.items:
         atomic_write_json(run_dir / ITEMS_FILE, module.items["test"], indent=None)
     summary = _summary(cfg, job, trainer, ckpt, module, task, tested, test, fit_seconds, train_tokens)
-    _finish_logger(logger, summary)
+    _finish_logger(logger, summary, run_dir)
     atomic_write_json(run_dir / "summary.json", summary)
     (run_dir / WANDB_ID_FILE).unlink(missing_ok=True)
     return summary
@@ -165,6 +169,10 @@ def _prepare(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, jo
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     check_trainer(cfg)
     set_threads(cfg)
+    try:
+        plan = plan.restricted(job_locations(cfg))  # the locations this model has: what the run is labelled by
+    except SchemeError as err:
+        raise UserError(str(err)) from None
     cores = plan.model_cores(cfg.model)
     identity = {"config": config_fingerprint(cfg), "group": group, "job_type": job_type,
                 "wandb_run_id": _saved_wandb_id(run_dir)}  # a run killed before its first checkpoint
@@ -177,7 +185,8 @@ def _prepare(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, jo
             tmp.unlink(missing_ok=True)
         remove_stale_temporaries(run_dir)  # the diagnostics, summaries and logs it was writing
     kept = continue_finished(run_dir) if continued and rank_zero_only.rank == 0 else None
-    return _Job(run_dir, plan, cores, identity, config_id(OmegaConf.to_container(cfg, resolve=True)), resume, kept)
+    return _Job(run_dir, plan, cores, identity, config_id(canonical_config(OmegaConf.to_container(cfg, resolve=True))),
+                resume, kept)
 
 
 def _check_resumable(cfg: DictConfig, run_dir: Path, resume: tuple, identity: dict) -> None:
@@ -193,16 +202,21 @@ def _check_resumable(cfg: DictConfig, run_dir: Path, resume: tuple, identity: di
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 
-def _start_logger(cfg: DictConfig, job: _Job):
-    """The configured logger; a W&B run starts here (rank 0), its id kept for a resume."""
+def _start_logger(cfg: DictConfig, job: _Job, extra: dict[str, Any]):
+    """The configured logger (``extra``: what the logged config gets beside the composed one); a W&B
+    run starts here (rank 0), its id kept for a resume."""
     logger = make_logger(cfg, job.plan, job.run_dir, job.identity["group"], job.identity["job_type"],
-                         job.identity["wandb_run_id"], job.config_id)
+                         job.identity["wandb_run_id"], job.config_id, extra)
     if wandb_run_id(logger):
         job.identity["wandb_run_id"] = wandb_run_id(logger)
         if rank_zero_only.rank == 0:
             atomic_write_text(job.run_dir / WANDB_ID_FILE, job.identity["wandb_run_id"])
         with redacted_argv():
-            _ = logger.experiment  # W&B starts here (rank 0 only), recording a redacted command line
+            run = logger.experiment  # W&B starts here (rank 0 only), recording a redacted command line
+        if rank_zero_only.rank == 0 and str(cfg.logger.get("mode")) == "offline":
+            # W&B cannot resume an offline run: this launch's folder gets the history logged before
+            # the checkpoint it continues from, and the earlier folders move aside (wandb/superseded/)
+            carry_history(run, job.run_dir / "wandb", int(job.resume[1]["global_step"]) if job.resume else -1)
     return logger
 
 
@@ -287,6 +301,7 @@ def _summary(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoin
         "parameters": count_parameters(module.model),
         "seed": int(cfg.seed),
         "config_id": job.config_id,
+        "code": code_version(),
         "steps": int(trainer.global_step),
         # training (with validation and checkpoints) over every launch up to the weights kept; null
         # where a launch resumed from a checkpoint that did not record the earlier launches' time
@@ -295,14 +310,15 @@ def _summary(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoin
         "tokens_per_s": train_tokens / module.train_seconds if module.train_seconds else None,
         "best_checkpoint": tested["checkpoint"],
         "tested": tested,
-        "best_val": {"metric": task.monitor, "value": _float(ckpt.best_model_score)},
+        "best_val": {"metric": task.monitor, "value": _float(ckpt.best_model_score),
+                     "step": checkpoint_step(ckpt.best_model_path or None)},
         "test": {k: float(v) for k, v in test.items()},
         "metrics": declaration(task.metrics),
         "learned": learned_scalars(learned_values(module.model)),
         "bleu_signature": task.bleu_signature,
         "bleu_tok_signature": task.bleu_tok_signature,
         "data_timings": task.timings,
-        "run_dir": str(job.run_dir),
+        "run_dir": _shown_path(job.run_dir),
         "group": job.identity["group"],
         "processes": int(trainer.world_size),
         "environment": environment(trainer, cfg),
@@ -311,7 +327,7 @@ def _summary(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoin
     }
 
 
-def _finish_logger(logger, summary: dict) -> None:
+def _finish_logger(logger, summary: dict, job_dir: Path) -> None:
     """The test numbers into the W&B run's summary (and its id and folder into ours), then close it."""
     if not logger:
         return
@@ -321,8 +337,12 @@ def _finish_logger(logger, summary: dict) -> None:
             run.summary[k] = v
         run.summary["parameters"] = summary["parameters"]
         run.summary["tokens_per_s"] = summary["tokens_per_s"]
+        best = summary["best_val"]
+        if best["value"] is not None:  # W&B's summary keeps a metric's last value; the best one beside it
+            run.summary[f"best/{best['metric']}"] = best["value"]
+            run.summary["best/step"] = best["step"]
         summary["wandb_run_id"] = run.id
-        summary["wandb_dir"] = run.dir
+        summary["wandb_dir"] = os.path.relpath(run.dir, job_dir)
         run.finish()
     else:
         logger.finalize("success")
@@ -334,6 +354,13 @@ def _stopped(stop: SIGTERMException, trainer: pl.Trainer, run_dir: Path, phase: 
     saved = "checkpoints/last.ckpt saved; " if isinstance(stop, Preempted) else ""
     return Stopped(f"{name} during {phase} at step {trainer.global_step} ({saved}no summary.json); "
                    f"continue with: nas-run resume={run_dir}", 128 + int(signum))
+
+
+def _shown_path(path: Path) -> str:
+    """A run directory as summary.json records it: relative to the working directory when inside it
+    (committed summaries do not name the machine they were made on), else as given."""
+    rel = os.path.relpath(Path(path).resolve(), Path.cwd().resolve())
+    return str(path) if rel.startswith("..") else rel
 
 
 def _float(x):

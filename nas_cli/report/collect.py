@@ -152,6 +152,13 @@ class Run:
         return "_".join(f"{short.get(k, k)}-{v}" for k, v in p.items())
 
     @property
+    def code(self) -> str:
+        """The nas-run version that made the run ('0.1.0+3f2a9c1.dirty'; '?' for runs that did not record it)."""
+        from nas_cli.infra.version import describe
+
+        return describe((self.summary or {}).get("code"))
+
+    @property
     def heads(self) -> int | None:
         h = (self.summary or {}).get("heads", self._cfg("model.heads"))
         return None if h is None else int(h)

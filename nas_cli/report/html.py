@@ -31,7 +31,7 @@ from nas_cli.attention.additive import ROUND_OFF
 from nas_cli.report.collect import TEST_METRICS, Run
 from nas_cli.report.table import Group, table_rows, unfinished_rows
 
-__all__ = ["write_html", "render_html"]
+__all__ = ["render_html"]
 
 MAX_HEATMAP_ROWS = 16  # per location; further rows are left out of the heat maps
 
@@ -275,11 +275,3 @@ def _figure_sections(groups: Sequence[Group]) -> list[str]:
                   '<div class="figs">' + "".join(_img(png, title, f"{g.label} (first run: "
                                                       f"{g.runs[0].path.name})") for g, title, png in us) + "</div>"]
     return parts
-
-
-def write_html(path: str | Path, runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[str],
-               title: str = "nas-report", by: Sequence[str] | None = None, verdicts=None, items=None,
-               notes: Sequence[str] = ()) -> Path:
-    from nas_cli.infra.atomic import atomic_write_text
-
-    return atomic_write_text(path, render_html(runs, groups, sources, title, by, verdicts, items, notes))

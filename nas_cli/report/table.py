@@ -19,6 +19,7 @@ __all__ = ["Group", "group_runs", "field_value", "columns", "table_rows", "rich_
            "BadField"]
 
 from nas_cli.infra.config_identity import identity
+from nas_cli.model.plan import canonical_config
 
 #: fields read from summary.json / the run itself rather than from the config
 RUN_FIELDS = ("task", "scheme", "heads", "seed", "model", "d_model", "steps", "parameters", "source")
@@ -166,7 +167,7 @@ def distinct_replicates(runs: Sequence[Run]) -> tuple[list[Run], list[tuple[Run,
 def _identity(run: Run) -> dict[str, Any]:
     """What defines a run's setup: its config minus ``IGNORED_KEYS``, or without a saved
     config the setup fields of summary.json."""
-    flat = identity(run.config)
+    flat = identity(canonical_config(run.config))
     if flat:
         return {k: (tuple(v) if isinstance(v, list) else v) for k, v in flat.items()}
     s = run.summary or {}
@@ -263,7 +264,21 @@ def columns(groups: Sequence[Group]) -> list[Column]:
         cols.append(Column("tested", lambda g: g.common(lambda r: "untrained" if r.value("steps") == 0 else r.tested)))
     cols.append(num("tokens/s", "tokens_per_s", "int"))
     cols.append(Column("seed" + ("s" if grouped else ""), lambda g: ",".join(map(str, g.seeds)) or "-"))
+    if any(r.code != "?" for r in runs):  # which nas-run made them (summary.json's code)
+        cols.append(Column("code", lambda g: g.common(lambda r: r.code)))
     return cols
+
+
+def code_versions_note(runs: Sequence[Run]) -> str | None:
+    """One line when ``runs`` were made by more than one version of nas-run, else None."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.code] = counts.get(r.code, 0) + 1
+    if len(counts) < 2:
+        return None
+    listed = "; ".join(f"{code}: {n} run{'s' * (n > 1)}" for code, n in sorted(counts.items()))
+    return (f"warning: these runs come from {len(counts)} versions of nas-run ({listed}; ?: not recorded): a "
+            "difference between them may come from the code, not the setup")
 
 
 def table_rows(groups: Sequence[Group]) -> tuple[list[str], list[list[str]]]:
@@ -289,6 +304,7 @@ def unfinished_rows(runs: Sequence[Run]) -> tuple[list[str], list[list[str]]]:
 
 def rich_table(groups: Sequence[Group], title: str = "nas-report", by: Sequence[str] | None = None,
                rows: tuple[list[str], list[list[str]]] | None = None, caption: str | None = None):
+    from rich.markup import escape
     from rich.table import Table
 
     head, rows = rows or table_rows(groups)
@@ -299,6 +315,6 @@ def rich_table(groups: Sequence[Group], title: str = "nas-report", by: Sequence[
     table = Table(title=title, caption=caption, caption_justify="left")
     for h in head:
         table.add_column(h, no_wrap=h not in ("config",))
-    for row in rows:
-        table.add_row(*row)
+    for row in rows:  # cells are text, not markup: '[eval:test-beam5]' must show
+        table.add_row(*map(escape, row))
     return table

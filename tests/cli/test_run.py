@@ -28,7 +28,7 @@ def test_lm_task_trains_with_csv_logger(tmp_path):
 
 def test_public_config_drops_secrets():
     cfg = compose_cfg("+logger.api_key=abc123", "+logger.nested.token=xyz")
-    text = json.dumps(public_config(cfg, AttentionPlan.from_config(cfg.attention)))
+    text = json.dumps(public_config(cfg, AttentionPlan.from_config(cfg.attention), "abc"))
     assert "abc123" not in text and "xyz" not in text and "nas-run" in text
 
 
