@@ -15,8 +15,8 @@ from rich.table import Table
 from nas_cli.errors import UserError, console, fail, say
 from nas_cli.infra.launchers import ENDED_FILE, install, install_optuna
 from nas_cli.infra.rundir import acquire, continuing, read_failed, release
-from nas_cli.sweeps.continuation import (SWEEP_CONTINUE_ENV, keep_finished_configs, restore_all, same_sweep,
-                                         sweep_overrides)
+from nas_cli.sweeps.continuation import (SWEEP_CONTINUE_ENV, keep_finished_configs, keep_sweep_record, restore_all,
+                                         same_sweep, sweep_overrides)
 from nas_cli.sweeps.supervision import PROCESS, STOPPING
 from tasks.scores import declare, present
 
@@ -149,6 +149,7 @@ def _continue_sweep(root: Path, config: DictConfig) -> None:
     os.environ[SWEEP_CONTINUE_ENV] = str(root.resolve())
     if "optuna" not in str(config.hydra.sweeper.get("_target_", "")):  # Optuna: new trials, new dirs
         keep_finished_configs(root, config.hydra.output_subdir)
+    keep_sweep_record(root)
     done = len(list(root.glob("*/summary.json")))
     say(f"[bold yellow]nas-run: continuing the sweep in {root}:[/] {done} finished job(s) are skipped, "
         "unfinished ones resume from their checkpoints")

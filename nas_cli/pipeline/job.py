@@ -27,7 +27,7 @@ from nas_cli.infra.redaction import redact
 from nas_cli.infra.atomic import atomic_write_text
 from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release
 from nas_cli.pipeline.callbacks import summary_table
-from nas_cli.sweeps.continuation import SWEEP_CONTINUE_ENV, restore_finished_configs
+from nas_cli.sweeps.continuation import SWEEP_CONTINUE_ENV, restore_finished_configs, restore_sweep_record
 from nas_cli.sweeps.supervision import STOPPING
 
 
@@ -110,6 +110,8 @@ def _prepare_job(cfg: DictConfig, hc, run_dir: Path, multirun: bool, optuna: boo
         saved = run_dir / str(hc.output_subdir)
         redact_files(saved / "config.yaml", saved / "hydra.yaml", saved / "overrides.yaml",
                      *([Path(hc.sweep.dir) / "multirun.yaml"] if multirun else []))
+    if multirun:
+        restore_sweep_record(Path(hc.sweep.dir))  # a continued sweep keeps its first launch's record
     try:
         acquire(run_dir)  # a single run took it before Hydra wrote anything (RunGuard); a sweep job here
     except UserError as err:  # another process owns it: write nothing there

@@ -7,6 +7,7 @@ A sweep of other overrides is refused before anything is written (``pipeline.cal
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from nas_cli.infra.config_identity import ignored
 SWEEP_CONTINUE_ENV = "NAS_RUN_SWEEP_CONTINUE"
 #: where a continued sweep keeps a finished job's saved configs while Hydra writes the job's again
 KEPT_CONFIGS = ".nas-run-kept-configs"
+#: the first launch's multirun.yaml while a continued sweep's launch runs (keep_sweep_record)
+KEPT_RECORD = ".multirun.first.yaml"
 
 
 def sweep_overrides(root: Path) -> list[str] | None:
@@ -87,8 +90,25 @@ def restore_finished_configs(run_dir: Path, output_subdir) -> None:
     shutil.rmtree(kept)
 
 
+def keep_sweep_record(root: Path) -> None:
+    """Before a continued sweep's sweeper runs: Hydra writes ``multirun.yaml`` again (this launch's
+    working directory, its logging-only overrides), though the sweep is the one the first launch
+    recorded. Copy the record aside; :func:`restore_sweep_record` puts it back, so that continuing a
+    sweep kept in git (the study's) leaves its files as they were."""
+    record, kept = root / "multirun.yaml", root / KEPT_RECORD
+    if record.is_file() and not kept.exists():
+        shutil.copy2(record, kept)
+
+
+def restore_sweep_record(root: Path) -> None:
+    kept = root / KEPT_RECORD
+    if kept.is_file():
+        os.replace(kept, root / "multirun.yaml")
+
+
 def restore_all(root: Path, output_subdir) -> None:
     """At a sweep's end: finished jobs this launch did not reach (a sweeper of its own) get their
-    saved configs back; nothing is left aside."""
+    saved configs back, the sweep its first record; nothing is left aside."""
     for kept in root.glob(f"*/{KEPT_CONFIGS}"):
         restore_finished_configs(kept.parent, output_subdir)
+    restore_sweep_record(root)

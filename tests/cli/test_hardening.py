@@ -459,6 +459,7 @@ def test_a_killed_sweep_launched_again_skips_finished_jobs_and_resumes_the_rest(
     with (first / ".hydra" / "config.yaml").open("a") as f:
         f.write("# composed by an earlier nas-run\n")
     configs = {f.name: f.read_bytes() for f in (first / ".hydra").iterdir()}
+    record = (sweep / "multirun.yaml").read_bytes()
 
     other = nas_run("-m", *FAST, "trainer.max_steps=20,30", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert "holds a sweep of other overrides" in one_line_error(other)
@@ -467,8 +468,12 @@ def test_a_killed_sweep_launched_again_skips_finished_jobs_and_resumes_the_rest(
     # changes only what is shown (progress_bar=false: the README's study command against the committed sweep)
     reordered = ("checkpoint.last_every_n_steps=10", "trainer.max_steps=20,40",
                  *[a for a in FAST if a != "progress_bar=false"], f"hydra.sweep.dir={sweep}", "-m")
-    again = nas_run(*reordered, cwd=tmp_path, timeout=600)
+    elsewhere = tmp_path / "elsewhere"  # launched from another directory too
+    elsewhere.mkdir()
+    again = nas_run(*reordered, cwd=elsewhere, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
+    # the sweep's record is the first launch's (a study kept in git: its files unchanged)
+    assert (sweep / "multirun.yaml").read_bytes() == record and not (sweep / ".multirun.first.yaml").exists()
     assert "continuing the sweep" in again.stderr and f"{first.name}: finished in an earlier launch" in again.stderr
     assert (first / "summary.json").read_bytes() == finished  # not trained again
     # ... and its saved configs still say what ran: Hydra wrote the configs of this launch there,

@@ -303,3 +303,58 @@ def test_a_config_read_again_is_read_from_the_file_when_it_changed(tmp_path):
     cfg.write_text("seed: 2\nmodel:\n  heads: 8\n")  # same size, new contents
     os.utime(cfg, ns=(cfg.stat().st_atime_ns, cfg.stat().st_mtime_ns + 1_000_000))
     assert load_run(run).config == {"seed": 2, "model": {"heads": 8}}
+
+
+def test_report_to_wandb_logs_the_verdict_tables_in_the_sweeps_group_and_replaces_itself(sweep, tmp_path):
+    """``nas-report <sweep> --wandb``: an offline W&B run (job type report) in the runs' group whose
+    tables, read back from its files, are ``--format json``'s rows; run again, it replaces itself."""
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep, copy)
+    args = (str(copy), "--baseline", "scheme=unas", "--samples", "50")
+    for _ in range(2):
+        proc = run_cmd(NAS_REPORT, *args, "--wandb", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    folders = sorted((copy / "nas-report" / "wandb").glob("offline-run-*"))
+    assert len(folders) == 1, folders  # the second report replaced the first
+    assert f"W&B report run: {folders[0]}" in proc.stdout.replace("\n", "")
+    doc = json.loads(run_cmd(NAS_REPORT, *args, "--format", "json", cwd=tmp_path).stdout)
+    run = read_run(folders[0])
+    groups = {json.loads((p / "summary.json").read_text())["group"] for p in copy.iterdir() if (p / "summary.json").is_file()}
+    assert run["job_type"] == "report" and [run["group"]] == sorted(groups)
+    logged = run["history"][0]
+    for key in ("comparison", "test_set"):
+        table = json.loads((folders[0] / "files" / logged[f"report/{key}/path"]).read_text())
+        assert [dict(zip(table["columns"], row)) for row in table["data"]] == doc[key]["rows"]
+    runs = json.loads((folders[0] / "files" / logged["report/runs/path"]).read_text())
+    assert runs["columns"] == doc["runs"]["columns"] and len(runs["data"]) == len(doc["runs"]["rows"])
+    assert logged["report/page/_type"] == "html"
+    assert any(k.startswith("report/figures/") for k in logged)  # metric vs heads (two head counts)
+    assert run["summary"]["report/notes"] == "\n".join(doc["notes"])
+
+
+def test_report_names_the_code_version_and_warns_when_runs_differ(sweep, tmp_path):
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep, copy)
+    jobs = sorted(p for p in copy.iterdir() if (p / "summary.json").is_file())
+    path = jobs[0] / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["code"] = {"version": "0.0.9", "commit": "0123456789abcdef", "dirty": False}
+    path.write_text(json.dumps(summary))
+    proc = run_cmd(NAS_REPORT, str(copy), "--format", "json", cwd=tmp_path)
+    doc = json.loads(proc.stdout)
+    assert "code" in doc["runs"]["columns"]
+    assert {r["code"] for r in doc["runs"]["rows"]} >= {"0.0.9+0123456"}
+    assert any(n.startswith("warning: these runs come from 2 versions of nas-run") for n in doc["notes"])
+
+
+def test_a_re_evaluated_run_is_labelled_in_the_terminal_table(sweep, tmp_path):
+    """``nas-eval --beam``'s result is its own row: its label shows in rich's table (the brackets were
+    read as markup and vanished, leaving two rows that looked alike)."""
+    run = tmp_path / "run"
+    shutil.copytree(sweep / JOBS[0], run)
+    (run / "eval").mkdir(exist_ok=True)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "eval" / "test-beam5.json").write_text(json.dumps({"split": "test", "metrics": summary["test"]}))
+    proc = run_cmd(NAS_REPORT, str(run), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "unas [eval:test-beam5]" in proc.stdout
