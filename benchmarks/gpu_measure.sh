@@ -25,6 +25,10 @@
 set -u
 out=${1:?usage: benchmarks/gpu_measure.sh OUT_DIR [SECONDS_PER_STEP_SCALE]}
 scale=${2:-1}
+if ! nvidia-smi -L > /dev/null 2>&1; then  # before anything is made: every step needs the GPU
+    echo "gpu_measure.sh: no NVIDIA GPU on this machine (nvidia-smi -L failed); nothing was run: run it on a CUDA machine" >&2
+    exit 2
+fi
 mkdir -p "$out"
 step() {  # step NAME SECONDS command...
     local name=$1 secs=$2

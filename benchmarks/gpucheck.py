@@ -260,9 +260,9 @@ def main(args) -> int:
 
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
-        print("nas-bench gpu-check: no CUDA device on this machine; nothing was run (use --device cpu to run the "
-              "checks on the CPU)")
-        return 0
+        print("nas-bench gpu-check: error: no CUDA device on this machine; nothing was run (use --device cpu to run "
+              "the checks on the CPU)", file=sys.stderr)
+        return 2
     dtypes = [d.strip() for d in args.dtypes.split(",")] if args.dtypes else (
         ["float32", "bf16", "fp16"] if device == "cuda" else ["float32", "bf16"])
     unknown = [d for d in dtypes if d not in TOLERANCES]

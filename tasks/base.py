@@ -149,6 +149,12 @@ class Task(pl.LightningDataModule):
     #: seconds spent reading, training the tokenizer and encoding (summary.json's data_timings)
     timings: dict | None = None
 
+    def positions_needed(self) -> tuple[int, str] | None:
+        """The longest sequence a training batch can hold, known from the options alone, and the
+        option that sets it (``(301, "task.max_len=300")``): nas-run refuses a model with fewer
+        positions before anything is made. None: known only once the data are read."""
+        return None
+
     def check_data(self) -> None:
         """Called before the run directory is made (nas-run's option checks): refuse, with a
         DataError naming the path, data that cannot be read (a missing or empty file, a binary

@@ -104,6 +104,9 @@ class SyntheticSeq2Seq(Task):
     def max_decode_len(self, src_len: int) -> int:
         return src_len + 2
 
+    def positions_needed(self) -> tuple[int, str]:
+        return self.max_len + 1, f"task.max_len={self.max_len}"  # the decoder's BOS + target
+
 
 class SyntheticLM(Task):
     """Decoder-only LM on ``x SEP x``; only the second copy (and its EOS) is scored."""
@@ -127,6 +130,9 @@ class SyntheticLM(Task):
 
     def setup(self, stage=None):
         self.inner.setup(stage)
+
+    def positions_needed(self) -> tuple[int, str]:
+        return 2 * self.inner.max_len + 2, f"task.max_len={self.inner.max_len}"  # BOS x SEP x
 
     def _collate(self, batch):
         ids, target = [], []

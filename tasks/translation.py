@@ -32,7 +32,7 @@ import sacrebleu
 import torch
 from torch.utils.data import DataLoader
 
-from .base import EMPTY_WARNING, EOS, Task, collate_seq2seq, empty_share, loader_workers, note, worker_options
+from .base import EOS, Task, collate_seq2seq, empty_share, loader_workers, note, worker_options
 from .batching import TokenBatchSampler
 from .sources import (DataError, check_dir, check_text_file, disk_split, fingerprint, hub_split, local_parallel,
                       resolve_source)
@@ -101,7 +101,6 @@ class TranslationTask(Task):
             raise DataError(f"task.valid_subset must be a number of sentences >= 1, or null (got {valid_subset})")
         self.valid_subset, self.valid_subset_seed = (None if valid_subset is None else int(valid_subset)), \
             int(valid_subset_seed)
-        self._empty_said: set[str] = set()
         self.decoding = {"beam": int(beam), "lenpen": float(lenpen), "max_len_a": float(max_len_a),
                          "max_len_b": int(max_len_b)}
         self.valid_beam = int(valid_beam)
@@ -175,9 +174,10 @@ class TranslationTask(Task):
         self.timings["tokenizer_s"] = time.perf_counter() - t0
         pairs = len(train_src)
         if self.vocab_size > pairs:
+            smaller = min(suggested_vocab(pairs), self.vocab_size // 2)
             note(f"task.vocab_size={self.vocab_size} is large for {pairs:,} training pairs: most of its subwords are "
-                 f"rare and poorly trained; a vocabulary of a few thousand (e.g. task.vocab_size="
-                 f"{max(1000, pairs // 4 // 1000 * 1000)}) usually works better on a corpus this small")
+                 f"rare and poorly trained; a smaller vocabulary (e.g. task.vocab_size={smaller}) usually works "
+                 "better on a corpus this small")
         t0 = time.perf_counter()
         for split in SPLITS:
             src, tgt = self.text[split]
@@ -289,14 +289,16 @@ class TranslationTask(Task):
         return {"bleu": bleu.score, "bleu_tok": tok.score, "exact_match": exact, "empty": self._empty(hyps)}
 
     def _empty(self, hyps: list[str]) -> float:
-        """The share of empty hypotheses, and one warning per evaluation kind when it is high."""
-        share = empty_share(hyps)
-        kind = "test" if "test" in self.text and len(hyps) == len(self.text["test"][0]) else "validation"
-        if share > EMPTY_WARNING and kind not in self._empty_said:
-            self._empty_said.add(kind)
-            note(f"task '{self.name}': {share:.0%} of the {kind} hypotheses are empty (the model ends at once); "
-                 "its scores say little: train longer, or check the data and task.max_len")
-        return share
+        """The share of empty hypotheses (the runner warns when it is high, naming the split)."""
+        return empty_share(hyps)
+
+
+def suggested_vocab(pairs: int) -> int:
+    """A joint BPE vocabulary for ``pairs`` training pairs: about a quarter of them, in hundreds (or
+    thousands from 4,000 pairs on), at least 100 and below ``pairs``."""
+    size = pairs // 4
+    size = size // 1000 * 1000 if size >= 1000 else size // 100 * 100
+    return max(100, min(size, max(100, pairs - 1)))
 
 
 class SummarizationTask(TranslationTask):

@@ -27,6 +27,8 @@ def _chunks(data: bytes) -> Iterator[bytes]:
             continue
         length = int.from_bytes(data[pos + 4: pos + 6], "little")
         kind = data[pos + 6]
+        if pos + HEADER + length > len(data):  # the tail of a file whose writer was killed
+            return
         body = data[pos + HEADER: pos + HEADER + length]
         pos += HEADER + length
         if kind == FULL:
@@ -94,9 +96,14 @@ SUPERSEDED = "superseded"
 def _records(path: Path, kind: str):
     from wandb.proto import wandb_internal_pb2 as pb
 
+    from google.protobuf.message import DecodeError
+
     for chunk in _chunks(path.read_bytes()):
         rec = pb.Record()
-        rec.ParseFromString(chunk)
+        try:
+            rec.ParseFromString(chunk)
+        except DecodeError:  # a record cut short by a kill: what came before it is the history
+            return
         if rec.WhichOneof("record_type") == kind:
             yield rec
 

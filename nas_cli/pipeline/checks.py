@@ -54,8 +54,10 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "task.vocab_size": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "task.beam": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "task.train_size": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "trainer.max_steps": (lambda v: _is_int(v) and v >= -1, "an integer (-1: no step limit)"),
-    "trainer.max_epochs": (lambda v: v is None or (_is_int(v) and v >= -1), "an integer (-1: no epoch limit)"),
+    "trainer.max_steps": (lambda v: _is_int(v) and (v == -1 or v > 0), "a positive number of optimizer steps, or -1 "
+                          "for no step limit (0 would train nothing)"),
+    "trainer.max_epochs": (lambda v: v is None or (_is_int(v) and (v == -1 or v > 0)),
+                           "a positive number of epochs, or -1 for no epoch limit (0 would train nothing)"),
     "trainer.accumulate_grad_batches": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "trainer.val_check_interval": (lambda v: v is None or (_is_int(v) and v > 0) or (_is_num(v) and 0 < v <= 1),
                                    "a positive number of steps, a fraction of an epoch in (0, 1], or null"),
@@ -172,22 +174,29 @@ def _slurm_unreachable(timeout_s: float = 15.0) -> str | None:
 
 
 def check_task_data(cfg: DictConfig) -> None:
-    """The task's own check of its data files (``Task.check_data``: a data path that is a file,
-    a missing, empty or binary split file), before the run directory is made. Options the task's
-    constructor refuses are reported when the task is built, as before."""
+    """Before the run directory is made: the options the task's constructor refuses, the task's own
+    check of its data files (``Task.check_data``: a data path that is a file, a missing, empty or
+    binary split file), and a model with fewer positions than the task's sequences need."""
     if "task" not in cfg or not cfg.task.get("_target_"):
         return
     from hydra.utils import instantiate
+
+    from hydra.errors import InstantiationException
+
+    from nas_cli.errors import unwrap
 
     try:
         task = instantiate(cfg.task, _convert_="all")
     except UserError:
         raise
-    except Exception:  # noqa: BLE001 - a constructor's own refusal: reported, with its context, by build_task
-        return
-    check = getattr(task, "check_data", None)
-    if callable(check):
-        check()
+    except (ValueError, TypeError, InstantiationException, OSError) as err:  # the constructor's refusal
+        raise UserError(f"task '{cfg.task.get('name', '?')}': {unwrap(err)}") from None
+    task.check_data()
+    needed = task.positions_needed()
+    have = _get(cfg, "model.max_len")
+    if needed and _is_int(have) and needed[0] > have:
+        raise UserError(f"{needed[1]} makes training sequences of up to {needed[0]} tokens, more than model.max_len="
+                        f"{have} positions: raise model.max_len to {needed[0]} or lower {needed[1].split('=')[0]}")
 
 
 def check_shapes_and_logger(cfg: DictConfig) -> None:
@@ -202,9 +211,31 @@ def check_shapes_and_logger(cfg: DictConfig) -> None:
         except ValueError as err:
             raise UserError(str(err)) from None
     mode = _get(cfg, "logger.mode")
-    if mode is not _MISSING and str(cfg.logger.get("_target_", "")).endswith(".wandb") \
-            and mode not in ("offline", "online", "disabled"):
-        raise UserError(f"logger.mode must be offline, online or disabled (got '{mode}')")
+    if mode is not _MISSING and str(cfg.logger.get("_target_", "")).endswith(".wandb"):
+        if mode not in ("offline", "online", "disabled"):
+            raise UserError(f"logger.mode must be offline, online or disabled (got '{mode}')")
+        if mode == "online" and not wandb_login_found():
+            raise UserError("logger.mode=online needs a W&B login and none was found: run `wandb login` once (or "
+                            "set WANDB_API_KEY), or leave logger.mode=offline (the default) and upload later with "
+                            "wandb sync <run dir>/wandb/offline-run-*")
+
+
+def wandb_login_found() -> bool:
+    """Whether W&B will find credentials for its server: WANDB_API_KEY or WANDB_IDENTITY_TOKEN_FILE,
+    or an entry for the server's host in the netrc file ``wandb login`` writes (``$NETRC``, else
+    ~/.netrc). Read with the standard library; W&B itself stays unimported."""
+    import netrc
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    path = Path(os.environ.get("NETRC") or "~/.netrc").expanduser()
+    try:
+        return netrc.netrc(str(path)).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 def is_language_model(cfg: DictConfig) -> bool:

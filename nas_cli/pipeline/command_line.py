@@ -31,13 +31,34 @@ def hydra_argv(argv: list[str]) -> list[str]:
     return resume_argv(argv)
 
 
+#: Hydra's flags that take a value (``--info`` takes one optionally: one of _INFO)
+_VALUED = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+           "--experimental-rerun", "--shell-completion", "-sc"}
+_INFO = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
 def multirun_first(argv: list[str]) -> list[str]:
-    """``-m``/``--multirun`` wherever it was typed (``nas-run trainer=ddp hydra/launcher=slurm -m seed=1,2,3``):
-    Hydra's parser takes it only before the overrides, so it is moved to the front."""
-    flags = [a for a in argv if a in ("-m", "--multirun")]
-    if not flags:
-        return argv
-    return ["-m", *[a for a in argv if a not in ("-m", "--multirun")]]
+    """Hydra's flags wherever they were typed (``nas-run trainer=ddp hydra/launcher=slurm -m seed=1,2,3``,
+    ``nas-run resume=<dir> trainer.max_steps=9 --cfg job``): Hydra's parser takes them only before the
+    overrides (after them: "unrecognized arguments"), so they are moved to the front, each with its
+    value; ``-m`` / ``--multirun`` becomes ``-m``."""
+    flags, rest, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-m", "--multirun"):
+            flags.insert(0, "-m")
+        elif arg in _VALUED and i + 1 < len(argv):
+            flags += [arg, argv[i + 1]]
+            i += 1
+        elif arg in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in _INFO:
+            flags += [arg, argv[i + 1]]
+            i += 1
+        elif arg.startswith("-"):
+            flags.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return [*dict.fromkeys(f for f in flags if f == "-m"), *[f for f in flags if f != "-m"], *rest]
 
 
 def sequential_argv(argv: list[str]) -> list[str]:
@@ -54,10 +75,24 @@ def sequential_argv(argv: list[str]) -> list[str]:
     return argv if "hydra/sweeper=sequential" in argv else [*argv, "hydra/sweeper=sequential"]
 
 
+#: Hydra's flags that print and write nothing
+_ONLY_SHOW = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc")
+
+
 def check_output_dirs(argv: list[str]) -> None:
-    """``hydra.run.dir=`` / ``hydra.sweep.dir=`` that cannot be created: one line, before Hydra
+    """``hydra.run.dir=`` / ``hydra.sweep.dir=`` that cannot be created, or, without them, a working
+    directory where the default ``outputs/`` cannot be made (a read-only one): one line, before Hydra
     (which would print its own traceback). The check creates the directory and removes what it
     created, so nothing is left behind."""
+    if any(a in _ONLY_SHOW for a in argv) or any(a.startswith("resume=") for a in argv):
+        return
+    key = "hydra.sweep.dir" if any(a in ("-m", "--multirun") for a in argv) else "hydra.run.dir"
+    if not any(a.lstrip("+~").startswith(f"{key}=") for a in argv):
+        default = Path("outputs")
+        probe = default if default.exists() else Path.cwd()
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise UserError(f"cannot write the run directories under {Path.cwd() / default} (permission denied): run "
+                            f"nas-run from a directory you can write, or give {key}=<a directory you can write>")
     for arg in argv:
         key, eq, value = arg.partition("=")
         if not eq or key.lstrip("+~") not in ("hydra.run.dir", "hydra.sweep.dir") or "${" in value:

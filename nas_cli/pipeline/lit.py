@@ -18,6 +18,7 @@ from nas_cli.errors import NonFiniteLoss
 from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
 from nas_cli.model.plan import Cores
 from nas_cli.infra.distributed import gather_eval
+from tasks.base import EMPTY_WARNING
 
 #: where a checkpoint keeps the run's training time and tokens so far (resume continues them)
 TIMING_KEY = "nas_run_timing"
@@ -90,6 +91,7 @@ class NasLitModule(pl.LightningModule):
         self.model = build_model(model_cfg, cores, task)
         self.max_positions = int(model_cfg.max_len)
         self._decode_cap_said = False
+        self._empty_said: set[str] = set()  # splits whose many empty hypotheses were said
         self.optim_cfg = optim_cfg
         if getattr(self.model, "adaptive", False) and float(optim_cfg.label_smoothing):
             raise ValueError("optim.label_smoothing must be 0 with model.adaptive_softmax (the adaptive softmax "
@@ -300,7 +302,18 @@ class NasLitModule(pl.LightningModule):
             self.decoded[split] = [hyps[i] for i in order]
         for key, val in (self.task.score(hyps, refs) if hyps else {}).items():
             metrics[f"{split}/{key}"] = float(val)
+        self._say_empty(split, metrics.get(f"{split}/empty"))
         self.log_dict(metrics, batch_size=1)
+
+    def _say_empty(self, split: str, share: float | None) -> None:
+        """One note per split when many hypotheses are empty: its scores then say little."""
+        if share is None or share <= EMPTY_WARNING or split in self._empty_said or self.global_rank != 0:
+            return
+        self._empty_said.add(split)
+        kind = "validation" if split == "val" else split
+        print(f"nas-run: note: task '{self.task.name}': {share:.0%} of the {kind} hypotheses are empty (the model "
+              "ends at once); its scores say little: train longer, or check the data and task.max_len",
+              file=sys.stderr)
 
     def validation_step(self, batch, batch_idx):
         self._eval_step(batch, "val")

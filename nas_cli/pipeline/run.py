@@ -212,12 +212,24 @@ def _start_logger(cfg: DictConfig, job: _Job, extra: dict[str, Any]):
         if rank_zero_only.rank == 0:
             atomic_write_text(job.run_dir / WANDB_ID_FILE, job.identity["wandb_run_id"])
         with redacted_argv():
-            run = logger.experiment  # W&B starts here (rank 0 only), recording a redacted command line
+            run = _start_wandb(logger)  # W&B starts here (rank 0 only), recording a redacted command line
         if rank_zero_only.rank == 0 and str(cfg.logger.get("mode")) == "offline":
             # W&B cannot resume an offline run: this launch's folder gets the history logged before
             # the checkpoint it continues from, and the earlier folders move aside (wandb/superseded/)
             carry_history(run, job.run_dir / "wandb", int(job.resume[1]["global_step"]) if job.resume else -1)
     return logger
+
+
+def _start_wandb(logger):
+    """The W&B run; W&B's refusals (no login, a key it rejects, no server) as one line."""
+    try:
+        return logger.experiment
+    except Exception as err:  # noqa: BLE001 - wandb.errors.Error and its subclasses, by name: W&B raises its own
+        if type(err).__module__.startswith("wandb"):
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise UserError(f"W&B could not start the run ({first}); check `wandb login` and logger.mode / "
+                            "logger.entity / logger.project, or use logger.mode=offline") from None
+        raise
 
 
 def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer, RunCheckpoint]:
@@ -262,6 +274,9 @@ def _fit(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, compiled
         raise
     if trainer.interrupted:
         raise UserError(f"run interrupted; partial run left in {job.run_dir} (no summary.json written)")
+    if trainer.global_step == 0:  # a run that trained nothing is not a finished run: no summary.json
+        raise UserError("the run trained 0 steps (the training split gave no batch within trainer.max_steps, "
+                        "max_epochs and max_time); give it data and a step budget")
 
 
 def _choose_tested(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoint,

@@ -14,10 +14,10 @@ NAS_BENCH = shutil.which("nas-bench") or str(Path(sys.executable).parent / "nas-
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check would run")
-def test_gpu_check_without_cuda_says_so_and_exits_0():
+def test_gpu_check_without_cuda_is_one_line_and_a_non_zero_exit():
     proc = run_command([NAS_BENCH, "gpu-check"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip().count("\n") == 0
-    assert "no CUDA device on this machine; nothing was run" in proc.stdout
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.strip().count("\n") == 0
+    assert "no CUDA device on this machine; nothing was run" in proc.stderr
 
 
 def test_every_scheme_matches_float64_in_float32_on_the_cpu():

@@ -117,3 +117,12 @@ def test_the_check_catches_a_misspelled_option_and_scheme(tmp_path):
 
     with pytest.raises(UserError, match="trainer.max_step"):
         _check(["nas-run", "-m", "experiment=study_multi30k", "trainer.max_step=5"])
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi: the script would run")
+def test_without_a_gpu_the_script_stops_at_once_in_one_line(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(SCRIPT), str(out)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "no NVIDIA GPU on this machine" in proc.stderr
+    assert not out.exists()  # nothing made

@@ -260,8 +260,10 @@ def test_sigkill_at_a_random_step_then_resume_matches_uninterrupted_run(tmp_path
     got = json.loads((run / "summary.json").read_text())
     assert got["steps"] == 240 and got["resumed_from"].endswith(".ckpt")
     assert got["wandb_run_id"] == killed_id  # the same W&B run continues
-    resumed = read_run(wandb_files(run)[-1])
+    resumed = read_run(run)  # the newest W&B folder: the whole run (the killed launch's moved aside)
     assert resumed["id"] == killed_id and last_val(resumed["history"], "trainer/global_step") >= 239
+    train_steps = [h["trainer/global_step"] for h in resumed["history"] if "train/loss" in h]
+    assert train_steps == sorted(set(train_steps)) and train_steps[0] < killed_step  # one history, each step once
     for key, value in expected["test"].items():
         assert got["test"][key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
     assert got["best_val"]["value"] == pytest.approx(expected["best_val"]["value"], abs=1e-6)

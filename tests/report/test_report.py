@@ -327,7 +327,7 @@ def test_report_to_wandb_logs_the_verdict_tables_in_the_sweeps_group_and_replace
         assert [dict(zip(table["columns"], row)) for row in table["data"]] == doc[key]["rows"]
     runs = json.loads((folders[0] / "files" / logged["report/runs/path"]).read_text())
     assert runs["columns"] == doc["runs"]["columns"] and len(runs["data"]) == len(doc["runs"]["rows"])
-    assert logged["report/page/_type"] == "html"
+    assert logged["report/page/_type"] == "html-file" and (folders[0] / "files" / logged["report/page/path"]).is_file()
     assert any(k.startswith("report/figures/") for k in logged)  # metric vs heads (two head counts)
     assert run["summary"]["report/notes"] == "\n".join(doc["notes"])
 

@@ -3,6 +3,7 @@ validation subsets, loader workers, vocabulary size, empty outputs, no network."
 from __future__ import annotations
 
 import json
+import re
 import random
 import time
 from pathlib import Path
@@ -150,24 +151,37 @@ def test_loader_workers_follow_the_machine(monkeypatch):
         loader_workers("many")
 
 
-def test_a_large_vocabulary_for_a_small_corpus_is_warned_about(tmp_path, capsys):
+def test_a_large_vocabulary_for_a_small_corpus_is_warned_about_with_a_smaller_one(tmp_path, capsys):
     write_parallel(tmp_path / "d", n=(60, 8, 8))
     _task(tmp_path / "d", vocab_size=200, cache_dir=str(tmp_path / "cache")).setup()
     err = capsys.readouterr().err
     assert "task.vocab_size=200 is large for 60 training pairs" in err
+    suggested = int(re.search(r"e\.g\. task\.vocab_size=(\d+)", err).group(1))
+    assert suggested < 200  # the advice points down, not up (it said 1000)
 
 
-def test_empty_hypotheses_are_counted_and_warned_about(tmp_path, capsys):
-    write_parallel(tmp_path / "d", n=(40, 8, 8))
-    task = _task(tmp_path / "d", cache_dir=str(tmp_path / "cache"))
+def test_empty_hypotheses_are_counted_and_said_for_the_split_they_come_from(tmp_path):
+    """A corpus whose validation and test splits have the same size: the note names the split that was
+    decoded (it guessed "test" from the size, so a validation's 100% was said as the test's, while the
+    table and summary.json said the test's 0%), and its share is the summary's."""
+    data = write_parallel(tmp_path / "d", n=(40, 8, 8))
+    task = _task(data, cache_dir=str(tmp_path / "cache"))
     task.setup()
     refs = task.text["test"][1]
-    hyps = ["" for _ in refs[:5]] + refs[5:]
-    scores = task.score(hyps, refs)
-    assert scores["empty"] == pytest.approx(5 / 8)
-    assert "62% of the test hypotheses are empty" in capsys.readouterr().err
-    task.score(hyps, refs)
-    assert "empty" not in capsys.readouterr().err  # said once
+    assert task.score(["" for _ in refs[:5]] + refs[5:], refs)["empty"] == pytest.approx(5 / 8)
+    proc = nas_run("task=wmt14", f"task.path={data}", "task.src_lang=de", "task.tgt_lang=en", "task.vocab_size=150",
+                   "task.max_tokens=512", "task.splits={train: train, valid: valid, test: test}", "model=tiny",
+                   "debug=fast", "logger=none", "diagnostics.enabled=false", "trainer.max_steps=3",
+                   "trainer.val_check_interval=3", "hydra.run.dir=run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    said = {kind: int(share) for share, kind in re.findall(r"(\d+)% of the (\w+) hypotheses are empty", proc.stderr)}
+    assert set(said) <= {"validation", "test"}
+    empty = summary["test"]["test/empty"]
+    if empty > 0.2:
+        assert said["test"] == round(100 * empty)
+    else:
+        assert "test" not in said
 
 
 def test_without_network_the_hub_fails_at_once(monkeypatch, tmp_path):
