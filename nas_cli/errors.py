@@ -54,10 +54,21 @@ def console():
 
 
 def say(markup: str) -> None:
-    """One line of rich markup on stderr (progress, skipped jobs, how to continue)."""
+    """One line of rich markup on stderr (progress, skipped jobs, how to continue), also in the job's
+    log (nas_run.log) when a job is running."""
     from rich.console import Console
+    from rich.text import Text
 
     Console(stderr=True).print(markup, highlight=False, soft_wrap=True)
+    record(Text.from_markup(markup).plain)
+
+
+def record(line: str) -> None:
+    """A line for the job's log file (``<run dir>/nas_run.log``, Hydra's job logging), not the terminal:
+    INFO goes to the file only (outside a job there is no handler, and nothing is printed)."""
+    import logging
+
+    logging.getLogger("nas_run").info(line)
 
 
 def fail(message: str, code: int = 2, kind: str = "error", color: str = "red", program: str = "nas-run"):
@@ -75,3 +86,19 @@ class OneLineParser(argparse.ArgumentParser):
         from rich.markup import escape
 
         fail(escape(f"{message} (see {self.prog} --help)"), program=self.prog)
+
+
+#: loggers whose INFO lines are noise in a command's output (Lightning's device banner and tips);
+#: alembic's "setup plugin alembic.autogenerate.*" lines come when Hydra's plugin scan imports
+#: optuna's sweeper (optuna imports alembic)
+QUIET = ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda", "lightning.fabric", "alembic")
+
+
+def quiet_libraries() -> None:
+    """The libraries' INFO lines and the deprecation warning Lightning triggers in torch 2.13, off."""
+    import logging
+    import warnings
+
+    for name in QUIET:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from nas_cli.errors import OneLineParser, UserError, fail
+from nas_cli.errors import OneLineParser, UserError, fail, quiet_libraries
 from nas_cli.pipeline.evaluation import evaluate
 
 
@@ -31,6 +31,7 @@ def main(argv=None) -> None:
     ap.add_argument("--name", help="output name under <run dir>/eval/ (default from the options)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override the saved config")
     args = ap.parse_args(argv)
+    quiet_libraries()
     try:
         result = evaluate(args)
     except UserError as err:

@@ -7,7 +7,6 @@ so it works from any working directory.
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import warnings
@@ -15,7 +14,7 @@ import warnings
 import hydra
 from omegaconf import DictConfig
 
-from nas_cli.errors import UserError, fail
+from nas_cli.errors import UserError, fail, quiet_libraries
 from nas_cli.model.choices import CONF_PACKAGE
 from nas_cli.pipeline.command_line import hydra_argv
 from nas_cli.pipeline.job import run_job
@@ -26,9 +25,6 @@ from nas_cli.sweeps.supervision import PROCESS
 #: system but is not used"): nas-run's SLURM jobs go through hydra/launcher=slurm, whose jobs submitit
 #: starts with srun
 SRUN_HINT = "ignore:The `srun` command is available on your system"
-#: loggers whose INFO lines are noise in a run's output; alembic's "setup plugin alembic.autogenerate.*"
-#: lines come when Hydra's plugin scan imports optuna's sweeper (optuna imports alembic)
-QUIET = ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda", "lightning.fabric", "alembic")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_PACKAGE, config_name="config")
@@ -42,8 +38,7 @@ def _quiet() -> None:
         os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), SRUN_HINT]))
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ.setdefault("WANDB_DISABLE_GIT", "true")
-    for name in QUIET:
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_libraries()
 
 
 def _register_sweeper(argv: list[str]) -> None:

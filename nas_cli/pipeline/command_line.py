@@ -27,6 +27,7 @@ def hydra_argv(argv: list[str]) -> list[str]:
     argv = saved_sweep_order(argv)
     argv = sequential_argv(argv)
     check_overrides(argv, CONF_DIR)  # typos: one line with the closest name, before Hydra
+    check_sweep_values(argv)
     check_output_dirs(argv)
     return resume_argv(argv)
 
@@ -77,6 +78,31 @@ def sequential_argv(argv: list[str]) -> list[str]:
 
 #: Hydra's flags that print and write nothing
 _ONLY_SHOW = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc")
+
+
+def check_sweep_values(argv: list[str]) -> None:
+    """A sweep list that names a value twice (``seed=1,1``) would train the same job twice: one line.
+    Hydra's own parser reads the lists (``a,b``, ``choice(...)``, ``range(...)``); what it cannot
+    parse is left to Hydra's own message."""
+    if not any(a in ("-m", "--multirun") for a in argv):
+        return
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        try:
+            override = parser.parse_override(arg)
+            values = list(override.sweep_iterator()) if override.is_sweep_override() else []
+        except Exception:  # noqa: BLE001 - Hydra says what is wrong with it
+            continue
+        seen: list[str] = []
+        for value in map(str, values):
+            if value in seen:
+                raise UserError(f"{arg} lists {value} twice: the sweep would train the same job twice; remove the "
+                                "repeat")
+            seen.append(value)
 
 
 def check_output_dirs(argv: list[str]) -> None:

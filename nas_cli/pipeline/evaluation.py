@@ -153,10 +153,29 @@ def _checkpoints(args, run_dir: Path) -> list[Path]:
                             f"{run_dir / 'checkpoints'} (train with checkpoint.every_n_steps=N)")
     else:
         ckpts = [run_dir / "checkpoints" / "best.ckpt"]
+        _check_finished(run_dir, ckpts[0])
     for p in ckpts:
         if not Path(p).is_file():
             raise UserError(f"checkpoint {p} not found")
     return [Path(p) for p in ckpts]
+
+
+def _check_finished(run_dir: Path, best: Path) -> None:
+    """Without --ckpt nas-eval evaluates a finished run's best checkpoint: a failed or unfinished run
+    is named as such, with what to do, rather than as a missing file."""
+    last = run_dir / "checkpoints" / "last.ckpt"
+    hint = f"; evaluate a checkpoint it has with --ckpt {last}" if last.is_file() else ""
+    failed = run_dir / "failed.json"
+    if failed.is_file():
+        try:
+            reason = json.loads(failed.read_text()).get("reason", "?")
+        except (OSError, ValueError, AttributeError):
+            reason = "?"
+        raise UserError(f"{run_dir} is a failed run (failed.json: {reason}){hint}")
+    if not (run_dir / "summary.json").is_file():
+        raise UserError(f"{run_dir} is unfinished (no summary.json): continue it with nas-run resume={run_dir}{hint}")
+    if not best.is_file():
+        raise UserError(f"{run_dir} has no best checkpoint ({best.name}: no validation ran or it was removed){hint}")
 
 
 def _set_decoding(task, beam: int | None, lenpen: float | None) -> None:

@@ -22,8 +22,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, read_write
 
-from nas_cli.errors import Refused, Stopped, UserError, console, fail, say
+from nas_cli.errors import Refused, Stopped, UserError, console, fail, record, say
 from nas_cli.infra.redaction import redact
+from nas_cli.infra.version import code_version, describe
 from nas_cli.infra.atomic import atomic_write_text
 from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release
 from nas_cli.pipeline.callbacks import summary_table
@@ -76,10 +77,13 @@ def run_job(cfg: DictConfig):
     if multirun and (run_dir / "summary.json").is_file() and os.environ.get(SWEEP_CONTINUE_ENV):
         restore_finished_configs(run_dir, hc.output_subdir)
         return _finished_before(run_dir)
+    record(f"nas-run {' '.join(redact(o) for o in hc.overrides.task)} (nas-run {describe(code_version())}) in {run_dir}")
     summary = _train_job(cfg, hc, run_dir, group, multirun)
     if not isinstance(summary, dict):  # another process of a multi-process run (None), or a failed sweep job
         return summary
     console().print(summary_table([summary], "nas-run result"))
+    record(f"finished: {summary['steps']} steps; best {summary['best_val']['metric']} = {summary['best_val']['value']}; "
+           f"test: {json.dumps(summary['test'])}")
     value = summary["best_val"]["value"]
     if optuna and (value is None or math.isnan(value)):  # optuna cannot rank a trial without a value
         fail(f"sweep=optuna: the trial in {run_dir} has no {summary['best_val']['metric']} to optimize (no "

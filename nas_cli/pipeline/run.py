@@ -19,7 +19,6 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
@@ -28,7 +27,7 @@ from nas_cli.attention.base import learned_scalars, learned_values
 from tasks.scores import declaration
 from nas_cli.infra.checkpoints import (PeriodicCheckpoint, checkpoint_io, checkpoint_step, tested_checkpoint,
                                       unreadable_checkpoint)
-from nas_cli.errors import Refused, SignalStop, Stopped, UserError
+from nas_cli.errors import Refused, SignalStop, Stopped, UserError, record
 from nas_cli.errors import unwrap as _unwrap
 from nas_cli.infra.atomic import remove_stale_temporaries
 from nas_cli.infra.config_identity import config_id
@@ -38,7 +37,7 @@ from nas_cli.infra.wandb_offline import carry_history
 from nas_cli.model.locations import job_locations
 from nas_cli.model.plan import AttentionPlan, Cores, canonical_config
 from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
-                      environment, set_threads)
+                      environment, progress_bar, set_threads)
 from nas_cli.infra.resume import (CHAINED, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint, stop_signals_here,
                      continue_finished, pick_checkpoint)
 from nas_cli.infra.redaction import redacted_argv
@@ -91,6 +90,7 @@ def count_parameters(module: torch.nn.Module) -> int:
 
 def _warn(message: str) -> None:
     print(f"nas-run: warning: {message}", file=sys.stderr)
+    record(f"warning: {message}")
 
 
 def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str = "train"
@@ -248,7 +248,7 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
         opts = {k: v for k, v in OmegaConf.to_container(cfg.diagnostics, resolve=True).items() if k != "enabled"}
         callbacks.append(DiagnosticsCallback(run_dir=job.run_dir, **opts))
     if cfg.progress_bar:
-        callbacks.append(RichProgressBar(leave=True))
+        callbacks.append(progress_bar())
     trainer = pl.Trainer(**trainer_kwargs(cfg), callbacks=callbacks, logger=logger,
                          plugins=[checkpoint_io(cfg.trainer.get("accelerator", "auto"))],
                          default_root_dir=str(job.run_dir), enable_progress_bar=bool(cfg.progress_bar),

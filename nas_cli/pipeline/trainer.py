@@ -140,3 +140,22 @@ def fsdp_strategy(**kwargs):
 
     kwargs.setdefault("auto_wrap_policy", {Block})
     return FSDPStrategy(**kwargs)
+
+
+def progress_bar():
+    """Lightning's rich progress bar, its description saying the budget the run has: "Epoch 3/7" under
+    an epoch limit, "Epoch 3 (to step 2000)" under a step budget (Lightning wrote "Epoch 3/-2"
+    when max_epochs is -1)."""
+    from pytorch_lightning.callbacks import RichProgressBar
+
+    class BudgetProgressBar(RichProgressBar):
+        def _get_train_description(self, current_epoch: int) -> str:
+            trainer = self.trainer
+            text = f"Epoch {current_epoch}"
+            if trainer.max_steps and trainer.max_steps > 0:
+                text += f" (to step {trainer.max_steps})"  # set at each epoch's start: no moving count
+            elif trainer.max_epochs is not None and trainer.max_epochs > 0:
+                text += f"/{trainer.max_epochs - 1}"
+            return f"{text:{len(self.validation_description)}}"
+
+    return BudgetProgressBar(leave=True)
