@@ -96,7 +96,8 @@ def run_explained_away(out: str | Path, steps: int = 500, seed: int = 1, heads: 
     from hydra import compose, initialize_config_dir
     from hydra.utils import get_class
 
-    from nas_cli.model.plan import AttentionPlan, location_alias
+    from nas_cli.model.plan import location_alias
+    from nas_cli.pipeline.checks import check_config
     from nas_cli.pipeline.resolvers import register_resolvers
     from nas_cli.model.choices import CONF_DIR
     from nas_cli.pipeline.run import train
@@ -105,17 +106,20 @@ def run_explained_away(out: str | Path, steps: int = 500, seed: int = 1, heads: 
 
     if steps < 1 or batches < 1:
         raise ValueError(f"--steps and --batches must be >= 1 (got {steps}, {batches})")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    per_scheme: dict[str, dict] = {}
-    layers: dict[str, list[dict]] = {}
-    for scheme in schemes:
+    configs = {}
+    for scheme in schemes:  # every config checked before anything is made (one line, nothing left)
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose("config", overrides=location_alias(
                 explained_away_overrides(scheme, steps, seed, heads, batches, overrides)))
         if getattr(get_class(cfg.task._target_), "kind", "seq2seq") != "seq2seq":
             raise ValueError("explained-away needs a seq2seq task (it looks at encoder self-attention)")
-        summary = train(cfg, AttentionPlan.from_config(cfg.attention), out / scheme, group="repro-explained-away")
+        configs[scheme] = (cfg, check_config(cfg))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    per_scheme: dict[str, dict] = {}
+    layers: dict[str, list[dict]] = {}
+    for scheme, (cfg, plan) in configs.items():
+        summary = train(cfg, plan, out / scheme, group="repro-explained-away")
         latest = json.loads((out / scheme / "diagnostics" / "latest.json").read_text())
         enc = latest["locations"].get("encoder")
         if not enc:

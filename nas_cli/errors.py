@@ -65,10 +65,11 @@ def say(markup: str) -> None:
 
 def record(line: str) -> None:
     """A line for the job's log file (``<run dir>/nas_run.log``, Hydra's job logging), not the terminal:
-    INFO goes to the file only (outside a job there is no handler, and nothing is printed)."""
+    written only while a job's file handler is set up (before it, Hydra's own logging would print it)."""
     import logging
 
-    logging.getLogger("nas_run").info(line)
+    if any(isinstance(h, logging.FileHandler) for h in logging.getLogger().handlers):
+        logging.getLogger("nas_run").info(line)
 
 
 def fail(message: str, code: int = 2, kind: str = "error", color: str = "red", program: str = "nas-run"):

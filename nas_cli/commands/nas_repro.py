@@ -53,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         import os
         import warnings
 
+        from hydra.errors import HydraException
+
         from nas_cli.errors import UserError
 
         os.environ.setdefault("WANDB_SILENT", "true")
@@ -66,8 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             rep = run_explained_away(args.out, steps=args.steps, seed=args.seed, heads=args.heads,
                                      batches=args.batches, overrides=args.overrides)
-        except (UserError, ValueError) as err:
-            print(f"nas-repro: error: {err}", file=sys.stderr)
+        except (UserError, ValueError, HydraException) as err:  # a bad --set: Hydra's message, its first line
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            print(f"nas-repro: error: {first}", file=sys.stderr)
             return 2
         for scheme, r in rep["schemes"].items():
             print(f"{scheme.upper()}: encoder keys explained away (sum_i pi_ij < {r['eps']:g}) "

@@ -187,5 +187,17 @@ def remove_unstarted_sweep(root: Path) -> None:
     try:
         if root.is_dir() and {p.name for p in root.iterdir()} <= {"multirun.yaml", LOCK_NAME, ".submitit"}:
             shutil.rmtree(root)
+            remove_empty_parents(root)
     except OSError:
         pass
+
+
+def remove_empty_parents(path: Path, levels: int = 4) -> None:
+    """The folders made for ``path`` (``outputs/sweeps/``, ``outputs/runs/<task>/<scheme>-h<heads>/``)
+    once empty, up to the working directory."""
+    parent, stop = Path(path).parent, Path.cwd().resolve()
+    for _ in range(levels):
+        if parent.resolve() == stop or not parent.is_dir() or any(parent.iterdir()):
+            break
+        parent.rmdir()
+        parent = parent.parent

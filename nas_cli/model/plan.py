@@ -257,7 +257,11 @@ def tag_resolver(attn_node, task_target, model_node) -> str:
     from nas_cli.model.locations import used_locations
 
     used = used_locations(task_target, model_node)
-    return tag_from_names({loc: p.scheme for loc, p in _placements(attn_node)[0].items() if loc in used})
+    try:
+        placed = _placements(attn_node)[0]
+    except SchemeError:  # the pre-run check says what is wrong, in one line; the name only needs a tag
+        return "invalid"
+    return tag_from_names({loc: p.scheme for loc, p in placed.items() if loc in used})
 
 
 _ALIAS = re.compile(r"^(attention)\.(encoder|decoder|cross)=(.*)$")

@@ -157,6 +157,11 @@ def _block_step(block: "Block", x, memory, memory_mask, cache: dict):
     return x
 
 
+#: the values of ``model.positions``: added to the input embeddings, or ``none`` (the schemes that put
+#: position into the attention itself, Tsai et al.)
+POSITIONS = ("sinusoidal", "learned", "none")
+
+
 class _Embedder(nn.Module):
     def __init__(self, vocab, d_model, positions, max_len, dropout, pad_id, embedding=None):
         super().__init__()
@@ -172,7 +177,7 @@ class _Embedder(nn.Module):
         elif positions == "none":  # schemes that put position into the kernel (Tsai et al.)
             self.positions = None
         else:
-            raise ValueError(f"model.positions must be 'sinusoidal', 'learned' or 'none' (got '{positions}')")
+            raise ValueError(f"model.positions must be one of {', '.join(POSITIONS)} (got '{positions}')")
         self.scale = math.sqrt(d_model)
         self.dropout = nn.Dropout(dropout)
 

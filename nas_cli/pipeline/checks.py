@@ -94,6 +94,7 @@ def check_config(cfg: DictConfig) -> AttentionPlan | None:
             shown = f"'{value}'" if isinstance(value, str) else str(value)
             raise UserError(f"{key}={shown} is not valid: it must be {what} (e.g. {key}={_example(key, cfg)})")
     check_shapes_and_logger(cfg)
+    check_positions(cfg)
     plan = check_attention(cfg)
     check_memory(cfg)
     check_declared(cfg)
@@ -105,8 +106,9 @@ def check_declared(cfg: DictConfig) -> None:
     """Every key of the task and of each diagnostic plug-in is a parameter of its class's
     constructor (nas_cli/model/options.py; the schemes' are checked by the attention plan): a typo in a
     user's YAML or ``+task.<typo>=`` is one line with the closest name, not an ignored option."""
-    from hydra.utils import get_class
+    import importlib
 
+    from nas_cli.errors import unwrap
     from nas_cli.model.options import declared, unknown_option_message
 
     nodes = [("task", cfg.get("task"), f"task '{cfg.task.get('name', '?')}'" if "task" in cfg else "")]
@@ -115,10 +117,12 @@ def check_declared(cfg: DictConfig) -> None:
     for where, node, owner in nodes:
         if not isinstance(node, DictConfig) or not node.get("_target_"):
             continue
-        try:
-            names = declared(get_class(str(node._target_)))
-        except Exception:  # noqa: BLE001 - a class that cannot be imported is reported where it is built
-            continue
+        try:  # imported here, not by Hydra's get_class: it logs a traceback-like message of its own
+            module, _, name = str(node._target_).rpartition(".")
+            names = declared(getattr(importlib.import_module(module), name))
+        except Exception as err:  # noqa: BLE001 - not importable: the one line, before anything is made
+            raise UserError(f"{where}._target_={node._target_} cannot be imported ({unwrap(err)}); check the "
+                            "name, or that its module is on the Python path") from None
         given = OmegaConf.to_container(node, resolve=False)
         for key, value in given.items():
             if names is not None and key != "_target_" and key not in names:
@@ -236,6 +240,18 @@ def wandb_login_found() -> bool:
         return netrc.netrc(str(path)).authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):
         return False
+
+
+def check_positions(cfg: DictConfig) -> None:
+    """``model.positions`` of nas-run's own Transformer (a Hugging Face family has its own)."""
+    value = _get(cfg, "model.positions")
+    if value is _MISSING or _get(cfg, "model.family") not in (_MISSING, None):
+        return
+    from nas_cli.model.transformer import POSITIONS
+
+    if value not in POSITIONS:
+        raise UserError(f"model.positions={value} is not valid: it must be one of {', '.join(POSITIONS)} (e.g. "
+                        "model.positions=sinusoidal)")
 
 
 def is_language_model(cfg: DictConfig) -> bool:

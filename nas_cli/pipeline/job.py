@@ -26,7 +26,7 @@ from nas_cli.errors import Refused, Stopped, UserError, console, fail, record, s
 from nas_cli.infra.redaction import redact
 from nas_cli.infra.version import code_version, describe
 from nas_cli.infra.atomic import atomic_write_text
-from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release
+from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release, remove_empty_parents
 from nas_cli.pipeline.callbacks import summary_table
 from nas_cli.sweeps.continuation import SWEEP_CONTINUE_ENV, restore_finished_configs, restore_sweep_record
 from nas_cli.sweeps.supervision import STOPPING
@@ -251,9 +251,4 @@ def _only_this_invocation(run_dir: Path) -> bool:
 
 def _remove_empty_run(run_dir: Path) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
-    parent, stop = run_dir.parent, Path.cwd().resolve()
-    for _ in range(4):  # outputs/runs/<task>/<scheme>-h<heads>/<time>: the folders made for it, if now empty
-        if parent.resolve() == stop or not parent.is_dir() or any(parent.iterdir()):
-            break
-        parent.rmdir()
-        parent = parent.parent
+    remove_empty_parents(run_dir)  # outputs/runs/<task>/<scheme>-h<heads>/<time>: the folders made for it

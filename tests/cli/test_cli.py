@@ -101,7 +101,7 @@ def test_the_other_commands_bad_arguments_are_one_line(tmp_path, argv, line):
     assert proc.stdout == "" and list(tmp_path.iterdir()) == []
 
 @pytest.mark.parametrize("args,needle", [
-    (["trainer.max_steps=-5"], "trainer.max_steps=-5 is not valid: it must be an integer"),
+    (["trainer.max_steps=-5"], "trainer.max_steps=-5 is not valid: it must be a positive number of optimizer steps"),
     (["+trainer.foo=1"], "trainer.foo is not an option of Lightning's Trainer"),
     (["trainer.precision=fp7"], "trainer.precision=fp7): Precision 'fp7' is invalid"),
     pytest.param(["trainer=gpu"], "trainer.accelerator=gpu", marks=pytest.mark.skipif(
