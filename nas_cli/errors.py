@@ -53,14 +53,15 @@ def console():
     return Console() if sys.stdout.isatty() else Console(width=120)
 
 
-def say(markup: str) -> None:
+def say(markup: str, log: bool = True) -> None:
     """One line of rich markup on stderr (progress, skipped jobs, how to continue), also in the job's
-    log (nas_run.log) when a job is running."""
+    log (nas_run.log) when a job is running, unless ``log`` is false (a refusal changes nothing)."""
     from rich.console import Console
     from rich.text import Text
 
     Console(stderr=True).print(markup, highlight=False, soft_wrap=True)
-    record(Text.from_markup(markup).plain)
+    if log:
+        record(Text.from_markup(markup).plain)
 
 
 def record(line: str) -> None:
@@ -72,9 +73,10 @@ def record(line: str) -> None:
         logging.getLogger("nas_run").info(line)
 
 
-def fail(message: str, code: int = 2, kind: str = "error", color: str = "red", program: str = "nas-run"):
-    """``<program>: <kind>: <message>`` on one line, then exit with ``code``."""
-    say(f"[bold {color}]{program}: {kind}:[/] {message}")
+def fail(message: str, code: int = 2, kind: str = "error", color: str = "red", program: str = "nas-run",
+         log: bool = True):
+    """``<program>: <kind>: <message>`` on one line, then exit with ``code`` (``log``: see :func:`say`)."""
+    say(f"[bold {color}]{program}: {kind}:[/] {message}", log=log)
     sys.exit(code)
 
 

@@ -24,7 +24,6 @@ from omegaconf import DictConfig, read_write
 
 from nas_cli.errors import Refused, Stopped, UserError, console, fail, record, say
 from nas_cli.infra.redaction import redact
-from nas_cli.infra.version import code_version, describe
 from nas_cli.infra.atomic import atomic_write_text
 from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release, remove_empty_parents
 from nas_cli.pipeline.callbacks import summary_table
@@ -77,7 +76,6 @@ def run_job(cfg: DictConfig):
     if multirun and (run_dir / "summary.json").is_file() and os.environ.get(SWEEP_CONTINUE_ENV):
         restore_finished_configs(run_dir, hc.output_subdir)
         return _finished_before(run_dir)
-    record(f"nas-run {' '.join(redact(o) for o in hc.overrides.task)} (nas-run {describe(code_version())}) in {run_dir}")
     summary = _train_job(cfg, hc, run_dir, group, multirun)
     if not isinstance(summary, dict):  # another process of a multi-process run (None), or a failed sweep job
         return summary
@@ -209,8 +207,8 @@ def _job_error(run_dir: Path, kind: str, reason: str, multirun: bool, record: bo
         mark_failed(run_dir, reason, **({"code": code} if code is not None else {}))
         release(run_dir)
     if not multirun:
-        fail(reason)
-    say(f"[bold red]nas-run: job {kind}:[/] {run_dir.name}: {why or reason}")
+        fail(reason, log=kind != "refused")  # a refusal leaves the run directory as it was, its log too
+    say(f"[bold red]nas-run: job {kind}:[/] {run_dir.name}: {why or reason}", log=kind != "refused")
     return float("nan")
 
 

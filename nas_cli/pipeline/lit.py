@@ -306,11 +306,13 @@ class NasLitModule(pl.LightningModule):
         self.log_dict(metrics, batch_size=1)
 
     def _say_empty(self, split: str, share: float | None) -> None:
-        """One note per split when many hypotheses are empty: its scores then say little."""
-        if share is None or share <= EMPTY_WARNING or split in self._empty_said or self.global_rank != 0:
+        """One note when many test hypotheses are empty: the reported scores then say little. (Not for
+        validations: early in training a model ending at once is usual, and says nothing yet.)"""
+        if split != "test" or share is None or share <= EMPTY_WARNING or split in self._empty_said \
+                or self.global_rank != 0:
             return
         self._empty_said.add(split)
-        kind = "validation" if split == "val" else split
+        kind = split
         print(f"nas-run: note: task '{self.task.name}': {share:.0%} of the {kind} hypotheses are empty (the model "
               "ends at once); its scores say little: train longer, or check the data and task.max_len",
               file=sys.stderr)

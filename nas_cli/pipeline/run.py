@@ -41,7 +41,7 @@ from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, check_tra
 from nas_cli.infra.resume import (CHAINED, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint, stop_signals_here,
                      continue_finished, pick_checkpoint)
 from nas_cli.infra.redaction import redacted_argv
-from nas_cli.infra.version import code_version
+from nas_cli.infra.version import code_version, describe
 from nas_cli.infra.atomic import atomic_write_json, atomic_write_text
 from nas_cli.infra.rundir import ITEMS_FILE, continuing
 from nas_cli.infra.distributed import StepSeed, shard_and_resume
@@ -135,9 +135,12 @@ class _Job:
 def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str, phase: dict) -> dict[str, Any] | None:
     """One job, step by step: decide, build, log, train, test, report."""
     job = _prepare(cfg, plan, run_dir, group, job_type)
+    record(f"{'resumed from ' + job.resume[0].name if job.resume else 'started'}: {cfg.task.name}, {job.plan.tag}, "
+           f"h{cfg.model.heads}, seed {cfg.seed}, config_id {job.config_id}, nas-run {describe(code_version())}")
     task = build_task(cfg)
     data = shard_and_resume(task, int(cfg.seed))  # the loaders as this process reads them
     module = build_module(cfg, task, job.cores)
+    set_threads(cfg, count_parameters(module.model))  # from the model's size (pipeline/trainer.py)
     compiled = compile_model(module, cfg.get("compile", False))
     logger = _start_logger(cfg, job, {"parameters": count_parameters(module.model), "code": code_version()})
     trainer, ckpt = _make_trainer(cfg, job, task, logger)
@@ -168,7 +171,6 @@ def _prepare(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, jo
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     check_trainer(cfg)
-    set_threads(cfg)
     try:
         plan = plan.restricted(job_locations(cfg))  # the locations this model has: what the run is labelled by
     except SchemeError as err:

@@ -35,16 +35,43 @@ def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     return tcfg
 
 
-def set_threads(cfg: DictConfig) -> None:
-    """``threads=N``: torch's CPU threads for this process. null: ``OMP_NUM_THREADS`` when set,
-    else the CPUs SLURM allotted the task (``SLURM_CPUS_PER_TASK``), else torch's default (one per
-    core of the machine, which on a shared cluster node is more than the job may use)."""
-    if cfg.get("threads") is not None:
-        torch.set_num_threads(int(cfg.threads))
-        return
+#: a CPU run of a model with fewer parameters uses one thread: for these sizes a second thread buys
+#: almost nothing on a quiet machine and, beside other busy processes, its OpenMP threads wait on
+#: each other (benchmarks/threads.py, docs/benchmarks.md "CPU threads")
+ONE_THREAD_BELOW = 5_000_000
+
+
+def cpus_allowed() -> int:
+    """The CPUs this process may use: its affinity (a container's or taskset's limit), at most the
+    CPUs SLURM allotted the task (``SLURM_CPUS_PER_TASK``)."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
     allotted = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    if not os.environ.get("OMP_NUM_THREADS") and allotted.isdigit() and int(allotted) > 0:
-        torch.set_num_threads(int(allotted))
+    return min(count, int(allotted)) if allotted.isdigit() and int(allotted) > 0 else count
+
+
+def choose_threads(cfg: DictConfig, parameters: int, on_cpu: bool) -> tuple[int, str]:
+    """(threads, why): ``threads=N`` as given; else ``OMP_NUM_THREADS``; else, training on the CPU, one
+    thread below :data:`ONE_THREAD_BELOW` parameters; else every CPU the process may use."""
+    if cfg.get("threads") is not None:
+        return int(cfg.threads), "threads="
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if omp.isdigit() and int(omp) > 0:
+        return int(omp), "OMP_NUM_THREADS"
+    if on_cpu and parameters < ONE_THREAD_BELOW:
+        return 1, f"model below {ONE_THREAD_BELOW:,} parameters"
+    return cpus_allowed(), "the CPUs allowed"
+
+
+def set_threads(cfg: DictConfig, parameters: int) -> str:
+    """Set torch's CPU threads for this job (:func:`choose_threads`); returns why, for summary.json."""
+    accel = str(cfg.trainer.get("accelerator", "auto")) if "trainer" in cfg else "auto"
+    on_cpu = accel == "cpu" or (accel == "auto" and not torch.cuda.is_available())
+    threads, why = choose_threads(cfg, parameters, on_cpu)
+    torch.set_num_threads(threads)
+    return why
 
 
 def environment(trainer: pl.Trainer, cfg: DictConfig) -> dict[str, Any]:
@@ -54,7 +81,8 @@ def environment(trainer: pl.Trainer, cfg: DictConfig) -> dict[str, Any]:
     if trainer.strategy.root_device.type == "cuda":
         device = torch.cuda.get_device_name(trainer.strategy.root_device)
     return {"torch": torch.__version__, "lightning": pl.__version__, "python": platform.python_version(),
-            "machine": platform.machine(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+            "machine": platform.machine(), "cpu_count": os.cpu_count(), "cpus_allowed": cpus_allowed(),
+            "threads": torch.get_num_threads(),
             "device": device, "precision": str(trainer.precision),
             "deterministic": bool(cfg.trainer.get("deterministic", False))}
 

@@ -82,21 +82,25 @@ def test_ddp_two_cpu_processes_one_wandb_run_metrics_equal_single_process(tmp_pa
 
 
 # ---- launchers and sweepers ---------------------------------------------------------------------
-def test_threads_follow_the_cpus_slurm_allotted(monkeypatch):
-    """Issue #28 (6): threads=null takes SLURM_CPUS_PER_TASK (unless OMP_NUM_THREADS says otherwise)."""
-    from nas_cli.pipeline.trainer import set_threads
+def test_threads_follow_the_model_size_slurm_and_omp(monkeypatch):
+    """threads=null: one thread for a model below ONE_THREAD_BELOW parameters on the CPU, else the CPUs
+    the process may use (at most SLURM_CPUS_PER_TASK); OMP_NUM_THREADS and threads=N win."""
+    from nas_cli.pipeline.trainer import ONE_THREAD_BELOW, choose_threads, cpus_allowed, set_threads
 
+    auto, two = OmegaConf.create({"threads": None}), OmegaConf.create({"threads": 2})
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    assert choose_threads(auto, ONE_THREAD_BELOW - 1, on_cpu=True)[0] == 1
+    assert choose_threads(auto, ONE_THREAD_BELOW, on_cpu=True)[0] == cpus_allowed() == len(os.sched_getaffinity(0))
+    assert choose_threads(auto, 1000, on_cpu=False)[0] == cpus_allowed()  # a GPU run: the size rule is the CPU's
+    assert choose_threads(two, 1000, on_cpu=True) == (2, "threads=")  # an explicit threads=N wins
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+    assert cpus_allowed() == 1 and choose_threads(auto, ONE_THREAD_BELOW, on_cpu=True)[0] == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert choose_threads(auto, 1000, on_cpu=True) == (2, "OMP_NUM_THREADS")
     before = torch.get_num_threads()
     try:
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-        monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
-        torch.set_num_threads(2)
-        set_threads(OmegaConf.create({"threads": None}))
-        assert torch.get_num_threads() == 1
-        set_threads(OmegaConf.create({"threads": 2}))  # an explicit threads=N wins
-        assert torch.get_num_threads() == 2
-        monkeypatch.setenv("OMP_NUM_THREADS", "2")
-        set_threads(OmegaConf.create({"threads": None}))
+        set_threads(OmegaConf.create({"threads": None, "trainer": {"accelerator": "cpu"}}), 1000)
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
@@ -449,6 +453,9 @@ def test_resume_refuses_finished_run_and_unsafe_checkpoint(tmp_path):
     proc = nas_run(f"resume={run}", cwd=tmp_path)
     assert proc.returncode == 2 and "no readable checkpoint" in proc.stderr and "Traceback" not in proc.stderr
     ev = run_command([str(Path(NAS_RUN).with_name("nas-eval")), str(run)], capture_output=True, text=True)
+    assert ev.returncode == 2 and "is a failed run (failed.json: no readable checkpoint" in ev.stderr
+    ev = run_command([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--ckpt", str(run / "checkpoints" / "best.ckpt")],
+                     capture_output=True, text=True)
     assert ev.returncode == 2 and "cannot read checkpoint" in ev.stderr
     assert not marker.exists()
 
