@@ -219,3 +219,37 @@ def test_a_flag_after_resume_overrides_goes_to_hydra(places, tmp_path):
                        timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "max_steps: 20000" in proc.stdout and _snapshot(places["run"]) == before
+
+
+def test_help_shows_nas_runs_own_usage_groups_and_debug_fast(tmp_path):
+    proc = run_command([BIN / R, "--help"], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0 and list(tmp_path.iterdir()) == []
+    for piece in ("nas-run: train Transformer models", "debug=fast", "resume=<run dir>", "attention: additive",
+                  "experiment: ", "nas-run --hydra-help", "docs/"):
+        assert piece in proc.stdout, piece
+    assert "Powered by Hydra" not in proc.stdout  # Hydra's stock text is at --hydra-help
+
+
+def test_nas_eval_prints_its_table_without_lightnings_banner(places, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(places["run"], run)
+    proc = run_command([BIN / "nas-eval", run, "--beam", "2"], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    assert out.lstrip().startswith("nas-eval") and "test/bleu" in out, out[:500]  # the table first
+    for noise in ("GPU available", "TPU available", "Tip:", "LeafSpec"):
+        assert noise not in out, noise
+
+
+def test_the_progress_bar_states_the_budget_it_has():
+    import pytorch_lightning as pl
+
+    from nas_cli.pipeline.trainer import progress_bar
+
+    for kwargs, expected in (({"max_steps": 30, "max_epochs": -1}, "Epoch 0 (to step 30)"),
+                             ({"max_epochs": 8}, "Epoch 0/7")):
+        bar = progress_bar()
+        trainer = pl.Trainer(callbacks=[bar], logger=False, enable_checkpointing=False, **kwargs)
+        bar.setup(trainer, None, "fit")  # what Lightning calls when fitting starts
+        text = bar._get_train_description(0)
+        assert text.strip() == expected and "-2" not in text

@@ -96,6 +96,10 @@ def test_resumed_offline_run_is_one_whole_history_and_records_the_code(tmp_path)
     assert whole["summary"]["best/step"] == summary["best_val"]["step"]
     assert not Path(summary["run_dir"]).is_absolute() and not Path(summary["wandb_dir"]).is_absolute()
     assert (run / summary["wandb_dir"]).resolve() == (newest[0] / "files").resolve()
+    # the run's log says what happened, launch by launch
+    log = (run / "nas_run.log").read_text()
+    assert "started: reverse, unas, h4, seed 1" in log and "resumed from last.ckpt" in log
+    assert log.count("finished: ") == 2 and "finished: 60 steps" in log
     # the gradient norm before clipping, at every logging step
     assert [h["trainer/global_step"] for h in whole["history"] if "train/grad_norm" in h] == train_steps
 
