@@ -113,7 +113,7 @@ def run_explained_away(out: str | Path, steps: int = 500, seed: int = 1, heads: 
                 explained_away_overrides(scheme, steps, seed, heads, batches, overrides)))
         if getattr(get_class(cfg.task._target_), "kind", "seq2seq") != "seq2seq":
             raise ValueError("explained-away needs a seq2seq task (it looks at encoder self-attention)")
-        configs[scheme] = (cfg, check_config(cfg))
+        configs[scheme] = (cfg, check_config(cfg).plan)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     per_scheme: dict[str, dict] = {}

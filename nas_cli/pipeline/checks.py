@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -82,10 +82,20 @@ def _get(cfg: DictConfig, key: str) -> Any:
     return node
 
 
-def check_config(cfg: DictConfig) -> AttentionPlan | None:
-    """Raise UserError (one line) for the first bad value; then estimate the model's memory.
-    Returns the job's attention plan (None for a config without attention or model), which the
-    job trains with: it is built here once."""
+class Checked(NamedTuple):
+    """What the checks built once for the job: its attention plan (None for a config without
+    attention or model) and its model's parameters (None: not known before the data are read;
+    ``exact`` false: without the vocabulary's embeddings, which the data decide)."""
+
+    plan: AttentionPlan | None
+    parameters: int | None = None
+    exact: bool = True
+
+
+def check_config(cfg: DictConfig) -> Checked:
+    """Raise UserError (one line) for the first bad value; then count the model's parameters (built
+    on the meta device: no weights allocated) and check they fit this machine's memory. Returns the
+    job's attention plan, which the job trains with (built here once), and that count."""
     for key, (ok, what) in RULES.items():
         value = _get(cfg, key)
         if value is _MISSING:
@@ -96,10 +106,12 @@ def check_config(cfg: DictConfig) -> AttentionPlan | None:
     check_shapes_and_logger(cfg)
     check_positions(cfg)
     plan = check_attention(cfg)
-    check_memory(cfg)
     check_declared(cfg)
-    check_task_data(cfg)
-    return plan
+    task = check_task_data(cfg)
+    size = model_parameters(cfg, plan, task)
+    if size is not None:
+        check_memory(cfg, size[0])
+    return Checked(plan, *size) if size else Checked(plan)
 
 
 def check_declared(cfg: DictConfig) -> None:
@@ -177,12 +189,12 @@ def _slurm_unreachable(timeout_s: float = 15.0) -> str | None:
     return fatal[-1] if fatal else f"sinfo exited with {proc.returncode}"
 
 
-def check_task_data(cfg: DictConfig) -> None:
+def check_task_data(cfg: DictConfig):
     """Before the run directory is made: the options the task's constructor refuses, the task's own
     check of its data files (``Task.check_data``: a data path that is a file, a missing, empty or
     binary split file), and a model with fewer positions than the task's sequences need."""
     if "task" not in cfg or not cfg.task.get("_target_"):
-        return
+        return None
     from hydra.utils import instantiate
 
     from hydra.errors import InstantiationException
@@ -201,6 +213,7 @@ def check_task_data(cfg: DictConfig) -> None:
     if needed and _is_int(have) and needed[0] > have:
         raise UserError(f"{needed[1]} makes training sequences of up to {needed[0]} tokens, more than model.max_len="
                         f"{have} positions: raise model.max_len to {needed[0]} or lower {needed[1].split('=')[0]}")
+    return task
 
 
 def check_shapes_and_logger(cfg: DictConfig) -> None:
@@ -394,26 +407,41 @@ def _example(key: str, cfg: DictConfig) -> str:
 BYTES_PER_PARAM_TRAINING = 16  # float32 weights + gradients + Adam's two moments
 
 
-def estimate_parameters(cfg: DictConfig) -> int:
-    """Parameters of the configured model (attention projections, FFN, norms, embeddings).
+class _VocabularyToCome:
+    """A task whose vocabulary is known only once its data are read (a subword or word vocabulary):
+    the task itself, with ``task.vocab_size`` (the subword target, else 1) standing in for it."""
 
-    Embeddings use ``task.vocab_size`` (or the synthetic alphabet); a word-level LM vocabulary
-    is only known after reading the data and is left out (the estimate is then a lower bound)."""
-    m = cfg.model
-    d, f = int(m.d_model), int(m.ffn)
-    enc = int(m.get("encoder_layers", 0) or 0)
-    dec = int(m.get("decoder_layers", 0) or 0)
-    block = 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d  # self-attention, FFN, two norms
-    cross = 4 * d * d + 4 * d + 2 * d
-    lm = is_language_model(cfg)
-    params = (enc * block + dec * (block + (0 if lm else cross)))
-    vocab = cfg.task.get("vocab_size") or ((cfg.task.get("symbols") or 0) + 4 if cfg.task.get("symbols") else 0)
+    def __init__(self, task, size: int):
+        self._task, self.src_vocab_size, self.tgt_vocab_size = task, size, size
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+
+def model_parameters(cfg: DictConfig, plan, task) -> tuple[int, bool] | None:
+    """(parameters, exact) of the model ``cfg`` builds for ``task``, counted on a copy built on the
+    meta device (shapes only, nothing allocated: the same code as the run's, so every family and
+    every scheme's own parameters count, tied weights once). Not exact when the vocabulary comes
+    from the data (``task.vocab_size`` stands in for it, else only the rest is counted); None when
+    the model cannot be built here (the run then reports why where it builds it)."""
+    if plan is None or task is None or "model" not in cfg:
+        return None
+    import torch
+
+    from nas_cli.pipeline.lit import NasLitModule, count_parameters
+
+    exact = True
     try:
-        vocab = int(vocab or 0)
-    except (TypeError, ValueError):
-        vocab = 0
-    params += vocab * d * (1 if m.get("share_embeddings", True) else 3)
-    return params
+        task.src_vocab_size
+    except Exception:  # noqa: BLE001 - a tokenizer not trained yet
+        vocab = cfg.task.get("vocab_size")
+        task, exact = _VocabularyToCome(task, int(vocab) if _is_int(vocab) and vocab > 0 else 1), False
+    try:
+        with torch.device("meta"):
+            module = NasLitModule(cfg.model, plan.model_cores(cfg.model), cfg.optim, task)
+    except Exception:  # noqa: BLE001 - reported, with its context, where the run builds the model
+        return None
+    return count_parameters(module.model), exact
 
 
 def available_memory() -> int | None:
@@ -442,11 +470,8 @@ def _gpu_memory() -> int | None:
     return None
 
 
-def check_memory(cfg: DictConfig) -> None:
-    try:
-        params = estimate_parameters(cfg)
-    except (TypeError, ValueError, AttributeError):
-        return
+def check_memory(cfg: DictConfig, params: int) -> None:
+    """The weights, gradients and Adam state of ``params`` parameters against this machine's memory."""
     need = params * BYTES_PER_PARAM_TRAINING
     accel = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
     have = _gpu_memory() if accel in ("gpu", "cuda", "auto") else None

@@ -66,6 +66,11 @@ def item_outputs(task, index: list[int], nll: list[float], tokens: list[int], hy
     return out
 
 
+def count_parameters(module: torch.nn.Module) -> int:
+    """Parameters of ``module``; tied weights are counted once."""
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
 def grad_norm(parameters) -> torch.Tensor:
     """Global 2-norm of the gradients of ``parameters`` (those without a gradient are skipped)."""
     norms = [torch.linalg.vector_norm(p.grad.detach().float()) for p in parameters if p.grad is not None]

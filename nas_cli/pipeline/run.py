@@ -31,7 +31,7 @@ from nas_cli.errors import Refused, SignalStop, Stopped, UserError, record
 from nas_cli.errors import unwrap as _unwrap
 from nas_cli.infra.atomic import remove_stale_temporaries
 from nas_cli.infra.config_identity import config_id
-from nas_cli.pipeline.lit import NasLitModule
+from nas_cli.pipeline.lit import NasLitModule, count_parameters
 from nas_cli.infra.loggers import make_logger, wandb_run_id
 from nas_cli.infra.wandb_offline import carry_history
 from nas_cli.model.locations import job_locations
@@ -81,11 +81,6 @@ def build_module(cfg: DictConfig, task, cores: Cores) -> NasLitModule:
         return NasLitModule(cfg.model, cores, cfg.optim, task, log_learned_every=cfg.log_learned_every)
     except (SchemeError, ValueError, InstantiationException) as err:
         raise UserError(_unwrap(err)) from err
-
-
-def count_parameters(module: torch.nn.Module) -> int:
-    # tied weights are counted once
-    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
 
 
 def _warn(message: str) -> None:

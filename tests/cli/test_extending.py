@@ -326,7 +326,7 @@ def test_a_user_language_model_task_is_sized_as_a_language_model(tmp_path, monke
     _target_ ending in LanguageModelTask), so a user's LM task was sized as seq2seq (with
     cross-attention). Now there is one, the class's kind."""
     from helpers import compose_cfg
-    from nas_cli.pipeline.checks import estimate_parameters, is_language_model
+    from nas_cli.pipeline.checks import check_config, is_language_model
 
     (tmp_path / "my_lm.py").write_text("from tasks.language_model import LanguageModelTask\n\n\n"
                                        "class Corpus(LanguageModelTask):\n    pass\n")
@@ -334,5 +334,5 @@ def test_a_user_language_model_task_is_sized_as_a_language_model(tmp_path, monke
     builtin = compose_cfg("task=wikitext2")
     mine = compose_cfg("task=wikitext2", "task._target_=my_lm.Corpus")
     assert is_language_model(builtin) and is_language_model(mine)
-    assert estimate_parameters(mine) == estimate_parameters(builtin)
+    assert check_config(mine).parameters == check_config(builtin).parameters
     assert not is_language_model(compose_cfg("task=sort"))

@@ -1,0 +1,35 @@
+"""The pre-run check counts the model's parameters on the meta device (nothing allocated): the count
+is the trained model's, for every kind of model, and the run says it before training starts."""
+from __future__ import annotations
+
+import pytest
+
+from helpers import compose_cfg, nas_run
+from nas_cli.pipeline.checks import check_config
+from nas_cli.pipeline.lit import count_parameters
+from nas_cli.pipeline.run import build_module, build_task
+
+
+@pytest.mark.parametrize("overrides", [
+    (),                                                                  # nas-run's encoder-decoder
+    ("attention=pe_product_symmetric", "model.positions=none"),          # tie_qk: keys share the query projection
+    ("task=copy_lm", "attention=hnas"),                                  # decoder-only, a scheme with parameters
+    ("task=copy_lm", "model=hf_llama"),                                  # a Hugging Face family
+], ids=["seq2seq", "tie_qk", "lm-hnas", "hf_llama"])
+def test_the_preflight_count_is_the_trained_models(overrides):
+    if "model=hf_llama" in overrides:
+        pytest.importorskip("transformers")
+    cfg = compose_cfg(*overrides)
+    checked = check_config(cfg)
+    module = build_module(cfg, build_task(cfg), checked.plan.model_cores(cfg.model))
+    assert checked.exact and checked.parameters == count_parameters(module.model)
+    if "attention=pe_product_symmetric" in overrides:
+        tied = [m for m in module.model.modules() if hasattr(m, "k_proj") and getattr(m, "tie_qk", False)]
+        assert tied and all(m.k_proj is None for m in tied)
+
+
+def test_the_run_says_its_size_before_training(tmp_path):
+    proc = nas_run("debug=fast", "logger=none", "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "model: 234,944 parameters" in proc.stderr.splitlines()
+    assert "model: 234,944 parameters" in (tmp_path / "run" / "nas_run.log").read_text()
