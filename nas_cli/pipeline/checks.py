@@ -207,6 +207,12 @@ def check_task_data(cfg: DictConfig):
         raise
     except (ValueError, TypeError, InstantiationException, OSError) as err:  # the constructor's refusal
         raise UserError(f"task '{cfg.task.get('name', '?')}': {unwrap(err)}") from None
+    from tasks.scores import declaration
+
+    try:
+        declaration(task.metrics)  # a task's own metrics, as summary.json and nas-report will read them
+    except ValueError as err:
+        raise UserError(f"task '{cfg.task.get('name', '?')}': {err}") from None
     task.check_data()
     needed = task.positions_needed()
     have = _get(cfg, "model.max_len")

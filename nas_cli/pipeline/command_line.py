@@ -33,9 +33,9 @@ def hydra_argv(argv: list[str]) -> list[str]:
 
 
 #: Hydra's flags that take a value (``--info`` takes one optionally: one of _INFO)
-_VALUED = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-           "--experimental-rerun", "--shell-completion", "-sc"}
-_INFO = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+_VALUED = frozenset({"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+           "--experimental-rerun", "--shell-completion", "-sc"})
+_INFO = frozenset({"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"})
 
 
 def multirun_first(argv: list[str]) -> list[str]:

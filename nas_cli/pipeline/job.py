@@ -148,8 +148,8 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
         checked = check_config(cfg)  # again: a sweep's own values (model.heads=four,8) are only known per job
         check_trainer(cfg)  # Lightning's own refusals (precision, accelerator, unknown options), before any data
         checking = False
-        _say_size(checked)
-        summary = train(cfg, checked.plan, run_dir, group, job_type="sweep" if multirun else "train")
+        summary = train(cfg, checked.plan, run_dir, group, job_type="sweep" if multirun else "train",
+                        size=checked[1:] if checked.parameters is not None else None)
     except Refused as err:  # nothing ran: put back what this attempt touched, write nothing
         for path, data in kept.items():
             if data is None:
@@ -179,16 +179,6 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
                           why=f"{reason} (traceback in {run_dir / 'failed.traceback.txt'})")
     release(run_dir)
     return summary
-
-
-def _say_size(checked) -> None:
-    """The model's size before training starts (counted on the meta device by the checks)."""
-    if checked.parameters is None:
-        return
-    more = "" if checked.exact else " + the embeddings of the vocabulary the data give"
-    line = f"model: {checked.parameters:,} parameters{more}"
-    print(line, file=sys.stderr)
-    record(line)
 
 
 def error_line(err: BaseException) -> str:

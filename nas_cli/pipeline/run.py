@@ -88,8 +88,8 @@ def _warn(message: str) -> None:
     record(f"warning: {message}")
 
 
-def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str = "train"
-          ) -> dict[str, Any] | None:
+def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str = "train",
+          size: tuple[int, bool] | None = None) -> dict[str, Any] | None:
     """Train and test one job with the attention ``plan`` built from ``cfg.attention`` (by the
     pre-run check, ``checks.check_config``, or ``AttentionPlan.from_config``); returns the summary also written to ``run_dir/summary.json``
     (None in the other processes of a multi-process run: only global rank 0 reports).
@@ -101,11 +101,12 @@ def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_t
 
     SIGTERM, SIGUSR1 and SIGUSR2 stop the job with one line at any moment: during training
     after saving ``last.ckpt`` (:class:`~nas_cli.infra.resume.FaultTolerance`), before or after it
-    (startup, final test) at once, with the same resume hint."""
+    (startup, final test) at once, with the same resume hint. ``size``: (parameters, exact) from the
+    pre-run check, said once the run is under way (a refused resume says nothing else)."""
     phase = {"name": "startup", "trainer": None}
     try:
         with stop_signals():
-            return _train(cfg, plan, run_dir, group, job_type, phase)
+            return _train(cfg, plan, run_dir, group, job_type, phase, size)
     except SignalStop as stop:
         name = signal.Signals(stop.signum).name
         trainer = phase["trainer"]
@@ -127,11 +128,16 @@ class _Job:
     kept: Path | None  # the earlier summary of a finished run trained longer
 
 
-def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str, phase: dict) -> dict[str, Any] | None:
+def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str, phase: dict,
+           size: tuple[int, bool] | None) -> dict[str, Any] | None:
     """One job, step by step: decide, build, log, train, test, report."""
     job = _prepare(cfg, plan, run_dir, group, job_type)
     record(f"{'resumed from ' + job.resume[0].name if job.resume else 'started'}: {cfg.task.name}, {job.plan.tag}, "
            f"h{cfg.model.heads}, seed {cfg.seed}, config_id {job.config_id}, nas-run {describe(code_version())}")
+    if size is not None and rank_zero_only.rank == 0:
+        line = f"model: {size[0]:,} parameters" + ("" if size[1] else " + the embeddings of the vocabulary the data give")
+        print(line, file=sys.stderr)
+        record(line)
     task = build_task(cfg)
     data = shard_and_resume(task, int(cfg.seed))  # the loaders as this process reads them
     module = build_module(cfg, task, job.cores)

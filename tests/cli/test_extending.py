@@ -284,7 +284,7 @@ def test_a_malformed_metrics_declaration_is_one_line_before_training(tmp_path):
                    f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env_extra={"PYTHONPATH": str(tmp_path)})
     assert bad.returncode == 2 and "task metric 'length_acc'" in bad.stderr, bad.stderr[-2000:]
     assert len([ln for ln in bad.stderr.splitlines() if ln.strip()]) == 1
-    assert not (tmp_path / "run" / "summary.json").exists()
+    assert not (tmp_path / "run").exists()  # refused by the pre-run check: nothing made
 
 
 def test_a_user_schemes_learned_value_reaches_wandb_and_nas_report(tmp_path):
