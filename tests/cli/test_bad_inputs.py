@@ -33,6 +33,7 @@ CASES = [
     ([R, "model.head=4"], 2, "model.heads"),
     ([R, "model=huge"], 2, "model=huge"),
     ([R, "model.positions=bogus"], 2, "model.positions=bogus is not valid"),
+    ([R, "model=base", "model.d_model=8192", "model.ffn=65536", "model.heads=8"], 2, "the model is too large"),
     # --- nas-run: optimizer ---
     ([R, "optim.lr=-1"], 2, "optim.lr=-1 is not valid"),
     ([R, "optim.lr=abc"], 2, "optim.lr='abc' is not valid"),
