@@ -66,11 +66,15 @@ def say(markup: str, log: bool = True) -> None:
 
 def record(line: str) -> None:
     """A line for the job's log file (``<run dir>/nas_run.log``, Hydra's job logging), not the terminal:
-    written only while a job's file handler is set up (before it, Hydra's own logging would print it)."""
+    handed to the file handlers of the job's logging alone (a resumed run composes from its saved
+    config, with Hydra's default logging, whose console handler would print it); nothing outside a job."""
     import logging
 
-    if any(isinstance(h, logging.FileHandler) for h in logging.getLogger().handlers):
-        logging.getLogger("nas_run").info(line)
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    if files:
+        entry = logging.getLogger("nas_run").makeRecord("nas_run", logging.INFO, __file__, 0, line, None, None)
+        for handler in files:
+            handler.handle(entry)
 
 
 def fail(message: str, code: int = 2, kind: str = "error", color: str = "red", program: str = "nas-run",

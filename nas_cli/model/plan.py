@@ -83,7 +83,8 @@ class AttentionPlan:
     def for_job(cls, cfg: DictConfig | dict) -> "AttentionPlan":
         """The plan of a whole composed config, resolved against the model it builds
         (:meth:`restricted` to :func:`~nas_cli.model.locations.job_locations`)."""
-        return cls.from_config(cfg["attention"]).restricted(job_locations(cfg), _model_words(cfg))
+        used = job_locations(cfg)
+        return cls.from_config(cfg["attention"]).restricted(used, _model_words(cfg, used))
 
     def restricted(self, used: tuple[str, ...], model: str = "the model") -> "AttentionPlan":
         """The plan of the locations ``used`` (what the model builds). A location the config names
@@ -186,9 +187,8 @@ def _placements(attn_cfg: DictConfig | dict) -> tuple[dict[str, Placed], dict[st
     return placed, own, explicit
 
 
-def _model_words(cfg: DictConfig | dict) -> str:
-    """How a refusal names the model a config builds."""
-    used = job_locations(cfg)
+def _model_words(cfg: DictConfig | dict, used: tuple[str, ...]) -> str:
+    """How a refusal names the model a config builds (``used``: the locations it has)."""
     task = cfg["task"].get("name", "?") if "task" in cfg else "?"
     if used == ("decoder",):
         return f"task {task} builds a decoder-only model: it"
