@@ -77,6 +77,23 @@ def record(line: str) -> None:
             handler.handle(entry)
 
 
+class NotPrintedYet:
+    """A filter for the job logging's console handler: a record whose logger prints it with a terminal
+    handler of its own (submitit's logger, in a SLURM job) is not printed a second time by the root's."""
+
+    def filter(self, entry) -> bool:
+        import logging
+
+        logger = logging.getLogger(entry.name)
+        while logger is not None and logger is not logging.getLogger():
+            if any(type(h) is logging.StreamHandler for h in logger.handlers):
+                return False
+            if not logger.propagate:
+                break
+            logger = logger.parent
+        return True
+
+
 def fail(message: str, code: int = 2, kind: str = "error", color: str = "red", program: str = "nas-run",
          log: bool = True):
     """``<program>: <kind>: <message>`` on one line, then exit with ``code`` (``log``: see :func:`say`)."""

@@ -135,3 +135,37 @@ def test_csv_logger_gets_the_gradient_norm(tmp_path):
     assert len(rows) == 4 and all(float(r["train/grad_norm"]) > 0 for r in rows)
     # before clipping: the first steps' norms exceed the clip value
     assert float(rows[0]["train/grad_norm"]) > 0.5
+
+
+def test_job_logging_prints_a_library_s_own_records_once(tmp_path, capsys):
+    # A SLURM job's stderr showed each of submitit's warnings twice: by submitit's own handler and by the
+    # job logging's console. The job logging of conf/config.yaml, applied as Hydra applies it.
+    import logging
+    import logging.config
+
+    from importlib.resources import files
+
+    job_logging = OmegaConf.load(files("nas_cli.conf") / "config.yaml").hydra.job_logging
+    job_logging.handlers.file.filename = str(tmp_path / "nas_run.log")
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    library = logging.getLogger("a_library")
+    try:
+        logging.config.dictConfig(OmegaConf.to_container(job_logging))
+        own = logging.StreamHandler(sys.stderr)
+        own.setFormatter(logging.Formatter("a_library: %(message)s"))
+        library.addHandler(own)
+        library.warning("caught a signal")
+        logging.getLogger("a_plain_one").warning("something to see")
+        for handler in root.handlers:
+            handler.flush()
+    finally:
+        library.handlers.clear()
+        for handler in root.handlers[:]:
+            root.removeHandler(handler)
+            handler.close()
+        root.handlers[:], root.level = saved[0], saved[1]
+    err = capsys.readouterr().err
+    assert err.count("caught a signal") == 1 and err.count("something to see") == 1, err
+    log = (tmp_path / "nas_run.log").read_text()
+    assert "caught a signal" in log and "something to see" in log  # the file keeps both
