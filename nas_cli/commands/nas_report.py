@@ -40,9 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                         "two runs compared on the test items as supporting detail")
     p.add_argument("--metrics", metavar="NAMES", help="comma-separated metrics to compare/show: test metrics (bleu, "
                                                        "chrf, exact_match, ppl, rouge1, rouge2, rougeL, or any test "
-                                                       "metric a task reports) and attention diagnostics (jsd, "
-                                                       "explained_away, min_margin, entropy, step_variation, also as "
-                                                       "jsd:encoder); every verdict is a paired t-test over seeds")
+                                                       "metric a task reports) and the numbers the runs' "
+                                                       "diagnostics declare (a wrong name lists them), also as "
+                                                       "<name>:<location>; every verdict is a paired t-test over seeds")
     p.add_argument("--format", default="rich", metavar="FMT",
                    help="rich (default), markdown, latex, json (everything), or csv (one tidy table: the comparison "
                         "with --baseline, else the runs; --table picks another)")
@@ -359,12 +359,14 @@ def _mark(head, rows, groups, marked, baseline):
     """† after the metric cells that differ significantly from the baseline; the baselines' rows say so."""
     from nas_cli.report.compare import metric_title
 
+    runs = [r for g in groups for r in g.runs]
     out = []
     for g, row in zip(groups, rows):
         row = list(row)
         for (gid, metric), sig in marked.items():
-            if gid == id(g) and sig and metric_title(metric) in head:
-                row[head.index(metric_title(metric))] += " †"
+            title = metric_title(metric, runs)
+            if gid == id(g) and sig and title in head:
+                row[head.index(title)] += " †"
         if baseline is not None and any(g is b for b in baseline.groups) and "scheme" in head:
             row[head.index("scheme")] += " (baseline)"
         out.append(row)

@@ -1,4 +1,4 @@
-"""Attention diagnostics during validation (issue #4): a Lightning callback.
+"""Attention diagnostics during validation: a Lightning callback.
 
 Added by :func:`nas_cli.pipeline.run.train` when ``diagnostics.enabled`` is true (the default).
 At each analysed validation (every ``every_n_validations``-th, sanity checks skipped) the
@@ -19,9 +19,10 @@ Outputs, under ``<run dir>/diagnostics/``:
   (:meth:`~nas_cli.attention.base.AttentionCore.learned`) per layer and head.
 * at the end of fit: ``jsd_<location>.png``, ``explained_away_<location>.png``,
   ``<name>_trajectories.png`` per learned value (recorded at every validation and every
-  ``log_learned_every`` training steps) and ``summary.json`` (the per-location scalars that
-  ``nas-report`` shows, among them ``<name>_mean`` per learned value, the learned values'
-  history and the time the diagnostics took).
+  ``log_learned_every`` training steps) and ``summary.json`` (the per-location scalars, among
+  them ``<name>_mean`` per learned value; ``reported``: the numbers ``nas-report`` shows and
+  compares, as the metrics declare them; the learned values' history and the time the
+  diagnostics took).
 
 Cross-attention also gets the *step variation* (the blog post "Why Bahdanau's neural
 attention requires two layers"): per head the largest change max_j |pi_ij - pi_0j| over the
@@ -40,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pytorch_lightning as pl
@@ -51,7 +52,7 @@ from nas_cli.infra.atomic import atomic_write_json
 from nas_cli.attention.base import learned_titles, learned_values
 from nas_cli.diagnostics.collector import AttentionDiagnostics, flatten_results, location_masks
 from nas_cli.diagnostics.explained_away import DEFAULT_EPS
-from nas_cli.diagnostics.metrics import SIGNED_NOTE, LayerMetric, build_metrics
+from nas_cli.diagnostics.metrics import SIGNED_NOTE, LayerMetric, Reported, build_metrics
 from nas_cli.diagnostics.metrics import finite as _finite
 from nas_cli.diagnostics.metrics import finite_list as _finite_list
 
@@ -98,10 +99,16 @@ def location_scalars(layers: list[dict[str, Any]], metrics: list[LayerMetric] | 
         out["note"] = SIGNED_NOTE
     for m in metrics:
         if signed and m.distributions_only:
-            out.update({k: None for k in m.null_scalars})
+            out.update({r.field: None for r in m.reported})
         else:
             out.update(m.location_scalars(layers))
     return out
+
+
+def reported_numbers(metrics: Sequence[LayerMetric], learned: Sequence[str]) -> list[Reported]:
+    """What nas-report may show and compare for a run: each metric's declaration (nas-report names
+    it by its ``name``), and the mean of each value the schemes learn per head (``<name>_mean``)."""
+    return [*(r for m in metrics for r in m.reported), *(Reported(f"{name}_mean", f"{name} (mean)") for name in learned)]
 
 
 class DiagnosticsCallback(pl.Callback):
@@ -250,10 +257,9 @@ class DiagnosticsCallback(pl.Callback):
             "seconds_validations": self.seconds - self.seconds_end,
             "seconds_end": self.seconds_end,
             "locations": self._summary_locations(),
-            # what nas-report shows as columns: {key: [label, format]}, declared by the metrics
-            # and by the schemes' learned values (their mean per location)
-            "columns": {**{k: list(v) for m in self.metrics for k, v in m.columns.items()},
-                        **{f"{name}_mean": [f"{name} (mean)", "p3"] for name in self.learned_titles}},
+            # what nas-report shows and compares, declared by the metrics and by the schemes'
+            # learned values (their mean per location)
+            "reported": [r._asdict() for r in reported_numbers(self.metrics, self.learned_titles)],
             "learned_titles": self.learned_titles,
             "learned_history": [{"step": s, "values": _learned_json(v)} for s, v in self.learned_history],
             "files": sorted(p.name for p in files),

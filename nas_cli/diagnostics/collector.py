@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from nas_cli.diagnostics.explained_away import DEFAULT_EPS
-from nas_cli.diagnostics.metrics import DEFAULT_METRICS, LayerMetric, build_metrics
+from nas_cli.diagnostics.metrics import LayerMetric, build_metrics
 
 __all__ = ["location_masks", "AttentionDiagnostics", "collect_aux"]
 
@@ -50,13 +50,9 @@ class AttentionDiagnostics:
     and at the end ``diag.compute()`` (full results) or ``diag.scalars()`` (for a logger).
     """
 
-    def __init__(self, eps: float = DEFAULT_EPS, bin_edges: np.ndarray | None = None,
-                 jsd: bool = True, explained_away: bool = True, metrics: Sequence[LayerMetric] | None = None):
-        if metrics is None:
-            options = {"explained_away": {} if bin_edges is None else {"bin_edges": bin_edges}}
-            on = {"jsd": jsd, "explained_away": explained_away}
-            metrics = build_metrics({name: options.get(name, {}) if on.get(name, True) else None
-                                     for name in DEFAULT_METRICS}, eps)
+    def __init__(self, eps: float = DEFAULT_EPS, metrics: Sequence[LayerMetric] | None = None):
+        if metrics is None:  # the shipped defaults (conf/config.yaml's diagnostics.metrics)
+            metrics = build_metrics(None, eps)
         self.metrics = list(metrics)
         self.eps = eps
         self.reset()

@@ -9,27 +9,29 @@ this interface, so a new metric is one class (anywhere importable) plus one entr
       metrics:
         max_weight: {_target_: my_metrics.MaxWeight}
 
-The interface, per analysed validation:
+What a metric declares, in its class:
 
-* ``reset()``; ``update(location, layer, weights, q_mask, k_mask)`` for each batch, with the
-  layer's (B, H, Sq, Sk) weights and the (B, Sq) / (B, Sk) padding masks (True = real);
-* ``compute() -> {(location, layer): {key: value}}``: what the metric adds to that layer's
-  results (merged with the other metrics' keys);
-* ``layer_json(entry)`` / ``layer_scalars(entry)``: the JSON written to
-  ``diagnostics/step_<N>.json`` and the scalars logged per layer (``diag/<loc>/layer<i>/<key>``);
-* ``location_scalars(entries)``: the per-location summary (``diagnostics/summary.json``);
-  the keys named in ``columns`` are what ``nas-report`` shows as table columns, labelled
-  as given, averaged over locations;
-* ``figures(results, folder, step)``: optional PNGs (paths returned).
+* ``reported``: the numbers ``nas-report`` shows and compares (:class:`Reported`: the name of
+  ``--metrics <name>``, the column title and format, how a run's locations make one number);
+  the run writes the declarations into ``diagnostics/summary.json``, and the report, its HTML
+  page and W&B's report run read them from there: nothing else lists a diagnostic.
+* ``distributions_only`` (default True): the metric assumes each row of weights is a probability
+  distribution; layers whose weights have negative entries (a linear kernel) are not given to it,
+  its reported numbers read None there, and the location says why (:data:`SIGNED_NOTE`).
 
-``distributions_only = True`` (the default) means the metric assumes each row of weights is a
-probability distribution; layers whose weights have negative entries (a linear kernel) are not
-given to it, and their entries say ``signed_weights`` instead.
+What it does, per analysed validation: ``reset()`` empties ``self.acc`` (its state per
+(location, layer)); ``update(location, layer, weights, q_mask, k_mask)`` sees each batch's
+(B, H, Sq, Sk) weights of a layer with the (B, Sq) / (B, Sk) padding masks (True = real);
+``compute() -> {(location, layer): {key: value}}`` gives what it adds to that layer's results.
+The rest has defaults built from ``reported`` (override them for more): ``layer_json`` (the
+reported keys into ``diagnostics/step_<N>.json``), ``layer_scalars`` (their mean over heads,
+logged as ``diag/<loc>/layer<i>/<key>``), ``location_scalars`` (over layers, mean or min as
+declared, into ``diagnostics/summary.json``) and ``figures(results, folder, step)`` (none).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -63,25 +65,48 @@ def mean_or_none(values: list[float | None]) -> float | None:
     return None if not values or any(v is None for v in values) else float(np.mean(values))
 
 
+class Reported(NamedTuple):
+    """A number of a diagnostic that ``nas-report`` shows and compares over seeds."""
+
+    #: ``nas-report --metrics <name>`` (``<name>:<location>`` for one location)
+    name: str
+    #: the column title (main table and the HTML page's diagnostics table)
+    title: str
+    #: how a value is printed: "p3" (3 decimals), "pct" (a share, as %), "g" (3 significant digits)
+    format: str = "p3"
+    #: the location-level key in diagnostics/summary.json (None: the name)
+    key: str | None = None
+    #: how a run's locations (and a location's layers) make one number: "mean" or "min"
+    over_locations: str = "mean"
+    #: a column of the main table (False: the HTML page's diagnostics table only)
+    column: bool = True
+
+    @property
+    def field(self) -> str:
+        return self.key or self.name
+
+    def combine(self, values: list[float]) -> float:
+        return float(min(values)) if self.over_locations == "min" else float(np.mean(values))
+
+
 class LayerMetric:
     """Base class of a diagnostic (see the module docstring for the interface)."""
 
     #: the name in ``diagnostics.metrics`` (set from the config key)
     name: str = "metric"
-    #: location-level keys that nas-report shows: {key: (column label, format: "p3" | "pct" | "g")}
-    columns: dict[str, tuple[str, str]] = {}
+    #: what nas-report shows and compares (see :class:`Reported`)
+    reported: tuple[Reported, ...] = ()
     #: only for weights that are probability distributions over keys
     distributions_only: bool = True
     #: the locations it applies to (None: all)
     locations: tuple[str, ...] | None = None
-    #: location-level keys that read None where its numbers are undefined (weights with negative entries)
-    null_scalars: tuple[str, ...] = ()
 
     def __init__(self, **options: Any):
         self.options = options
         self.reset()
 
     def reset(self) -> None:
+        """Empty the state: ``self.acc``, {(location, layer): whatever ``update`` accumulates}."""
         self.acc: dict[Key, Any] = {}
 
     def wants(self, location: str) -> bool:
@@ -95,13 +120,21 @@ class LayerMetric:
         raise NotImplementedError
 
     def layer_json(self, entry: dict[str, Any]) -> dict[str, Any]:
-        return {}
+        """What goes into diagnostics/step_<N>.json for one layer: the reported keys' values."""
+        return {r.field: finite_list(entry[r.field]) for r in self.reported if r.field in entry}
 
     def layer_scalars(self, entry: dict[str, Any]) -> dict[str, float]:
-        return {}
+        """What is logged for one layer: each reported key's mean over heads."""
+        return {r.field: float(np.mean(entry[r.field])) for r in self.reported if r.field in entry}
 
     def location_scalars(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
-        return {}
+        """One location's numbers (diagnostics/summary.json): each reported key over the layers, and per layer."""
+        out: dict[str, Any] = {}
+        for r in self.reported:
+            per_layer = [float(np.mean(e[r.field])) for e in entries if r.field in e]
+            if per_layer:
+                out.update({r.field: finite(r.combine(per_layer)), f"{r.field}_per_layer": [finite(v) for v in per_layer]})
+        return out
 
     def figures(self, results: dict[str, list[dict[str, Any]]], folder: Path, step: int | None) -> list[Path]:
         return []
@@ -111,8 +144,7 @@ class HeadJSD(LayerMetric):
     """Head diversity: the H x H Jensen-Shannon divergences between the heads' attention
     distributions and their pair mean (Zheng et al. 2021, CODA)."""
 
-    columns = {"jsd_mean": ("JSD", "p3")}
-    null_scalars = ("jsd_mean",)
+    reported = (Reported("jsd", "JSD", "p3", key="jsd_mean"),)
 
     def update(self, location, layer, weights, q_mask, k_mask):
         self.acc.setdefault((location, layer), JSDAccumulator()).update(weights, q_mask, k_mask)
@@ -126,13 +158,6 @@ class HeadJSD(LayerMetric):
 
     def layer_json(self, entry):
         return {"jsd": finite_list(entry["jsd"]), "jsd_mean": entry["jsd_mean"]} if "jsd" in entry else {}
-
-    def layer_scalars(self, entry):
-        return {"jsd_mean": entry["jsd_mean"]} if "jsd_mean" in entry else {}
-
-    def location_scalars(self, entries):
-        jsd = [e["jsd_mean"] for e in entries if "jsd_mean" in e]
-        return {"jsd_mean": finite(np.mean(jsd)), "jsd_mean_per_layer": [finite(v) for v in jsd]} if jsd else {}
 
     def figures(self, results, folder, step):
         from nas_cli.diagnostics.figures import plot_jsd_heatmaps
@@ -151,8 +176,9 @@ class ExplainedAway(LayerMetric):
     log), the share of epsilon-explained-away keys, the margin over Theorem 2's -log Sk floor,
     and the entropy of the rows."""
 
-    columns = {"explained_away_frac": ("expl. away", "pct")}
-    null_scalars = ("explained_away_frac", "entropy_mean", "min_margin")
+    reported = (Reported("explained_away", "expl. away", "pct", key="explained_away_frac"),
+                Reported("min_margin", "min margin over -log Sk", "g", over_locations="min", column=False),
+                Reported("entropy", "entropy", "p3", key="entropy_mean", column=False))
 
     def __init__(self, eps: float = DEFAULT_EPS, bin_edges=None, **options):
         self.eps, self.bin_edges = float(eps), bin_edges
@@ -219,7 +245,7 @@ class StepVariation(LayerMetric):
     the source across the real decoder steps i, averaged over samples. 0 when the attention
     ignores the decoder state, as one-layer additive attention provably does (the blog post "Why Bahdanau's neural attention requires two layers")."""
 
-    columns: dict[str, tuple[str, str]] = {}  # in nas-report's HTML diagnostics table, not its main table
+    reported = (Reported("step_variation", "step variation", "p3", column=False),)  # the HTML page's table
     locations = ("cross",)
     distributions_only = False
 
@@ -235,40 +261,31 @@ class StepVariation(LayerMetric):
     def compute(self):
         return {key: {"step_variation": np.asarray(total) / n} for key, (total, n) in self.acc.items() if n}
 
-    def layer_json(self, entry):
-        return {"step_variation": finite_list(entry["step_variation"])} if "step_variation" in entry else {}
 
-    def layer_scalars(self, entry):
-        return {"step_variation": float(np.mean(entry["step_variation"]))} if "step_variation" in entry else {}
+def default_spec(eps: float = DEFAULT_EPS) -> dict[str, Any]:
+    """The diagnostics a run computes unless told otherwise: ``diagnostics.metrics`` of the shipped
+    conf/config.yaml (the one list), with explained-away's epsilon ``eps``."""
+    from importlib.resources import files
 
-    def location_scalars(self, entries):
-        var = [float(np.mean(e["step_variation"])) for e in entries if "step_variation" in e]
-        return {"step_variation": float(np.mean(var)), "step_variation_per_layer": var} if var else {}
+    from omegaconf import OmegaConf
 
-
-#: the metrics a run computes when the config names none (``diagnostics.metrics`` overrides)
-DEFAULT_METRICS = {"jsd": HeadJSD, "explained_away": ExplainedAway, "step_variation": StepVariation}
+    config = OmegaConf.load(files("nas_cli.conf") / "config.yaml")
+    config.diagnostics.eps = float(eps)
+    return OmegaConf.to_container(config.diagnostics.metrics, resolve=True)
 
 
 def build_metrics(spec: dict[str, Any] | None, eps: float = DEFAULT_EPS) -> list[LayerMetric]:
-    """Metric objects from ``diagnostics.metrics`` ({name: {_target_, options} or null}); a
-    null entry switches a metric off. ``eps`` is the default epsilon of explained-away."""
+    """Metric objects from ``diagnostics.metrics`` ({name: {_target_, options} or null}; None: the
+    defaults of :func:`default_spec`); a null entry switches a metric off."""
     from hydra.utils import instantiate
 
-    if spec is None:
-        spec = {name: {} for name in DEFAULT_METRICS}
     metrics = []
-    for name, options in spec.items():
+    for name, options in (default_spec(eps) if spec is None else spec).items():
         if options is None:
             continue
-        options = dict(options)
-        if "_target_" in options:
-            metric = instantiate(options, _convert_="all")
-        elif name in DEFAULT_METRICS:
-            cls = DEFAULT_METRICS[name]
-            metric = cls(eps=eps, **options) if cls is ExplainedAway else cls(**options)
-        else:
+        if "_target_" not in options:
             raise ValueError(f"diagnostics.metrics.{name} has no _target_ (a LayerMetric class to use)")
+        metric = instantiate(dict(options), _convert_="all")
         if not isinstance(metric, LayerMetric):
             raise ValueError(f"diagnostics.metrics.{name}: {type(metric).__name__} is not a LayerMetric "
                              "(nas_cli.diagnostics.metrics)")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from nas_cli.diagnostics.metrics import Reported
 from nas_cli.infra.config_identity import flatten as _flatten
 from nas_cli.infra.rundir import ITEMS_FILE
 from nas_cli.model.locations import LOCATIONS
@@ -170,11 +171,11 @@ class Run:
 
     # ---- numbers -----------------------------------------------------------------------
     def value(self, name: str) -> float | None:
-        """A number by report name: 'parameters', 'tokens_per_s', 'steps', 'best_val',
-        'jsd', 'explained_away', a summary["test"] key ('test/bleu'), or
-        'jsd:<location>' / 'explained_away:<location>' / 'entropy:<location>' /
-        'min_margin:<location>' / 'step_variation:cross', or any per-location diagnostics
-        scalar as 'diag:<key>' (mean over locations) / 'diag:<key>:<location>'."""
+        """A number by report name: 'parameters', 'tokens_per_s', 'steps', 'best_val', a
+        summary["test"] key ('test/bleu'), a number the run's diagnostics declared (its name, over
+        the locations as declared, or '<name>:<location>'; :meth:`reported`), or any per-location
+        diagnostics scalar as 'diag:<key>' (mean over locations) / 'diag:<key>:<location>'.
+        KeyError for a name the run does not know."""
         s = self.summary or {}
         if name in ("parameters", "tokens_per_s", "steps", "fit_seconds"):
             return _num(s.get(name))
@@ -184,32 +185,24 @@ class Run:
             if name == "test/exact_match" and self.best_val_metric not in (None, "val/exact_match"):
                 return None  # a task's own metrics only: exact match means nothing for translation or headlines
             return _num((s.get("test") or {}).get(name))
-        locs = self.diag_locations()
-        key = {"jsd": "jsd_mean", "explained_away": "explained_away_frac", "entropy": "entropy_mean",
-               "min_margin": "min_margin", "step_variation": "step_variation"}
         if name.startswith("diag:"):  # any per-location scalar a diagnostics plug-in wrote: diag:<key>[:<loc>]
-            _, base, loc = (name.split(":") + [""])[:3]
+            _, field, loc = (name.split(":") + [""])[:3]
+            declared = Reported(field, field, key=field)
         else:
             base, _, loc = name.partition(":")
-            if base not in key:
+            declared = self.reported().get(base)
+            if declared is None:
                 raise KeyError(name)
-            base = key[base]
+        locs = self.diag_locations()
         if loc:
-            return _num(locs.get(loc, {}).get(base))
-        vals = [_num(v.get(base)) for v in locs.values()]
-        vals = [v for v in vals if v is not None]
-        if not vals:
-            return None
-        return min(vals) if base == "min_margin" else sum(vals) / len(vals)
+            return _num(locs.get(loc, {}).get(declared.field))
+        vals = [v for v in (_num(x.get(declared.field)) for x in locs.values()) if v is not None]
+        return declared.combine(vals) if vals else None
 
-    def diag_columns(self) -> dict[str, tuple[str, str]]:
-        """{key: (label, format)}: the per-location scalars the run's diagnostics plug-ins asked
-        nas-report to show (runs of earlier versions: head JSD and explained away)."""
-        cols = (self.diagnostics or {}).get("columns")
-        if cols is None:
-            cols = {"jsd_mean": ["JSD", "p3"], "explained_away_frac": ["expl. away", "pct"]} if self.diag_locations() \
-                else {}
-        return {k: (v[0], v[1]) for k, v in cols.items()}
+    def reported(self) -> dict[str, Reported]:
+        """{name: declaration}: the numbers the run's diagnostics declared for nas-report
+        (diagnostics/summary.json ``reported``; :class:`nas_cli.diagnostics.metrics.Reported`)."""
+        return {d["name"]: Reported(**d) for d in (self.diagnostics or {}).get("reported") or []}
 
     @property
     def best_val_metric(self) -> str | None:

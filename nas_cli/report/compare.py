@@ -5,8 +5,8 @@ A selector is ``field=value[,field=value...]`` over the grouping fields of
 it must match exactly one group. Two questions, answered separately (:mod:`nas_cli.report.stats`):
 
 (a) **across seeds**, the verdict: each run's own number (the test metrics of summary.json, or a
-    run-level diagnostic: ``jsd``, ``explained_away``, ``min_margin``, ``entropy``,
-    ``step_variation``, each also as ``<name>:<location>``, or any ``diag:<key>[:<location>]``),
+    number the runs' diagnostics declared, by its name, also as ``<name>:<location>``, or any
+    ``diag:<key>[:<location>]``),
     paired by seed, Holm-adjusted over the groups per metric;
 (b) **on this test set, per trained model**: for each paired seed, the two runs' per-item test
     outputs (``test_items.json``) compared item by item: supporting detail, never the verdict.
@@ -24,18 +24,17 @@ from nas_cli.diagnostics.metrics import SIGNED_NOTE
 from nas_cli.infra.rundir import ITEMS_FILE
 from nas_cli.report import stats
 from nas_cli.report.collect import Run
-from nas_cli.report.table import Group, field_value
+from nas_cli.report.table import Group, field_value, reported
 
 
-#: run-level numbers (nas_cli.report.collect.Run.value names) compared over seeds, and their
-#: column titles in the main table (for the † mark)
-RUN_METRICS = {"jsd": "JSD", "explained_away": "expl. away", "min_margin": None, "entropy": None,
-               "step_variation": None}
+def run_metric_names(runs: Sequence[Run]) -> list[str]:
+    """The names of the numbers the runs' diagnostics declared (``Run.reported``), in order."""
+    return list(reported(runs))
 
 
-def is_run_metric(name: str) -> bool:
+def is_run_metric(name: str, runs: Sequence[Run]) -> bool:
     """``jsd``, ``jsd:encoder``, ``diag:<key>[:<location>]``: a number each run has once."""
-    return name.startswith("diag:") or name.split(":")[0] in RUN_METRICS
+    return name.startswith("diag:") or name.split(":")[0] in reported(runs)
 
 
 def metric_name(metric: str) -> str:
@@ -43,11 +42,14 @@ def metric_name(metric: str) -> str:
     return metric.removeprefix("test/")
 
 
-def metric_title(metric: str) -> str | None:
+def metric_title(metric: str, runs: Sequence[Run]) -> str | None:
     """The main table's column for a compared metric (None: not a column there)."""
     from tasks.scores import spec
 
-    return spec(metric).title if metric.startswith("test/") else RUN_METRICS.get(metric)
+    if metric.startswith("test/"):
+        return spec(metric).title
+    declared = reported(runs).get(metric)
+    return declared.title if declared is not None and declared.column else None
 
 
 class CompareError(ValueError):
@@ -159,24 +161,26 @@ def load_items(run: Run) -> dict | None:
 
 def metrics_for(groups: Sequence[Group], wanted: Sequence[str] | None) -> list[str]:
     """The metrics to compare: ``--metrics`` (test metrics as in summary.json, with or without
-    ``test/``, and run-level diagnostics, see :data:`RUN_METRICS`) or every test metric the runs
+    ``test/``, and the numbers the runs' diagnostics declared) or every test metric the runs
     report (the table's columns)."""
     runs = [r for g in groups for r in g.runs]
-    reported = {k for r in runs for k in ((r.summary or {}).get("test") or {})}
+    tested = {k for r in runs for k in ((r.summary or {}).get("test") or {})}
     if wanted:
-        names = [w if w.startswith("test/") or is_run_metric(w) else f"test/{w}" for w in wanted]
-        unknown = [n for n in names if not is_run_metric(n) and n not in stats.METRICS and n not in reported]
+        names = [w if w.startswith("test/") or is_run_metric(w, runs) else f"test/{w}" for w in wanted]
+        unknown = [n for n in names if not is_run_metric(n, runs) and n not in stats.METRICS and n not in tested]
         if unknown:
-            tests = sorted(m.split("/", 1)[1] for m in reported | set(stats.METRICS))
-            close = difflib.get_close_matches(unknown[0].split("/", 1)[1], [*tests, *RUN_METRICS], n=1, cutoff=0.6)
+            tests = sorted(m.split("/", 1)[1] for m in tested | set(stats.METRICS))
+            diagnostics = run_metric_names(runs)
+            close = difflib.get_close_matches(unknown[0].split("/", 1)[1], [*tests, *diagnostics], n=1, cutoff=0.6)
             raise CompareError(f"--metrics {','.join(u.split('/', 1)[1] for u in unknown)}: no run reports it"
                                + (f" (did you mean {close[0]}?)" if close else "")
-                               + f"; choose from {', '.join(tests)} (test set) or {', '.join(RUN_METRICS)} "
-                               "(attention diagnostics; also <name>:<location> and diag:<key>)")
+                               + f"; choose from {', '.join(tests)} (test set)"
+                               + (f" or {', '.join(diagnostics)} (attention diagnostics; also <name>:<location> "
+                                  "and diag:<key>)" if diagnostics else ""))
         return names
     from tasks.scores import present
 
-    return [m.key for m in present(reported) if m.compared and any(r.value(m.key) is not None for r in runs)]
+    return [m.key for m in present(tested) if m.compared and any(r.value(m.key) is not None for r in runs)]
 
 
 def higher_is_better(metric: str) -> bool | None:
@@ -208,7 +212,7 @@ def parse_detect(text: str | None, metrics: Sequence[str]) -> dict[str, float]:
         if not eq:
             out.update({m: delta for m in metrics})
             continue
-        key = name if name.startswith("test/") or is_run_metric(name) else f"test/{name}"
+        key = name if name in metrics or name.startswith("test/") else f"test/{name}"
         if key not in metrics:
             raise CompareError(f"--detect {name}: not among the compared metrics "
                                f"({', '.join(metric_name(m) for m in metrics)})")
@@ -257,7 +261,7 @@ def _undefined(metric: str, runs: Sequence[Run]) -> str | None:
     """Why ``metric`` has no value for any of ``runs`` by design, else None: a head-diversity or
     column-mass diagnostic of runs whose attention weights have negative entries (Tsai et al.'s
     linear kernel), which is not a distribution over keys."""
-    if not runs or not is_run_metric(metric):
+    if not runs or not is_run_metric(metric, runs):
         return None
     for run in runs:
         try:
@@ -279,7 +283,7 @@ def _values(metric: str, runs: Sequence[Run]) -> list[float]:
         except KeyError:
             v = None
         if v is None:
-            what = ("attention diagnostics off, or no such location/key" if is_run_metric(metric)
+            what = ("attention diagnostics off, or no such location/key" if is_run_metric(metric, runs)
                     else "its task does not report it")
             raise CompareError(f"--metrics {metric_name(metric)}: run {run.path} has no such value ({what}); "
                                "compare runs that have it")

@@ -133,11 +133,11 @@ def group_records(groups) -> list[dict]:
 
     from nas_cli.report.collect import TEST_METRICS
     from nas_cli.report.stats import t_interval
-    from nas_cli.report.table import columns
+    from nas_cli.report.table import columns, reported
 
-    titles = {c.numeric: c.title for c in columns(groups) if c.numeric}
-    names = [*dict.fromkeys([*titles, *(k for k, _, _ in TEST_METRICS), "best_val", "jsd", "explained_away",
-                             "parameters", "tokens_per_s"])]
+    declared = reported([r for g in groups for r in g.runs])  # every number the diagnostics declared
+    titles = {**{name: d.title for name, d in declared.items()}, **{c.numeric: c.title for c in columns(groups) if c.numeric}}
+    names = [*dict.fromkeys([*titles, *(k for k, _, _ in TEST_METRICS), "best_val", "parameters", "tokens_per_s"])]
     out = []
     for g in groups:
         metrics = {}

@@ -29,7 +29,7 @@ from nas_cli.model.locations import LOCATIONS
 from nas_cli.diagnostics import figures
 from nas_cli.attention.additive import ROUND_OFF
 from nas_cli.report.collect import TEST_METRICS, Run
-from nas_cli.report.table import Group, table_rows, unfinished_rows
+from nas_cli.report.table import Group, reported, table_rows, unfinished_rows
 
 __all__ = ["render_html"]
 
@@ -182,15 +182,23 @@ def _trajectories(run: Run, name: str, hist) -> bytes | None:
 # ---- the page ----------------------------------------------------------------------------
 
 def _diag_rows(groups: Sequence[Group]) -> tuple[list[str], list[list[str]]]:
-    head = ["task", "row", "location", "mean JSD", "explained away", "min margin over -log Sk", "entropy",
-            "step variation"]
+    """Per location, every number the runs' diagnostics declared (their own titles and formats):
+    mean ± the 95% interval's half-width over seeds, or the least value where the declaration
+    combines by its minimum (a bound, such as the margin over -log Sk)."""
+    declared = reported([r for g in groups for r in g.runs])
+    head = ["task", "row", "location", *(d.title for d in declared.values())]
+    show = {"pct": lambda x: f"{100 * x:.2f}%", "g": lambda x: f"{x:.3g}"}
     rows = []
 
-    def cell(st, pct=False):
+    def cell(g: Group, name: str, d) -> str:
+        f = show.get(d.format, lambda x: f"{x:.3f}")
+        if d.over_locations == "min":
+            values = g.values(name)
+            return f(min(values)) if values else "-"
+        st = g.stat(name)
         if st is None:
             return "-"
         m, sd, n = st
-        f = (lambda x: f"{100 * x:.2f}%") if pct else (lambda x: f"{x:.3f}")
         return f(m) + (f" ± {f(sd)}" if n > 1 else "")
 
     for g in groups:
@@ -198,11 +206,8 @@ def _diag_rows(groups: Sequence[Group]) -> tuple[list[str], list[list[str]]]:
         for r in g.runs:
             locs += [l for l in r.diag_locations() if l not in locs]
         for loc in locs:
-            margin = g.values(f"min_margin:{loc}")
-            rows.append([g.common(lambda r: r.task), g.label, loc, cell(g.stat(f"jsd:{loc}")),
-                         cell(g.stat(f"explained_away:{loc}"), pct=True),
-                         f"{min(margin):.3g}" if margin else "-", cell(g.stat(f"entropy:{loc}")),
-                         cell(g.stat(f"step_variation:{loc}"))])
+            rows.append([g.common(lambda r: r.task), g.label, loc,
+                         *(cell(g, f"{name}:{loc}", d) for name, d in declared.items())])
     return head, rows
 
 

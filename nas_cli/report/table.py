@@ -75,7 +75,8 @@ class Group:
         return len(self.runs)
 
     def values(self, name: str) -> list[float]:
-        return [v for v in (r.value(name) for r in self.runs) if v is not None]
+        """The runs' values of ``name`` (:meth:`Run.value`), leaving out runs that have none."""
+        return [v for v in (_value(r, name) for r in self.runs) if v is not None]
 
     def stat(self, name: str) -> tuple[float, float, int] | None:
         """(mean, half-width of the 95% Student-t interval over the runs (0 for one value),
@@ -253,13 +254,9 @@ def columns(groups: Sequence[Group]) -> list[Column]:
     for m in present(k for r in runs for k in ((r.summary or {}).get("test") or {})):
         if m.compared and any(r.value(m.key) is not None for r in runs):  # a task's own metrics too
             cols.append(num(m.title, m.key, m.fmt))
-    declared: dict[str, tuple[str, str]] = {}  # the diagnostics columns the runs' plug-ins declared
-    for r in runs:
-        for key, spec in r.diag_columns().items():
-            declared.setdefault(key, spec)
-    for key, (label, fmt) in declared.items():
-        if any(r.value(f"diag:{key}") is not None for r in runs):
-            cols.append(num(label, f"diag:{key}", fmt))
+    for name, declared in reported(runs).items():  # the diagnostics' own declarations
+        if declared.column and any(_value(r, name) is not None for r in runs):
+            cols.append(num(declared.title, name, declared.format))
     if any(r.tested in ("no validation",) or r.value("steps") == 0 for r in runs):
         cols.append(Column("tested", lambda g: g.common(lambda r: "untrained" if r.value("steps") == 0 else r.tested)))
     cols.append(num("tokens/s", "tokens_per_s", "int"))
@@ -267,6 +264,22 @@ def columns(groups: Sequence[Group]) -> list[Column]:
     if any(r.code != "?" for r in runs):  # which nas-run made them (summary.json's code)
         cols.append(Column("code", lambda g: g.common(lambda r: r.code)))
     return cols
+
+
+def reported(runs: Sequence[Run]) -> dict:
+    """{name: declaration} of every number the runs' diagnostics declared for the report, in order."""
+    out: dict = {}
+    for r in runs:
+        for name, declared in r.reported().items():
+            out.setdefault(name, declared)
+    return out
+
+
+def _value(run: Run, name: str):
+    try:
+        return run.value(name)
+    except KeyError:
+        return None
 
 
 def code_versions_note(runs: Sequence[Run]) -> str | None:

@@ -16,6 +16,7 @@ from helpers import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 NAS_RUN = str(Path(sys.executable).with_name("nas-run"))
+NAS_REPORT = str(Path(sys.executable).with_name("nas-report"))
 GUIDE = (ROOT / "docs" / "extending.md").read_text()
 
 
@@ -175,14 +176,22 @@ def test_a_new_translation_corpus_is_one_yaml(tmp_path):
 
 
 def test_a_new_diagnostic_is_one_python_file_and_one_config_entry(tmp_path):
-    """The guide's metric runs as a plug-in, its numbers equal a direct computation on what
-    the run wrote, and nas-report shows its column without knowing it."""
+    """The guide's metric runs as a plug-in from a folder outside the package, kept on by the guide's
+    preset; its numbers equal a direct computation on what the run wrote, and nas-report shows its
+    column, compares it by its short name and puts it in the HTML page without knowing it."""
     (tmp_path / "my_metrics.py").write_text(_block("`my_metrics.py`", "python"))
+    (tmp_path / "my_conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "my_conf" / "experiment" / "with_max_weight.yaml").write_text(
+        _block("`my_conf/experiment/with_max_weight.yaml`", "yaml"))
+    preset = re.search(r"`PYTHONPATH=\. nas-run (hydra\.searchpath=\S+) (experiment=with_max_weight)`", GUIDE)
     entry = re.search(r"'(\+diagnostics\.metrics\.max_weight=[^']+)'", GUIDE).group(1)
-    run = tmp_path / "run"
-    proc = _nas_run(entry, *FAST, "trainer.val_check_interval=6", "trainer.max_epochs=-1",
-                    f"hydra.run.dir={run}", cwd=tmp_path, env_extra={"PYTHONPATH": str(tmp_path)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {}
+    for seed, how in ((1, [entry]), (2, list(preset.groups()))):  # the command line's entry, then the preset
+        runs[seed] = tmp_path / "runs" / f"run{seed}"
+        proc = _nas_run(*how, *FAST, "trainer.val_check_interval=6", "trainer.max_epochs=-1", f"seed={seed}",
+                        f"hydra.run.dir={runs[seed]}", cwd=tmp_path, env_extra={"PYTHONPATH": "."})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    run = runs[1]
     latest = json.loads((run / "diagnostics" / "latest.json").read_text())
     for loc, data in latest["locations"].items():
         per_layer = [e["max_weight"] for e in data["layers"]]
@@ -190,18 +199,27 @@ def test_a_new_diagnostic_is_one_python_file_and_one_config_entry(tmp_path):
         assert data["max_weight"] == pytest.approx(sum(per_layer) / len(per_layer))
         assert "jsd_mean" in data  # the default metrics still run
     summary = json.loads((run / "diagnostics" / "summary.json").read_text())
-    assert summary["columns"]["max_weight"] == ["max weight", "p3"]
-    report = run_command([str(Path(NAS_RUN).with_name("nas-report")), str(run), "--format", "csv"],
-                            capture_output=True, text=True, timeout=300, check=False)
+    assert {"name": "max_weight", "title": "max weight", "format": "p3", "key": None, "over_locations": "mean",
+            "column": True} in summary["reported"]
+    report = run_command([NAS_REPORT, str(tmp_path / "runs"), "--format", "csv", "--group-by", "seed",
+                          "--html", str(tmp_path / "page.html")], timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
     import io
 
     import pandas as pd
 
     table = pd.read_csv(io.StringIO(report.stdout))  # the runs table, one row per number, its title beside it
-    row = table[table["title"] == "max weight"].iloc[0]
+    row = table[(table["title"] == "max weight") & (table["seeds"].astype(str) == "1")].iloc[0]
     mean = sum(d["max_weight"] for d in summary["locations"].values()) / len(summary["locations"])
-    assert row["metric"] == "diag:max_weight" and row["mean"] == pytest.approx(mean, abs=1e-6)
+    assert row["metric"] == "max_weight" and row["mean"] == pytest.approx(mean, abs=1e-6)
+    page = (tmp_path / "page.html").read_text()
+    assert page.count("max weight") >= 2  # the results table and the diagnostics per location
+    # compared by its short name, as the built-ins are
+    compared = run_command([NAS_REPORT, str(tmp_path / "runs"), "--group-by", "seed", "--baseline", "seed=1",
+                            "--metrics", "max_weight", "--format", "csv"], timeout=300)
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    verdicts = pd.read_csv(io.StringIO(compared.stdout))
+    assert list(verdicts["metric"]) == ["max_weight"]
 
 
 def _guide_command(after: str, program: str) -> list[str]:

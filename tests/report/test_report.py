@@ -235,8 +235,10 @@ def test_offline_wandb_history_holds_diagnostics(seed_sweep):
     assert [h["step"] for h in s["learned_history"]] == [0, 5, 10]
     assert np.array(s["learned_history"][0]["values"]["u"]["encoder"]).shape == (2, 4)
     assert (run_dir / "diagnostics" / "u_trajectories.png").is_file()
-    # and its mean per location as a nas-report column
-    assert s["columns"]["u_mean"] == ["u (mean)", "p3"]
+    # and its mean per location as a nas-report column, declared beside the diagnostics' numbers
+    declared = {d["name"]: d for d in s["reported"]}
+    assert declared["u_mean"]["title"] == "u (mean)" and declared["u_mean"]["column"]
+    assert {"jsd", "explained_away", "min_margin", "entropy", "step_variation"} <= set(declared)
     assert s["locations"]["encoder"]["u_mean"] == pytest.approx(
         np.mean(s["learned_history"][-1]["values"]["u"]["encoder"]))
 
