@@ -31,6 +31,7 @@ file are kept.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 import argparse
 import gc
 import json
@@ -46,9 +47,9 @@ import torch
 from nas_cli.bench.markdown import num as _num, write_markdown
 
 MD_SECTION = "## Attention kernels (nas-bench attention)"
-DEFAULT_SCHEMES = ["unas", "unas-naive", "dnas", "dnas-naive", "hnas", "sinkhorn"]
+DEFAULT_SCHEMES = ("unas", "unas-naive", "dnas", "dnas-naive", "hnas", "sinkhorn")
 BASELINE = "unas"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = MappingProxyType({"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16})
 
 
 # --------------------------------------------------------------------------- cases

@@ -7,7 +7,13 @@ so that the code reads one layout. Idempotent:
   (earlier summaries named the machine they were made on, e.g. /work/main/...);
 * ``diagnostics/summary.json``: the numbers the diagnostics declare for nas-report (``reported``,
   from the shipped default diagnostics, which made these runs) in place of the earlier
-  ``columns``, and HNAS's ``u_history`` as the generic ``learned_history``.
+  ``columns``, and HNAS's ``u_history`` as the generic ``learned_history``;
+* ``.hydra/config.yaml`` and ``multirun.yaml``: without ``log_u_every``, HNAS's own logging
+  schedule, which ``log_learned_every`` (every scheme's learned values) replaced; it changed only
+  what was logged, so the runs stay the same setup (config_id ignores the logging keys);
+* ``.hydra/hydra.yaml`` and ``multirun.yaml``: the run-directory tag's resolver with the task and
+  the model beside the attention node (``${nas.tag:${attention},${task._target_},${model}}``: the
+  tag names the locations the model has), as conf/config.yaml writes it.
 """
 from __future__ import annotations
 
@@ -46,9 +52,30 @@ def declared(diagnostics: dict) -> dict:
     return out
 
 
+#: top-level config keys nas-run no longer has, removed from the saved configs
+RETIRED = ("log_u_every",)
+
+
+#: the run-directory tag as saved before, and as nas-run writes it now
+OLD_TAG, TAG = "${nas.tag:${attention}}", "${nas.tag:${attention},${task._target_},${model}}"
+
+
+def without_retired(text: str) -> str:
+    """A saved config's text without the top-level lines of :data:`RETIRED`, and with today's tag
+    resolver (nothing else touched)."""
+    lines = text.splitlines(keepends=True)
+    return "".join(line for line in lines if not line.startswith(tuple(f"{k}:" for k in RETIRED))).replace(OLD_TAG, TAG)
+
+
 def main(folders: list[str]) -> int:
     changed = 0
     for folder in folders:
+        for path in sorted([*Path(folder).rglob("config.yaml"), *Path(folder).rglob("hydra.yaml"),
+                            *Path(folder).rglob("multirun.yaml")]):
+            text = path.read_text()
+            if without_retired(text) != text:
+                path.write_text(without_retired(text))
+                changed += 1
         for path in sorted(Path(folder).rglob("summary*.json")):
             try:
                 data = json.loads(path.read_text())
@@ -65,7 +92,7 @@ def main(folders: list[str]) -> int:
             if new != data:
                 path.write_text(json.dumps(new, indent=2))
                 changed += 1
-    print(f"{changed} summaries rewritten")
+    print(f"{changed} files rewritten")
     return 0
 
 

@@ -29,7 +29,7 @@ from nas_cli.bench.train_loops import (Batches, bench_configs, quiet_lightning, 
                                        run_reference_loop)
 
 TRAIN_MD_SECTION = "## End-to-end training (nas-bench train)"
-TRAIN_DEFAULT_SCHEMES = ["unas", "dnas", "hnas"]
+TRAIN_DEFAULT_SCHEMES = ("unas", "dnas", "hnas")
 REFERENCE = "reference"
 IMPL_SUFFIXES = ("naive", "efficient", "auto", "flex", "triton")
 #: issue #6's targets, as time per token: (scheme, compared with, at most). They are stated

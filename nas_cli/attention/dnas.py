@@ -60,7 +60,7 @@ def auto_picks_fused(device_type: str, length: int, atomics: bool = True) -> boo
     kernels for the prefix form. Only on CUDA, from AUTO_NAIVE_BELOW on, and, for a path whose
     gradients are accumulated with atomics (``atomics``: FlexAttention's), never under
     ``torch.use_deterministic_algorithms`` (``trainer.deterministic=true``); the Triton kernels'
-    backward has none (issue #48). Measured on an H200 (docs/speed.md, bf16, B=8, H=8, d_head=64, forward
+    backward has none. Measured on an H200 (docs/speed.md, bf16, B=8, H=8, d_head=64, forward
     + backward of one core): FlexAttention DNAS 2.9-3.5x faster than the chunked path at S=512-8192,
     the Triton prefix kernels 7.1x at S=512 down to 1.9x at S=8192; below S=256 the naive formula
     stays (not measured against them on a GPU)."""

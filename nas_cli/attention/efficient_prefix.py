@@ -9,6 +9,7 @@ tile helpers both use are in :mod:`nas_cli.attention.tiles`).
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 import math
 
 import torch
@@ -76,7 +77,7 @@ def _prefix_block(q_blk, k, v, qm_blk, k_mask, i0: int, causal: bool, iterations
 
 #: largest spread (in log units) of the prefix normalizer within a block that the
 #: hand-written backward below handles in linear space; wider blocks use autograd
-_SPREAD = {torch.float32: 60.0, torch.float64: 600.0}
+_SPREAD = MappingProxyType({torch.float32: 60.0, torch.float64: 600.0})
 
 
 def _value_grads(p, gw, vw, dropout_p: float, seed: int):

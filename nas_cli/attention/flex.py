@@ -23,6 +23,7 @@ of query i sums only over queries i' <= i. It keeps the chunked PyTorch path
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 import functools
 
 import torch
@@ -83,7 +84,7 @@ def _biased_lse(q, k, v, bias, block_mask):
     return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=True)
 
 
-_FORMS = {(False, False): _plain, (False, True): _plain_lse, (True, False): _biased, (True, True): _biased_lse}
+_FORMS = MappingProxyType({(False, False): _plain, (False, True): _plain_lse, (True, False): _biased, (True, True): _biased_lse})
 
 
 @functools.lru_cache(maxsize=None)

@@ -61,7 +61,7 @@ class HNAS(DNAS):
         return hnas_flex(q, k, v, self.u, q_mask, k_mask)
 
     def _triton(self, q, k, v, q_mask, k_mask):
-        """Both parts from one pass of the Triton kernels, in either form (issue #48, 3)."""
+        """Both parts from one pass of the Triton kernels, in either form."""
         if not self.prefix_queries:
             from nas_cli.attention.triton_encoder import encoder_hnas_triton
 

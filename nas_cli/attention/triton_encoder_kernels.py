@@ -18,6 +18,7 @@ import os
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain global inside a kernel
 #: Triton's CPU interpreter multiplies bf16 tiles wrongly in tl.dot (it is numpy underneath, which has
@@ -230,7 +231,7 @@ def bwd_kv_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DK, DV
     query blocks. With ds_ij = dz_ij - pi_ij G_j (the column step's term, G_j = sum_i dz_ij):
     dk_j = scale (sum_i (dz_ij + ds2_ij) q_i - G_j sum_i pi_ij q_i), so G_j, both sums and
     dv_j = sum_i p_ij dO_i accumulate in the same loop (one QK^T, one dO V^T and one exponential per
-    score; until issue #48's second round a first loop summed G and a second recomputed every tile).
+    score, rather than a first loop for G and a second that recomputes every tile).
     G is kept for the dQ pass."""
     bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: B x H x S x D may pass 2^31 elements
     kb = tl.program_id(1)
@@ -281,3 +282,43 @@ def bwd_q_kernel(Q, K, V, QM, KM, C, LSE, DO, DELTA, LSE2, DELTA2, U, G, DQ, H, 
         ds = dz - pi * g[None, :] + ds2
         dq += tile_dot(ds.to(k.dtype), k, DT, LOWP)
     tile_store(DQ, bh, offs_q, offs_d, Sq, D, dq * scale)
+
+
+# ---- log-space helpers (the prefix form's kernels use them)
+
+@triton.jit
+def log_add_exp(a, b):
+    """log(exp(a) + exp(b)), stable (NEG-safe)."""
+    m = tl.maximum(a, b)
+    return m + tl.log(tl.exp(a - m) + tl.exp(b - m))
+
+
+@triton.jit
+def fast_log(x, FAST: tl.constexpr):
+    """log x. ``FAST`` (bf16/fp16 inputs, float32 work; compiled, not under the interpreter): the special
+    function unit's logarithm (``lg2.approx``: absolute error about 1e-7, inputs below float32's smallest
+    normal number flushed to 0), a few instructions where ``tl.log`` compiles to libdevice's float32-exact
+    polynomial, about twenty. The per-column carries are held by every thread that holds their column, so
+    their logarithms repeat across a tile's threads: in the dK/dV pass they were a third of its loop."""
+    if FAST:
+        if INTERPRETING:
+            out = tl.log(x)
+        else:
+            out = libdevice.fast_logf(x)
+    else:
+        out = tl.log(x)
+    return out
+
+
+@triton.jit
+def log_add_exp_fast(a, b, FAST: tl.constexpr):
+    """:func:`log_add_exp` with :func:`fast_log` (its argument is at least 1)."""
+    m = tl.maximum(a, b)
+    return m + fast_log(tl.exp(a - m) + tl.exp(b - m), FAST)
+
+
+@triton.jit
+def lse_over_rows(x):
+    """log sum over the rows of x, per column (NEG for a column of NEG only)."""
+    top = tl.max(x, axis=0)
+    return top + tl.log(tl.sum(tl.exp(x - top[None, :]), axis=0))

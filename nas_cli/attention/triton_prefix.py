@@ -16,7 +16,7 @@ kernels, never holding an (Sq x Sk) tensor.
    tile), z = s - c, and FlashAttention's online softmax of z over the key blocks. The row's
    log-sum-exp of z is kept (Sq numbers) for the backward.
 
-**The prefix normalizer in linear space** (issue #48): with a reference per column that depends on no
+**The prefix normalizer in linear space**: with a reference per column that depends on no
 later row, ref_j = max(carry_j, s_(r0, j)) for the column's first allowed row r0 in the tile,
 e_rj = exp(s_rj - ref_j) and S_ij = exp(carry_j - ref_j) + cumsum_{r <= i} e_rj (>= 1), so
 c_ij = ref_j + log S_ij: one exponential and one logarithm per score, the sums on the adders

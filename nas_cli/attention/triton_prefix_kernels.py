@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
-from nas_cli.attention.triton_encoder_kernels import (INTERPRETING, head_u, mixed_grads, softmax_step, store_rows,
-                                                      tile_dot, tile_load, tile_store)
+from nas_cli.attention.triton_encoder_kernels import (fast_log, head_u, log_add_exp, log_add_exp_fast, lse_over_rows,
+                                                      mixed_grads, softmax_step, store_rows, tile_dot, tile_load,
+                                                      tile_store)
 
 NEG = tl.constexpr(-1.0e30)  # a constexpr: compiled Triton refuses a plain global inside a kernel (the interpreter accepts it)
 #: the largest prefix sum (relative to its column's reference) the linear-space fast path accepts: below
@@ -29,37 +29,6 @@ HUGE = tl.constexpr(1.0e30)
 LSE_FLOOR = tl.constexpr(-20.0)
 #: float32's smallest normal number: the fast logarithm flushes smaller inputs to zero
 TINY = tl.constexpr(1.1754944e-38)
-
-
-@triton.jit
-def _lae(a, b):
-    """log(exp(a) + exp(b)), stable (NEG-safe)."""
-    m = tl.maximum(a, b)
-    return m + tl.log(tl.exp(a - m) + tl.exp(b - m))
-
-
-@triton.jit
-def fast_log(x, FAST: tl.constexpr):
-    """log x. ``FAST`` (bf16/fp16 inputs, float32 work; compiled, not under the interpreter): the special
-    function unit's logarithm (``lg2.approx``: absolute error about 1e-7, inputs below float32's smallest
-    normal number flushed to 0), a few instructions where ``tl.log`` compiles to libdevice's float32-exact
-    polynomial, about twenty. The per-column carries are held by every thread that holds their column, so
-    their logarithms repeat across a tile's threads: in the dK/dV pass they were a third of its loop."""
-    if FAST:
-        if INTERPRETING:
-            out = tl.log(x)
-        else:
-            out = libdevice.fast_logf(x)
-    else:
-        out = tl.log(x)
-    return out
-
-
-@triton.jit
-def _lae_fast(a, b, FAST: tl.constexpr):
-    """:func:`_lae` with :func:`fast_log` (its argument is at least 1)."""
-    m = tl.maximum(a, b)
-    return m + fast_log(tl.exp(a - m) + tl.exp(b - m), FAST)
 
 
 @triton.jit
@@ -137,7 +106,7 @@ def _prefix_c(s, carry, ref, S, bad, n_bad, FAST: tl.constexpr):
     rows: about ten transcendentals per score, exact for any spread)."""
     c = ref[None, :] + fast_log(S, FAST)
     if n_bad > 0:
-        c = tl.where(bad, _lae(carry[None, :], tl.associative_scan(s, 0, _lae)), c)
+        c = tl.where(bad, log_add_exp(carry[None, :], tl.associative_scan(s, 0, log_add_exp)), c)
     return c
 
 
@@ -183,7 +152,7 @@ def col_carry_kernel(Q, K, QM, KM, CARRY, RUN, H, Sq, Sk, D, scale, NQB, Q0,
         s = tl.where(ok, s, NEG)
         top = tl.max(s, axis=0)
         col = top + fast_log(tl.sum(tl.exp(s - top[None, :]), axis=0), LOWP)
-        carry = _lae_fast(carry, col, LOWP)
+        carry = log_add_exp_fast(carry, col, LOWP)
     tl.store(RUN + bh * Sk + offs_k, carry, mask=offs_k < Sk)
 
 
@@ -273,13 +242,6 @@ def _bwd_tile(Q, K, V, QM, KM, CARRY, LSE, DO, DELTA, LSE2, DELTA2, u, bh, b, qb
 
 
 @triton.jit
-def _lse_rows(x):
-    """log sum over the rows of x, per column (NEG for a column of NEG only)."""
-    top = tl.max(x, axis=0)
-    return top + tl.log(tl.sum(tl.exp(x - top[None, :]), axis=0))
-
-
-@triton.jit
 def _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry, FAST: tl.constexpr):
     """ds_rj = dz_rj - sum_{i >= r} dz_ij exp(s_rj - c_ij) over this tile's rows and the later query
     blocks (whose part comes as the carries LP_j = log sum max(dz_ij, 0) exp(-c_ij), LN_j the same for
@@ -302,11 +264,11 @@ def _ds(s, ok, c, ref, e, S, fast, dz, lp_carry, ln_carry, FAST: tl.constexpr):
     else:
         lp = tl.where(dz > 0, tl.log(tl.where(dz > 0, dz, 1.0)) - c, NEG)
         ln = tl.where(dz < 0, tl.log(tl.where(dz < 0, -dz, 1.0)) - c, NEG)
-        lp_s = _lae(tl.associative_scan(lp, 0, _lae, reverse=True), lp_carry[None, :])
-        ln_s = _lae(tl.associative_scan(ln, 0, _lae, reverse=True), ln_carry[None, :])
+        lp_s = log_add_exp(tl.associative_scan(lp, 0, log_add_exp, reverse=True), lp_carry[None, :])
+        ln_s = log_add_exp(tl.associative_scan(ln, 0, log_add_exp, reverse=True), ln_carry[None, :])
         ds = tl.where(ok, dz - tl.exp(s + lp_s) + tl.exp(s + ln_s), 0.0)
-        lp_own = _lse_rows(lp)
-        ln_own = _lse_rows(ln)
+        lp_own = lse_over_rows(lp)
+        ln_own = lse_over_rows(ln)
     return ds, lp_own, ln_own
 
 
@@ -327,7 +289,7 @@ def _col_step(dk, dv, lp_carry, ln_carry, qb, Q, K, V, QM, KM, CARRY, LSE, DO, D
     ds += ds2
     dv += tile_dot(tl.trans(w.to(do.dtype)), do, DT, LOWP)
     dk += tile_dot(tl.trans(ds.to(q.dtype)), q, DT, LOWP) * scale
-    return dk, dv, _lae_fast(lp_carry, lp_own, LOWP), _lae_fast(ln_carry, ln_own, LOWP)
+    return dk, dv, log_add_exp_fast(lp_carry, lp_own, LOWP), log_add_exp_fast(ln_carry, ln_own, LOWP)
 
 
 @triton.jit

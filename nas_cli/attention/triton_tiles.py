@@ -1,4 +1,4 @@
-"""Tile sizes of the Triton kernels (issue #48): autotuned on a GPU, fixed elsewhere.
+"""Tile sizes of the Triton kernels: autotuned on a GPU, fixed elsewhere.
 
 **Encoder form.**
 On CUDA every kernel is wrapped in Triton's autotuner (``triton.autotune``): the first call for a

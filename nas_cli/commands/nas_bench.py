@@ -84,7 +84,7 @@ def _add_train(sub) -> None:
         "train", help="end-to-end training throughput: nas-run's model and loop vs a plain torch.nn.Transformer loop",
         description="Training tokens/s of nas-run (NasLitModule + Lightning Trainer) per attention scheme and of "
                     "a plain PyTorch loop over torch.nn.Transformer with the same sizes, batches, optimizer and "
-                    "loss, with time ratios and issue #6's targets.")
+                    "loss, with time ratios and the targets of docs/benchmarks.md.")
     tr.add_argument("--model", default="base", help="a model config in conf/model/ (tiny, small, base, ...; "
                                                     "default: base)")
     tr.add_argument("--src-len", type=_csv(_positive(int)), default=[128],

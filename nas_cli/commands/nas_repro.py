@@ -49,34 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="extra Hydra override for both runs (repeatable)")
     args = parser.parse_args(argv)
     if args.command == "explained-away":
-        import logging
-        import os
-        import warnings
-
-        from hydra.errors import HydraException
-
-        from nas_cli.errors import UserError
-
-        os.environ.setdefault("WANDB_SILENT", "true")
-        warnings.filterwarnings("ignore", category=UserWarning)
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        for name in ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda",
-                     "lightning.fabric"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-
-        try:
-            rep = run_explained_away(args.out, steps=args.steps, seed=args.seed, heads=args.heads,
-                                     batches=args.batches, overrides=args.overrides)
-        except (UserError, ValueError, HydraException) as err:  # a bad --set: Hydra's message, its first line
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            print(f"nas-repro: error: {first}", file=sys.stderr)
-            return 2
-        for scheme, r in rep["schemes"].items():
-            print(f"{scheme.upper()}: encoder keys explained away (sum_i pi_ij < {r['eps']:g}) "
-                  f"{100 * r['explained_away_frac']:.2f}%, below -20: {100 * r['fraction_log_mass_below_-20']:.2f}%, "
-                  f"min margin over -log Sk {r['min_margin']}, {r['best_val']['metric']} {r['best_val']['value']}")
-        print(f"wrote {', '.join(rep['files'])} to {args.out}")
+        code = _explained_away(args)
+        if code:
+            return code
     if args.command == "mode-collapse":
         kernels = tuple(args.kernel) if args.kernel else mc.KERNELS
         rep = run_mode_collapse(args.out, seed=args.seed, steps=args.steps, radius=args.radius, kernels=kernels,
@@ -88,6 +63,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             per = ", ".join(f"{s.upper()} {n}" for s, n in counts.items())
             print(f"{case}: clusters after {args.steps} steps {per}")
         print(f"wrote {', '.join(rep['files'])} to {args.out}")
+    return 0
+
+
+def _explained_away(args) -> int:
+    """``nas-repro explained-away``: train, analyse, print the numbers; 2 for a bad --set."""
+    import logging
+    import os
+    import warnings
+
+    from hydra.errors import HydraException
+
+    from nas_cli.errors import UserError
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    for name in ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda",
+                 "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+    try:
+        rep = run_explained_away(args.out, steps=args.steps, seed=args.seed, heads=args.heads,
+                                 batches=args.batches, overrides=args.overrides)
+    except (UserError, ValueError, HydraException) as err:  # a bad --set: Hydra's message, its first line
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        print(f"nas-repro: error: {first}", file=sys.stderr)
+        return 2
+    for scheme, r in rep["schemes"].items():
+        print(f"{scheme.upper()}: encoder keys explained away (sum_i pi_ij < {r['eps']:g}) "
+              f"{100 * r['explained_away_frac']:.2f}%, below -20: {100 * r['fraction_log_mass_below_-20']:.2f}%, "
+              f"min margin over -log Sk {r['min_margin']}, {r['best_val']['metric']} {r['best_val']['value']}")
+    print(f"wrote {', '.join(rep['files'])} to {args.out}")
     return 0
 
 

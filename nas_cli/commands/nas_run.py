@@ -19,7 +19,7 @@ from nas_cli.model.choices import CONF_PACKAGE
 from nas_cli.pipeline.command_line import hydra_argv
 from nas_cli.pipeline.job import run_job
 from nas_cli.pipeline.resolvers import register_resolvers
-from nas_cli.sweeps.supervision import PROCESS
+from nas_cli.sweeps.supervision import supervise
 
 #: Lightning's hint on a machine with SLURM's client tools ("The `srun` command is available on your
 #: system but is not used"): nas-run's SLURM jobs go through hydra/launcher=slurm, whose jobs submitit
@@ -78,7 +78,7 @@ def main() -> None:
         fail(str(err))
     _register_sweeper(argv)
     sys.argv = [sys.argv[0], *argv]
-    PROCESS.run(_hydra_entry)
+    supervise(_hydra_entry)
 
 
 if __name__ == "__main__":

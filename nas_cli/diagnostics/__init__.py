@@ -1,4 +1,4 @@
-"""Attention diagnostics (issue #4).
+"""Attention diagnostics.
 
 * ``jsd``: head diversity as Jensen-Shannon divergence between heads (Zheng et al. 2021).
 * ``explained_away``: attention mass per key, epsilon-explained-away keys, Theorem 2's

@@ -27,7 +27,7 @@ import numpy as np
 __all__ = ["metric_vs_heads", "heatmap_grid", "log_mass_overlay", "histogram_range", "trajectory_panels",
            "plot_jsd_heatmaps", "plot_log_mass_histograms", "plot_trajectories"]
 
-COLOURS = ["tab:blue", "tab:red", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:gray"]
+COLOURS = ("tab:blue", "tab:red", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
 
 
 def _pyplot():

@@ -287,7 +287,7 @@ def _cached_state(name, core, module, past: int, past_keys: torch.Tensor):
 
 # ---------------------------------------------------------------- registration
 
-def register(names: list[str] | None = None) -> list[str]:
+def register(names: list[str] | None = None) -> tuple[str, ...]:
     """Register ``names`` (default: every scheme of conf/attention/) with the library; returns them."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
@@ -296,7 +296,7 @@ def register(names: list[str] | None = None) -> list[str]:
     for name in names:
         AttentionInterface.register(name, _bound(name))
         AttentionMaskInterface.register(name, unas_mask_function if name == SDPA_SCHEME else mask_function)
-    return names
+    return tuple(names)
 
 
 #: the scheme that is the library's own SDPA path (softmax attention): it runs as the library's

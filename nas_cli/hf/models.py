@@ -16,8 +16,9 @@ maps them onto each family's config class.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -56,10 +57,10 @@ def _bert(m: dict[str, Any], vocab: int, pad: int, decoder: bool = False) -> tup
 
 #: model.family -> (nas-run's model options, vocabulary size, pad id) -> (config class, its arguments):
 #: decoder-only language models
-CAUSAL: dict[str, Callable[[dict[str, Any], int, int], tuple[str, dict[str, Any]]]] = {
-    "llama": _llama, "gpt2": _gpt2}
+CAUSAL = MappingProxyType({
+    "llama": _llama, "gpt2": _gpt2})
 #: encoder-decoder pairs (the decoder's config: decoder=True)
-PAIRS: dict[str, Callable[..., tuple[str, dict[str, Any]]]] = {"bert": _bert}
+PAIRS = MappingProxyType({"bert": _bert})
 FAMILIES = (*CAUSAL, *PAIRS)
 
 

@@ -15,14 +15,10 @@ from typing import Any
 #: config keys that never split a group: the seed (what groups average over), settings that
 #: change only what is logged or saved, and the CPU thread count (it changes round-off, not the setup)
 IGNORED_KEYS = ("seed", "progress_bar", "log_learned_every", "logger", "diagnostics", "run_test", "checkpoint", "threads")
-#: options nas-run no longer has, which the configs saved by earlier versions still carry: a run saved
-#: with one groups with today's runs of the same setup. ``log_u_every``: HNAS's u trajectory, logged on
-#: its own schedule until the learned values of every scheme took its place (``log_learned_every``).
-RETIRED_KEYS = ("log_u_every",)
 
 
 def ignored(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in IGNORED_KEYS + RETIRED_KEYS)
+    return any(key == k or key.startswith(k + ".") for k in IGNORED_KEYS)
 
 
 def flatten(node: Any, prefix: str = "", hashable: bool = False) -> dict[str, Any]:

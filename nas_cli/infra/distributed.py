@@ -39,7 +39,7 @@ class EpochBatches(Sampler[list[int]]):
     Lightning tells a loader the epoch by calling ``set_epoch`` on ``loader.sampler`` and on
     ``loader.batch_sampler.sampler`` only, never on the batch sampler itself. ``self.sampler``
     is therefore a small forwarder (:class:`_EpochHook`): without it every epoch would replay
-    epoch 0's order (the bug fixed in issue #17)."""
+    epoch 0's order."""
 
     def __init__(self, base: Any, seed: int, rank: int = 0, world: int = 1, even: bool = False):
         self.base, self.seed, self.rank, self.world, self.even = base, int(seed), int(rank), max(1, int(world)), even

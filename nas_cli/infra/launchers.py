@@ -123,8 +123,8 @@ class _Waited:
 
 
 #: squeue states of a job that is not over
-_QUEUED = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED",
-           "RESIZING", "SIGNALING", "STAGE_OUT"}
+_QUEUED = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED",
+           "RESIZING", "SIGNALING", "STAGE_OUT"})
 
 
 def _result_written(job) -> bool:

@@ -8,6 +8,7 @@ function here or anywhere importable, plus one YAML naming it. The runner asks o
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def _survive_a_stop(logger) -> None:
     batch (saving last.ckpt). A metric logged in between found the service gone and the job crashed
     with ``ConnectionResetError`` instead of stopping cleanly. Once a stop signal is pending, W&B's
     connection errors are ignored; the metrics logged before the stop are in the run file already."""
-    from nas_cli.infra.resume import stop_pending
+    from nas_cli.infra.process import PROCESS
 
     original = logger.log_metrics
 
@@ -47,7 +48,7 @@ def _survive_a_stop(logger) -> None:
         try:
             return original(metrics, step)
         except (ConnectionError, BrokenPipeError, OSError):
-            if stop_pending():
+            if PROCESS.stop_pending:
                 return None
             raise
 
@@ -174,3 +175,24 @@ def public_config(cfg, plan, cfg_id: str) -> dict[str, Any]:
     data["scheme"] = plan.tag
     data["attention_placement"] = plan.names
     return data
+
+
+def finish_logger(logger, summary: dict, job_dir: Path) -> None:
+    """The test numbers into the W&B run's summary (and its id and folder into ours), then close it."""
+    if not logger:
+        return
+    if wandb_run_id(logger):
+        run = logger.experiment
+        for k, v in summary["test"].items():
+            run.summary[k] = v
+        run.summary["parameters"] = summary["parameters"]
+        run.summary["tokens_per_s"] = summary["tokens_per_s"]
+        best = summary["best_val"]
+        if best["value"] is not None:  # W&B's summary keeps a metric's last value; the best one beside it
+            run.summary[f"best/{best['metric']}"] = best["value"]
+            run.summary["best/step"] = best["step"]
+        summary["wandb_run_id"] = run.id
+        summary["wandb_dir"] = os.path.relpath(run.dir, job_dir)
+        run.finish()
+    else:
+        logger.finalize("success")

@@ -21,6 +21,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -28,7 +29,7 @@ import random
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytorch_lightning as pl
@@ -37,6 +38,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nas_cli.errors import SignalStop, UserError
+from nas_cli.infra.process import PROCESS
 
 #: signals that stop a run cleanly (SIGHUP: the terminal closed, an SSH connection dropped);
 #: DataLoader workers ignore them (tasks.base.WorkerInit)
@@ -236,15 +238,6 @@ def relocate_paths(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
     return out
 
 
-#: the stop signal noted during training (FaultTolerance), for the parts that must not crash meanwhile
-_PENDING: list[int] = []
-
-
-def stop_pending() -> bool:
-    """A stop signal arrived and training is about to stop (W&B's service may be gone already)."""
-    return bool(_PENDING)
-
-
 def finish_loggers(trainer, exit_code: int) -> None:
     """Close the W&B run and its service now, while the service still runs: a SLURM requeue or stop
     ends every process of the job at once, and W&B left open then ends in a traceback at exit
@@ -318,7 +311,7 @@ class FaultTolerance(pl.Callback):
                 try:
                     previous(signum, None)  # e.g. requeue this SLURM job; may exit the process itself
                 except SignalStop:
-                    pass  # nas-run's own handler outside training (run.stop_signals): stop as below
+                    pass  # nas-run's own handler outside training (stop_signals): stop as below
             raise Preempted(signum)
         if self._due:
             self._save(trainer)
@@ -359,9 +352,9 @@ class FaultTolerance(pl.Callback):
             raise KeyboardInterrupt  # Ctrl-C again while stopping: stop at once (Lightning's own handling)
         # (Ctrl-C after another stop signal is only noted: a joblib sweep's own process passes Ctrl-C on
         # to its workers as SIGTERM, and the terminal's SIGINT may reach a worker after that)
-        _PENDING.append(signum)
         if self.pending is None:
             self.pending = signum
+            PROCESS.training_stop = signum  # for the loggers (infra/loggers.py), which no one hands it to
 
     def _restore_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -375,3 +368,29 @@ class FaultTolerance(pl.Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         self._restore_handlers()
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """While a job runs outside training (startup, the final test), a stop signal ends it at once
+    with one line instead of killing it silently (SIGUSR1/2's default). A handler that was there
+    before (submitit's SLURM requeue) is called first. Training has its own handlers (FaultTolerance)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in stop_signals_here()}
+
+    def handler(signum, frame):
+        before = previous.get(signum)
+        if callable(before) and signum in CHAINED:
+            before(signum, frame)
+        raise SignalStop(signum)
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            if before is not None:
+                signal.signal(sig, before)

@@ -24,6 +24,7 @@ from typing import Any
 from nas_cli.errors import UserError
 
 from nas_cli.infra.atomic import atomic_write_json, process_alive
+from nas_cli.infra.process import PROCESS
 
 #: set by ``nas-run resume=<dir>``: that directory may hold a finished run (to be trained longer)
 CONTINUE_ENV = "NAS_RUN_CONTINUE"
@@ -31,7 +32,6 @@ LOCK_NAME = ".nas-run.lock"
 FAILED_NAME = "failed.json"
 #: a run's per-item test outputs (hypotheses, references, per-item NLL): written by nas_cli/pipeline/run.py, read by the report
 ITEMS_FILE = "test_items.json"
-_held: set[Path] = set()
 
 
 def continuing(run_dir: Path) -> bool:
@@ -66,7 +66,7 @@ def is_rank_zero() -> bool:
 def acquire(run_dir: Path, what: str = "run") -> None:
     """Own ``run_dir`` for this process (idempotent); raise UserError if another process does."""
     run_dir = Path(run_dir).resolve()
-    if run_dir in _held or not is_rank_zero():
+    if run_dir in PROCESS.held or not is_rank_zero():
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = run_dir / LOCK_NAME
@@ -89,7 +89,7 @@ def acquire(run_dir: Path, what: str = "run") -> None:
         break
     else:
         raise UserError(f"cannot take the lock {lock}; delete it if no nas-run uses {run_dir}")
-    _held.add(run_dir)
+    PROCESS.held.add(run_dir)
 
 
 #: a lock file with no readable holder younger than this may be one another process is writing
@@ -129,9 +129,9 @@ def _take_over(lock: Path, holder: dict[str, Any]) -> bool:
 
 def release(run_dir: Path) -> None:
     run_dir = Path(run_dir).resolve()
-    if run_dir not in _held:
+    if run_dir not in PROCESS.held:
         return
-    _held.discard(run_dir)
+    PROCESS.held.discard(run_dir)
     lock = run_dir / LOCK_NAME
     if _read(lock).get("pid") == os.getpid():
         lock.unlink(missing_ok=True)
@@ -139,7 +139,7 @@ def release(run_dir: Path) -> None:
 
 @atexit.register
 def _release_all() -> None:
-    for d in list(_held):
+    for d in list(PROCESS.held):
         release(d)
 
 

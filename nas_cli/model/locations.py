@@ -4,12 +4,13 @@ keys). A decoder-only language model has the decoder location alone; an encoder-
 without encoder layers has no encoder self-attention."""
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 LOCATIONS: tuple[str, str, str] = ("encoder", "decoder", "cross")
 
 #: what a location is called in a refusal
-PLAIN = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
+PLAIN = MappingProxyType({"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"})
 
 
 def _get(node: Any, key: str, default=None):

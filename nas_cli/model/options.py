@@ -2,9 +2,9 @@
 parameters of its class's constructor, and a key that is not one stops the run before anything
 is made, with the closest declared name.
 
-An option that a constructor swallowed with ``**kwargs`` used to be ignored silently: a typo in a
-scheme's YAML (``intit: 2.0`` for ``init``) or ``+attention.intit=2`` trained with the default and
-looked as if it had tested the option. The declared options of a class are the named parameters
+Why: an option that a constructor swallowed with ``**kwargs`` would be ignored silently: a typo in
+a scheme's YAML (``intit: 2.0`` for ``init``) or ``+attention.intit=2`` would train with the default
+and look as if it had tested the option. The declared options of a class are the named parameters
 of its ``__init__`` and, where that ``__init__`` passes ``**kwargs`` on, of its parents' (up to a
 class whose constructor takes no ``**kwargs``; ``torch.nn.Module`` and ``object`` declare nothing).
 """

@@ -22,6 +22,7 @@ config folders would not reach a scheme named only at one location.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +32,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from nas_cli.attention import AttentionCore, SchemeError
 from nas_cli.model.locations import LOCATIONS, PLAIN, job_locations
-from nas_cli.model.choices import scheme_config
 
 #: keys of a composed ``attention`` node that are not constructor options
-_NOT_OPTIONS = {"name", *LOCATIONS}
-_SHORT = {"encoder": "enc", "decoder": "dec", "cross": "cross"}
+_NOT_OPTIONS = frozenset({"name", *LOCATIONS})
+_SHORT = MappingProxyType({"encoder": "enc", "decoder": "dec", "cross": "cross"})
 
 
 @dataclass(frozen=True)
@@ -181,9 +181,9 @@ def _placements(attn_cfg: DictConfig | dict) -> tuple[dict[str, Placed], dict[st
                                   f"attention.{loc}=<scheme> before setting attention.{loc}.<option>")
             placed[loc] = Placed(str(value.get("name", loc)), {k: v for k, v in value.items()
                                                               if k not in _NOT_OPTIONS})
-        else:  # a scheme name (saved configs of earlier versions)
-            legacy = OmegaConf.to_container(scheme_config(str(value)), resolve=True)
-            placed[loc] = Placed(str(value), {k: v for k, v in legacy.items() if k not in _NOT_OPTIONS})
+        else:  # Hydra composes a location's scheme as its node; a bare name is not one
+            raise SchemeError(f"attention.{loc}: expected a scheme's node (attention.{loc}=<scheme> on the command "
+                              f"line composes it), got the value {value!r}")
     return placed, own, explicit
 
 
@@ -213,8 +213,8 @@ def canonical_config(config: dict) -> dict:
 
 
 #: constructor parameters nas-run sets itself for every core: never options of a scheme's YAML
-INJECTED = {"heads": "model.heads", "dropout": "model.attention_dropout", "causal": "the location",
-            "prefix_queries": "the location", "location": "the location", "layer": "the layer"}
+INJECTED = MappingProxyType({"heads": "model.heads", "dropout": "model.attention_dropout", "causal": "the location",
+            "prefix_queries": "the location", "location": "the location", "layer": "the layer"})
 
 
 def _check_declared(placed: Placed, where: str) -> None:

@@ -17,7 +17,7 @@ from nas_cli.infra.launchers import ENDED_FILE, install, install_optuna
 from nas_cli.infra.rundir import acquire, continuing, read_failed, release
 from nas_cli.sweeps.continuation import (SWEEP_CONTINUE_ENV, keep_finished_configs, keep_sweep_record, restore_all,
                                          same_sweep, sweep_overrides)
-from nas_cli.sweeps.supervision import PROCESS, STOPPING
+from nas_cli.sweeps.supervision import STOPPING, started_run, started_sweep
 from tasks.scores import declare, present
 
 
@@ -96,9 +96,9 @@ class RunGuard(Callback):
         from nas_cli.pipeline.checks import check_config  # torch and the schemes: once Hydra has parsed
 
         run_dir = Path(str(config.hydra.run.dir))
-        PROCESS.started_run(run_dir)
+        started_run(run_dir)
         try:
-            check_config(config)
+            _say_notes(check_config(config))
             if (run_dir / "summary.json").is_file() and not continuing(run_dir):
                 raise UserError(f"{run_dir} already holds a finished run (summary.json); nothing was overwritten: "
                                 "choose another hydra.run.dir, or train it longer with nas-run resume=<dir> "
@@ -108,15 +108,16 @@ class RunGuard(Callback):
             fail(str(err))
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from nas_cli.pipeline.checks import check_config, check_launcher
+        from nas_cli.pipeline.checks import check_config
+        from nas_cli.pipeline.launch_checks import check_launcher
 
         root = Path(str(config.hydra.sweep.dir))
-        PROCESS.started_sweep(root)  # what a stop of this process names
+        started_sweep(root)  # what a stop of this process names
         install()  # hydra/launcher=slurm: a job the scheduler ends fails alone (after Hydra loaded its plugins)
         install_optuna()  # sweep=optuna launched again: new trials in new job directories
         try:
             check_launcher(config)
-            check_config(_with_a_seed(config))
+            _say_notes(check_config(_with_a_seed(config)))
             if any(root.glob("*/summary.json")) or any(root.glob("*/checkpoints")):
                 _continue_sweep(root, config)
             acquire(root, "sweep")
@@ -125,6 +126,12 @@ class RunGuard(Callback):
                 OmegaConf.save(config, root / "multirun.yaml")  # sweeper writes it too; Optuna's does not)
         except UserError as err:
             fail(str(err))
+
+
+def _say_notes(checked) -> None:
+    """The pre-run check's notes, once, before Hydra starts (each job records them in its log)."""
+    for note in checked.notes:
+        say(f"nas-run: note: {note}", log=False)
 
 
 def _with_a_seed(config: DictConfig) -> DictConfig:

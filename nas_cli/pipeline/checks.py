@@ -10,10 +10,10 @@ check, e.g. a ``pe_*`` scheme with ``model.positions`` not ``none``).
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 import math
 import os
-import sys
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -31,7 +31,7 @@ def _is_num(v: Any) -> bool:
 
 
 #: key -> (test, what the value must be); keys absent from the config (another task's) are skipped
-RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+RULES = MappingProxyType({
     "seed": (lambda v: _is_int(v) and 0 <= v <= 2 ** 32 - 1, "an integer from 0 to 4294967295 (the seed "
              "range of NumPy and Lightning)"),
     "threads": (lambda v: v is None or (_is_int(v) and v > 0), "a positive integer (CPU threads) or null "
@@ -66,7 +66,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "checkpoint.every_n_steps": (lambda v: v is None or (_is_int(v) and v >= 0), "an integer >= 0"),
     "checkpoint.keep_last": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "diagnostics.batches": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-}
+})
 
 _MISSING = object()
 
@@ -85,12 +85,14 @@ def _get(cfg: DictConfig, key: str) -> Any:
 
 class Checked(NamedTuple):
     """What the checks built once for the job: its attention plan (None for a config without
-    attention or model) and its model's parameters (None: not known before the data are read;
-    ``exact`` false: without the vocabulary's embeddings, which the data decide)."""
+    attention or model), its model's parameters (None: not known before the data are read;
+    ``exact`` false: without the vocabulary's embeddings, which the data decide), and the notes
+    a user should read once (a location that keeps the chunked path under a fused ``impl``)."""
 
     plan: AttentionPlan | None
     parameters: int | None = None
     exact: bool = True
+    notes: tuple[str, ...] = ()
 
 
 def check_config(cfg: DictConfig) -> Checked:
@@ -112,7 +114,8 @@ def check_config(cfg: DictConfig) -> Checked:
     size = model_parameters(cfg, plan, task)  # nas_cli/pipeline/sizing.py
     if size is not None:
         check_memory(cfg, size[0])
-    return Checked(plan, *size) if size else Checked(plan)
+    notes = fused_notes(plan) if plan is not None else ()
+    return Checked(plan, *size, notes=notes) if size else Checked(plan, notes=notes)
 
 
 def check_declared(cfg: DictConfig) -> None:
@@ -140,54 +143,6 @@ def check_declared(cfg: DictConfig) -> None:
         for key, value in given.items():
             if names is not None and key != "_target_" and key not in names:
                 raise UserError(unknown_option_message(where, str(key), value, owner, names))
-
-
-def check_launcher(cfg: DictConfig) -> None:
-    """A sweep's launcher options that would fail in the launcher, after the sweep directory is
-    made (joblib's ``n_jobs=0``; the SLURM launcher on a machine without SLURM): one line before
-    anything is made."""
-    launcher = cfg.get("hydra", {}).get("launcher") if "hydra" in cfg else None
-    target = str(launcher.get("_target_", "")) if launcher else ""
-    if "submitit" in target and "Slurm" in target:
-        import shutil
-
-        if shutil.which("srun") is None or shutil.which("sbatch") is None:
-            raise UserError("hydra/launcher=slurm: this machine has no SLURM (srun and sbatch not found); run the "
-                            "command on a SLURM cluster's login node, or drop hydra/launcher=slurm (or use "
-                            "hydra/launcher=joblib) to run the jobs here")
-        unreachable = _slurm_unreachable()
-        if unreachable:
-            raise UserError(f"hydra/launcher=slurm: SLURM's tools are installed but no controller answers ({unreachable}); "
-                            "run the command on a SLURM cluster's login node (or set SLURM_CONF to the cluster's "
-                            "slurm.conf), or drop hydra/launcher=slurm to run the jobs here")
-        return
-    if "joblib" not in target:
-        return
-    n_jobs = launcher.get("n_jobs")
-    if not (n_jobs is None or (_is_int(n_jobs) and n_jobs != 0)):
-        raise UserError(f"hydra.launcher.n_jobs={n_jobs} is not valid: it must be a number of parallel jobs >= 1, "
-                        "or -1 for one per CPU core (e.g. hydra.launcher.n_jobs=2)")
-
-
-def _slurm_unreachable(timeout_s: float = 15.0) -> str | None:
-    """Why no SLURM controller answers here (sinfo's last error line), None when one does."""
-    import subprocess
-
-    conf = os.environ.get("SLURM_CONF")
-    if conf and not os.path.isfile(conf):  # sinfo would retry for a minute before saying so
-        return f"SLURM_CONF={conf}: no such file"
-    try:
-        proc = subprocess.run(["sinfo", "--noheader", "--format=%P"], capture_output=True, text=True,
-                              timeout=timeout_s)
-    except OSError as err:
-        return f"sinfo: {err}"
-    except subprocess.TimeoutExpired:
-        return f"sinfo did not answer within {timeout_s:g} s"
-    if proc.returncode == 0:
-        return None
-    lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
-    fatal = [ln for ln in lines if "fatal" in ln] or lines
-    return fatal[-1] if fatal else f"sinfo exited with {proc.returncode}"
 
 
 def check_task_data(cfg: DictConfig):
@@ -332,7 +287,7 @@ def check_hf_model(plan, cfg: DictConfig, lm: bool) -> None:
 def check_triton(plan, cfg: DictConfig) -> None:
     """``attention.impl=triton`` runs where Triton runs (CUDA; the CPU only under TRITON_INTERPRET=1, for
     tests): DNAS and HNAS in both forms, Sinkhorn-k in the encoder form (its prefix form keeps the chunked
-    path, which the run says once); no atomics, so ``trainer.deterministic=true`` takes the kernels."""
+    path: :func:`fused_notes`); no atomics, so ``trainer.deterministic=true`` takes the kernels."""
     chosen = {loc: p for loc, p in plan.placed.items() if p.options.get("impl") == "triton"}
     if not chosen:
         return
@@ -347,22 +302,25 @@ def check_triton(plan, cfg: DictConfig) -> None:
         env_prefix_tiles()
     except ValueError as err:
         raise UserError(str(err)) from None
+
+
+def fused_notes(plan) -> tuple[str, ...]:
+    """What a user should know about a fused ``attention.impl`` the plan asks for: the locations that
+    keep the chunked exact path (same values and gradients) because the fused one cannot express them."""
+    notes = []
+    chosen = {loc: p for loc, p in plan.placed.items() if p.options.get("impl") == "triton"}
     other = [loc for loc, p in chosen.items() if "sinkhorn" in str(p.scheme) and loc in ("decoder", "cross")]
     if other:
-        _note_once(f"attention.impl=triton covers DNAS and HNAS in both forms and Sinkhorn-k in the encoder form; "
-                   f"Sinkhorn-k at {', '.join(other)} (prefix-normalized) uses the chunked exact path (same values "
-                   "and gradients)")
-
-
-_NOTED: set[str] = set()
-
-
-def _note_once(text: str) -> None:
-    """A note to stderr, once per process: the configuration is checked before Hydra starts and again
-    in each job, and a user should read it once."""
-    if text not in _NOTED:
-        _NOTED.add(text)
-        print(f"nas-run: note: {text}", file=sys.stderr)
+        notes.append(f"attention.impl=triton covers DNAS and HNAS in both forms and Sinkhorn-k in the encoder form; "
+                     f"Sinkhorn-k at {', '.join(other)} (prefix-normalized) uses the chunked exact path (same values "
+                     "and gradients)")
+    prefix = [loc for loc, p in plan.placed.items() if p.options.get("impl") == "flex" and loc in ("decoder", "cross")]
+    if prefix:
+        notes.append(f"attention.impl=flex: {', '.join(prefix)} attention is prefix-normalized (each query's column "
+                     "sums run over the queries before it), which FlexAttention cannot express; "
+                     f"{'it uses' if len(prefix) == 1 else 'they use'} the chunked exact path (same values and "
+                     "gradients)")
+    return tuple(notes)
 
 
 def _check_fused(cfg: DictConfig, what: str, atomics: str | None, unavailable) -> None:
@@ -386,7 +344,7 @@ def check_flex(plan, cfg: DictConfig) -> None:
     """``attention.impl=flex`` trains only where FlexAttention has a backward pass (CUDA), is not
     deterministic (its captured-bias gradients are accumulated with atomics on CUDA), and takes
     only the encoder form: the prefix-normalized locations (decoder, cross-attention) keep the
-    chunked path, which the run says once."""
+    chunked path (:func:`fused_notes`)."""
     flex = [loc for loc, p in plan.placed.items() if p.options.get("impl") == "flex"]
     if not flex:
         return
@@ -395,12 +353,6 @@ def check_flex(plan, cfg: DictConfig) -> None:
     _check_fused(cfg, f"attention.impl=flex ({', '.join(flex)})",
                  "FlexAttention accumulates the gradients of the column normalizer with atomics on CUDA",
                  lambda device: flex_unavailable(device, training=True))
-    prefix = [loc for loc in flex if loc in ("decoder", "cross")]
-    if prefix:
-        _note_once(f"attention.impl=flex: {', '.join(prefix)} attention is prefix-normalized (each query's column "
-                   "sums run over the queries before it), which FlexAttention cannot express; "
-                   f"{'it uses' if len(prefix) == 1 else 'they use'} the chunked exact path (same values and "
-                   "gradients)")
 
 
 def _example(key: str, cfg: DictConfig) -> str:

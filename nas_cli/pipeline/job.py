@@ -146,6 +146,8 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
         clear_failed(run_dir)
         checking = True  # a refusal of a value: a single run leaves no directory behind
         checked = check_config(cfg)  # again: a sweep's own values (model.heads=four,8) are only known per job
+        for note in checked.notes:  # said on the terminal by the check before Hydra started
+            record(f"note: {note}")
         check_trainer(cfg)  # Lightning's own refusals (precision, accelerator, unknown options), before any data
         checking = False
         summary = train(cfg, checked.plan, run_dir, group, job_type="sweep" if multirun else "train",
@@ -236,7 +238,7 @@ def record_resume(run_dir: Path, overrides: list[str]) -> None:
 
 
 #: what a run directory holds before training starts (Hydra's files, the log, the lock)
-_BEFORE_TRAINING = {".hydra", "nas_run.log", ".nas-run.lock", "failed.json"}
+_BEFORE_TRAINING = frozenset({".hydra", "nas_run.log", ".nas-run.lock", "failed.json"})
 
 
 def _only_this_invocation(run_dir: Path) -> bool:

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nas_cli.attention.base import learned_scalars, learned_values
 from nas_cli.model.decoding import beam_search
-from nas_cli.errors import NonFiniteLoss
+from nas_cli.errors import NonFiniteLoss, UserError
 from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
 from nas_cli.model.plan import Cores
 from nas_cli.infra.distributed import gather_eval
@@ -113,7 +113,7 @@ class NasLitModule(pl.LightningModule):
         self._t0 = None
         # training time over every launch of this run: the seconds of earlier launches (up to the
         # checkpoint resumed from; None where that checkpoint did not record them) and this launch's start
-        self.earlier_fit_seconds: list[float | None] = []
+        self.earlier_fit_seconds: list[float] = []
         self._fit_t0 = None
 
     @property
@@ -132,7 +132,7 @@ class NasLitModule(pl.LightningModule):
             return True
         try:
             return bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
-        except AttributeError:  # another Lightning version: log every step, as before
+        except AttributeError:  # a Lightning without this attribute: log at every step
             return True
 
     # ---- forward / loss ------------------------------------------------------------
@@ -186,7 +186,7 @@ class NasLitModule(pl.LightningModule):
     def on_fit_start(self):
         self._fit_t0 = time.perf_counter()
 
-    def fit_seconds_by_launch(self) -> list[float | None]:
+    def fit_seconds_by_launch(self) -> list[float]:
         """Seconds of training per launch of this run, this launch last (so far)."""
         now = time.perf_counter() - self._fit_t0 if self._fit_t0 is not None else 0.0
         return [*self.earlier_fit_seconds, now]
@@ -200,9 +200,9 @@ class NasLitModule(pl.LightningModule):
         if trainer is None or trainer.state.fn != "fit":  # testing the best weights is no resume
             return
         saved = checkpoint.get(TIMING_KEY)
-        if saved is None:  # written before nas-run recorded it: the earlier launches' time is unknown
-            self.earlier_fit_seconds = [None]
-            return
+        if saved is None:
+            raise UserError(f"the checkpoint this run resumes from holds no training times ({TIMING_KEY}): it was "
+                            "not written by this nas-run; start the run in a new directory")
         self.earlier_fit_seconds = list(saved["fit_seconds_by_launch"])
         self.train_seconds = float(saved["train_seconds"])
         self._earlier_tokens = int(saved["train_tokens"])

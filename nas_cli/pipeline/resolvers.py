@@ -6,6 +6,7 @@ a side effect of being imported.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 from omegaconf import OmegaConf
 
 
@@ -48,8 +49,8 @@ def scheme_tag(attention, task_target, model) -> str:
     return tag_resolver(attention, task_target, model)
 
 
-RESOLVERS = {"nas.tag": scheme_tag, "nas.direction": optuna_direction, "nas.slurm_tasks": slurm_tasks,
-             "nas.slurm_gpus": slurm_gpus}
+RESOLVERS = MappingProxyType({"nas.tag": scheme_tag, "nas.direction": optuna_direction, "nas.slurm_tasks": slurm_tasks,
+             "nas.slurm_gpus": slurm_gpus})
 
 
 def register_resolvers() -> None:

@@ -4,15 +4,14 @@ Called by the Hydra entry point in :mod:`nas_cli.commands.nas_run` once per job 
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -32,14 +31,14 @@ from nas_cli.errors import unwrap as _unwrap
 from nas_cli.infra.atomic import remove_stale_temporaries
 from nas_cli.infra.config_identity import config_id
 from nas_cli.pipeline.lit import NasLitModule, count_parameters
-from nas_cli.infra.loggers import make_logger, wandb_run_id
+from nas_cli.infra.loggers import finish_logger, make_logger, wandb_run_id
 from nas_cli.infra.wandb_offline import carry_history
 from nas_cli.model.locations import job_locations
 from nas_cli.model.plan import AttentionPlan, Cores, canonical_config
 from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
                       environment, progress_bar, set_threads)
-from nas_cli.infra.resume import (CHAINED, FaultTolerance, Preempted, RunCheckpoint, config_fingerprint, stop_signals_here,
-                     continue_finished, pick_checkpoint)
+from nas_cli.infra.resume import (FaultTolerance, Preempted, RunCheckpoint, config_fingerprint, continue_finished,
+                                  pick_checkpoint, stop_signals)
 from nas_cli.infra.redaction import redacted_argv
 from nas_cli.infra.version import code_version, describe
 from nas_cli.infra.atomic import atomic_write_json, atomic_write_text
@@ -103,16 +102,23 @@ def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_t
     after saving ``last.ckpt`` (:class:`~nas_cli.infra.resume.FaultTolerance`), before or after it
     (startup, final test) at once, with the same resume hint. ``size``: (parameters, exact) from the
     pre-run check, said once the run is under way (a refused resume says nothing else)."""
-    phase = {"name": "startup", "trainer": None}
+    progress = Progress()
     try:
         with stop_signals():
-            return _train(cfg, plan, run_dir, group, job_type, phase, size)
+            return _train(cfg, plan, run_dir, group, job_type, progress, size)
     except SignalStop as stop:
-        name = signal.Signals(stop.signum).name
-        trainer = phase["trainer"]
-        at = f" at step {trainer.global_step}" if trainer is not None else ""
-        raise Stopped(f"{name} during {phase['name']}{at} (no summary.json); continue with: nas-run resume={run_dir}",
-                      128 + stop.signum) from None
+        at = f" at step {progress.trainer.global_step}" if progress.trainer is not None else ""
+        raise Stopped(f"{signal.Signals(stop.signum).name} during {progress.phase}{at} (no summary.json); continue "
+                      f"with: nas-run resume={run_dir}", 128 + stop.signum) from None
+
+
+@dataclass
+class Progress:
+    """Where the run is (startup, training, testing) and its trainer: what the line of a stop signal
+    outside training names. The run owns it and hands it to the steps that move it on."""
+
+    phase: str = "startup"
+    trainer: pl.Trainer | None = None
 
 
 @dataclass
@@ -128,7 +134,7 @@ class _Job:
     kept: Path | None  # the earlier summary of a finished run trained longer
 
 
-def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str, phase: dict,
+def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str, progress: Progress,
            size: tuple[int, bool] | None) -> dict[str, Any] | None:
     """One job, step by step: decide, build, log, train, test, report."""
     job = _prepare(cfg, plan, run_dir, group, job_type)
@@ -143,20 +149,21 @@ def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_
     module = build_module(cfg, task, job.cores)
     set_threads(cfg, count_parameters(module.model))  # from the model's size (pipeline/trainer.py)
     compiled = compile_model(module, cfg.get("compile", False))
-    logger = _start_logger(cfg, job, {"parameters": count_parameters(module.model), "code": code_version()})
+    logger, wandb_id = _start_logger(cfg, job, {"parameters": count_parameters(module.model), "code": code_version()})
+    job = replace(job, identity={**job.identity, "wandb_run_id": wandb_id or job.identity["wandb_run_id"]})
     trainer, ckpt = _make_trainer(cfg, job, task, logger)
-    _fit(cfg, job, trainer, module, data, compiled, phase)
+    _fit(cfg, job, trainer, module, data, compiled, progress)
     fit_seconds = module.fit_seconds_by_launch()  # this launch's training and, resumed, the earlier ones'
     # tokens of all processes (a collective: every process runs it)
     train_tokens = float(trainer.strategy.reduce(torch.tensor(float(module.train_tokens)), reduce_op="sum"))
     best, tested = _choose_tested(cfg, job, trainer, ckpt, task)
-    test = _test(cfg, job, trainer, module, data, best, phase)
+    test = _test(cfg, job, trainer, module, data, best, progress)
     if not trainer.is_global_zero:
         return None
     if "test" in module.items:
         atomic_write_json(run_dir / ITEMS_FILE, module.items["test"], indent=None)
     summary = _summary(cfg, job, trainer, ckpt, module, task, tested, test, fit_seconds, train_tokens)
-    _finish_logger(logger, summary, run_dir)
+    finish_logger(logger, summary, run_dir)
     atomic_write_json(run_dir / "summary.json", summary)
     (run_dir / WANDB_ID_FILE).unlink(missing_ok=True)
     return summary
@@ -181,8 +188,8 @@ def _prepare(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, jo
                 "wandb_run_id": _saved_wandb_id(run_dir)}  # a run killed before its first checkpoint
     continued = continuing(run_dir) and (run_dir / "summary.json").is_file()
     resume = pick_checkpoint(run_dir, _warn) if continued or not (run_dir / "summary.json").exists() else None
-    if resume is not None:
-        _check_resumable(cfg, run_dir, resume, identity)
+    if resume is not None:  # the run's group, job type and W&B run id are the checkpoint's
+        identity.update(_check_resumable(cfg, run_dir, resume, identity["config"]))
     if rank_zero_only.rank == 0:  # what a killed process was writing when it died (the directory is ours),
         for tmp in (run_dir / "checkpoints").glob("*.tmp"):  # even when no checkpoint was ever finished
             tmp.unlink(missing_ok=True)
@@ -192,35 +199,37 @@ def _prepare(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, jo
                 resume, kept)
 
 
-def _check_resumable(cfg: DictConfig, run_dir: Path, resume: tuple, identity: dict) -> None:
+def _check_resumable(cfg: DictConfig, run_dir: Path, resume: tuple, fingerprint: str) -> dict[str, Any]:
+    """Refuse a checkpoint of another configuration, or more steps done than asked for; else the
+    identity the checkpoint records (group, job type, W&B run id)."""
     state = resume[1]
-    if state.get("config", identity["config"]) != identity["config"]:
+    if state.get("config", fingerprint) != fingerprint:
         raise Refused(f"{run_dir} holds a checkpoint of a different configuration (model, attention, task or "
                         "seed differ); continue it with nas-run resume=<dir>, or use a new hydra.run.dir")
     done, limit = int(state.get("global_step", 0)), int(cfg.trainer.max_steps)
     if 0 < limit < done:
         raise Refused(f"trainer.max_steps={limit} is below the {done} steps this run has already trained "
                         f"(checkpoint {resume[0].name}); pass trainer.max_steps >= {done}")
-    identity.update({k: state[k] for k in ("group", "job_type", "wandb_run_id") if state.get(k)})
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    return {k: state[k] for k in ("group", "job_type", "wandb_run_id") if state.get(k)}
 
 
 def _start_logger(cfg: DictConfig, job: _Job, extra: dict[str, Any]):
-    """The configured logger (``extra``: what the logged config gets beside the composed one); a W&B
-    run starts here (rank 0), its id kept for a resume."""
+    """The configured logger (``extra``: what the logged config gets beside the composed one) and its
+    W&B run id (None without W&B); a W&B run starts here (rank 0), its id kept for a resume."""
     logger = make_logger(cfg, job.plan, job.run_dir, job.identity["group"], job.identity["job_type"],
                          job.identity["wandb_run_id"], job.config_id, extra)
-    if wandb_run_id(logger):
-        job.identity["wandb_run_id"] = wandb_run_id(logger)
+    wandb_id = wandb_run_id(logger)
+    if wandb_id:
         if rank_zero_only.rank == 0:
-            atomic_write_text(job.run_dir / WANDB_ID_FILE, job.identity["wandb_run_id"])
+            atomic_write_text(job.run_dir / WANDB_ID_FILE, wandb_id)
         with redacted_argv():
             run = _start_wandb(logger)  # W&B starts here (rank 0 only), recording a redacted command line
         if rank_zero_only.rank == 0 and str(cfg.logger.get("mode")) == "offline":
             # W&B cannot resume an offline run: this launch's folder gets the history logged before
             # the checkpoint it continues from, and the earlier folders move aside (wandb/superseded/)
             carry_history(run, job.run_dir / "wandb", int(job.resume[1]["global_step"]) if job.resume else -1)
-    return logger
+    return logger, wandb_id
 
 
 def _start_wandb(logger):
@@ -259,9 +268,9 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
     return trainer, ckpt
 
 
-def _fit(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, compiled, phase: dict) -> None:
+def _fit(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, compiled, progress: Progress) -> None:
     """Train (from the checkpoint to resume, if any)."""
-    phase.update(name="training", trainer=trainer)
+    progress.phase, progress.trainer = "training", trainer
     try:
         trainer.fit(module, datamodule=data, ckpt_path=str(job.resume[0]) if job.resume else None, weights_only=True)
     except SIGTERMException as stop:
@@ -297,8 +306,9 @@ def _choose_tested(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunChe
                                    why=f"best checkpoint unreadable ({unreadable})" if unreadable else None)
 
 
-def _test(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, best: str | None, phase: dict) -> dict:
-    phase["name"] = "testing"
+def _test(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, best: str | None,
+          progress: Progress) -> dict:
+    progress.phase = "testing"
     try:
         return trainer.test(module, datamodule=data, ckpt_path=best, verbose=False,
                             weights_only=True)[0] if cfg.run_test else {}
@@ -307,7 +317,7 @@ def _test(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, best: s
 
 
 def _summary(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoint, module, task, tested: dict,
-             test: dict, fit_seconds: list[float | None], train_tokens: float) -> dict[str, Any]:
+             test: dict, fit_seconds: list[float], train_tokens: float) -> dict[str, Any]:
     """summary.json: what the run is, what it measured, and how it ran."""
     return {
         "task": cfg.task.name,
@@ -321,9 +331,8 @@ def _summary(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoin
         "config_id": job.config_id,
         "code": code_version(),
         "steps": int(trainer.global_step),
-        # training (with validation and checkpoints) over every launch up to the weights kept; null
-        # where a launch resumed from a checkpoint that did not record the earlier launches' time
-        "fit_seconds": None if None in fit_seconds else sum(fit_seconds),
+        # training (with validation and checkpoints) over every launch up to the weights kept
+        "fit_seconds": sum(fit_seconds),
         "fit_seconds_by_launch": fit_seconds,
         "tokens_per_s": train_tokens / module.train_seconds if module.train_seconds else None,
         "best_checkpoint": tested["checkpoint"],
@@ -343,27 +352,6 @@ def _summary(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoin
         "resumed_from": os.path.relpath(job.resume[0], job.run_dir) if job.resume else None,
         "continued_from_summary": job.kept.name if job.kept else None,
     }
-
-
-def _finish_logger(logger, summary: dict, job_dir: Path) -> None:
-    """The test numbers into the W&B run's summary (and its id and folder into ours), then close it."""
-    if not logger:
-        return
-    if wandb_run_id(logger):
-        run = logger.experiment
-        for k, v in summary["test"].items():
-            run.summary[k] = v
-        run.summary["parameters"] = summary["parameters"]
-        run.summary["tokens_per_s"] = summary["tokens_per_s"]
-        best = summary["best_val"]
-        if best["value"] is not None:  # W&B's summary keeps a metric's last value; the best one beside it
-            run.summary[f"best/{best['metric']}"] = best["value"]
-            run.summary["best/step"] = best["step"]
-        summary["wandb_run_id"] = run.id
-        summary["wandb_dir"] = os.path.relpath(run.dir, job_dir)
-        run.finish()
-    else:
-        logger.finalize("success")
 
 
 def _stopped(stop: SIGTERMException, trainer: pl.Trainer, run_dir: Path, phase: str) -> Stopped:
@@ -396,31 +384,3 @@ def _saved_wandb_id(run_dir: Path) -> str | None:
     except OSError:
         return None
     return text if re.fullmatch(r"[a-z0-9]{1,64}", text) else None
-
-
-@contextlib.contextmanager
-def stop_signals() -> Iterator[None]:
-    """While a job runs outside training (startup, the final test), a stop signal ends it at once
-    with one line instead of killing it silently (SIGUSR1/2's default). A handler that was there
-    before (submitit's SLURM requeue) is called first. Training has its own handlers (FaultTolerance)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.getsignal(sig) for sig in stop_signals_here()}
-
-    def handler(signum, frame):
-        before = previous.get(signum)
-        if callable(before) and signum in CHAINED:
-            before(signum, frame)
-        raise SignalStop(signum)
-
-    for sig in previous:
-        signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig, before in previous.items():
-            if before is not None:
-                signal.signal(sig, before)

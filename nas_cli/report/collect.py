@@ -10,6 +10,7 @@ so runs logged online, offline or not at all are handled alike.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import os
@@ -31,7 +32,7 @@ TEST_METRICS = tuple((m.key, m.title, m.higher_is_better) for m in KNOWN if m.co
 
 
 #: directories inside a run that never hold other runs (skipped while searching)
-_SKIP_DIRS = {"wandb", "checkpoints", "csv", ".hydra", "diagnostics", "__pycache__", ".git"}
+_SKIP_DIRS = frozenset({"wandb", "checkpoints", "csv", ".hydra", "diagnostics", "__pycache__", ".git"})
 
 
 def _read_json(path: Path) -> dict | None:
@@ -42,12 +43,10 @@ def _read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-#: configs already read in this process: {path: ((mtime_ns, size, inode), config)}. A page built from
-#: many reports (benchmarks/study_report.py) reads each run's config once instead of once a report
-_CONFIGS: dict[Path, tuple[tuple[int, int, int], dict]] = {}
-
-
 def _read_config(run_dir: Path) -> dict:
+    """The run's resolved ``.hydra/config.yaml`` ({} if none or damaged); a copy of what
+    :func:`_parsed_config` keeps while the file is unchanged (a page built from many reports,
+    benchmarks/study_report.py, reads each run's config once)."""
     path = (run_dir / ".hydra" / "config.yaml").absolute()
     try:
         st = path.stat()
@@ -55,10 +54,12 @@ def _read_config(run_dir: Path) -> dict:
         return {}
     if not stat.S_ISREG(st.st_mode):
         return {}
-    key = (st.st_mtime_ns, st.st_size, st.st_ino)
-    known = _CONFIGS.get(path)
-    if known is not None and known[0] == key:
-        return copy.deepcopy(known[1])
+    return copy.deepcopy(_parsed_config(path, (st.st_mtime_ns, st.st_size, st.st_ino)))
+
+
+@functools.lru_cache(maxsize=10_000)
+def _parsed_config(path: Path, version: tuple[int, int, int]) -> dict:
+    """``path`` parsed once per ``version`` (mtime, size, inode)."""
     from omegaconf import OmegaConf
 
     try:
@@ -66,13 +67,9 @@ def _read_config(run_dir: Path) -> dict:
     except Exception:  # a damaged file: report the run without its config
         return {}
     try:
-        data = OmegaConf.to_container(cfg, resolve=True)
+        return OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # interpolations needing resolvers registered by nas-run only
-        data = OmegaConf.to_container(cfg, resolve=False)
-    if len(_CONFIGS) >= 10_000:
-        _CONFIGS.clear()
-    _CONFIGS[path] = (key, data)
-    return copy.deepcopy(data)
+        return OmegaConf.to_container(cfg, resolve=False)
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:

@@ -2,6 +2,7 @@
 file), JSON; and the paper-style pivot (rows = groups' other fields, columns = the values of one field)."""
 from __future__ import annotations
 
+from types import MappingProxyType
 import csv
 import io
 import json
@@ -10,9 +11,9 @@ from typing import Sequence
 FORMATS = ("rich", "markdown", "latex", "csv", "json")
 
 #: LaTeX's special characters, one at a time (so that no replacement is escaped again)
-_TEX = {"\\": "\\textbackslash{}", "&": "\\&", "%": "\\%", "_": "\\_", "#": "\\#", "$": "\\$", "{": "\\{",
+_TEX = MappingProxyType({"\\": "\\textbackslash{}", "&": "\\&", "%": "\\%", "_": "\\_", "#": "\\#", "$": "\\$", "{": "\\{",
         "}": "\\}", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}", "±": "$\\pm$", "†": "$^\\dagger$",
-        "<": "$<$", ">": "$>$"}
+        "<": "$<$", ">": "$>$"})
 
 
 def render(fmt: str, title: str, head: Sequence[str], rows: Sequence[Sequence[str]], caption: str = "") -> str:

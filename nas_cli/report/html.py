@@ -20,7 +20,6 @@ import base64
 import datetime as _dt
 import html
 import math
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np

@@ -17,6 +17,8 @@ product; the corpus score of a sum is computed the way sacreBLEU computes it.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -53,25 +55,20 @@ def _sacre(kind: str):
     return BLEU(force=True) if kind == "bleu" else CHRF()  # force: the text is scored as the run scored it
 
 
-#: sacreBLEU metrics with their references' n-grams cached, by (kind, the references' fingerprint):
-#: every run of a sweep is scored against the same references, which are processed once
-_WITH_REFS: dict[tuple[str, str], object] = {}
-
-
 def _sacre_stats(kind: str) -> Callable[[dict], np.ndarray]:
     def stats(items: dict) -> np.ndarray:
-        import hashlib
-
-        refs = items["refs"]
-        key = (kind, hashlib.sha256("\n".join(refs).encode()).hexdigest())
-        metric = _WITH_REFS.get(key)
-        if metric is None:
-            metric = _sacre(kind)
-            metric._ref_cache = metric._cache_references([refs])
-            _WITH_REFS.clear()  # one test set at a time (nas-report refuses a mix)
-            _WITH_REFS[key] = metric
+        metric = _with_references(kind, tuple(items["refs"]))
         return np.asarray(metric._extract_corpus_statistics(items["hyps"], None), dtype=np.float64)
     return stats
+
+
+@functools.lru_cache(maxsize=2)
+def _with_references(kind: str, refs: tuple[str, ...]):
+    """A sacreBLEU metric with the references' n-grams cached: every run of a sweep is scored against
+    the same references, which are processed once (nas-report refuses a mix of test sets)."""
+    metric = _sacre(kind)
+    metric._ref_cache = metric._cache_references([list(refs)])
+    return metric
 
 
 def _sacre_score(kind: str) -> Callable[[np.ndarray], float]:
@@ -136,7 +133,7 @@ def _vppl(total: np.ndarray) -> np.ndarray:
     return np.exp(np.minimum(total[..., 0] / np.maximum(total[..., 1], 1), 50))
 
 
-METRICS: dict[str, Metric] = {
+METRICS = MappingProxyType({
     "test/bleu": Metric("test/bleu", True, _sacre_stats("bleu"), _sacre_score("bleu"), bleu_from_stats, "ar"),
     "test/chrf": Metric("test/chrf", True, _sacre_stats("chrf"), _sacre_score("chrf"), chrf_from_stats, "ar"),
     "test/exact_match": Metric("test/exact_match", True,
@@ -147,7 +144,7 @@ METRICS: dict[str, Metric] = {
                        lambda t: float(math.exp(min(t[0] / max(t[1], 1), 50))), _vppl, "ar", integer=False),
     **{f"test/{k}": Metric(f"test/{k}", True, _rouge_stats(k), _mean_score, _vmean, "ar", integer=False)
        for k in ("rouge1", "rouge2", "rougeL")},
-}
+})
 
 
 def needs_text(metric: str) -> bool:

@@ -53,6 +53,7 @@ looks and detect little at 2-10 seeds; docs/comparing.md has the numbers.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -256,7 +257,7 @@ def fixed_n_boundary(n: int, alpha: float) -> float:
 
 
 #: decision codes of :func:`outcomes`
-CODES = {HIGHER: 1, LOWER: -1, EQUIVALENT: 2, UNDECIDED: 0}
+CODES = MappingProxyType({HIGHER: 1, LOWER: -1, EQUIVALENT: 2, UNDECIDED: 0})
 
 
 def outcomes(d: np.ndarray, design_looks: Sequence[int], alpha: float = 0.05, spending: str = "obf",

@@ -25,6 +25,7 @@ configured launcher (basic, joblib, SLURM through submitit).
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 import json
 import math
 from dataclasses import asdict
@@ -39,8 +40,8 @@ from nas_cli.sweeps.design import (Config, Options, default_metric, grid, job_di
 
 STATE_FILE = "sequential.json"
 FIGURE_FILE = "sequential.png"
-DECISION_WORDS = {seq.HIGHER: "higher", seq.LOWER: "lower", seq.EQUIVALENT: "no difference larger than delta",
-                  seq.CONTINUE: "continue", seq.UNDECIDED: "undecided"}
+DECISION_WORDS = MappingProxyType({seq.HIGHER: "higher", seq.LOWER: "lower", seq.EQUIVALENT: "no difference larger than delta",
+                  seq.CONTINUE: "continue", seq.UNDECIDED: "undecided"})
 
 
 class SequentialSweep:

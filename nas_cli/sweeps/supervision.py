@@ -10,8 +10,9 @@ traceback and must not cost the workers' unsaved steps:
   last checkpoint and released its directory (at most two minutes; a second signal stops at once);
 * then the process exits with one line that says how to continue (``128 + signal``; 130 for Ctrl-C).
 
-``Supervisor.started_run`` / ``started_sweep`` are told by Hydra's callbacks what this process
-started, so that the line can name it.
+:func:`started_run` / :func:`started_sweep` are told by Hydra's callbacks what this process
+started, so that the line can name it; both, and the signals received, are kept in
+:data:`nas_cli.infra.process.PROCESS`, where the handlers find them.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from nas_cli.errors import fail
+from nas_cli.infra.process import PROCESS
 from nas_cli.infra.rundir import holders
 
 #: in a sweep directory while its joblib sweep stops: a job that starts then leaves at once
@@ -38,84 +40,81 @@ class ProcessStop(BaseException):
         self.signum = int(signum)
 
 
-class Supervisor:
-    """The stop handling of one process (there is one: :data:`PROCESS`)."""
+#: how long a stopping joblib sweep waits for its workers' jobs to save, at most
+WAIT_S = 120.0
 
-    def __init__(self, wait_s: float = 120.0):
-        self.wait_s = wait_s
-        self.run_dir: Path | None = None
-        self.sweep_dir: Path | None = None
-        self.stops: list[int] = []
 
-    def started_run(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
+def started_run(run_dir: Path) -> None:
+    """Hydra's callbacks: this process runs the single run in ``run_dir``."""
+    PROCESS.run_dir = run_dir
 
-    def started_sweep(self, root: Path) -> None:
-        self.sweep_dir = root
 
-    def run(self, entry: Callable[[], object]) -> None:
-        """Call ``entry`` with this process's stop handlers installed; a stop ends it with one line."""
-        signal.signal(signal.SIGTERM, self._stop)
-        for sig in (signal.SIGHUP, signal.SIGINT):
-            if signal.getsignal(sig) != signal.SIG_IGN:  # not under nohup, not a shell script's background job
-                signal.signal(sig, self._stop)
+def started_sweep(root: Path) -> None:
+    """Hydra's callbacks: this process runs the sweep in ``root``."""
+    PROCESS.sweep_dir = root
+
+
+def supervise(entry: Callable[[], object]) -> None:
+    """Call ``entry`` with this process's stop handlers installed; a stop ends it with one line."""
+    signal.signal(signal.SIGTERM, _stop)
+    for sig in (signal.SIGHUP, signal.SIGINT):
+        if signal.getsignal(sig) != signal.SIG_IGN:  # not under nohup, not a shell script's background job
+            signal.signal(sig, _stop)
+    try:
+        entry()
+    except KeyboardInterrupt:  # Ctrl-C in a sweep's own process (joblib's wait, say): one line, not a traceback
+        fail(f"interrupted (Ctrl-C){continue_hint()}", 130, kind="stopped", color="yellow")
+    except ProcessStop as err:
+        fail(f"{signal.Signals(err.signum).name}{continue_hint()}", 128 + err.signum, kind="stopped", color="yellow")
+    finally:
+        if PROCESS.stops and PROCESS.sweep_dir is not None:
+            (PROCESS.sweep_dir / STOPPING).unlink(missing_ok=True)
+
+
+def continue_hint() -> str:
+    """How to continue after a stop reached nas-run's own process (a run in training says it itself)."""
+    if PROCESS.sweep_dir is not None:
+        return (f"; the same command with hydra.sweep.dir={PROCESS.sweep_dir} continues the sweep "
+                f"(finished jobs are skipped, the others resume from their last.ckpt)")
+    if PROCESS.run_dir is not None:
+        return f"; continue with: nas-run resume={PROCESS.run_dir}"
+    return ""
+
+
+def _stop(signum, frame):
+    PROCESS.stops.append(signum)
+    if len(PROCESS.stops) == 1:  # a second signal while the jobs save: stop at once
+        let_sweep_jobs_save()
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise ProcessStop(signum)
+
+
+def let_sweep_jobs_save(wait_s: float = WAIT_S) -> None:
+    """A stop signal reached a joblib sweep's own process. Stopping it ends joblib's worker
+    processes at once, losing their jobs' steps since the last periodic checkpoint. So first:
+    no job starts any more, each worker gets SIGTERM (after a signal to the whole process
+    group they have it already; a second one changes nothing), and this process waits until
+    every job a worker trains has saved its last.ckpt and released its directory, at most
+    ``wait_s`` seconds."""
+    sweep = PROCESS.sweep_dir
+    workers = set(joblib_workers()) if sweep is not None else set()
+    if not workers:
+        return
+    try:
+        (sweep / STOPPING).touch()
+    except OSError:
+        pass
+    for pid in workers:
         try:
-            entry()
-        except KeyboardInterrupt:  # Ctrl-C in a sweep's own process (joblib's wait, say): one line, not a traceback
-            fail(f"interrupted (Ctrl-C){self.continue_hint()}", 130, kind="stopped", color="yellow")
-        except ProcessStop as err:
-            fail(f"{signal.Signals(err.signum).name}{self.continue_hint()}", 128 + err.signum, kind="stopped",
-                 color="yellow")
-        finally:
-            if self.stops and self.sweep_dir is not None:
-                (self.sweep_dir / STOPPING).unlink(missing_ok=True)
-
-    def continue_hint(self) -> str:
-        """How to continue after a stop reached nas-run's own process (a run in training says it itself)."""
-        if self.sweep_dir is not None:
-            return (f"; the same command with hydra.sweep.dir={self.sweep_dir} continues the sweep "
-                    f"(finished jobs are skipped, the others resume from their last.ckpt)")
-        if self.run_dir is not None:
-            return f"; continue with: nas-run resume={self.run_dir}"
-        return ""
-
-    def _stop(self, signum, frame):
-        self.stops.append(signum)
-        if len(self.stops) == 1:  # a second signal while the jobs save: stop at once
-            self.let_sweep_jobs_save()
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise ProcessStop(signum)
-
-    def let_sweep_jobs_save(self) -> None:
-        """A stop signal reached a joblib sweep's own process. Stopping it ends joblib's worker
-        processes at once, losing their jobs' steps since the last periodic checkpoint. So first:
-        no job starts any more, each worker gets SIGTERM (after a signal to the whole process
-        group they have it already; a second one changes nothing), and this process waits until
-        every job a worker trains has saved its last.ckpt and released its directory, at most
-        ``wait_s`` seconds."""
-        sweep = self.sweep_dir
-        workers = set(joblib_workers()) if sweep is not None else set()
-        if not workers:
-            return
-        try:
-            (sweep / STOPPING).touch()
+            os.kill(pid, signal.SIGTERM)
         except OSError:
             pass
-        for pid in workers:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
-        end = time.monotonic() + self.wait_s
-        while time.monotonic() < end:
-            if not holders(sweep) & workers & set(joblib_workers()):
-                return
-            time.sleep(0.2)
-
-
-#: this process's supervisor (Hydra's callbacks tell it what started)
-PROCESS = Supervisor()
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        if not holders(sweep) & workers & set(joblib_workers()):
+            return
+        time.sleep(0.2)
 
 
 def joblib_workers() -> list[int]:

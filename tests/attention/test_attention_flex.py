@@ -135,23 +135,19 @@ def test_impl_flex_is_refused_when_deterministic_and_says_once_where_it_falls_ba
     can train (CUDA: simulated here by saying it is available), the prefix-normalized locations
     keep the chunked path and the run says so in one note."""
     import nas_cli.attention.flex as flex
-    from nas_cli.pipeline import checks
     from nas_cli.pipeline.checks import check_config
     from nas_cli.errors import UserError
-
-    monkeypatch.setattr(checks, "_NOTED", set())
 
     with pytest.raises(UserError, match=r"attention.impl=flex \(encoder, decoder, cross\) is not deterministic.*"
                                         r"attention.impl=auto"):
         check_config(compose_cfg("attention=dnas", "attention.impl=flex", "trainer.deterministic=true"))
     monkeypatch.setattr(flex, "flex_unavailable", lambda device, training: None)
-    check_config(compose_cfg("attention=dnas", "attention.impl=flex"))
-    err = capsys.readouterr().err
-    assert err.count("nas-run: note: attention.impl=flex: decoder, cross attention is prefix-normalized") == 1
-    check_config(compose_cfg("attention=dnas", "attention.impl=flex"))  # checked again in the job: said once
-    assert capsys.readouterr().err == ""
-    check_config(compose_cfg("attention=dnas", "attention.impl=flex", "attention.decoder=unas", "attention.cross=unas"))
-    assert "prefix-normalized" not in capsys.readouterr().err  # the encoder alone: nothing falls back
+    notes = check_config(compose_cfg("attention=dnas", "attention.impl=flex")).notes
+    assert len(notes) == 1 and notes[0].startswith("attention.impl=flex: decoder, cross attention is prefix-normalized")
+    assert capsys.readouterr().err == ""  # said by the check before Hydra starts, not by the check itself
+    notes = check_config(compose_cfg("attention=dnas", "attention.impl=flex", "attention.decoder=unas",
+                                     "attention.cross=unas")).notes
+    assert notes == ()  # the encoder alone: nothing falls back
 
 
 def test_flex_computes_in_the_autocast_dtype_with_autocast_off_inside():

@@ -303,22 +303,18 @@ def test_impl_triton_refused_with_one_line_where_it_cannot_run(tmp_path):
 def test_impl_triton_for_every_location_passes_the_checks_and_names_the_chunked_ones(capsys, monkeypatch):
     """Found on an H200: ``attention=dnas attention.impl=triton`` (every location, the encoder too)
     crashed in the pre-run check (an AttributeError) instead of saying which locations keep the
-    chunked path; only the decoder-level spelling had been run. The note is said once per process,
-    though the configuration is checked before Hydra and again in the job."""
-    from nas_cli.pipeline import checks
+    chunked path; only the decoder-level spelling had been run. The check returns the note; the check
+    before Hydra says it and the job's check records it in the run's log (said once)."""
     from nas_cli.pipeline.checks import check_config
 
-    monkeypatch.setattr(checks, "_NOTED", set())
+    def notes(*overrides):
+        return check_config(compose_cfg(*overrides, "trainer.accelerator=cpu")).notes
 
-    check_config(compose_cfg("attention=dnas", "attention.impl=triton", "trainer.accelerator=cpu"))
-    assert capsys.readouterr().err == ""  # every location runs kernels: the encoder form has its own (#48)
-    check_config(compose_cfg("attention=sinkhorn", "attention.impl=triton", "trainer.accelerator=cpu"))
-    assert "Sinkhorn-k at decoder, cross (prefix-normalized) uses the chunked" in capsys.readouterr().err
-    check_config(compose_cfg("attention=sinkhorn", "attention.impl=triton", "trainer.accelerator=cpu"))
-    assert capsys.readouterr().err == ""  # the same run's second check: said once
-    check_config(compose_cfg("attention.encoder=sinkhorn", "attention.encoder.impl=triton",  # kernels: no note
-                             "trainer.accelerator=cpu"))
-    assert capsys.readouterr().err == ""
+    assert notes("attention=dnas", "attention.impl=triton") == ()  # every location runs kernels, the encoder too
+    said = notes("attention=sinkhorn", "attention.impl=triton")
+    assert len(said) == 1 and "Sinkhorn-k at decoder, cross (prefix-normalized) uses the chunked" in said[0]
+    assert notes("attention.encoder=sinkhorn", "attention.encoder.impl=triton") == ()  # kernels: no note
+    assert capsys.readouterr().err == ""  # the check itself prints nothing
     # no atomics in either form's backward (issue #48): trainer.deterministic=true takes them
     check_config(compose_cfg("attention=dnas", "attention.impl=triton", "trainer.deterministic=true",
                              "trainer.accelerator=cpu"))

@@ -1,0 +1,58 @@
+"""A sweep's launcher options checked before the sweep directory is made: one line naming the option
+and the fix, where the launcher would otherwise fail after the directory exists (joblib's
+``n_jobs=0``; the SLURM launcher on a machine without SLURM, or whose controller does not answer)."""
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig
+
+from nas_cli.errors import UserError
+
+
+def check_launcher(cfg: DictConfig) -> None:
+    """A sweep's launcher options that would fail in the launcher, after the sweep directory is
+    made (joblib's ``n_jobs=0``; the SLURM launcher on a machine without SLURM): one line before
+    anything is made."""
+    launcher = cfg.get("hydra", {}).get("launcher") if "hydra" in cfg else None
+    target = str(launcher.get("_target_", "")) if launcher else ""
+    if "submitit" in target and "Slurm" in target:
+        import shutil
+
+        if shutil.which("srun") is None or shutil.which("sbatch") is None:
+            raise UserError("hydra/launcher=slurm: this machine has no SLURM (srun and sbatch not found); run the "
+                            "command on a SLURM cluster's login node, or drop hydra/launcher=slurm (or use "
+                            "hydra/launcher=joblib) to run the jobs here")
+        unreachable = _slurm_unreachable()
+        if unreachable:
+            raise UserError(f"hydra/launcher=slurm: SLURM's tools are installed but no controller answers ({unreachable}); "
+                            "run the command on a SLURM cluster's login node (or set SLURM_CONF to the cluster's "
+                            "slurm.conf), or drop hydra/launcher=slurm to run the jobs here")
+        return
+    if "joblib" not in target:
+        return
+    n_jobs = launcher.get("n_jobs")
+    if not (n_jobs is None or (isinstance(n_jobs, int) and not isinstance(n_jobs, bool) and n_jobs != 0)):
+        raise UserError(f"hydra.launcher.n_jobs={n_jobs} is not valid: it must be a number of parallel jobs >= 1, "
+                        "or -1 for one per CPU core (e.g. hydra.launcher.n_jobs=2)")
+
+
+def _slurm_unreachable(timeout_s: float = 15.0) -> str | None:
+    """Why no SLURM controller answers here (sinfo's last error line), None when one does."""
+    import subprocess
+
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):  # sinfo would retry for a minute before saying so
+        return f"SLURM_CONF={conf}: no such file"
+    try:
+        proc = subprocess.run(["sinfo", "--noheader", "--format=%P"], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except OSError as err:
+        return f"sinfo: {err}"
+    except subprocess.TimeoutExpired:
+        return f"sinfo did not answer within {timeout_s:g} s"
+    if proc.returncode == 0:
+        return None
+    lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+    fatal = [ln for ln in lines if "fatal" in ln] or lines
+    return fatal[-1] if fatal else f"sinfo exited with {proc.returncode}"

@@ -1,0 +1,60 @@
+"""The shape of the code a maintainer inherits: no state shared through module globals (the one
+process object aside), no module over 400 lines and no function over 60."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+import importlib
+import pkgutil
+import types
+from pathlib import Path
+
+import nas_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: the module-level mutable objects nas-run has, each with the reason it must be one
+ALLOWED = {
+    "nas_cli.infra.process.PROCESS": "what the signal handlers and the exit must reach: the one stop object",
+    "nas_cli.attention.triton_tiles._TUNED": "the autotuned kernels, made once per process (as Triton's own cache)",
+    "nas_cli.attention.triton_tiles._KEYS": "the autotuner's keys, one int per case, stable within the process",
+    "nas_cli.attention.triton_tiles._PREFIX_KEPT": "the prefix form's tiles, timed once per case and process",
+}
+
+
+def _mutable(value) -> bool:
+    if isinstance(value, (dict, list, set, bytearray)):
+        return True
+    kind = type(value)
+    if not kind.__module__.startswith("nas_cli") or isinstance(value, (type, tuple, enum.Enum)):
+        return False
+    return not (dataclasses.is_dataclass(value) and kind.__dataclass_params__.frozen)
+
+
+def test_no_module_level_mutable_object_but_the_stop_object_and_kernel_caches():
+    found: dict[int, str] = {}
+    for info in pkgutil.walk_packages(nas_cli.__path__, "nas_cli."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if name.startswith("__") or isinstance(value, (types.ModuleType, types.FunctionType)):
+                continue
+            if _mutable(value):
+                found.setdefault(id(value), f"{info.name}.{name}")  # where it is first seen
+    allowed_ids = {id(getattr(importlib.import_module(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1]))
+                   for path in ALLOWED}
+    extra = sorted(path for key, path in found.items() if key not in allowed_ids)
+    assert not extra, (f"module-level mutable objects {extra}: hand the state to what needs it, make a constant "
+                       "immutable (tuple, frozenset, types.MappingProxyType), or say in ALLOWED why it must be one")
+
+
+def test_no_module_over_400_lines_and_no_function_over_60():
+    long_modules, long_functions = [], []
+    for path in sorted((ROOT / "nas_cli").rglob("*.py")):
+        source = path.read_text()
+        if len(source.splitlines()) > 400:
+            long_modules.append(f"{path.relative_to(ROOT)} ({len(source.splitlines())} lines)")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert not long_modules and not long_functions, (long_modules, long_functions)
