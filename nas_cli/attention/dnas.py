@@ -18,7 +18,7 @@ Implementations (option ``attention.impl``): ``efficient`` runs
 :mod:`nas_cli.attention.efficient` when weights are not requested, which never holds an
 (Sq x Sk) tensor per head and gives the same values and gradients; ``naive`` always uses
 the formula below, which stays the reference and serves ``need_weights=True``; ``auto``
-(the default in ``conf/attention/*.yaml``) picks per call, see :func:`auto_uses_naive`.
+(the default) picks per call: :data:`PATHS` says which path runs when, why, and where it was measured.
 All three give the same values and gradients. When the naive formula runs without
 ``need_weights`` (DNAS, i.e. one iteration), it runs as
 :func:`nas_cli.attention.fused.doubly_normalized_attention`: the same formula with a
@@ -26,11 +26,14 @@ hand-derived backward, several times fewer passes over (Sq x Sk) tensors than au
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
 from nas_cli.attention.base import (AttentionCore, AttentionOutput, NEG_INF, allowed_mask, doubly_normalized_logits,
                    masked_row_softmax, prefix_normalized_state, prefix_normalized_step, scaled_scores)
-from nas_cli.attention.efficient import dnas_attention
+from nas_cli.attention.efficient import dnas_attention, hnas_attention
 from nas_cli.attention.tiles import check_impl
 from nas_cli.attention.fused import doubly_normalized_attention
 
@@ -56,61 +59,134 @@ def resolve_impl(impl: str, block_size) -> str:
 
 
 def auto_picks_fused(device_type: str, length: int, atomics: bool = True) -> bool:
-    """Whether ``impl=auto`` takes a fused path here: FlexAttention for the encoder form, the Triton
-    kernels for the prefix form. Only on CUDA, from AUTO_NAIVE_BELOW on, and, for a path whose
-    gradients are accumulated with atomics (``atomics``: FlexAttention's), never under
+    """Whether ``impl=auto`` takes a fused path here: only on CUDA, from AUTO_NAIVE_BELOW on, and, for a
+    path whose gradients are accumulated with atomics (``atomics``: FlexAttention's), never under
     ``torch.use_deterministic_algorithms`` (``trainer.deterministic=true``); the Triton kernels'
-    backward has none. Measured on an H200 (docs/speed.md, bf16, B=8, H=8, d_head=64, forward
-    + backward of one core): FlexAttention DNAS 2.9-3.5x faster than the chunked path at S=512-8192,
-    the Triton prefix kernels 7.1x at S=512 down to 1.9x at S=8192; below S=256 the naive formula
-    stays (not measured against them on a GPU)."""
+    backward has none."""
     return (device_type == "cuda" and length >= AUTO_NAIVE_BELOW
             and not (atomics and torch.are_deterministic_algorithms_enabled()))
 
 
-def flex_applies(core, q, k, need_weights: bool) -> bool:
-    """Whether this call goes through FlexAttention (nas_cli/attention/flex.py): ``impl=flex``,
-    or ``impl=auto`` where :func:`auto_picks_fused`, for the encoder form (no prefix
-    normalization) without attention dropout in training, where FlexAttention can run it. The
-    other cases keep the chunked path, which gives the same values and gradients."""
+@dataclass(frozen=True)
+class Call:
+    """What decides the path of one call of DNAS, HNAS or Sinkhorn-k: the core's settings and the inputs."""
+
+    impl: str  # naive, efficient, flex, triton or auto (flex and triton where they do not apply: as auto)
+    prefix: bool  # prefix-normalized (decoder self- and cross-attention), else the encoder form
+    iterations: int  # Sinkhorn-k's k (1: DNAS, HNAS)
+    dropout: bool  # attention dropout in training
+    need_weights: bool
+    device: torch.device
+    length: int  # max(Sq, Sk)
+    grad: bool  # gradients will be taken
+
+    @classmethod
+    def of(cls, core, q, k, need_weights: bool) -> "Call":
+        return cls(core.impl, core.prefix_queries, core.iterations, core.training and core.dropout > 0,
+                   need_weights, q.device, max(q.size(-2), k.size(-2)), torch.is_grad_enabled() and q.requires_grad)
+
+    @property
+    def short(self) -> bool:
+        """The naive formula's range: ``impl=naive``, or a length below AUTO_NAIVE_BELOW for the others."""
+        return self.impl == "naive" or (self.impl != "efficient" and self.length < AUTO_NAIVE_BELOW)
+
+
+def _flex_applies(c: Call) -> bool:
     from nas_cli.attention.flex import flex_unavailable
 
-    if core.impl not in ("flex", "auto") or core.prefix_queries or need_weights:
+    if c.impl not in ("flex", "auto") or c.prefix or c.dropout:
         return False
-    if core.training and core.dropout > 0:
+    if c.impl == "auto" and not auto_picks_fused(c.device.type, c.length):
         return False
-    if core.impl == "auto" and not auto_picks_fused(q.device.type, max(q.size(-2), k.size(-2))):
-        return False
-    return flex_unavailable(q.device, torch.is_grad_enabled() and q.requires_grad) is None
+    return flex_unavailable(c.device, c.grad) is None
 
 
-def triton_applies(core, q, k, need_weights: bool) -> bool:
-    """Whether this call runs the Triton kernels: ``impl=triton`` in either form of DNAS (the prefix
-    form of decoder self- and cross-attention: nas_cli/attention/triton_prefix.py; the encoder form:
-    nas_cli/attention/triton_encoder.py, Sinkhorn-k's too; Sinkhorn-k's prefix form keeps the chunked
-    path), or ``impl=auto`` where :func:`auto_picks_fused` in the
-    prefix form (the encoder form's ``auto`` keeps FlexAttention until the kernels are timed on a
-    GPU), without attention dropout in training, where Triton can run (CUDA, or its interpreter for
-    ``impl=triton``). Elsewhere ``impl=triton`` runs as ``auto`` (the run says so once, nas_cli/pipeline/checks.py)."""
-    if core.impl not in ("triton", "auto") or need_weights:
+def _triton_applies(c: Call) -> bool:
+    if c.impl not in ("triton", "auto") or (not c.prefix and c.impl != "triton"):
         return False
-    if not core.prefix_queries and core.impl != "triton":
+    if (c.prefix and c.iterations != 1) or c.dropout:
         return False
-    if (core.prefix_queries and getattr(core, "iterations", 1) != 1) or (core.training and core.dropout > 0):
-        return False
-    if core.impl == "auto" and not auto_picks_fused(q.device.type, max(q.size(-2), k.size(-2)), atomics=False):
+    if c.impl == "auto" and not auto_picks_fused(c.device.type, c.length, atomics=False):
         return False
     from nas_cli.attention.triton_prefix import triton_unavailable
 
-    return triton_unavailable(q.device) is None
+    return triton_unavailable(c.device) is None
 
 
-def auto_uses_naive(q: torch.Tensor, k: torch.Tensor, prefix: bool = False, iterations: int = 1) -> bool:
-    """``impl=auto``: the naive formula for short sequences (max(Sq, Sk) < AUTO_NAIVE_BELOW),
-    where its few large ops beat the chunked passes, in every form (``prefix`` and
-    ``iterations`` are kept for callers; the threshold is the same); the efficient path
-    otherwise (no (Sq x Sk) tensor per head)."""
-    return max(q.size(-2), k.size(-2)) < AUTO_NAIVE_BELOW
+def _run_flex(core, q, k, v, q_mask, k_mask, u):
+    from nas_cli.attention.flex import dnas_flex, hnas_flex
+
+    return dnas_flex(q, k, v, q_mask, k_mask, core.iterations) if u is None else hnas_flex(q, k, v, u, q_mask, k_mask)
+
+
+def _run_triton(core, q, k, v, q_mask, k_mask, u):
+    if not core.prefix_queries:
+        from nas_cli.attention.triton_encoder import encoder_dnas_triton, encoder_hnas_triton
+
+        return (encoder_dnas_triton(q, k, v, q_mask, k_mask, iterations=core.iterations) if u is None
+                else encoder_hnas_triton(q, k, v, u, q_mask, k_mask))
+    from nas_cli.attention.triton_prefix import prefix_dnas_triton, prefix_hnas_triton
+
+    return (prefix_dnas_triton(q, k, v, q_mask, k_mask, causal=core.causal) if u is None
+            else prefix_hnas_triton(q, k, v, u, q_mask, k_mask, causal=core.causal))
+
+
+def _run_naive(core, q, k, v, q_mask, k_mask, u):
+    allowed = allowed_mask(q_mask, k_mask, core.causal, q.size(-2), k.size(-2), q.device)
+    return doubly_normalized_attention(q, k, v, allowed, core.prefix_queries, u=u, dropout_p=core.dropout,
+                                       training=core.training)
+
+
+def _run_efficient(core, q, k, v, q_mask, k_mask, u):
+    dropout = core.dropout if core.training else 0.0
+    if u is None:
+        return dnas_attention(q, k, v, q_mask, k_mask, prefix=core.prefix_queries, causal=core.causal,
+                              iterations=core.iterations, dropout_p=dropout, block_size=core.block_size)
+    return hnas_attention(q, k, v, u, q_mask, k_mask, prefix=core.prefix_queries, causal=core.causal,
+                          dropout_p=dropout, block_size=core.block_size)
+
+
+@dataclass(frozen=True)
+class Path:
+    """One way to compute a call: when it applies, what runs it (None: the materialized weights of
+    :meth:`AttentionCore.forward`), why it is there, and where that was measured."""
+
+    name: str
+    applies: Callable[[Call], bool]
+    run: Callable | None
+    why: str
+    measured: str
+
+
+#: the paths in the order they are tried; the first that applies runs the call (all give the same values
+#: and gradients). ``impl=flex`` / ``impl=triton`` where their path does not apply run as ``auto``.
+PATHS = (
+    Path("weights", lambda c: c.need_weights, None, "the weights are asked for (diagnostics): the materialized "
+         "formula, the reference", "-"),
+    Path("flex", _flex_applies, _run_flex,
+         "the encoder form as a per-key bias of FlexAttention (CUDA; no attention dropout in training)",
+         "H200, bf16, B=8, H=8, d_head=64, forward + backward: 2.9-3.5x faster than the chunked path at "
+         "S=512-8192 (docs/speed.md)"),
+    Path("triton", _triton_applies, _run_triton,
+         "the Triton kernels: both forms with impl=triton, the prefix form with auto (no atomics: deterministic)",
+         "H200, same sizes: the prefix kernels 7.1x faster than the chunked path at S=512, 1.9x at S=8192"),
+    Path("materialized", lambda c: c.short and c.iterations != 1, None,
+         "Sinkhorn-k on short sequences: the naive formula, materialized (its hand-derived backward is DNAS's)",
+         "as naive below"),
+    Path("naive", lambda c: c.short, _run_naive,
+         "short sequences: a few large ops with a hand-derived backward beat the chunked passes",
+         "one CPU thread, B=8, H=8, d_head=64, torch 2.13: 1.0-2.3x faster (encoder form) and 1.6-2.9x "
+         "(prefix form) than the chunked path at S=64-256"),
+    Path("efficient", lambda c: True, _run_efficient,
+         "long sequences: no (Sq x Sk) tensor per head, the memory stays linear in the length",
+         "the naive form keeps several (B, H, S, S) tensors for backward above S=256"),
+)
+
+
+def path_for(core, q, k, need_weights: bool = False) -> Path:
+    """The path this call of ``core`` (DNAS, HNAS or Sinkhorn-k) takes: the first of :data:`PATHS` that applies."""
+    call = Call.of(core, q, k, need_weights)
+    return next(path for path in PATHS if path.applies(call))
 
 
 def log_row_normalize(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
@@ -123,67 +199,31 @@ def log_row_normalize(logits: torch.Tensor, allowed: torch.Tensor | None) -> tor
 
 class DNAS(AttentionCore):
     name = "dnas"
-    #: number of (column, row) normalization pairs; Sinkhorn overrides it
+    #: number of (column, row) normalization pairs; Sinkhorn-k sets it
     iterations = 1
 
-    def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, impl: str = "efficient",
+    def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, impl: str = "auto",
                  block_size: int | None = None, **kw):
         super().__init__(heads, causal, dropout, **kw)
         self.impl = resolve_impl(impl, block_size)
         # query-block height of the efficient path (None: sized from the tile budget)
         self.block_size = None if block_size is None else int(block_size)
 
-    def uses_naive(self, q, k) -> bool:
-        if self.impl in ("auto", "flex", "triton"):  # flex / triton where they do not apply: as auto
-            return auto_uses_naive(q, k, self.prefix_queries, self.iterations)
-        return self.impl == "naive"
+    def mixing(self) -> torch.Tensor | None:
+        """HNAS's per-head weight u of the DNAS part against softmax attention; None: DNAS alone."""
+        return None
 
     def weights_from_logits(self, logits, allowed):
         # Ding et al. 2020: column step (over queries), then row step (over keys)
         return masked_row_softmax(doubly_normalized_logits(logits, allowed, self.prefix_queries), allowed)
 
     def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
-        """The one dispatch of DNAS, Sinkhorn-k and HNAS: the materialized weights when they are
-        asked for, else FlexAttention, the Triton kernels, the naive formula (with a hand-derived
-        backward) or the chunked memory-efficient path, whichever applies; the path's method
-        (:meth:`_flex`, :meth:`_triton`, :meth:`_naive`, :meth:`_efficient`) does the scheme's
-        arithmetic. All paths give the same values and gradients."""
-        if need_weights:
+        """The one dispatch of DNAS, Sinkhorn-k and HNAS: the path :func:`path_for` chooses from
+        :data:`PATHS`, run with HNAS's u (:meth:`mixing`) where there is one."""
+        path = path_for(self, q, k, need_weights)
+        if path.run is None:
             return super().forward(q, k, v, q_mask, k_mask, need_weights)
-        if flex_applies(self, q, k, need_weights):
-            out = self._flex(q, k, v, q_mask, k_mask)
-        elif triton_applies(self, q, k, need_weights):
-            out = self._triton(q, k, v, q_mask, k_mask)
-        elif self.uses_naive(q, k):
-            if self.iterations != 1:  # Sinkhorn-k: the materialized formula
-                return super().forward(q, k, v, q_mask, k_mask, need_weights)
-            out = self._naive(q, k, v, allowed_mask(q_mask, k_mask, self.causal, q.size(-2), k.size(-2), q.device))
-        else:
-            out = self._efficient(q, k, v, q_mask, k_mask)
-        return AttentionOutput(out, None, self.aux())
-
-    def _flex(self, q, k, v, q_mask, k_mask):
-        from nas_cli.attention.flex import dnas_flex
-
-        return dnas_flex(q, k, v, q_mask, k_mask, self.iterations)
-
-    def _triton(self, q, k, v, q_mask, k_mask):
-        if not self.prefix_queries:
-            from nas_cli.attention.triton_encoder import encoder_dnas_triton
-
-            return encoder_dnas_triton(q, k, v, q_mask, k_mask, iterations=self.iterations)
-        from nas_cli.attention.triton_prefix import prefix_dnas_triton
-
-        return prefix_dnas_triton(q, k, v, q_mask, k_mask, causal=self.causal)
-
-    def _naive(self, q, k, v, allowed):
-        return doubly_normalized_attention(q, k, v, allowed, self.prefix_queries, dropout_p=self.dropout,
-                                           training=self.training)
-
-    def _efficient(self, q, k, v, q_mask, k_mask):
-        return dnas_attention(q, k, v, q_mask, k_mask, prefix=self.prefix_queries, causal=self.causal,
-                              iterations=self.iterations, dropout_p=self.dropout if self.training else 0.0,
-                              block_size=self.block_size)
+        return AttentionOutput(path.run(self, q, k, v, q_mask, k_mask, self.mixing()), None, self.aux())
 
     @property
     def supports_step(self) -> bool:  # incremental decoding exists for the prefix (decoder) form

@@ -4,12 +4,10 @@ pi = u * pi_DNAS + (1 - u) * pi_UNAS with one trainable u in [0, 1] per head of 
 layer, u = sigmoid(theta). The output mixes the two value averages with the same u,
 which equals attending with the mixed weights.
 
-``attention.impl``: ``efficient`` mixes the memory-efficient DNAS output of
-:mod:`nas_cli.attention.efficient` with the fused SDPA (UNAS) output when weights are not
-requested; ``naive`` always mixes the materialized weights (the reference); ``auto`` (the
-default in ``conf/attention/hnas.yaml``) picks per call as for DNAS
-(:func:`nas_cli.attention.dnas.auto_uses_naive`: naive for short sequences in every
-form, efficient otherwise). The naive formula without ``need_weights`` runs as
+``attention.impl``: as for DNAS (:data:`nas_cli.attention.dnas.PATHS`), every path computing
+the DNAS part and the softmax part and mixing them by u: ``efficient`` mixes the memory-efficient
+DNAS output of :mod:`nas_cli.attention.efficient` with the fused SDPA (UNAS) output; ``naive``
+mixes the materialized weights (the reference); ``auto`` (the default) picks per call. The naive formula without ``need_weights`` runs as
 :func:`nas_cli.attention.fused.doubly_normalized_attention` (same values and gradients,
 u's included, with a hand-derived backward).
 """
@@ -22,18 +20,17 @@ from torch import nn
 
 from nas_cli.attention.base import doubly_normalized_logits, masked_row_softmax, prefix_normalized_step, scaled_scores
 from nas_cli.attention.dnas import DNAS
-from nas_cli.attention.efficient import hnas_attention
-from nas_cli.attention.fused import doubly_normalized_attention
 
 
 class HNAS(DNAS):
-    """DNAS's dispatch (DNAS.forward), each path mixing its DNAS output with softmax attention."""
+    """DNAS's dispatch (DNAS.forward) with a mixing weight u per head: each path mixes its DNAS output
+    with softmax attention by u (:meth:`mixing`)."""
 
     name = "hnas"
     learned_titles = {"u": "HNAS u per layer and head (1 = DNAS, 0 = UNAS)"}
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, u_init: float = 0.5,
-                 impl: str = "efficient", block_size: int | None = None, **kw):
+                 impl: str = "auto", block_size: int | None = None, **kw):
         super().__init__(heads, causal, dropout, impl=impl, block_size=block_size, **kw)
         u_init = float(u_init)
         if not 0.0 <= u_init <= 1.0:
@@ -54,29 +51,10 @@ class HNAS(DNAS):
         u = self.u.to(logits.dtype)[None, :, None, None]
         return u * dnas + (1 - u) * unas
 
-    # the paths of the dispatch (DNAS.forward): each mixes its DNAS output with softmax attention by u
-    def _flex(self, q, k, v, q_mask, k_mask):
-        from nas_cli.attention.flex import hnas_flex
-
-        return hnas_flex(q, k, v, self.u, q_mask, k_mask)
-
-    def _triton(self, q, k, v, q_mask, k_mask):
-        """Both parts from one pass of the Triton kernels, in either form."""
-        if not self.prefix_queries:
-            from nas_cli.attention.triton_encoder import encoder_hnas_triton
-
-            return encoder_hnas_triton(q, k, v, self.u, q_mask, k_mask)
-        from nas_cli.attention.triton_prefix import prefix_hnas_triton
-
-        return prefix_hnas_triton(q, k, v, self.u, q_mask, k_mask, causal=self.causal)
-
-    def _naive(self, q, k, v, allowed):
-        return doubly_normalized_attention(q, k, v, allowed, self.prefix_queries, u=self.u, dropout_p=self.dropout,
-                                           training=self.training)
-
-    def _efficient(self, q, k, v, q_mask, k_mask):
-        return hnas_attention(q, k, v, self.u, q_mask, k_mask, prefix=self.prefix_queries, causal=self.causal,
-                              dropout_p=self.dropout if self.training else 0.0, block_size=self.block_size)
+    def mixing(self) -> torch.Tensor:
+        """u: every path of DNAS's dispatch (nas_cli.attention.dnas.PATHS) mixes its DNAS output with
+        softmax attention by it."""
+        return self.u
 
     def step(self, q, k, v, k_mask, state):
         s = scaled_scores(q, k)  # (B, H, 1, Sk)

@@ -178,7 +178,7 @@ def test_impl_option_is_validated():
         with pytest.raises(ValueError, match=r"attention\.impl must be one of efficient, naive, flex, triton \(got 'fast'\)"):
             cls(heads=2, impl="fast", **extra)
         assert cls(heads=2, impl="naive", **extra).impl == "naive"
-        assert cls(heads=2, **extra).impl == "efficient"  # the default
+        assert cls(heads=2, **extra).impl == "auto"  # the default, as in conf/attention/*.yaml (one default)
 
 
 def _peak_bytes(core, q, k, v, g):

@@ -62,7 +62,7 @@ def test_impl_flex_dispatches_on_the_cpu_for_evaluation_and_falls_back_elsewhere
 def test_impl_auto_picks_flex_only_on_cuda_from_the_naive_threshold():
     core = build_core("dnas", impl="auto").double()
     q, k, _ = qkv(sq=dnas_mod.AUTO_NAIVE_BELOW, sk=dnas_mod.AUTO_NAIVE_BELOW)
-    assert not dnas_mod.flex_applies(core, q, k, need_weights=False)  # CPU
+    assert dnas_mod.path_for(core, q, k).name == "efficient"  # CPU: no FlexAttention for training
     assert flex_unavailable("cpu", training=True) is not None
     assert flex_unavailable("cpu", training=False) is None
 
@@ -83,7 +83,7 @@ def test_impl_auto_takes_a_fused_path_only_on_cuda_from_the_threshold_and_never_
     # on the CPU (TRITON_INTERPRET=1 in the tests) auto never runs the interpreter's kernels
     core = build_core("dnas", causal=True, location="decoder", impl="auto").double()
     q, k, _ = qkv(sq=n, sk=n)
-    assert not dnas_mod.triton_applies(core, q, k, need_weights=False)
+    assert dnas_mod.path_for(core, q, k).name == "efficient"
 
 
 def test_training_with_impl_flex_on_the_cpu_is_refused_before_anything_runs():

@@ -364,7 +364,7 @@ def test_one_layer_additive_cross_attention_is_the_same_at_every_decoder_step():
     tgt_a, tgt_b = torch.randint(3, 20, (2, 6)), torch.randint(3, 20, (2, 6))
     for scheme, constant in (("additive_1layer", True), ("additive", False)):
         cfg = OmegaConf.load(CONF_DIR / "attention" / "unas.yaml")
-        cfg.cross = scheme
+        cfg.cross = OmegaConf.load(CONF_DIR / "attention" / f"{scheme}.yaml")  # as attention.cross=<scheme> composes it
         m = Seq2SeqTransformer(20, 20, make_core_factory(cfg, 4), encoder_layers=1, decoder_layers=2, **SIZES).eval()
         wa = [r.weights for r in m(src, tgt_a, need_weights=True)[1]["cross"]]
         wb = [r.weights for r in m(src, tgt_b, need_weights=True)[1]["cross"]]

@@ -131,16 +131,20 @@ def _core(scheme, location, **overrides):
     ("sinkhorn", "encoder", 64, True),
 ])
 def test_impl_auto_picks_by_length_and_form(scheme, location, length, naive):
-    from nas_cli.attention.dnas import AUTO_NAIVE_BELOW
+    from nas_cli.attention.dnas import AUTO_NAIVE_BELOW, path_for
+
+    def uses_naive(core):  # the naive formula: fused (DNAS, HNAS) or materialized (Sinkhorn-k)
+        return path_for(core, q, q).name in ("naive", "materialized")
 
     assert AUTO_NAIVE_BELOW == 256
     core = _core(scheme, location)
-    assert core.impl == "auto"  # the default in conf/attention/<scheme>.yaml
+    assert core.impl == "auto"  # the default in conf/attention/<scheme>.yaml and of the constructor
+    assert type(core)(heads=2).impl == "auto"
     q = torch.zeros(1, 2, length, 8)
-    assert core.uses_naive(q, q) is naive
+    assert uses_naive(core) is naive
     # the explicit choices are never overridden, and block_size (efficient-only) selects efficient
-    assert _core(scheme, location, impl="naive").uses_naive(q, q) is True
-    assert _core(scheme, location, impl="efficient").uses_naive(q, q) is False
+    assert uses_naive(_core(scheme, location, impl="naive")) is True
+    assert uses_naive(_core(scheme, location, impl="efficient")) is False
     assert _core(scheme, location, block_size=16).impl == "efficient"
 
 
