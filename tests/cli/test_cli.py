@@ -184,12 +184,10 @@ def test_thread_count_does_not_split_a_group_but_the_setup_does():
 
 def test_the_committed_study_configs_are_of_todays_layout():
     # the code reads one layout: the study's saved configs were migrated once (benchmarks/migrate_runs.py),
-    # so each of their top-level keys is one today's nas-run has, and each run keeps its config_id
+    # so each of their top-level keys is one today's nas-run has, and their run-directory tag is today's
     from omegaconf import OmegaConf
 
     from helpers import compose_cfg
-
-    from nas_cli.infra.config_identity import config_id
 
     repo = Path(__file__).resolve().parents[2]
     keys = set(compose_cfg())
@@ -198,8 +196,7 @@ def test_the_committed_study_configs_are_of_todays_layout():
     for path in saved:
         config = OmegaConf.to_container(OmegaConf.load(path))
         assert set(config) <= keys, (path, set(config) - keys)
-        summary = path.parents[1] / "summary.json"
-        if summary.is_file():
-            assert json.loads(summary.read_text())["config_id"] == config_id(config), path
+        hydra = (path.parent / "hydra.yaml").read_text()
+        assert "${nas.tag:${attention},${task._target_},${model}}" in hydra, path
 
 

@@ -354,3 +354,33 @@ def test_a_user_language_model_task_is_sized_as_a_language_model(tmp_path, monke
     assert is_language_model(builtin) and is_language_model(mine)
     assert check_config(mine).parameters == check_config(builtin).parameters
     assert not is_language_model(compose_cfg("task=sort"))
+
+
+def test_the_guides_check_option_gives_one_line_naming_the_option(tmp_path):
+    """The guide's scheme with a checked option: a bad value stops nas-run in one line, exit 2, nothing made."""
+    (tmp_path / "my_sharp.py").write_text(_block("**A value error in one line.**", "python"))
+    (tmp_path / "my_conf" / "attention").mkdir(parents=True)
+    (tmp_path / "my_conf" / "attention" / "sharpened.yaml").write_text(
+        "name: sharpened\n_target_: my_sharp.Sharpened\npower: 2.0\n")
+    proc = _nas_run(f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "attention=sharpened", "attention.power=-1",
+                    *FAST, cwd=tmp_path, env_extra={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "attention.power must be a positive number (got -1)" in lines[0], proc.stderr
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_the_guides_table_counts_the_lines_of_its_blocks():
+    table = {row[0]: row[1:] for row in (
+        [c.strip() for c in line.strip("|").split("|")] for line in GUIDE.splitlines() if line.startswith("| a "))}
+
+    def lines(caption: str, lang: str) -> int:
+        return sum(1 for ln in _block(caption, lang).splitlines() if ln.strip())
+
+    assert table["a scheme (uniform weights)"][1] == (f"{lines('`my_attention.py`', 'python')} + "
+                                                      f"{lines('`my_conf/attention/uniform.yaml`', 'yaml')}")
+    assert table["a scheme with an option and a learned value (temperature)"][1] == (
+        f"{lines('`my_tempered.py`', 'python')} + {lines('`my_conf/attention/tempered.yaml`', 'yaml')}")
+    assert table["a diagnostic with a short name in nas-report"][1] == str(lines("`my_metrics.py`", "python"))
+    assert f"a {lines('`my_conf/experiment/with_max_weight.yaml`', 'yaml')}-line preset" in \
+        table["a diagnostic with a short name in nas-report"][0]
