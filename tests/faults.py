@@ -39,9 +39,9 @@ elif where == "test":
 elif where == "startup":
     from nas_cli.pipeline import run
     before_task = run.build_task
-    def build_task(cfg):
+    def build_task(cfg, task=None):
         fire()
-        return before_task(cfg)
+        return before_task(cfg, task)
     run.build_task = build_task
 from nas_cli.commands.nas_run import main
 sys.argv = ["nas-run", *sys.argv[1:]]

@@ -86,13 +86,14 @@ def _get(cfg: DictConfig, key: str) -> Any:
 class Checked(NamedTuple):
     """What the checks built once for the job: its attention plan (None for a config without
     attention or model), its model's parameters (None: not known before the data are read;
-    ``exact`` false: without the vocabulary's embeddings, which the data decide), and the notes
-    a user should read once (a location that keeps the chunked path under a fused ``impl``)."""
+    ``exact`` false: without the vocabulary's embeddings, which the data decide), the notes a user
+    should read once (a location that keeps the chunked path under a fused ``impl``), and the task."""
 
     plan: AttentionPlan | None
     parameters: int | None = None
     exact: bool = True
     notes: tuple[str, ...] = ()
+    task: Any = None  # the task as the check built it (its data checked): the job trains with it
 
 
 def check_config(cfg: DictConfig) -> Checked:
@@ -115,7 +116,7 @@ def check_config(cfg: DictConfig) -> Checked:
     if size is not None:
         check_memory(cfg, size[0])
     notes = fused_notes(plan) if plan is not None else ()
-    return Checked(plan, *size, notes=notes) if size else Checked(plan, notes=notes)
+    return Checked(plan, *size, notes=notes, task=task) if size else Checked(plan, notes=notes, task=task)
 
 
 def check_declared(cfg: DictConfig) -> None:

@@ -151,7 +151,8 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
         check_trainer(cfg)  # Lightning's own refusals (precision, accelerator, unknown options), before any data
         checking = False
         summary = train(cfg, checked.plan, run_dir, group, job_type="sweep" if multirun else "train",
-                        size=checked[1:] if checked.parameters is not None else None)
+                        size=(checked.parameters, checked.exact) if checked.parameters is not None else None,
+                        task=checked.task)
     except Refused as err:  # nothing ran: put back what this attempt touched, write nothing
         for path, data in kept.items():
             if data is None:

@@ -47,10 +47,13 @@ from nas_cli.infra.distributed import StepSeed, shard_and_resume
 from nas_cli.infra.validate_at_end import ValidateAtEnd
 
 
-def build_task(cfg: DictConfig):
+def build_task(cfg: DictConfig, task=None):
+    """The task of ``cfg`` with its data set up for training: ``task`` as the pre-run check built it
+    (the job trains with the task it checked), else built here."""
     try:
-        task = instantiate(cfg.task, _convert_="all")
-        declaration(task.metrics)  # a malformed metrics declaration is refused before any data is read
+        if task is None:
+            task = instantiate(cfg.task, _convert_="all")
+            declaration(task.metrics)  # a malformed metrics declaration is refused before any data is read
         task.setup("fit")
         return task
     except UserError:
@@ -88,7 +91,7 @@ def _warn(message: str) -> None:
 
 
 def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str = "train",
-          size: tuple[int, bool] | None = None) -> dict[str, Any] | None:
+          size: tuple[int, bool] | None = None, task=None) -> dict[str, Any] | None:
     """Train and test one job with the attention ``plan`` built from ``cfg.attention`` (by the
     pre-run check, ``checks.check_config``, or ``AttentionPlan.from_config``); returns the summary also written to ``run_dir/summary.json``
     (None in the other processes of a multi-process run: only global rank 0 reports).
@@ -101,11 +104,12 @@ def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_t
     SIGTERM, SIGUSR1 and SIGUSR2 stop the job with one line at any moment: during training
     after saving ``last.ckpt`` (:class:`~nas_cli.infra.resume.FaultTolerance`), before or after it
     (startup, final test) at once, with the same resume hint. ``size``: (parameters, exact) from the
-    pre-run check, said once the run is under way (a refused resume says nothing else)."""
+    pre-run check, said once the run is under way (a refused resume says nothing else); ``task``:
+    the task the pre-run check built (None: built here)."""
     progress = Progress()
     try:
         with stop_signals():
-            return _train(cfg, plan, run_dir, group, job_type, progress, size)
+            return _train(cfg, plan, run_dir, group, job_type, progress, size, task)
     except SignalStop as stop:
         at = f" at step {progress.trainer.global_step}" if progress.trainer is not None else ""
         raise Stopped(f"{signal.Signals(stop.signum).name} during {progress.phase}{at} (no summary.json); continue "
@@ -135,7 +139,7 @@ class _Job:
 
 
 def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str, progress: Progress,
-           size: tuple[int, bool] | None) -> dict[str, Any] | None:
+           size: tuple[int, bool] | None, checked_task=None) -> dict[str, Any] | None:
     """One job, step by step: decide, build, log, train, test, report."""
     job = _prepare(cfg, plan, run_dir, group, job_type)
     record(f"{'resumed from ' + job.resume[0].name if job.resume else 'started'}: {cfg.task.name}, {job.plan.tag}, "
@@ -144,7 +148,7 @@ def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_
         line = f"model: {size[0]:,} parameters" + ("" if size[1] else " + the embeddings of the vocabulary the data give")
         print(line, file=sys.stderr)
         record(line)
-    task = build_task(cfg)
+    task = build_task(cfg, checked_task)
     data = shard_and_resume(task, int(cfg.seed))  # the loaders as this process reads them
     module = build_module(cfg, task, job.cores)
     set_threads(cfg, count_parameters(module.model))  # from the model's size (pipeline/trainer.py)

@@ -2,9 +2,11 @@
 is the trained model's, for every kind of model, and the run says it before training starts."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from helpers import compose_cfg, nas_run
+from helpers import NAS_RUN, compose_cfg, nas_run, run_command
 from nas_cli.pipeline.checks import check_config
 from nas_cli.pipeline.lit import count_parameters
 from nas_cli.pipeline.run import build_module, build_task
@@ -33,3 +35,21 @@ def test_the_run_says_its_size_before_training(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "model: 234,944 parameters" in proc.stderr.splitlines()
     assert "model: 234,944 parameters" in (tmp_path / "run" / "nas_run.log").read_text()
+
+
+def test_a_job_trains_the_task_its_check_built(tmp_path):
+    # the task is built by the check before Hydra starts (its data checked before anything is made) and
+    # by the job's own check, which hands it to training: two constructions for a single run, not three
+    (tmp_path / "counted.py").write_text(
+        "from tasks.synthetic import SyntheticSeq2Seq\n\n\n"
+        "class Counted(SyntheticSeq2Seq):\n"
+        "    def __init__(self, **kw):\n"
+        "        with open('built.txt', 'a') as f:\n"
+        "            f.write('built\\n')\n"
+        "        super().__init__(**kw)\n")
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
+                                                                                 os.environ.get("PYTHONPATH")]))}
+    proc = run_command([NAS_RUN, "debug=fast", "logger=none", "trainer.max_steps=2", "task._target_=counted.Counted",
+                        f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "built.txt").read_text().count("built") == 2
