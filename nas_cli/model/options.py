@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import types
+import typing
 from typing import Any, Iterable
 
 #: classes whose constructors declare no options of a plug-in (their parameters are not options)
@@ -33,6 +35,49 @@ def declared(cls: type) -> set[str] | None:
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             return names
     return None
+
+
+def declared_types(cls: type) -> dict[str, Any]:
+    """{option: its constructor's annotation} along the same constructors as :func:`declared` (the
+    nearest class's annotation wins); an option without an annotation, or one that does not
+    evaluate, is left out (its value is then the constructor's to check)."""
+    hints: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        if klass.__name__ in _ROOTS:
+            break
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            found = typing.get_type_hints(init)
+        except Exception:  # noqa: BLE001 - an annotation naming what its module does not import
+            found = {}
+        for name, hint in found.items():
+            hints.setdefault(name, hint)
+        if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            break
+    hints.pop("return", None)
+    return hints
+
+
+#: the annotations a value is checked against: what YAML and the command line give for each
+_KINDS = {int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+          float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+          bool: ("true or false", lambda v: isinstance(v, bool))}
+
+
+def type_problem(value: Any, hint: Any) -> str | None:
+    """What ``value`` should be for the annotation ``hint`` ('an integer', 'a number or null', ...),
+    None when it fits, or when the annotation is not one of int, float, bool (alone, or in a union
+    with each other and None): the constructor checks the rest."""
+    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    nullable = type(None) in members
+    kinds = [m for m in members if m is not type(None)]
+    if not kinds or any(m not in _KINDS for m in kinds):
+        return None
+    if (value is None and nullable) or any(_KINDS[m][1](value) for m in kinds):
+        return None
+    return " or ".join([_KINDS[m][0] for m in kinds] + (["null"] if nullable else []))
 
 
 def unknown_option_message(where: str, key: str, value: Any, owner: str, options: Iterable[str]) -> str:

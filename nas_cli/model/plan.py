@@ -220,10 +220,10 @@ INJECTED = MappingProxyType({"heads": "model.heads", "dropout": "model.attention
 def _check_declared(placed: Placed, where: str) -> None:
     """Every option of a placed scheme is a parameter of its core's constructor (nas_cli/model/options.py):
     one line with the closest name otherwise, before anything is made."""
-    from nas_cli.model.options import declared, unknown_option_message
+    from nas_cli.model.options import declared, declared_types, type_problem, unknown_option_message
 
     try:
-        names = declared(placed.core_class)
+        names, hints = declared(placed.core_class), declared_types(placed.core_class)
     except (ImportError, AttributeError, ValueError) as err:
         raise SchemeError(f"{where}._target_={placed.options.get('_target_')} cannot be imported ({err})") from None
     for key, value in placed.options.items():
@@ -234,6 +234,16 @@ def _check_declared(placed: Placed, where: str) -> None:
         if names is not None and key != "_target_" and key not in names:
             raise SchemeError(unknown_option_message(where, key, value, placed.scheme,
                                                      names - set(INJECTED) - {"name"}))
+        wanted = type_problem(value, hints[key]) if key in hints else None
+        if wanted:  # the type is the constructor's annotation: nothing else declares it
+            raise SchemeError(f"{where}.{key}={value}: {placed.scheme}'s option '{key}' takes {wanted} (e.g. "
+                              f"{where}.{key}={_example(hints[key])})")
+
+
+def _example(hint) -> str:
+    """A value of the annotation ``hint`` for a refusal's example."""
+    text = str(hint)
+    return "2" if "int" in text else "0.5" if "float" in text else "true"
 
 
 def make_core_factory(attn_cfg: DictConfig | dict, heads: int, dropout: float = 0.0):

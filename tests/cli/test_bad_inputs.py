@@ -84,6 +84,9 @@ CASES = [
     ([R, "attention=pe_lookup"], 2, "model.positions=none"),
     ([R, "attention=dnas", "attention.impl=fastest"], 2, "attention.impl"),
     ([R, "attention=sinkhorn", "attention.iterations=0"], 2, "iterations"),
+    # the option's type is its constructor's annotation: 2.5 iterations was int(2.5) = 2, silently
+    ([R, "attention=sinkhorn", "attention.iterations=2.5"], 2, "sinkhorn's option 'iterations' takes an integer"),
+    ([R, "attention=hnas", "attention.u_init=abc"], 2, "hnas's option 'u_init' takes a number"),
     # --- nas-run: logger, diagnostics, checkpoints ---
     ([R, "logger.mode=sometimes"], 2, "logger.mode must be offline, online or disabled"),
     ([R, "logger.mode=online"], 2, "logger.mode=online needs a W&B login"),
