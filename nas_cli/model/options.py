@@ -61,9 +61,10 @@ def declared_types(cls: type) -> dict[str, Any]:
 
 
 #: the annotations a value is checked against: what YAML and the command line give for each
-_KINDS = {int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-          float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
-          bool: ("true or false", lambda v: isinstance(v, bool))}
+_KINDS = types.MappingProxyType({
+    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    bool: ("true or false", lambda v: isinstance(v, bool))})
 
 
 def type_problem(value: Any, hint: Any) -> str | None:
