@@ -187,7 +187,7 @@ class Run:
             declared = Reported(field, field, key=field)
         else:
             base, _, loc = name.partition(":")
-            declared = self.reported().get(base)
+            declared = self.reported.get(base)
             if declared is None:
                 raise KeyError(name)
         locs = self.diag_locations()
@@ -196,9 +196,11 @@ class Run:
         vals = [v for v in (_num(x.get(declared.field)) for x in locs.values()) if v is not None]
         return declared.combine(vals) if vals else None
 
+    @functools.cached_property
     def reported(self) -> dict[str, Reported]:
         """{name: declaration}: the numbers the run's diagnostics declared for nas-report
-        (diagnostics/summary.json ``reported``; :class:`nas_cli.diagnostics.metrics.Reported`)."""
+        (diagnostics/summary.json ``reported``; :class:`nas_cli.diagnostics.metrics.Reported`),
+        read once per run: every diagnostic value the report looks up goes through it."""
         return {d["name"]: Reported(**d) for d in (self.diagnostics or {}).get("reported") or []}
 
     @property

@@ -27,11 +27,6 @@ from nas_cli.report.collect import Run
 from nas_cli.report.table import Group, field_value, reported
 
 
-def run_metric_names(runs: Sequence[Run]) -> list[str]:
-    """The names of the numbers the runs' diagnostics declared (``Run.reported``), in order."""
-    return list(reported(runs))
-
-
 def is_run_metric(name: str, runs: Sequence[Run]) -> bool:
     """``jsd``, ``jsd:encoder``, ``diag:<key>[:<location>]``: a number each run has once."""
     return name.startswith("diag:") or name.split(":")[0] in reported(runs)
@@ -170,7 +165,7 @@ def metrics_for(groups: Sequence[Group], wanted: Sequence[str] | None) -> list[s
         unknown = [n for n in names if not is_run_metric(n, runs) and n not in stats.METRICS and n not in tested]
         if unknown:
             tests = sorted(m.split("/", 1)[1] for m in tested | set(stats.METRICS))
-            diagnostics = run_metric_names(runs)
+            diagnostics = list(reported(runs))  # the names the runs' diagnostics declared
             close = difflib.get_close_matches(unknown[0].split("/", 1)[1], [*tests, *diagnostics], n=1, cutoff=0.6)
             raise CompareError(f"--metrics {','.join(u.split('/', 1)[1] for u in unknown)}: no run reports it"
                                + (f" (did you mean {close[0]}?)" if close else "")

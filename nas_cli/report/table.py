@@ -270,7 +270,7 @@ def reported(runs: Sequence[Run]) -> dict:
     """{name: declaration} of every number the runs' diagnostics declared for the report, in order."""
     out: dict = {}
     for r in runs:
-        for name, declared in r.reported().items():
+        for name, declared in r.reported.items():
             out.setdefault(name, declared)
     return out
 
