@@ -119,10 +119,14 @@ QUIET = ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerator
 
 
 def quiet_libraries() -> None:
-    """The libraries' INFO lines and the deprecation warning Lightning triggers in torch 2.13, off."""
+    """The libraries' INFO lines, the deprecation warning Lightning triggers in torch 2.13 and its srun
+    hint, off (every command)."""
     import logging
     import warnings
 
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # Lightning's hint on a machine with SLURM's client tools ("The `srun` command is available on your
+    # system but is not used"): nas-run's SLURM jobs start through hydra/launcher=slurm, with srun
+    warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 
 import hydra
 from omegaconf import DictConfig
@@ -33,7 +32,6 @@ def _hydra_entry(cfg: DictConfig):
 
 
 def _quiet() -> None:
-    warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system")
     if SRUN_HINT not in os.environ.get("PYTHONWARNINGS", ""):  # also in the processes a sweep starts afresh
         os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), SRUN_HINT]))
     os.environ.setdefault("WANDB_SILENT", "true")

@@ -241,7 +241,7 @@ def test_nas_eval_prints_its_table_without_lightnings_banner(places, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
     assert out.lstrip().startswith("nas-eval") and "test/bleu" in out, out[:500]  # the table first
-    for noise in ("GPU available", "TPU available", "Tip:", "LeafSpec"):
+    for noise in ("GPU available", "TPU available", "Tip:", "LeafSpec", "`srun` command"):  # (srun: where SLURM is)
         assert noise not in out, noise
 
 
