@@ -199,6 +199,8 @@ def check_scheme(path: str | Path) -> list[tuple[str, str]]:
     """Every check on the scheme of the YAML file ``path``: [(check, "passed" | "not applicable" |
     the failure)]."""
     cfg = OmegaConf.load(path)
+    if not cfg.get("name"):  # as in a job: the file's stem
+        cfg.name = Path(path).stem
     out = []
     for name in CHECKS:
         try:

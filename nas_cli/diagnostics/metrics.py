@@ -30,6 +30,7 @@ declared, into ``diagnostics/summary.json``) and ``figures(results, folder, step
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -44,6 +45,9 @@ SIGNED_NOTE = ("attention weights with negative entries (e.g. attention.kernel=l
                "assume probability distributions over keys and are undefined (null)")
 
 Key = tuple[str, int]
+
+#: rows of a report's JSD heat maps per location; further rows are left out
+MAX_HEATMAP_ROWS = 16
 
 
 def finite(x) -> float | None:
@@ -87,6 +91,18 @@ class Reported(NamedTuple):
 
     def combine(self, values: list[float]) -> float:
         return float(min(values)) if self.over_locations == "min" else float(np.mean(values))
+
+
+class FigureRow(NamedTuple):
+    """One row of ``nas-report --html`` (runs that differ only by seed), as a diagnostic's page
+    figures see it: ``runs`` holds each run's layer entries at one location, as in
+    ``diagnostics/latest.json`` (what :meth:`LayerMetric.layer_json` wrote)."""
+
+    task: str
+    heads: int | None
+    label: str  # the row's label in the page's tables
+    series: str  # what the row compares (the scheme), for overlays
+    runs: list[list[dict[str, Any]]]
 
 
 class LayerMetric:
@@ -139,6 +155,14 @@ class LayerMetric:
     def figures(self, results: dict[str, list[dict[str, Any]]], folder: Path, step: int | None) -> list[Path]:
         return []
 
+    #: the HTML page's section for :meth:`report_figures`: (heading, a note under it, or "")
+    report_section: tuple[str, str] | None = None
+
+    @classmethod
+    def report_figures(cls, rows: list[FigureRow], location: str) -> list[tuple[str, bytes]]:
+        """The HTML page's figures of one location over the report's rows: [(caption, PNG)]."""
+        return []
+
 
 class HeadJSD(LayerMetric):
     """Head diversity: the H x H Jensen-Shannon divergences between the heads' attention
@@ -158,6 +182,29 @@ class HeadJSD(LayerMetric):
 
     def layer_json(self, entry):
         return {"jsd": finite_list(entry["jsd"]), "jsd_mean": entry["jsd_mean"]} if "jsd" in entry else {}
+
+    report_section = ("Head JSD heat maps", "")
+
+    @classmethod
+    def report_figures(cls, rows, location):
+        """All rows' JSD matrices side by side, each layer's the mean over the row's runs (CODA Figs. 2/4)."""
+        from nas_cli.diagnostics.figures import heatmap_grid
+
+        panels = []
+        for row in rows:
+            runs = [r for r in row.runs if r and all("jsd" in e for e in r)]
+            mats = []
+            for i in range(min((len(r) for r in runs), default=0)):
+                ms = [np.asarray(r[i]["jsd"], dtype=float) for r in runs]
+                if not all(m.shape == ms[0].shape for m in ms):
+                    break
+                mats.append(np.mean(ms, axis=0))
+            if mats:
+                panels.append((f"{row.task} {row.label}", mats))
+        if not panels:
+            return []
+        title = f"head JSD, {location} attention (rows: runs, columns: layers)"
+        return [(f"{location} attention", heatmap_grid(panels[:MAX_HEATMAP_ROWS], title))]
 
     def figures(self, results, folder, step):
         from nas_cli.diagnostics.figures import plot_jsd_heatmaps
@@ -214,6 +261,38 @@ class ExplainedAway(LayerMetric):
                 "entropy_mean": mean_or_none(ent), "entropy_per_layer": ent,
                 "min_margin": finite(min(margin)), "min_margin_per_layer": [finite(m) for m in margin],
                 "neg_log_sk": finite(min(s.neg_log_sk for s in ea))}
+
+    report_section = ("Explained away: log sum_i pi_ij per key",
+                      "Ding et al. 2020 Fig. 1: under DNAS every key keeps mass &gt;= 1/Sk (dashed line, non-causal "
+                      "encoder); under UNAS keys can be explained away.")
+
+    @classmethod
+    def report_figures(cls, rows, location):
+        """Per task and number of heads, the rows' histograms of log sum_i pi_ij overlaid (counts summed
+        over layers, heads and seeds), with Theorem 2's -log Sk line."""
+        from nas_cli.diagnostics.figures import log_mass_overlay
+
+        panels: dict[tuple, dict[str, np.ndarray]] = {}
+        edges_of: dict[tuple, np.ndarray] = {}
+        sk_max: dict[tuple, int] = {}
+        for row in rows:
+            key, total = (row.task, row.heads), None
+            for ea in (e.get("explained_away") for run in row.runs for e in run):
+                edges = np.asarray((ea or {}).get("bin_edges", []), dtype=float)
+                if not ea or (key in edges_of and not np.array_equal(edges_of[key], edges)):
+                    continue  # no histogram, or other bins: cannot be overlaid
+                edges_of.setdefault(key, edges)
+                counts = np.asarray(ea["counts"], dtype=float).sum(0)
+                total = counts if total is None else total + counts
+                sk_max[key] = max(sk_max.get(key, 0), int(ea.get("sk_max") or 0))
+            if total is not None:
+                panels.setdefault(key, {})[row.series] = total
+        out = []
+        for (task, heads), hists in sorted(panels.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+            neg = -math.log(sk_max[(task, heads)]) if sk_max.get((task, heads)) else None
+            title = f"{task}, {location} attention, {heads} heads"
+            out.append((title, log_mass_overlay(hists, edges_of[(task, heads)], neg, title)))
+        return out
 
     def figures(self, results, folder, step):
         from nas_cli.diagnostics.figures import plot_log_mass_histograms

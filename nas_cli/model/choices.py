@@ -28,8 +28,11 @@ def available(group: str, extra_dirs: tuple[Path, ...] = ()) -> list[str]:
 
 
 def scheme_config(name: str) -> DictConfig:
-    """One scheme's YAML (``_target_`` and its options) from the packaged registry."""
+    """One scheme's YAML (``_target_``, its options and its ``name``) from the packaged registry."""
     path = CONF_DIR / "attention" / f"{name}.yaml"
     if not path.is_file():
         raise SchemeError(f"unknown attention scheme '{name}'; valid choices: {', '.join(available('attention'))}")
-    return OmegaConf.load(path)
+    node = OmegaConf.load(path)
+    if not node.get("name"):  # the file's stem, as in a job (model.locations.name_from_choices)
+        node.name = name
+    return node

@@ -4,8 +4,11 @@ keys). A decoder-only language model has the decoder location alone; an encoder-
 without encoder layers has no encoder self-attention."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from types import MappingProxyType
 from typing import Any
+
+from omegaconf import DictConfig, open_dict
 
 LOCATIONS: tuple[str, str, str] = ("encoder", "decoder", "cross")
 
@@ -49,3 +52,29 @@ def job_locations(config: Any) -> tuple[str, ...]:
     """:func:`used_locations` of a whole composed config (a DictConfig or a plain dict)."""
     task = _get(config, "task") or {}
     return used_locations(_get(task, "_target_"), _get(config, "model") or {})
+
+
+def name_from_choices(cfg: DictConfig, choices) -> bool:
+    """Give each composed scheme node that has no ``name:`` the file stem Hydra chose for it
+    (``choices``: ``hydra.runtime.choices``; ``attention`` for the global node,
+    ``attention@attention.<location>`` for a location's), so that a scheme's YAML need not repeat
+    its file name, and the tags, the saved config and a resumed run all say that stem. Returns
+    whether a name was added."""
+    node = cfg.get("attention") if isinstance(cfg, (DictConfig, dict)) else None
+    if not isinstance(node, (DictConfig, dict)):
+        return False
+    added = False
+    for key, sub in [("attention", node), *((f"attention@attention.{loc}", node.get(loc)) for loc in LOCATIONS)]:
+        stem = choices.get(key) if choices else None
+        if isinstance(sub, (DictConfig, dict)) and "_target_" in sub and not sub.get("name") and stem:
+            with open_dict(sub) if isinstance(sub, DictConfig) else nullcontext():
+                sub["name"] = str(stem).rsplit("/", 1)[-1]
+            added = True
+    return added
+
+
+def hydra_choices() -> dict:
+    """``hydra.runtime.choices`` of the job Hydra is running ({} outside one)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}

@@ -31,7 +31,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from nas_cli.attention import AttentionCore, SchemeError
-from nas_cli.model.locations import LOCATIONS, PLAIN, job_locations
+from nas_cli.model.locations import LOCATIONS, PLAIN, hydra_choices, job_locations, name_from_choices
 
 #: keys of a composed ``attention`` node that are not constructor options
 _NOT_OPTIONS = frozenset({"name", *LOCATIONS})
@@ -70,10 +70,8 @@ class AttentionPlan:
     def from_config(cls, attn_cfg: DictConfig | dict) -> "AttentionPlan":
         """From a composed ``attention`` node (or one scheme's YAML: that scheme everywhere).
 
-        A location is either absent (the global choice), a node with its own ``name`` and
-        ``_target_`` (composed by Hydra), or, in configs saved before the plan existed, a
-        scheme name (its options are then the global node's when the names agree, else its
-        packaged YAML's)."""
+        A location is either absent (the global choice) or a node with its own ``_target_``
+        (and ``name``: see :func:`name_from_choices`) composed by Hydra."""
         placed, own, explicit = _placements(attn_cfg)
         for loc, p in placed.items():
             _check_declared(p, "attention" if p.options is own else f"attention.{loc}")
@@ -267,6 +265,9 @@ def tag_resolver(attn_node, task_target, model_node) -> str:
     from nas_cli.model.locations import used_locations
 
     used = used_locations(task_target, model_node)
+    attn_node = OmegaConf.to_container(attn_node, resolve=True) if isinstance(attn_node, DictConfig) else attn_node
+    if isinstance(attn_node, dict):  # a copy: the name a sweep job's directory needs before the job names its config
+        name_from_choices({"attention": attn_node}, hydra_choices())
     try:
         placed = _placements(attn_node)[0]
     except SchemeError:  # the pre-run check says what is wrong, in one line; the name only needs a tag

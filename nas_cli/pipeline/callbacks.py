@@ -15,6 +15,7 @@ from rich.table import Table
 from nas_cli.errors import UserError, console, fail, say
 from nas_cli.infra.launchers import ENDED_FILE, install, install_optuna
 from nas_cli.infra.rundir import acquire, continuing, read_failed, release
+from nas_cli.model.locations import name_from_choices
 from nas_cli.sweeps.continuation import (SWEEP_CONTINUE_ENV, keep_finished_configs, keep_sweep_record, restore_all,
                                          same_sweep, sweep_overrides)
 from nas_cli.sweeps.supervision import STOPPING, started_run, started_sweep
@@ -95,6 +96,7 @@ class RunGuard(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         from nas_cli.pipeline.checks import check_config  # torch and the schemes: once Hydra has parsed
 
+        name_from_choices(config, config.hydra.runtime.choices)  # the config Hydra saves and the job runs
         run_dir = Path(str(config.hydra.run.dir))
         started_run(run_dir)
         try:
@@ -111,6 +113,7 @@ class RunGuard(Callback):
         from nas_cli.pipeline.checks import check_config
         from nas_cli.pipeline.launch_checks import check_launcher
 
+        name_from_choices(config, config.hydra.runtime.choices)  # for the check's words; each job names its own
         root = Path(str(config.hydra.sweep.dir))
         started_sweep(root)  # what a stop of this process names
         install()  # hydra/launcher=slurm: a job the scheduler ends fails alone (after Hydra loaded its plugins)

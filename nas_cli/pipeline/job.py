@@ -20,12 +20,13 @@ from pathlib import Path
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, read_write
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from nas_cli.errors import Refused, Stopped, UserError, console, fail, record, say
 from nas_cli.infra.redaction import redact
 from nas_cli.infra.atomic import atomic_write_text
 from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release, remove_empty_parents
+from nas_cli.model.locations import name_from_choices
 from nas_cli.pipeline.callbacks import summary_table
 from nas_cli.sweeps.continuation import SWEEP_CONTINUE_ENV, restore_finished_configs, restore_sweep_record
 from nas_cli.sweeps.supervision import STOPPING
@@ -108,8 +109,11 @@ def _prepare_job(cfg: DictConfig, hc, run_dir: Path, multirun: bool, optuna: boo
         _as_single_run(hc, run_dir)
     if optuna:
         _check_validates(cfg.trainer)
+    named = name_from_choices(cfg, hc.runtime.choices)  # a sweep job's config is composed afresh, without them
     if rank_zero_only.rank == 0 and hc.output_subdir is not None:
         saved = run_dir / str(hc.output_subdir)
+        if named:  # Hydra saved it before the job began: a resumed run reads its schemes' names from there
+            atomic_write_text(saved / "config.yaml", OmegaConf.to_yaml(cfg))
         redact_files(saved / "config.yaml", saved / "hydra.yaml", saved / "overrides.yaml",
                      *([Path(hc.sweep.dir) / "multirun.yaml"] if multirun else []))
     if multirun:

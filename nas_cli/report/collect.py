@@ -196,6 +196,12 @@ class Run:
         vals = [v for v in (_num(x.get(declared.field)) for x in locs.values()) if v is not None]
         return declared.combine(vals) if vals else None
 
+    @property
+    def metric_targets(self) -> list[str]:
+        """The classes of the diagnostics the run computed (its config's ``diagnostics.metrics``)."""
+        metrics = self._cfg("diagnostics.metrics", {}) or {}
+        return [str(m["_target_"]) for m in metrics.values() if isinstance(m, dict) and m.get("_target_")]
+
     @functools.cached_property
     def reported(self) -> dict[str, Reported]:
         """{name: declaration}: the numbers the run's diagnostics declared for nas-report

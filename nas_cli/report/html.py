@@ -5,9 +5,10 @@ report opens offline and can be mailed or archived. Figures:
 
 * metric vs number of heads, one line per scheme, error bars = 95% CI (Student t) over seeds
   (Zheng et al. 2021, CODA Fig. 3 style), per task;
-* head-JSD heat maps of every row side by side, per location (CODA Figs. 2/4);
-* histograms of log sum_i pi_ij per location and number of heads, the schemes overlaid
-  (UNAS vs DNAS as in Ding et al. 2020 Fig. 1), with the -log Sk line of Theorem 2;
+* each diagnostic's own section, drawn by its class (``LayerMetric.report_figures``): head-JSD
+  heat maps of every row side by side, per location (CODA Figs. 2/4); histograms of
+  log sum_i pi_ij per location and number of heads, the schemes overlaid (UNAS vs DNAS as in
+  Ding et al. 2020 Fig. 1), with the -log Sk line of Theorem 2;
 * what the schemes learn per head over training, per layer and head (HNAS's u: Ding et al.
   Figs. 3-5).
 
@@ -19,20 +20,18 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
-import math
 from typing import Sequence
 
 import numpy as np
 
 from nas_cli.model.locations import LOCATIONS
 from nas_cli.diagnostics import figures
+from nas_cli.diagnostics.metrics import FigureRow, LayerMetric
 from nas_cli.attention.additive import ROUND_OFF
 from nas_cli.report.collect import TEST_METRICS, Run
 from nas_cli.report.table import Group, reported, table_rows, unfinished_rows
 
 __all__ = ["render_html"]
-
-MAX_HEATMAP_ROWS = 16  # per location; further rows are left out of the heat maps
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1400px}
@@ -107,55 +106,25 @@ def _layer_entries(run: Run, loc: str) -> list[dict]:
     return (((run.latest or {}).get("locations") or {}).get(loc) or {}).get("layers") or []
 
 
-def jsd_heatmaps(groups: Sequence[Group], loc: str) -> bytes | None:
-    """All rows' JSD matrices for one location side by side (mean over each group's runs)."""
-    rows = []
-    for g in groups:
-        per_run = [_layer_entries(r, loc) for r in g.runs]
-        per_run = [p for p in per_run if p and all("jsd" in e for e in p)]
-        if not per_run:
-            continue
-        mats = []
-        for i in range(min(len(p) for p in per_run)):
-            ms = [np.asarray(p[i]["jsd"], dtype=float) for p in per_run]
-            if not all(m.shape == ms[0].shape for m in ms):
-                break
-            mats.append(np.mean(ms, axis=0))
-        if mats:
-            rows.append((f"{g.common(lambda r: r.task)} {g.label}", mats))
-    if not rows:
-        return None
-    return figures.heatmap_grid(rows[:MAX_HEATMAP_ROWS], f"head JSD, {loc} attention (rows: runs, columns: layers)")
+def figure_rows(groups: Sequence[Group], loc: str) -> list[FigureRow]:
+    """The report's rows as a diagnostic's page figures see them, at one location."""
+    return [FigureRow(g.common(lambda r: r.task), g.common(lambda r: r.heads), g.label, g.series,
+                      [_layer_entries(r, loc) for r in g.runs]) for g in groups]
 
 
-def log_mass_overlays(groups: Sequence[Group], loc: str) -> list[tuple[str, bytes]]:
-    """Per task and number of heads: the rows' histograms of log sum_i pi_ij overlaid
-    (counts summed over layers, heads and seeds)."""
-    panels: dict[tuple, dict[str, np.ndarray]] = {}
-    edges_of: dict[tuple, np.ndarray] = {}
-    sk_max: dict[tuple, int] = {}
-    for g in groups:
-        pkey = (g.common(lambda r: r.task), g.common(lambda r: r.heads))
-        total = None
-        for r in g.runs:
-            for e in _layer_entries(r, loc):
-                ea = e.get("explained_away")
-                if not ea:
-                    continue
-                edges = np.asarray(ea["bin_edges"], dtype=float)
-                if pkey in edges_of and not np.array_equal(edges_of[pkey], edges):
-                    continue  # other bins: cannot be overlaid
-                edges_of.setdefault(pkey, edges)
-                counts = np.asarray(ea["counts"], dtype=float).sum(0)
-                total = counts if total is None else total + counts
-                sk_max[pkey] = max(sk_max.get(pkey, 0), int(ea.get("sk_max") or 0))
-        if total is not None:
-            panels.setdefault(pkey, {})[g.series] = total
+def metric_classes(groups: Sequence[Group]) -> list[type[LayerMetric]]:
+    """The diagnostics the runs computed (``diagnostics.metrics`` of their configs), in order. One
+    that cannot be imported here (a plug-in whose module is not on PYTHONPATH) draws no figure."""
+    from hydra.utils import get_class
+
     out = []
-    for (task, heads), hists in sorted(panels.items()):
-        neg = -math.log(sk_max[(task, heads)]) if sk_max.get((task, heads)) else None
-        title = f"{task}, {loc} attention, {heads} heads"
-        out.append((title, figures.log_mass_overlay(hists, edges_of[(task, heads)], neg, title)))
+    for target in dict.fromkeys(t for g in groups for r in g.runs for t in r.metric_targets):
+        try:
+            cls = get_class(target)
+        except Exception:  # noqa: BLE001 - its numbers are in the tables all the same
+            continue
+        if isinstance(cls, type) and issubclass(cls, LayerMetric) and cls.report_section:
+            out.append(cls)
     return out
 
 
@@ -262,17 +231,13 @@ def _figure_sections(groups: Sequence[Group]) -> list[str]:
             for png in [metric_vs_heads(groups, task)] if png]
     if figs:
         parts += ["<h2>Metric vs number of heads</h2>", f'<div class="figs">{"".join(figs)}</div>']
-    heat = [(loc, png) for loc in LOCATIONS for png in [jsd_heatmaps(groups, loc)] if png]
-    if heat:
-        parts += ["<h2>Head JSD heat maps</h2>",
-                  '<div class="figs">' + "".join(_img(png, f"JSD {loc}", f"{loc} attention") for loc, png in heat)
-                  + "</div>"]
-    hists = [(t, png) for loc in LOCATIONS for t, png in log_mass_overlays(groups, loc)]
-    if hists:
-        parts += ["<h2>Explained away: log sum_i pi_ij per key</h2>",
-                  '<p class="note">Ding et al. 2020 Fig. 1: under DNAS every key keeps mass &gt;= 1/Sk '
-                  "(dashed line, non-causal encoder); under UNAS keys can be explained away.</p>",
-                  '<div class="figs">' + "".join(_img(png, t) for t, png in hists) + "</div>"]
+    rows = {loc: figure_rows(groups, loc) for loc in LOCATIONS}
+    for cls in metric_classes(groups):  # each diagnostic's own section (JSD heat maps, Fig. 1 histograms, ...)
+        drawn = [(caption, png) for loc in LOCATIONS for caption, png in cls.report_figures(rows[loc], loc)]
+        if drawn:
+            heading, note = cls.report_section
+            parts += [f"<h2>{html.escape(heading)}</h2>", *([f'<p class="note">{note}</p>'] if note else []),
+                      '<div class="figs">' + "".join(_img(png, caption, caption) for caption, png in drawn) + "</div>"]
     us = [(g, title, png) for g in groups for title, png in learned_trajectories(g.runs[0])]
     if us:
         parts += ["<h2>Learned per head, over training</h2>",

@@ -62,11 +62,38 @@ def test_a_new_scheme_is_one_python_file_and_one_yaml(tmp_path):
     # the guard-rails reach the user's folder (issue #29, 3): a typo in the user scheme's name or in one of its
     # options is one line and exit 2, before anything is made
     for typo, words in [("attention=unifrom", "did you mean uniform?"),
-                        ("attention.nmae=x", "did you mean attention.name?")]:
+                        ("attention._targte_=x", "did you mean attention._target_?")]:
         args = [search, typo] if typo.startswith("attention=") else [search, "attention=uniform", typo]
         bad = _nas_run(*args, *FAST, f"hydra.run.dir={tmp_path / 'typo'}", cwd=tmp_path, env_extra=env)
         assert bad.returncode == 2 and words in bad.stderr, bad.stderr[-2000:]
         assert len([ln for ln in bad.stderr.splitlines() if ln.strip()]) == 1 and not (tmp_path / "typo").exists()
+
+
+def test_a_scheme_yaml_without_a_name_is_named_by_its_file_in_a_sweep_and_a_resume(tmp_path):
+    """The guide's YAML has no name: a sweep job, composed afresh by Hydra, names the scheme after the file
+    (here 'flat', not the class's 'uniform') in its directory, summary and saved config; a resume reads it back."""
+    import yaml
+
+    (tmp_path / "my_attention.py").write_text(_block("`my_attention.py`", "python"))
+    (tmp_path / "my_conf" / "attention").mkdir(parents=True)
+    guide_yaml = _block("`my_conf/attention/uniform.yaml`", "yaml")
+    assert "name" not in guide_yaml
+    (tmp_path / "my_conf" / "attention" / "flat.yaml").write_text(guide_yaml)
+    env = {"PYTHONPATH": str(tmp_path)}
+    sweep = _nas_run("-m", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "attention=flat",
+                     "attention.cross=flat,unas", *FAST, f"hydra.sweep.dir={tmp_path / 's'}", cwd=tmp_path,
+                     env_extra=env)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    jobs = {p.name: p for p in (tmp_path / "s").iterdir() if p.is_dir()}
+    assert sorted(jobs) == ["0_reverse_flat-h4", "1_reverse_enc-flat_dec-flat_cross-unas-h4"]
+    mixed = jobs["1_reverse_enc-flat_dec-flat_cross-unas-h4"]
+    assert _summary(mixed)["placement"] == {"encoder": "flat", "decoder": "flat", "cross": "unas"}
+    saved = yaml.safe_load((mixed / ".hydra" / "config.yaml").read_text())["attention"]
+    assert saved["name"] == "flat" and saved["cross"]["name"] == "unas"
+    resumed = _nas_run(f"resume={jobs['0_reverse_flat-h4']}", "trainer.max_steps=8", cwd=tmp_path, env_extra=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = _summary(jobs["0_reverse_flat-h4"])
+    assert summary["steps"] == 8 and summary["scheme"] == "flat", summary
 
 
 def test_an_option_a_user_scheme_does_not_have_stops_the_run(tmp_path):
@@ -220,6 +247,31 @@ def test_a_new_diagnostic_is_one_python_file_and_one_config_entry(tmp_path):
     assert compared.returncode == 0, compared.stderr[-2000:]
     verdicts = pd.read_csv(io.StringIO(compared.stdout))
     assert list(verdicts["metric"]) == ["max_weight"]
+
+
+def test_a_diagnostic_draws_its_own_section_of_the_html_page(tmp_path):
+    """The guide's drawn metric, from a folder outside the package: nas-report --html gives it its own section
+    with one figure per location; without its module on PYTHONPATH the page is made without that section."""
+    (tmp_path / "my_metrics.py").write_text(_block("`my_metrics.py`", "python"))
+    (tmp_path / "my_metrics_page.py").write_text(_block("`my_metrics_page.py`", "python"))
+    run_line, report_line = [_guide_command("`my_metrics_page.py`", p) for p in ("nas-run", "nas-report")]
+    proc = _nas_run(*run_line, *FAST, f"hydra.run.dir={tmp_path / 'outputs' / 'runs' / 'r'}", cwd=tmp_path,
+                    env_extra={"PYTHONPATH": "."})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = {**os.environ, "PYTHONPATH": "."}
+    page = run_command([str(Path(NAS_RUN).with_name("nas-report")), *report_line], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, check=False)
+    assert page.returncode == 0, page.stderr[-2000:]
+    text = (tmp_path / "report.html").read_text()
+    assert "<h2>Largest weight per layer</h2>" in text and "<h2>Head JSD heat maps</h2>" in text
+    for loc in ("encoder", "decoder", "cross"):
+        assert f'alt="max weight, {loc} attention"' in text
+    plain = run_command([str(Path(NAS_RUN).with_name("nas-report")), "outputs/runs", "--html", "plain.html"],
+                        cwd=tmp_path, capture_output=True, text=True, check=False,
+                        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    other = (tmp_path / "plain.html").read_text()
+    assert "Largest weight per layer" not in other and "<h2>Head JSD heat maps</h2>" in other
 
 
 def _guide_command(after: str, program: str) -> list[str]:
