@@ -112,6 +112,7 @@ class RunGuard(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from nas_cli.pipeline.checks import check_config
         from nas_cli.pipeline.launch_checks import check_launcher
+        from nas_cli.pipeline.sweep_launcher import parallel_default
 
         name_from_choices(config, config.hydra.runtime.choices)  # for the check's words; each job names its own
         root = Path(str(config.hydra.sweep.dir))
@@ -120,7 +121,9 @@ class RunGuard(Callback):
         install_optuna()  # sweep=optuna launched again: new trials in new job directories
         try:
             check_launcher(config)
-            _say_notes(check_config(_with_a_seed(config)))
+            checked = check_config(_with_a_seed(config))
+            _say_notes(checked)
+            parallel_default(config, checked.parameters)  # on the CPU: the jobs several at a time
             if any(root.glob("*/summary.json")) or any(root.glob("*/checkpoints")):
                 _continue_sweep(root, config)
             acquire(root, "sweep")

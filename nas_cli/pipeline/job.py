@@ -22,20 +22,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
 
-from nas_cli.errors import Refused, Stopped, UserError, console, fail, record, say
+from nas_cli.errors import Refused, Stopped, UserError, console, fail, quiet_libraries, record, say
 from nas_cli.infra.redaction import redact
 from nas_cli.infra.atomic import atomic_write_text
 from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release, remove_empty_parents
 from nas_cli.model.locations import name_from_choices
 from nas_cli.pipeline.callbacks import summary_table
+from nas_cli.pipeline.sweep_launcher import spawns_processes
 from nas_cli.sweeps.continuation import SWEEP_CONTINUE_ENV, restore_finished_configs, restore_sweep_record
 from nas_cli.sweeps.supervision import STOPPING
-
-
-def _spawns_processes(trainer_cfg) -> bool:
-    strategy = trainer_cfg.get("strategy", "auto")
-    name = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy)
-    return any(k in name.lower() for k in ("ddp", "fsdp", "deepspeed")) and str(trainer_cfg.get("devices")) != "1"
 
 
 def _one_gpu_per_job(cfg: DictConfig, job_num: int) -> None:
@@ -67,6 +62,7 @@ def run_job(cfg: DictConfig):
     """One job of ``nas-run`` (a single run, or one job of a sweep): prepare its directory, train
     unless a continued sweep finished it before, print its result. Returns what a sweeper
     optimizes (the best validation value; NaN for a failed or refused sweep job)."""
+    quiet_libraries()  # again: a joblib worker process runs the job without nas-run's main()
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
@@ -101,7 +97,7 @@ def _prepare_job(cfg: DictConfig, hc, run_dir: Path, multirun: bool, optuna: boo
     # (logger.group="api_key=...") is masked there as in .hydra/
     group = redact(str(cfg.logger.get("group") or (Path(hc.sweep.dir).name if multirun else str(cfg.task.name))))
     if multirun:
-        if "joblib" in str(hc.launcher.get("_target_", "")) and _spawns_processes(cfg.trainer):
+        if "joblib" in str(hc.launcher.get("_target_", "")) and spawns_processes(cfg.trainer):
             fail("hydra/launcher=joblib runs each job in a worker process that cannot start DDP/FSDP processes; "
                  "use one device per job (trainer.devices=1) or the basic launcher / hydra/launcher=slurm")
         if "joblib" in str(hc.launcher.get("_target_", "")):

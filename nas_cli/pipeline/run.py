@@ -35,8 +35,9 @@ from nas_cli.infra.loggers import finish_logger, make_logger, wandb_run_id
 from nas_cli.infra.wandb_offline import carry_history
 from nas_cli.model.locations import job_locations
 from nas_cli.model.plan import AttentionPlan, Cores, canonical_config
+from nas_cli.pipeline.sweep_launcher import shares_terminal
 from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
-                      environment, progress_bar, set_threads)
+                      environment, progress_bar, set_threads, ProgressLines)
 from nas_cli.infra.resume import (FaultTolerance, Preempted, RunCheckpoint, config_fingerprint, continue_finished,
                                   pick_checkpoint, stop_signals)
 from nas_cli.infra.redaction import redacted_argv
@@ -263,8 +264,8 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
 
         opts = {k: v for k, v in OmegaConf.to_container(cfg.diagnostics, resolve=True).items() if k != "enabled"}
         callbacks.append(DiagnosticsCallback(run_dir=job.run_dir, **opts))
-    if cfg.progress_bar:
-        callbacks.append(progress_bar())
+    if cfg.progress_bar:  # lines where the jobs of a sweep share the terminal
+        callbacks.append(ProgressLines(job.run_dir.name, task.monitor) if shares_terminal() else progress_bar())
     trainer = pl.Trainer(**trainer_kwargs(cfg), callbacks=callbacks, logger=logger,
                          plugins=[checkpoint_io(cfg.trainer.get("accelerator", "auto"))],
                          default_root_dir=str(job.run_dir), enable_progress_bar=bool(cfg.progress_bar),

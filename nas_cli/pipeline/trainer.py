@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import time
 import warnings
 from typing import Any
 
@@ -17,6 +18,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from nas_cli.errors import UserError
 from nas_cli.errors import unwrap as _unwrap
+from nas_cli.pipeline.sweep_launcher import JOB_THREADS_ENV
 
 
 def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -53,10 +55,14 @@ def cpus_allowed() -> int:
 
 
 def choose_threads(cfg: DictConfig, parameters: int, on_cpu: bool) -> tuple[int, str]:
-    """(threads, why): ``threads=N`` as given; else ``OMP_NUM_THREADS``; else, training on the CPU, one
+    """(threads, why): ``threads=N`` as given; else a parallel sweep's share (its jobs' threads, as the
+    sweep chose them: :mod:`~nas_cli.pipeline.sweep_launcher`); else ``OMP_NUM_THREADS``; else, training on the CPU, one
     thread below :data:`ONE_THREAD_BELOW` parameters; else every CPU the process may use."""
     if cfg.get("threads") is not None:
         return int(cfg.threads), "threads="
+    shared = os.environ.get(JOB_THREADS_ENV, "")
+    if shared.isdigit() and int(shared) > 0:  # before OMP_NUM_THREADS, which joblib's workers set
+        return int(shared), "a parallel sweep's share of the CPUs"
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if omp.isdigit() and int(omp) > 0:
         return int(omp), "OMP_NUM_THREADS"
@@ -187,3 +193,27 @@ def progress_bar():
             return f"{text:{len(self.validation_description)}}"
 
     return BudgetProgressBar(leave=True)
+
+
+class ProgressLines(pl.Callback):
+    """A job's progress as lines, for sweeps whose jobs share one terminal (where live bars would
+    overwrite each other): the job's directory name, the step of the budget with the time so far,
+    every tenth of the budget, and each validation's value of the checkpoint metric."""
+
+    def __init__(self, name: str, monitor: str):
+        self.name, self.monitor, self.next, self.start = name, monitor, 1, time.monotonic()
+
+    def _say(self, text: str) -> None:
+        print(f"nas-run: {self.name}: {text} ({time.monotonic() - self.start:.0f} s)", flush=True)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step, total = trainer.global_step, trainer.max_steps
+        every = max(1, total // 10) if total and total > 0 else 0
+        if every and step >= max(self.next, every):
+            self._say(f"step {step} of {total}")
+            self.next = step + every
+
+    def on_validation_end(self, trainer, pl_module):
+        value = trainer.callback_metrics.get(self.monitor)
+        if not trainer.sanity_checking and value is not None:
+            self._say(f"validation at step {trainer.global_step}: {self.monitor} = {float(value):.4g}")
