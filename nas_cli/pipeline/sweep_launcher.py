@@ -6,7 +6,8 @@ another left all but one core idle. :func:`parallel_default` runs in ``RunGuard.
 which Hydra calls with the same config it then builds the sweeper and its launcher from. When
 that config left the launcher at Hydra's default (basic: one job at a time), the jobs train on
 the CPU with one device each, and more than one job fits, it puts Hydra's joblib launcher in
-its place with ``n_jobs`` = the CPUs allowed // one job's threads, and adds the choice to the
+its place with ``n_jobs`` = the CPUs allowed // one job's threads (at most the jobs, and as many as
+the available memory holds), and adds the choice to the
 overrides each job is composed from (so every job knows it shares the machine).
 
 Everything the sequential launcher gives stays: Ctrl-C and SIGTERM reach the whole sweep
@@ -70,6 +71,19 @@ def _on_cpu(config: DictConfig) -> bool:
         not spawns_processes(config.trainer) and str(config.trainer.get("devices", "auto")) in ("1", "auto")
 
 
+#: a worker process's own memory beside its model's training state (torch, Lightning, the data: the
+#: default job's process peaks at 0.6-0.7 GiB)
+WORKER_BYTES = 2 ** 30
+
+
+def _memory_fits(parameters: int) -> float:
+    """How many jobs of ``parameters`` parameters this machine's available memory holds at once."""
+    from nas_cli.pipeline.sizing import BYTES_PER_PARAM_TRAINING, available_memory
+
+    have = available_memory()
+    return have // (WORKER_BYTES + parameters * BYTES_PER_PARAM_TRAINING) if have else math.inf
+
+
 def parallel_default(config: DictConfig, parameters: int | None) -> int:
     """Put the joblib launcher in place of the default one where it pays (see the module's
     docstring); returns the jobs it runs at a time (1: the sweep stays sequential)."""
@@ -79,9 +93,9 @@ def parallel_default(config: DictConfig, parameters: int | None) -> int:
         return 1
     threads, _ = choose_threads(config, parameters or 0, on_cpu=True)
     cap = os.environ.get(SWEEP_JOBS_ENV, "")
-    fits = cpus_allowed() // max(1, threads)
     size = sweep_size(config)
-    n_jobs = min(fits, size, int(cap) if cap.isdigit() and int(cap) > 0 else math.inf)
+    n_jobs = min(cpus_allowed() // max(1, threads), size, _memory_fits(parameters or 0),
+                 int(cap) if cap.isdigit() and int(cap) > 0 else math.inf)
     if n_jobs < 2:
         return 1
     from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf

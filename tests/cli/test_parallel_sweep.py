@@ -93,10 +93,12 @@ def _config(tmp_path, overrides: list[str], swept: list[str], hydra: list[str] =
     ([], ["seed=1,2"], ["hydra/sweeper=basic"], 2),  # Hydra's own sweeper named: still the default launcher
 ])
 def test_how_many_jobs_at_a_time(tmp_path, monkeypatch, overrides, swept, hydra, expected):
+    import nas_cli.pipeline.sizing as sizing
     import nas_cli.pipeline.trainer as trainer
     from nas_cli.pipeline.sweep_launcher import JOB_THREADS_ENV, parallel_default
 
     monkeypatch.setattr(trainer, "cpus_allowed", lambda: 8)
+    monkeypatch.setattr(sizing, "available_memory", lambda: 64 * 2 ** 30)
     monkeypatch.delenv("NAS_RUN_SWEEP_JOBS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv(JOB_THREADS_ENV, "0")  # recorded, so that the value parallel_default sets is undone
@@ -113,3 +115,18 @@ def test_how_many_jobs_at_a_time(tmp_path, monkeypatch, overrides, swept, hydra,
         assert "BasicLauncher" in launcher["_target_"] and os.environ[JOB_THREADS_ENV] == "0"
     monkeypatch.setenv("NAS_RUN_SWEEP_JOBS", "1")
     assert parallel_default(_config(tmp_path, overrides, swept, hydra), 234_944) == 1
+
+
+def test_no_more_jobs_at_a_time_than_the_memory_holds(tmp_path, monkeypatch):
+    """1 GiB per worker beside its model's weights, gradients and Adam state (16 bytes a parameter)."""
+    import nas_cli.pipeline.sizing as sizing
+    import nas_cli.pipeline.trainer as trainer
+    from nas_cli.pipeline.sweep_launcher import JOB_THREADS_ENV, parallel_default
+
+    monkeypatch.setattr(trainer, "cpus_allowed", lambda: 8)
+    monkeypatch.delenv("NAS_RUN_SWEEP_JOBS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv(JOB_THREADS_ENV, "0")
+    for gib, parameters, expected in ((3, 234_944, 2), (64, 234_944, 5), (3, 4_000_000, 2), (2.1, 4_000_000, 1)):
+        monkeypatch.setattr(sizing, "available_memory", lambda gib=gib: int(gib * 2 ** 30))
+        assert parallel_default(_config(tmp_path, [], ["seed=1,2,3,4,5"]), parameters) == expected, (gib, parameters)
