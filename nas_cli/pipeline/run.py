@@ -139,6 +139,14 @@ class _Job:
     kept: Path | None  # the earlier summary of a finished run trained longer
 
 
+def _estimated(parameters: int, vocab_size) -> str:
+    """The start-up line of a model whose vocabulary the data decide (sizing.model_parameters)."""
+    if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and vocab_size > 0:
+        return (f"model: about {parameters:,} parameters (its embeddings counted at task.vocab_size={vocab_size}; "
+                "the tokenizer trained on the data decides)")
+    return f"model: {parameters:,} parameters + the embeddings of the vocabulary the data give"
+
+
 def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str, progress: Progress,
            size: tuple[int, bool] | None, checked_task=None) -> dict[str, Any] | None:
     """One job, step by step: decide, build, log, train, test, report."""
@@ -146,7 +154,7 @@ def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_
     record(f"{'resumed from ' + job.resume[0].name if job.resume else 'started'}: {cfg.task.name}, {job.plan.tag}, "
            f"h{cfg.model.heads}, seed {cfg.seed}, config_id {job.config_id}, nas-run {describe(code_version())}")
     if size is not None and rank_zero_only.rank == 0:
-        line = f"model: {size[0]:,} parameters" + ("" if size[1] else " + the embeddings of the vocabulary the data give")
+        line = f"model: {size[0]:,} parameters" if size[1] else _estimated(size[0], cfg.task.get("vocab_size"))
         print(line, file=sys.stderr)
         record(line)
     task = build_task(cfg, checked_task)

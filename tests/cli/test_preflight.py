@@ -37,6 +37,16 @@ def test_the_run_says_its_size_before_training(tmp_path):
     assert "model: 234,944 parameters" in (tmp_path / "run" / "nas_run.log").read_text()
 
 
+def test_a_count_the_data_will_settle_says_what_it_assumed():
+    """A tokenizer not trained yet: with task.vocab_size the count already holds embeddings of that size
+    (the line says "about" and names the assumption); without it, the embeddings are not in the count."""
+    from nas_cli.pipeline.run import _estimated
+
+    assert _estimated(6_002_688, 8000) == ("model: about 6,002,688 parameters (its embeddings counted at "
+                                           "task.vocab_size=8000; the tokenizer trained on the data decides)")
+    assert _estimated(1_000, None) == "model: 1,000 parameters + the embeddings of the vocabulary the data give"
+
+
 def test_a_job_trains_the_task_its_check_built(tmp_path):
     # the task is built by the check before Hydra starts (its data checked before anything is made) and
     # by the job's own check, which hands it to training: two constructions for a single run, not three
