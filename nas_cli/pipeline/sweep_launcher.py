@@ -28,8 +28,6 @@ from nas_cli.errors import say
 
 #: at most this many jobs at a time in a sweep that runs in parallel by default (1: one after another)
 SWEEP_JOBS_ENV = "NAS_RUN_SWEEP_JOBS"
-#: the threads each job of such a sweep trains with (set by the sweep's process, read by its jobs)
-JOB_THREADS_ENV = "NAS_RUN_JOB_THREADS"
 
 _SWEEPERS = ("hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
              "hydra_plugins.nas_run_sequential.sequential_sweeper.SequentialSweeper")
@@ -87,7 +85,7 @@ def _memory_fits(parameters: int) -> float:
 def parallel_default(config: DictConfig, parameters: int | None) -> int:
     """Put the joblib launcher in place of the default one where it pays (see the module's
     docstring); returns the jobs it runs at a time (1: the sweep stays sequential)."""
-    from nas_cli.pipeline.trainer import choose_threads, cpus_allowed
+    from nas_cli.pipeline.trainer import JOB_THREADS_ENV, choose_threads, cpus_allowed  # torch: only here
 
     if not _launcher_left_default(config) or not _on_cpu(config):
         return 1

@@ -18,7 +18,6 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from nas_cli.errors import UserError
 from nas_cli.errors import unwrap as _unwrap
-from nas_cli.pipeline.sweep_launcher import JOB_THREADS_ENV
 
 
 def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -36,6 +35,10 @@ def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
         tcfg["max_epochs"] = -1
     return tcfg
 
+
+#: the threads each job of a sweep that runs its jobs several at a time trains with (set by the sweep's
+#: process, nas_cli/pipeline/sweep_launcher.py; read by its jobs)
+JOB_THREADS_ENV = "NAS_RUN_JOB_THREADS"
 
 #: a CPU run of a model with fewer parameters uses one thread: for these sizes a second thread buys
 #: almost nothing on a quiet machine and, beside other busy processes, its OpenMP threads wait on

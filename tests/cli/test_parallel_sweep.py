@@ -95,7 +95,8 @@ def _config(tmp_path, overrides: list[str], swept: list[str], hydra: list[str] =
 def test_how_many_jobs_at_a_time(tmp_path, monkeypatch, overrides, swept, hydra, expected):
     import nas_cli.pipeline.sizing as sizing
     import nas_cli.pipeline.trainer as trainer
-    from nas_cli.pipeline.sweep_launcher import JOB_THREADS_ENV, parallel_default
+    from nas_cli.pipeline.sweep_launcher import parallel_default
+    from nas_cli.pipeline.trainer import JOB_THREADS_ENV
 
     monkeypatch.setattr(trainer, "cpus_allowed", lambda: 8)
     monkeypatch.setattr(sizing, "available_memory", lambda: 64 * 2 ** 30)
@@ -121,7 +122,8 @@ def test_no_more_jobs_at_a_time_than_the_memory_holds(tmp_path, monkeypatch):
     """1 GiB per worker beside its model's weights, gradients and Adam state (16 bytes a parameter)."""
     import nas_cli.pipeline.sizing as sizing
     import nas_cli.pipeline.trainer as trainer
-    from nas_cli.pipeline.sweep_launcher import JOB_THREADS_ENV, parallel_default
+    from nas_cli.pipeline.sweep_launcher import parallel_default
+    from nas_cli.pipeline.trainer import JOB_THREADS_ENV
 
     monkeypatch.setattr(trainer, "cpus_allowed", lambda: 8)
     monkeypatch.delenv("NAS_RUN_SWEEP_JOBS", raising=False)
