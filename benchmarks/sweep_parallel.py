@@ -90,21 +90,27 @@ def main(argv=None) -> int:
     ap.add_argument("--out-md", type=Path, default=ROOT / "docs" / "benchmarks.md")
     args = ap.parse_args(argv)
     rows: dict[str, list[dict]] = {name: [] for name in launches()}
-    for _ in range(args.repeats):  # interleaved: a slow patch of the machine hits every launch alike
+    command = " ".join(["python", "benchmarks/sweep_parallel.py", *(argv if argv is not None else sys.argv[1:])])
+    for repeat in range(args.repeats):  # interleaved: a slow patch of the machine hits every launch alike
         for name, extra in launches().items():
             r = run_sweep(extra, args.steps)
             print(json.dumps({"launch": name, **r}), flush=True)
             rows[name].append(r)
-    machine = {"cpus": os.cpu_count(), "cpus_allowed": cpus(), "machine": platform.machine(),
-               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M")}
-    command = " ".join(["python", "benchmarks/sweep_parallel.py", *(argv if argv is not None else sys.argv[1:])])
-    args.out_json.write_text(json.dumps({"machine": machine, "command": command, "grid": GRID, "rows": rows}, indent=2))
-    section = (f"## A CPU sweep against the ideal (benchmarks/sweep_parallel.py)\n\n`{command}` on {cpus()} CPUs "
-               f"({machine['date']}): the README's grid `nas-run -m {' '.join(GRID)}`, {args.steps} steps per job, "
-               f"whole-process times. The default launch said: \"{rows['default'][0]['said']}\".\n\n{table(rows)}\n")
-    write_markdown(args.out_md, section)
+        write(args, command, rows, repeat + 1)  # each finished repeat is kept
     print(table(rows))
     return 0
+
+
+def write(args, command: str, rows: dict[str, list[dict]], repeats: int) -> None:
+    machine = {"cpus": os.cpu_count(), "cpus_allowed": cpus(), "machine": platform.machine(),
+               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M")}
+    args.out_json.write_text(json.dumps({"machine": machine, "command": command, "grid": GRID, "steps": args.steps,
+                                         "repeats_done": repeats, "rows": rows}, indent=2))
+    section = (f"## A CPU sweep against the ideal (benchmarks/sweep_parallel.py)\n\n`{command}` on {cpus()} CPUs "
+               f"({machine['date']}, {repeats} repeat{'s' * (repeats > 1)}): the README's grid "
+               f"`nas-run -m {' '.join(GRID)}`, {args.steps} steps per job, whole-process times. The default launch "
+               f"said: \"{rows['default'][0]['said']}\".\n\n{table(rows)}\n")
+    write_markdown(args.out_md, section)
 
 
 if __name__ == "__main__":
