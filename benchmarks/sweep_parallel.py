@@ -22,10 +22,8 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.markdown import write_markdown  # noqa: E402
+from benchmarks.timing import timed_run  # noqa: E402
 
 NAS_RUN = shutil.which("nas-run") or str(Path(sys.executable).parent / "nas-run")
 GRID = ("attention=unas,dnas,hnas", "model.heads=4,8", "seed=1,2,3")
@@ -54,17 +53,11 @@ def run_sweep(extra: list[str], steps: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("NAS_RUN_SWEEP_JOBS", "OMP_NUM_THREADS")}
     with tempfile.TemporaryDirectory() as tmp:
         args = [NAS_RUN, "-m", *GRID, f"trainer.max_steps={steps}", *COMMON, *extra, f"hydra.sweep.dir={tmp}/s"]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp)
-        wall = time.perf_counter() - t0
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-3000:])
+        proc, wall, cpu = timed_run(args, env, tmp)
         summaries = [json.loads(p.read_text()) for p in Path(tmp, "s").glob("*/summary.json")]
     at_a_time = next((ln for ln in proc.stdout.splitlines() + proc.stderr.splitlines() if "at a time on" in ln), "")
     return {"extra": extra, "jobs": len(summaries), "wall_s": wall,
-            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "cpu_s": cpu,
             "threads": sorted({s["environment"]["threads"] for s in summaries}), "said": at_a_time.strip(),
             "fit_s_sum": sum(s["fit_seconds"] for s in summaries)}
 

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.markdown import write_markdown  # noqa: E402
+from benchmarks.timing import timed_run  # noqa: E402
 
 NAS_RUN = shutil.which("nas-run") or str(Path(sys.executable).parent / "nas-run")
 COMMON = ("logger=none", "diagnostics.enabled=false", "run_test=false", "progress_bar=false",
@@ -43,19 +43,12 @@ def run_case(model: str, steps: int, threads: str | None, busy: int, env_extra: 
             if threads is not None:
                 args.append(f"threads={threads}")
             env = {**os.environ, **(env_extra or {})}
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            t0 = time.perf_counter()
-            proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp)
-            wall = time.perf_counter() - t0
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            if proc.returncode != 0:
-                raise RuntimeError(proc.stderr[-2000:])
+            _, wall, cpu = timed_run(args, env, tmp)
             summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
     finally:
         for h in hogs:
             h.kill()
             h.wait()
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"model": model, "steps": steps, "threads_setting": threads or "default policy", "busy": busy,
             "threads_used": summary["environment"]["threads"], "parameters": summary["parameters"],
             "wall_s": wall, "cpu_s": cpu, "wall_per_step_ms": 1000 * wall / steps, "cpu_per_step_ms": 1000 * cpu / steps,
