@@ -3,6 +3,7 @@
 
     python benchmarks/sweep_parallel.py                  # docs/bench_sweep.json + a section of docs/benchmarks.md
     python benchmarks/sweep_parallel.py --steps 300 --repeats 2
+    python benchmarks/sweep_parallel.py --steps 300 --more   # one more repeat, added to the file's
 
 Three launches of the same grid, each a real ``nas-run -m`` timed as a whole process (wall, and user +
 system CPU of it and its children):
@@ -72,7 +73,14 @@ def table(rows: dict[str, list[dict]]) -> str:
         lines.append(f"| {name} | {rs[0]['jobs']} | {', '.join(map(str, rs[0]['threads']))} | "
                      f"{each} | {wall / ideal:.2f}x | "
                      f"{statistics.mean(r['cpu_s'] for r in rs):.0f} s |")
-    return "\n".join(lines) + f"\n\nIdeal: the one-thread sequential wall / {cpus()} CPUs = {ideal:.0f} s."
+    mean = {name: {k: statistics.mean(r[k] for r in rs) for k in ("wall_s", "cpu_s")} for name, rs in rows.items()}
+    default, one, every = mean["default"], mean["one at a time, 1 thread"], mean["one at a time, every CPU"]
+    return "\n".join(lines) + (
+        f"\n\nIdeal: the one-thread sequential wall / {cpus()} CPUs = {ideal:.0f} s. The default used "
+        f"{default['cpu_s'] / one['cpu_s'] - 1:+.0%} CPU against the one-thread sequential sweep (the rest of its "
+        f"distance to the ideal: each joblib worker imports torch and Lightning once, and jobs side by side share "
+        f"the memory bandwidth); the sequential launcher with every core per job, as before, took "
+        f"{every['wall_s'] / default['wall_s']:.2f}x the default's wall and {every['cpu_s'] / default['cpu_s'] - 1:+.0%} CPU.")
 
 
 def main(argv=None) -> int:
@@ -81,10 +89,17 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out-json", type=Path, default=ROOT / "docs" / "bench_sweep.json")
     ap.add_argument("--out-md", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    ap.add_argument("--more", action="store_true", help="add the repeats to those --out-json holds (same --steps)")
     args = ap.parse_args(argv)
     rows: dict[str, list[dict]] = {name: [] for name in launches()}
     command = " ".join(["python", "benchmarks/sweep_parallel.py", *(argv if argv is not None else sys.argv[1:])])
-    for repeat in range(args.repeats):  # interleaved: a slow patch of the machine hits every launch alike
+    done = 0
+    if args.more and args.out_json.is_file():
+        earlier = json.loads(args.out_json.read_text())
+        if earlier["steps"] != args.steps:
+            ap.error(f"--more: {args.out_json} holds sweeps of {earlier['steps']} steps a job, not {args.steps}")
+        rows, done, command = earlier["rows"], earlier["repeats_done"], earlier["command"]
+    for repeat in range(done, done + args.repeats):  # interleaved: a slow patch of the machine hits every launch alike
         for name, extra in launches().items():
             r = run_sweep(extra, args.steps)
             print(json.dumps({"launch": name, **r}), flush=True)
