@@ -205,3 +205,23 @@ def test_train_bad_options_exit_2_with_one_line_error(bad, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("nas-bench train: error:")
+
+
+def test_threads_bench_reports_medians_ranges_and_ratios_paired_by_round():
+    """benchmarks/threads.py --repeats: each row the median of its runs with their range; the wall ratio
+    of the default policy to threads=1 beside two busy processes is paired within a round."""
+    from nas_cli.bench.threads import reading, table
+
+    def row(setting, busy, rnd, wall, cpu):
+        return {"model": "tiny", "threads_setting": setting, "busy": busy, "threads_used": 1, "parameters": 10,
+                "wall_per_step_ms": wall, "cpu_per_step_ms": cpu, "env": {}, "round": rnd}
+
+    rows = [row("default policy", 0, r, 100, c) for r, c in enumerate([100, 110, 120])]
+    rows += [row("1", 0, r, 100, 100) for r in range(3)]
+    rows += [row("default policy", 2, r, w, c) for r, (w, c) in enumerate([(300, 130), (200, 140), (100, 150)])]
+    rows += [row("1", 2, r, w, 100) for r, w in enumerate([150, 200, 400])]
+    text = table(rows)
+    assert "| tiny (10) | default policy (1) | passive | 0 | 3 | 100 ms (100-100) | 110 ms (100-120) | 1.10x |" in text
+    said = reading(rows)
+    assert "CPU per step 1.27x its quiet" in said  # 140 / 110
+    assert "`threads=1` 1.00x, the median over 3 round(s) (per round 0.25x-2.00x)" in said  # 2.0, 1.0, 0.25
