@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from nas_cli.infra.options import PositiveInt
+
 from .base import EOS, PAD, Task, loader_workers, pad_batch, worker_options
 from .sources import (DataError, check_dir, check_text_file, disk_split, fingerprint, hub_split, read_lines,
                       resolve_source)
@@ -72,8 +74,8 @@ class LanguageModelTask(Task):
 
     def __init__(self, name: str, source: str = "auto", path: str | None = None, hf_name: str | None = None,
                  hf_config: str | None = None, columns: list[str] | None = None, splits: dict | None = None, hub_splits: dict | None = None,
-                 tokens_per_sample: int = 256, context_window: int = 192, batch_size: int = 16,
-                 eval_batch_size: int | None = None, max_vocab: int | None = None, cache_dir: str | None = None,
+                 tokens_per_sample: PositiveInt = 256, context_window: int = 192, batch_size: PositiveInt = 16,
+                 eval_batch_size: PositiveInt | None = None, max_vocab: int | None = None, cache_dir: str | None = None,
                  num_workers: int | str = 0, seed: int = 1, monitor: str = "val/loss", monitor_mode: str = "min"):
         super().__init__()
         self.name, self.source, self.path, self.hf_name, self.hf_config = name, source, path, hf_name, hf_config

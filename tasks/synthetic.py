@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from nas_cli.infra.options import PositiveInt
+
 from .base import BOS, EOS, PAD, Task, collate_seq2seq, loader_workers, pad_batch, worker_options
 
 SPECIALS = 3  # PAD, BOS, EOS
@@ -53,8 +55,9 @@ class SyntheticSeq2Seq(Task):
     monitor_mode = "max"
     OPS = {"reverse": lambda s: s[::-1], "sort": sorted, "copy": list}
 
-    def __init__(self, name="reverse", op="reverse", symbols=16, min_len=4, max_len=12, train_size=20000,
-                 val_size=500, test_size=1000, batch_size=64, seed=1234, num_workers=0):
+    def __init__(self, name: str = "reverse", op: str = "reverse", symbols: int = 16, min_len: int = 4,
+                 max_len: int = 12, train_size: PositiveInt = 20000, val_size: PositiveInt = 500,
+                 test_size: PositiveInt = 1000, batch_size: PositiveInt = 64, seed: int = 1234, num_workers=0):
         super().__init__()
         if op not in self.OPS:
             raise ValueError(f"task.op must be one of {sorted(self.OPS)} (got '{op}')")
@@ -115,8 +118,9 @@ class SyntheticLM(Task):
     monitor = "val/loss"
     monitor_mode = "min"
 
-    def __init__(self, name="copy_lm", symbols=16, min_len=4, max_len=12, train_size=20000, val_size=500,
-                 test_size=1000, batch_size=64, seed=1234, num_workers=0):
+    def __init__(self, name: str = "copy_lm", symbols: int = 16, min_len: int = 4, max_len: int = 12,
+                 train_size: PositiveInt = 20000, val_size: PositiveInt = 500, test_size: PositiveInt = 1000,
+                 batch_size: PositiveInt = 64, seed: int = 1234, num_workers=0):
         super().__init__()
         self.name = name
         self.inner = SyntheticSeq2Seq(name, "copy", symbols, min_len, max_len, train_size, val_size, test_size,

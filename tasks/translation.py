@@ -32,6 +32,8 @@ import sacrebleu
 import torch
 from torch.utils.data import DataLoader
 
+from nas_cli.infra.options import PositiveInt
+
 from .base import EOS, Task, collate_seq2seq, empty_share, loader_workers, note, worker_options
 from .batching import TokenBatchSampler
 from .sources import (DataError, check_dir, check_text_file, disk_split, fingerprint, hub_split, local_parallel,
@@ -76,10 +78,11 @@ class TranslationTask(Task):
 
     def __init__(self, name: str, src_lang: str, tgt_lang: str, source: str = "auto", path: str | None = None,
                  hf_name: str | None = None, hf_config: str | None = None, columns: list[str] | None = None,
-                 splits: dict | None = None, hub_splits: dict | None = None, vocab_size: int = 8000, max_tokens: int = 4096, max_len: int = 256,
-                 eval_max_tokens: int | None = None, cache_dir: str | None = None, num_workers: int = 0,
-                 seed: int = 1, beam: int = 5, lenpen: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
-                 valid_beam: int = 1, compound_split: bool = False, moses_lang: str | None = None,
+                 splits: dict | None = None, hub_splits: dict | None = None, vocab_size: PositiveInt = 8000,
+                 max_tokens: PositiveInt = 4096, max_len: PositiveInt = 256, eval_max_tokens: PositiveInt | None = None,
+                 cache_dir: str | None = None, num_workers: int | str = 0, seed: int = 1, beam: PositiveInt = 5,
+                 lenpen: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10, valid_beam: PositiveInt = 1,
+                 compound_split: bool = False, moses_lang: str | None = None,
                  monitor: str = "val/bleu", monitor_mode: str = "max", limit_train: int | None = None,
                  detokenize: str = "auto", valid_subset: int | None = None, valid_subset_seed: int = 0):
         super().__init__()

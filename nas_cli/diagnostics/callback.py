@@ -55,6 +55,7 @@ from nas_cli.diagnostics.explained_away import DEFAULT_EPS
 from nas_cli.diagnostics.metrics import SIGNED_NOTE, LayerMetric, Reported, build_metrics
 from nas_cli.diagnostics.metrics import finite as _finite
 from nas_cli.diagnostics.metrics import finite_list as _finite_list
+from nas_cli.infra.options import PositiveInt
 
 #: log of the smallest positive float32: stands in for log 0 in logged scalars
 LOG_FLOAT32_TINY = math.log(float(np.finfo(np.float32).smallest_subnormal))
@@ -125,7 +126,7 @@ class DiagnosticsCallback(pl.Callback):
     whole validation split (not of its own share), so the numbers equal a single-process run's.
     """
 
-    def __init__(self, run_dir: str | Path, batches: int = 2, every_n_validations: int = 1,
+    def __init__(self, run_dir: str | Path, batches: PositiveInt = 2, every_n_validations: PositiveInt = 1,
                  eps: float = DEFAULT_EPS, plots: str = "end", metrics: dict[str, Any] | None = None, **kw: Any):
         super().__init__()
         if int(batches) < 1 or int(every_n_validations) < 1:

@@ -216,9 +216,10 @@ INJECTED = MappingProxyType({"heads": "model.heads", "dropout": "model.attention
 
 
 def _check_declared(placed: Placed, where: str) -> None:
-    """Every option of a placed scheme is a parameter of its core's constructor (nas_cli/model/options.py):
+    """Every option of a placed scheme is a parameter of its core's constructor (nas_cli/infra/options.py):
     one line with the closest name otherwise, before anything is made."""
-    from nas_cli.model.options import declared, declared_types, type_problem, unknown_option_message
+    from nas_cli.infra.options import (declared, declared_types, example_value, type_problem,
+                                      unknown_option_message)
 
     try:
         names, hints = declared(placed.core_class), declared_types(placed.core_class)
@@ -235,13 +236,7 @@ def _check_declared(placed: Placed, where: str) -> None:
         wanted = type_problem(value, hints[key]) if key in hints else None
         if wanted:  # the type is the constructor's annotation: nothing else declares it
             raise SchemeError(f"{where}.{key}={value}: {placed.scheme}'s option '{key}' takes {wanted} (e.g. "
-                              f"{where}.{key}={_example(hints[key])})")
-
-
-def _example(hint) -> str:
-    """A value of the annotation ``hint`` for a refusal's example."""
-    text = str(hint)
-    return "2" if "int" in text else "0.5" if "float" in text else "true"
+                              f"{where}.{key}={example_value(hints[key])})")
 
 
 def make_core_factory(attn_cfg: DictConfig | dict, heads: int, dropout: float = 0.0):

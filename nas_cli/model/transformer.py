@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 from nas_cli.attention import AttentionCore
 from nas_cli.attention.positions import LearnedPositions, SinusoidalPositions, sinusoids
+from nas_cli.infra.options import Count, Fraction, PositiveInt
 
 CoreFactory = Callable[[str, int, bool], AttentionCore]
 
@@ -204,9 +205,10 @@ def check_heads(d_model: int, heads: int) -> None:
 
 
 class Seq2SeqTransformer(nn.Module):
-    def __init__(self, src_vocab, tgt_vocab, core_factory: CoreFactory, d_model=512, heads=8, encoder_layers=6,
-                 decoder_layers=6, ffn=2048, dropout=0.1, norm_first=False, positions="sinusoidal", max_len=1024,
-                 share_embeddings=False, pad_id=0):
+    def __init__(self, src_vocab, tgt_vocab, core_factory: CoreFactory, d_model: PositiveInt = 512,
+                 heads: PositiveInt = 8, encoder_layers: Count = 6, decoder_layers: PositiveInt = 6,
+                 ffn: PositiveInt = 2048, dropout: Fraction = 0.1, norm_first: bool = False,
+                 positions="sinusoidal", max_len: PositiveInt = 1024, share_embeddings: bool = False, pad_id=0):
         super().__init__()
         check_heads(d_model, heads)
         self.pad_id = pad_id
@@ -291,8 +293,9 @@ def adaptive_output(d_model: int, vocab: int, options: dict) -> nn.AdaptiveLogSo
 class DecoderOnlyLM(nn.Module):
     """GPT-style causal language model; its self-attention location is ``decoder``."""
 
-    def __init__(self, vocab, core_factory: CoreFactory, d_model=512, heads=8, decoder_layers=6, ffn=2048,
-                 dropout=0.1, norm_first=True, positions="sinusoidal", max_len=1024, pad_id=0,
+    def __init__(self, vocab, core_factory: CoreFactory, d_model: PositiveInt = 512, heads: PositiveInt = 8,
+                 decoder_layers: PositiveInt = 6, ffn: PositiveInt = 2048, dropout: Fraction = 0.1,
+                 norm_first: bool = True, positions="sinusoidal", max_len: PositiveInt = 1024, pad_id=0,
                  adaptive_softmax: dict | None = None, **_):
         super().__init__()
         check_heads(d_model, heads)

@@ -3,15 +3,14 @@
 :func:`check_config` runs on the composed config before Hydra creates the run directory
 (``RunGuard.on_run_start``) and again in each sweep job. It catches what would otherwise fail
 deep inside a run, or worse, run silently wrong: a number given as text (``model.heads=four``,
-``seed=abc``), a learning rate <= 0, a batch size or token budget of 0, and a model too large
+``seed=abc``), a learning rate <= 0, a batch size or token budget of 0 (each against the type and
+range its option declares: nas_cli/pipeline/sections.py says where), and a model too large
 for this machine's memory (estimated from the sizes, before anything is allocated), and a
 scheme that cannot run with the model as configured (the attention plan's cross-group
 check, e.g. a ``pe_*`` scheme with ``model.positions`` not ``none``).
 """
 from __future__ import annotations
 
-from types import MappingProxyType
-import math
 import os
 from typing import Any, NamedTuple
 
@@ -25,48 +24,6 @@ from nas_cli.pipeline.sizing import check_memory, model_parameters
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
-
-def _is_num(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(float(v))
-
-
-#: key -> (test, what the value must be); keys absent from the config (another task's) are skipped
-RULES = MappingProxyType({
-    "seed": (lambda v: _is_int(v) and 0 <= v <= 2 ** 32 - 1, "an integer from 0 to 4294967295 (the seed "
-             "range of NumPy and Lightning)"),
-    "threads": (lambda v: v is None or (_is_int(v) and v > 0), "a positive integer (CPU threads) or null "
-                "(torch's default)"),
-    "model.heads": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "model.d_model": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "model.ffn": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "model.encoder_layers": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-    "model.decoder_layers": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "model.max_len": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "model.dropout": (lambda v: _is_num(v) and 0 <= v < 1, "a number in [0, 1)"),
-    "optim.lr": (lambda v: _is_num(v) and v > 0, "a number > 0"),
-    "optim.warmup": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-    "optim.label_smoothing": (lambda v: _is_num(v) and 0 <= v < 1, "a number in [0, 1)"),
-    "optim.weight_decay": (lambda v: _is_num(v) and v >= 0, "a number >= 0"),
-    "task.batch_size": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "task.eval_batch_size": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "task.max_tokens": (lambda v: _is_int(v) and v > 0, "a positive integer (tokens per batch)"),
-    "task.eval_max_tokens": (lambda v: _is_int(v) and v > 0, "a positive integer (tokens per batch)"),
-    "task.tokens_per_sample": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "task.vocab_size": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "task.beam": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "task.train_size": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "trainer.max_steps": (lambda v: _is_int(v) and (v == -1 or v > 0), "a positive number of optimizer steps, or -1 "
-                          "for no step limit (0 would train nothing)"),
-    "trainer.max_epochs": (lambda v: v is None or (_is_int(v) and (v == -1 or v > 0)),
-                           "a positive number of epochs, or -1 for no epoch limit (0 would train nothing)"),
-    "trainer.accumulate_grad_batches": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "trainer.val_check_interval": (lambda v: v is None or (_is_int(v) and v > 0) or (_is_num(v) and 0 < v <= 1),
-                                   "a positive number of steps, a fraction of an epoch in (0, 1], or null"),
-    "checkpoint.last_every_n_steps": (lambda v: v is None or (_is_int(v) and v >= 0), "an integer >= 0"),
-    "checkpoint.every_n_steps": (lambda v: v is None or (_is_int(v) and v >= 0), "an integer >= 0"),
-    "checkpoint.keep_last": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "diagnostics.batches": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-})
 
 _MISSING = object()
 
@@ -100,13 +57,7 @@ def check_config(cfg: DictConfig) -> Checked:
     """Raise UserError (one line) for the first bad value; then count the model's parameters (built
     on the meta device: no weights allocated) and check they fit this machine's memory. Returns the
     job's attention plan, which the job trains with (built here once), and that count."""
-    for key, (ok, what) in RULES.items():
-        value = _get(cfg, key)
-        if value is _MISSING:
-            continue
-        if not ok(value):
-            shown = f"'{value}'" if isinstance(value, str) else str(value)
-            raise UserError(f"{key}={shown} is not valid: it must be {what} (e.g. {key}={_example(key, cfg)})")
+    check_values(cfg)
     check_shapes_and_logger(cfg)
     check_positions(cfg)
     plan = check_attention(cfg)
@@ -119,14 +70,36 @@ def check_config(cfg: DictConfig) -> Checked:
     return Checked(plan, *size, notes=notes, task=task) if size else Checked(plan, notes=notes, task=task)
 
 
+def check_values(cfg: DictConfig) -> None:
+    """Each value against the type and range its option declares (nas_cli/pipeline/sections.py says
+    where each section's are): one line naming the key, what it must be and an example. Keys absent
+    from the config (another task's, another model's) are skipped."""
+    from nas_cli.infra.options import declared_defaults, declared_types, example_value, type_problem
+    from nas_cli.pipeline.sections import sections
+
+    for prefix, owner in sections(cfg):
+        if prefix and not isinstance(_get(cfg, prefix), DictConfig):
+            continue
+        defaults = declared_defaults(owner)
+        for name, hint in declared_types(owner).items():
+            key = f"{prefix}.{name}" if prefix else name
+            value = _get(cfg, key)
+            what = None if value is _MISSING else type_problem(value, hint)
+            if what:
+                shown = f"'{value}'" if isinstance(value, str) else str(value)
+                default = defaults.get(name)
+                example = default if default is not None and not type_problem(default, hint) else example_value(hint)
+                raise UserError(f"{key}={shown} is not valid: it must be {what} (e.g. {key}={example})")
+
+
 def check_declared(cfg: DictConfig) -> None:
     """Every key of the task and of each diagnostic plug-in is a parameter of its class's
-    constructor (nas_cli/model/options.py; the schemes' are checked by the attention plan): a typo in a
+    constructor (nas_cli/infra/options.py; the schemes' are checked by the attention plan): a typo in a
     user's YAML or ``+task.<typo>=`` is one line with the closest name, not an ignored option."""
     import importlib
 
     from nas_cli.errors import unwrap
-    from nas_cli.model.options import declared, unknown_option_message
+    from nas_cli.infra.options import declared, unknown_option_message
 
     nodes = [("task", cfg.get("task"), f"task '{cfg.task.get('name', '?')}'" if "task" in cfg else "")]
     metrics = cfg.get("diagnostics", {}).get("metrics") if "diagnostics" in cfg else None
@@ -354,10 +327,3 @@ def check_flex(plan, cfg: DictConfig) -> None:
     _check_fused(cfg, f"attention.impl=flex ({', '.join(flex)})",
                  "FlexAttention accumulates the gradients of the column normalizer with atomics on CUDA",
                  lambda device: flex_unavailable(device, training=True))
-
-
-def _example(key: str, cfg: DictConfig) -> str:
-    defaults = {"seed": 1, "model.heads": 4, "model.d_model": 256, "model.ffn": 1024, "model.dropout": 0.1,
-                "optim.lr": "1e-3", "optim.warmup": 400, "optim.label_smoothing": 0.1, "task.batch_size": 64,
-                "task.max_tokens": 4096, "trainer.max_steps": 1000, "trainer.max_epochs": 8}
-    return str(defaults.get(key, 1))

@@ -18,6 +18,7 @@ from nas_cli.errors import NonFiniteLoss, UserError
 from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
 from nas_cli.model.plan import Cores
 from nas_cli.infra.distributed import gather_eval
+from nas_cli.pipeline.sections import OptimOptions
 from tasks.base import EMPTY_WARNING
 
 #: where a checkpoint keeps the run's training time and tokens so far (resume continues them)
@@ -97,8 +98,8 @@ class NasLitModule(pl.LightningModule):
         self.max_positions = int(model_cfg.max_len)
         self._decode_cap_said = False
         self._empty_said: set[str] = set()  # splits whose many empty hypotheses were said
-        self.optim_cfg = optim_cfg
-        if getattr(self.model, "adaptive", False) and float(optim_cfg.label_smoothing):
+        self.optim = OptimOptions.of(optim_cfg)
+        if getattr(self.model, "adaptive", False) and self.optim.label_smoothing:
             raise ValueError("optim.label_smoothing must be 0 with model.adaptive_softmax (the adaptive softmax "
                              "computes only the target's probability); add optim.label_smoothing=0")
         self.log_learned_every = log_learned_every
@@ -213,7 +214,7 @@ class NasLitModule(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         log_now = self._log_now()
-        loss, nll_sum, n, correct = self._step(batch, float(self.optim_cfg.label_smoothing), accuracy=log_now)
+        loss, nll_sum, n, correct = self._step(batch, float(self.optim.label_smoothing), accuracy=log_now)
         if not torch.isfinite(loss):
             raise NonFiniteLoss(
                 f"training loss became {loss.item()} at step {self.global_step}; lower optim.lr, raise "
@@ -336,7 +337,7 @@ class NasLitModule(pl.LightningModule):
 
     # ---- optimization --------------------------------------------------------------
     def configure_optimizers(self):
-        o = self.optim_cfg
+        o = self.optim
         opt = torch.optim.Adam(self.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                weight_decay=o.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt(o.warmup))

@@ -31,6 +31,7 @@ from nas_cli.errors import unwrap as _unwrap
 from nas_cli.infra.atomic import remove_stale_temporaries
 from nas_cli.infra.config_identity import config_id
 from nas_cli.pipeline.lit import NasLitModule, count_parameters
+from nas_cli.pipeline.sections import CheckpointOptions
 from nas_cli.infra.loggers import finish_logger, make_logger, wandb_run_id
 from nas_cli.infra.wandb_offline import carry_history
 from nas_cli.model.locations import job_locations
@@ -263,10 +264,10 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
     ckpt_dir = job.run_dir / "checkpoints"
     ckpt = RunCheckpoint(dirpath=ckpt_dir, filename="best", monitor=task.monitor, mode=task.monitor_mode,
                          save_last=False, save_top_k=1, enable_version_counter=False)  # last.ckpt: FaultTolerance
-    fault = FaultTolerance(ckpt_dir / "last.ckpt", int(cfg.checkpoint.get("last_every_n_steps", 0) or 0), job.identity)
+    saves = CheckpointOptions.of(cfg.checkpoint)
+    fault = FaultTolerance(ckpt_dir / "last.ckpt", saves.last_every_n_steps or 0, job.identity)
     callbacks = [ckpt, fault, StepSeed(int(cfg.seed)), ValidateAtEnd()]  # FaultTolerance: signals in training
-    if cfg.checkpoint.every_n_steps and cfg.checkpoint.every_n_steps > 0:
-        callbacks.append(PeriodicCheckpoint(ckpt_dir, int(cfg.checkpoint.every_n_steps), int(cfg.checkpoint.keep_last)))
+    callbacks += [PeriodicCheckpoint(ckpt_dir, saves.every_n_steps, saves.keep_last)] if saves.every_n_steps else []
     if cfg.diagnostics.enabled:
         from nas_cli.diagnostics.callback import DiagnosticsCallback
 
