@@ -84,10 +84,11 @@ def test_a_declared_range_accepts_exactly_what_a_plain_comparison_does(hint, ref
     ("optim.eps=0", "optim.eps", "a number > 0"),
     ("task.val_size=0", "task.val_size", "a positive integer (e.g. task.val_size=500)"),
     ("model.heads=2.5", "model.heads", "a positive integer (e.g. model.heads=8)"),
+    ("task=iwslt14 task.max_tokens=0", "task.max_tokens", "a positive integer (e.g. task.max_tokens=4096)"),
 ])
 def test_a_value_outside_its_declared_range_is_one_line_naming_it(override, key, what):
     with pytest.raises(UserError) as err:
-        check_config(compose_cfg(override))
+        check_config(compose_cfg(*override.split()))
     message = str(err.value)
     assert message.startswith(f"{key}=") and " is not valid: it must be " in message and what in message, message
     assert "\n" not in message
