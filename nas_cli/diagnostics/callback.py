@@ -121,21 +121,18 @@ class DiagnosticsCallback(pl.Callback):
     eps: epsilon of "epsilon-explained-away" (Ding et al.: 1e-8).
     plots: "end" (PNGs at the end of fit, default), "every" (also after every analysed
         validation) or "never".
-    Unknown options are ignored with a warning (configs from newer versions still run).
     Several processes (DDP): only global rank 0 analyses, on the first ``batches`` batches of the
     whole validation split (not of its own share), so the numbers equal a single-process run's.
     """
 
     def __init__(self, run_dir: str | Path, batches: PositiveInt = 2, every_n_validations: PositiveInt = 1,
-                 eps: float = DEFAULT_EPS, plots: str = "end", metrics: dict[str, Any] | None = None, **kw: Any):
+                 eps: float = DEFAULT_EPS, plots: str = "end", metrics: dict[str, Any] | None = None):
         super().__init__()
         if int(batches) < 1 or int(every_n_validations) < 1:
             raise ValueError("diagnostics.batches and diagnostics.every_n_validations must be >= 1 "
                              f"(got {batches}, {every_n_validations})")
         if plots not in ("end", "every", "never"):
             raise ValueError(f"diagnostics.plots must be end, every or never (got '{plots}')")
-        if kw:
-            rank_zero_warn(f"diagnostics: ignoring unknown option(s) {sorted(kw)}")
         self.dir = Path(run_dir) / "diagnostics"
         self.batches = int(batches)
         self.every = int(every_n_validations)

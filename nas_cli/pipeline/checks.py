@@ -93,8 +93,8 @@ def check_values(cfg: DictConfig) -> None:
 
 
 def check_declared(cfg: DictConfig) -> None:
-    """Every key of the task and of each diagnostic plug-in is a parameter of its class's
-    constructor (nas_cli/infra/options.py; the schemes' are checked by the attention plan): a typo in a
+    """Every key of the task, of each diagnostic plug-in and of the diagnostics section is a
+    parameter of its class's constructor (nas_cli/infra/options.py; the schemes' are checked by the attention plan): a typo in a
     user's YAML or ``+task.<typo>=`` is one line with the closest name, not an ignored option."""
     import importlib
 
@@ -117,6 +117,13 @@ def check_declared(cfg: DictConfig) -> None:
         for key, value in given.items():
             if names is not None and key != "_target_" and key not in names:
                 raise UserError(unknown_option_message(where, str(key), value, owner, names))
+    if isinstance(cfg.get("diagnostics"), DictConfig):  # the section is the callback's options, and enabled
+        from nas_cli.diagnostics.callback import DiagnosticsCallback
+
+        names = (declared(DiagnosticsCallback) - {"run_dir"}) | {"enabled"}
+        for key, value in OmegaConf.to_container(cfg.diagnostics, resolve=False).items():
+            if key not in names:
+                raise UserError(unknown_option_message("diagnostics", str(key), value, "the diagnostics section", names))
 
 
 def check_task_data(cfg: DictConfig):

@@ -133,3 +133,16 @@ def test_a_scheme_option_declares_its_range_in_its_annotation(tmp_path, monkeypa
         check_config(compose_cfg(*base, "+attention.power=-1"))
     assert str(err.value) == ("attention.power=-1: sharpened's option 'power' takes a number > 0 (e.g. "
                               "attention.power=1e-3)")
+
+
+def test_the_diagnostics_section_is_the_callbacks_options_and_a_typo_is_refused():
+    """A key of the diagnostics section that the callback does not take (from an experiment's YAML; the
+    command line refuses ``+diagnostics.<typo>=`` before Hydra starts) was ignored with a warning; now
+    it is one line with the closest name. Every packaged experiment's diagnostics section passes."""
+    from nas_cli.pipeline.checks import check_declared
+
+    with pytest.raises(UserError, match=r"^diagnostics.bacthes=3: the diagnostics section has no option 'bacthes' "
+                                        r"\(did you mean diagnostics.batches\?\)"):
+        check_declared(compose_cfg("+diagnostics.bacthes=3"))
+    for experiment in sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")):
+        check_declared(compose_cfg(f"experiment={experiment}"))
