@@ -22,21 +22,31 @@ from typing import Annotated, Any, Callable, Iterable
 _ROOTS = ("Module", "object", "LightningDataModule", "HyperparametersMixin", "DataHooks", "Callback")
 
 
+def _constructors(cls: type) -> tuple[list, bool]:
+    """(the ``__init__`` functions whose parameters are ``cls``'s options, nearest first: its own and its
+    parents' as long as each passes ``**kwargs`` on; whether the chain ends at a root class or at a
+    constructor without ``**kwargs``, rather than running out)."""
+    inits = []
+    for klass in cls.__mro__:
+        if klass.__name__ in _ROOTS:
+            return inits, True
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        inits.append(init)
+        if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            return inits, True
+    return inits, False
+
+
 def declared(cls: type) -> set[str] | None:
     """The option names ``cls(...)`` accepts; None when some constructor takes arbitrary keywords
     that go nowhere declared (nothing can then be checked)."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        if klass.__name__ in _ROOTS:
-            return names
-        if "__init__" not in klass.__dict__:
-            continue
-        params = inspect.signature(klass.__dict__["__init__"]).parameters.values()
-        names.update(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                     and p.name != "self")
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            return names
-    return None
+    inits, closed = _constructors(cls)
+    if not closed:
+        return None
+    return {p.name for init in inits for p in inspect.signature(init).parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
 
 
 def declared_types(cls: type) -> dict[str, Any]:
@@ -44,20 +54,13 @@ def declared_types(cls: type) -> dict[str, Any]:
     nearest class's annotation wins); an option without an annotation, or one that does not
     evaluate, is left out (its value is then the constructor's to check)."""
     hints: dict[str, Any] = {}
-    for klass in cls.__mro__:
-        if klass.__name__ in _ROOTS:
-            break
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
+    for init in _constructors(cls)[0]:
         try:
             found = typing.get_type_hints(init, include_extras=True)
         except Exception:  # noqa: BLE001 - an annotation naming what its module does not import
             found = {}
         for name, hint in found.items():
             hints.setdefault(name, hint)
-        if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
-            break
     hints.pop("return", None)
     return hints
 
@@ -66,18 +69,21 @@ def declared_defaults(cls: type) -> dict[str, Any]:
     """{option: its constructor's default} along the same constructors as :func:`declared` (for a
     refusal's example: the value the class would take)."""
     out: dict[str, Any] = {}
-    for klass in cls.__mro__:
-        if klass.__name__ in _ROOTS or "__init__" not in klass.__dict__:
-            if klass.__name__ in _ROOTS:
-                break
-            continue
-        params = inspect.signature(klass.__dict__["__init__"]).parameters.values()
-        for p in params:
+    for init in _constructors(cls)[0]:
+        for p in inspect.signature(init).parameters.values():
             if p.default is not p.empty:
                 out.setdefault(p.name, p.default)
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
     return out
+
+
+def import_target(target: str) -> type:
+    """The class a ``_target_`` names, imported with the standard library (Hydra's ``get_class``
+    logs a traceback-like message of its own when it fails); raises ImportError, AttributeError or
+    ValueError when it cannot."""
+    import importlib
+
+    module, _, name = str(target).rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 #: the annotations a value is checked against: what YAML and the command line give for each

@@ -96,10 +96,8 @@ def check_declared(cfg: DictConfig) -> None:
     """Every key of the task, of each diagnostic plug-in and of the diagnostics section is a
     parameter of its class's constructor (nas_cli/infra/options.py; the schemes' are checked by the attention plan): a typo in a
     user's YAML or ``+task.<typo>=`` is one line with the closest name, not an ignored option."""
-    import importlib
-
     from nas_cli.errors import unwrap
-    from nas_cli.infra.options import declared, unknown_option_message
+    from nas_cli.infra.options import declared, import_target, unknown_option_message
 
     nodes = [("task", cfg.get("task"), f"task '{cfg.task.get('name', '?')}'" if "task" in cfg else "")]
     metrics = cfg.get("diagnostics", {}).get("metrics") if "diagnostics" in cfg else None
@@ -107,9 +105,8 @@ def check_declared(cfg: DictConfig) -> None:
     for where, node, owner in nodes:
         if not isinstance(node, DictConfig) or not node.get("_target_"):
             continue
-        try:  # imported here, not by Hydra's get_class: it logs a traceback-like message of its own
-            module, _, name = str(node._target_).rpartition(".")
-            names = declared(getattr(importlib.import_module(module), name))
+        try:
+            names = declared(import_target(node._target_))
         except Exception as err:  # noqa: BLE001 - not importable: the one line, before anything is made
             raise UserError(f"{where}._target_={node._target_} cannot be imported ({unwrap(err)}); check the "
                             "name, or that its module is on the Python path") from None

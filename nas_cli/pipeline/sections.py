@@ -87,9 +87,8 @@ def sections(cfg: DictConfig) -> list[tuple[str, type]]:
     """(config prefix, the class whose constructor's annotations declare that section's options) for
     ``cfg``; a task or plug-in class that cannot be imported is left out (its refusal is
     :func:`~nas_cli.pipeline.checks.check_declared`'s)."""
-    import importlib
-
     from nas_cli.diagnostics.callback import DiagnosticsCallback
+    from nas_cli.infra.options import import_target
     from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer
 
     out = [("", RunOptions), ("optim", OptimOptions), ("checkpoint", CheckpointOptions), ("trainer", TrainerLimits),
@@ -98,9 +97,8 @@ def sections(cfg: DictConfig) -> list[tuple[str, type]]:
     metrics = (cfg.get("diagnostics") or {}).get("metrics") or {}
     targets += [(f"diagnostics.metrics.{k}", (v or {}).get("_target_")) for k, v in metrics.items()]
     for prefix, target in targets:
-        module, _, name = str(target or "").rpartition(".")
         try:
-            out.append((prefix, getattr(importlib.import_module(module), name)))
+            out.append((prefix, import_target(str(target or ""))))
         except (ImportError, AttributeError, ValueError):
             continue
     return out
