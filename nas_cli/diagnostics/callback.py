@@ -274,13 +274,13 @@ class DiagnosticsCallback(pl.Callback):
         try:
             if "ids" in batch:  # decoder-only LM: causal self-attention only
                 ids = batch["ids"]
-                _, attn = model(ids, need_weights=True)
+                _, attn = model(ids, need_weights=True, hidden=True)  # the weights: no vocabulary rows
                 mask = ids != pad
                 masks = {"decoder": (mask, mask)}
                 self._samples += ids.size(0)
             else:
                 src, tgt_in = batch["src"], batch["tgt_in"]
-                _, attn = model(src, tgt_in, need_weights=True)
+                _, attn = model(src, tgt_in, need_weights=True, hidden=True)
                 masks = location_masks(src != pad, tgt_in != pad)
                 self._samples += src.size(0)
             self.diag.update(attn, masks)

@@ -141,14 +141,23 @@ class HFCausalLM(nn.Module):
                                      output_attentions=need_weights, use_cache=False)
         return out.last_hidden_state, self._attention(out, need_weights)
 
-    def forward(self, ids: torch.Tensor, need_weights: bool = False):
-        if self.adaptive:  # its full log-probabilities: logits of the same distribution
+    def forward(self, ids: torch.Tensor, need_weights: bool = False, hidden: bool = False):
+        """Logits (B, T, V) and the attention found; ``hidden``: the base model's last hidden states
+        (B, T, d) instead (evaluation applies :meth:`output_logits` to the positions it scores)."""
+        if self.adaptive or hidden:
             h, attn = self.features(ids, need_weights)
+            if hidden:
+                return h, attn
+            # an adaptive softmax's full log-probabilities: logits of the same distribution
             return self.generator.log_prob(h.flatten(0, -2)).view(*h.shape[:-1], -1), attn
         with _weights_asked(self.hf, need_weights):
             out = self.hf(input_ids=ids, attention_mask=(ids != self.pad_id).long(), output_attentions=need_weights,
                           use_cache=False)
         return out.logits, self._attention(out, need_weights)
+
+    def output_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The library model's LM head on the base model's hidden states (..., d) -> logits (..., V)."""
+        return self.hf.get_output_embeddings()(h)
 
     def target_log_prob(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """log p(target) for hidden states (N, d) without the vocabulary's logits (adaptive only)."""
@@ -175,22 +184,33 @@ class HFSeq2Seq(nn.Module):
         attn = {"encoder": _outputs(out.attentions, _by_location(self.encoder)["encoder"])} if need_weights else {}
         return out.last_hidden_state, mask, attn
 
-    def decode(self, tgt_in, memory, memory_mask, need_weights: bool = False, last_only: bool = False):
+    def decode(self, tgt_in, memory, memory_mask, need_weights: bool = False, last_only: bool = False,
+               hidden: bool = False):
+        """Logits (B, T, V); ``hidden``: the decoder's last hidden states (B, T, d) instead, before
+        its LM head (:meth:`output_logits`)."""
+        model = self.decoder.base_model if hidden else self.decoder
         with _weights_asked(self.decoder, need_weights):
-            out = self.decoder(input_ids=tgt_in, attention_mask=(tgt_in != self.pad_id).long(),
-                               encoder_hidden_states=memory, encoder_attention_mask=memory_mask.long(),
-                               output_attentions=need_weights, use_cache=False)
-        logits = out.logits[:, -1:] if last_only else out.logits
+            out = model(input_ids=tgt_in, attention_mask=(tgt_in != self.pad_id).long(),
+                        encoder_hidden_states=memory, encoder_attention_mask=memory_mask.long(),
+                        output_attentions=need_weights, use_cache=False)
+        found = out.last_hidden_state if hidden else out.logits
+        found = found[:, -1:] if last_only else found
         if not need_weights:
-            return logits, {}
+            return found, {}
         cores = _by_location(self.decoder)
-        return logits, {"decoder": _outputs(out.attentions, cores["decoder"]),
-                        "cross": _outputs(out.cross_attentions, cores["cross"])}
+        return found, {"decoder": _outputs(out.attentions, cores["decoder"]),
+                       "cross": _outputs(out.cross_attentions, cores["cross"])}
 
-    def forward(self, src, tgt_in, need_weights: bool = False):
+    def output_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The decoder's LM head on its hidden states (..., d) -> logits (..., V): a BERT decoder's
+        head is a transform (dense, activation, LayerNorm) before the vocabulary projection."""
+        head = getattr(self.decoder, "cls", None) or self.decoder.get_output_embeddings()
+        return head(h)
+
+    def forward(self, src, tgt_in, need_weights: bool = False, hidden: bool = False):
         memory, memory_mask, enc = self.encode(src, need_weights)
-        logits, dec = self.decode(tgt_in, memory, memory_mask, need_weights)
-        return logits, {**enc, **dec}
+        out, dec = self.decode(tgt_in, memory, memory_mask, need_weights, hidden=hidden)
+        return out, {**enc, **dec}
 
     def greedy_decode(self, src, bos_id: int, eos_id: int, max_len: int, incremental: bool = True):
         return greedy_decode(self, src, bos_id, eos_id, max_len, incremental)

@@ -240,8 +240,10 @@ class Seq2SeqTransformer(nn.Module):
             per_layer.append(found)
         return self.enc_norm(x), mask, _collect(per_layer, {"self": "encoder"})
 
-    def decode(self, tgt_in, memory, memory_mask, need_weights=False, last_only=False):
-        """``last_only``: project only the last position to the vocabulary (decoding)."""
+    def decode(self, tgt_in, memory, memory_mask, need_weights=False, last_only=False, hidden=False):
+        """Logits (B, T, V) and the attention found. ``last_only``: project only the last position to
+        the vocabulary (decoding); ``hidden``: the final hidden states (B, T, C) instead of logits
+        (evaluation projects only the positions it scores: :meth:`output_logits`)."""
         mask = tgt_in != self.pad_id
         x = self.tgt_embed(tgt_in)
         per_layer, found = [], None
@@ -250,7 +252,12 @@ class Seq2SeqTransformer(nn.Module):
             per_layer.append(found)
         if last_only:
             x = x[:, -1:]
-        return self.generator(self.dec_norm(x)), _collect(per_layer, {"self": "decoder", "cross": "cross"})
+        x = self.dec_norm(x)
+        return x if hidden else self.generator(x), _collect(per_layer, {"self": "decoder", "cross": "cross"})
+
+    def output_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The output layer: final hidden states (..., C) -> logits (..., V)."""
+        return self.generator(h)
 
     @property
     def can_step(self) -> bool:
@@ -268,11 +275,12 @@ class Seq2SeqTransformer(nn.Module):
         cache["len"] = pos + 1
         return self.generator(self.dec_norm(x))[:, -1]
 
-    def forward(self, src, tgt_in, need_weights=False):
-        """(B, S), (B, T) -> logits (B, T, V) and {location: [AttentionOutput per layer]}."""
+    def forward(self, src, tgt_in, need_weights=False, hidden=False):
+        """(B, S), (B, T) -> logits (B, T, V) (``hidden``: the final hidden states (B, T, C)) and
+        {location: [AttentionOutput per layer]}."""
         memory, memory_mask, enc = self.encode(src, need_weights)
-        logits, dec = self.decode(tgt_in, memory, memory_mask, need_weights)
-        return logits, {**enc, **dec}
+        out, dec = self.decode(tgt_in, memory, memory_mask, need_weights, hidden=hidden)
+        return out, {**enc, **dec}
 
     def greedy_decode(self, src, bos_id: int, eos_id: int, max_len: int, incremental: bool = True) -> torch.Tensor:
         """Greedy decoding (:func:`greedy_decode`)."""
@@ -322,13 +330,20 @@ class DecoderOnlyLM(nn.Module):
             per_layer.append(found)
         return self.norm(x), _collect(per_layer, {"self": "decoder"})
 
-    def forward(self, ids, need_weights=False):
+    def forward(self, ids, need_weights=False, hidden=False):
         """Logits over the vocabulary (with an adaptive softmax: its full log-probabilities,
-        which are logits of the same distribution) and the attention weights found."""
+        which are logits of the same distribution) and the attention weights found; ``hidden``: the
+        final hidden states (B, T, C) instead (evaluation projects only the positions it scores)."""
         h, attn = self.features(ids, need_weights=need_weights)
+        if hidden:
+            return h, attn
         if self.adaptive:
             return self.generator.log_prob(h.flatten(0, -2)).view(*h.shape[:-1], -1), attn
         return self.generator(h), attn
+
+    def output_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The output layer (not adaptive): final hidden states (..., C) -> logits (..., V)."""
+        return self.generator(h)
 
     def target_log_prob(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """log p(target) for hidden states ``h`` (N, d) and targets (N,) without forming all the

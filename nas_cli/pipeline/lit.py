@@ -17,6 +17,7 @@ from nas_cli.model.decoding import beam_search
 from nas_cli.errors import NonFiniteLoss, UserError
 from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
 from nas_cli.model.plan import Cores
+from nas_cli.model.scoring import Scores, score_log_probs, score_positions
 from nas_cli.infra.distributed import gather_eval
 from nas_cli.pipeline.sections import OptimOptions
 from tasks.base import EMPTY_WARNING
@@ -144,24 +145,19 @@ class NasLitModule(pl.LightningModule):
         logits, _ = self.model(batch["src"], batch["tgt_in"])
         return logits, batch["tgt_out"]
 
-    def _step(self, batch, smoothing: float, accuracy: bool = True, rows: bool = False):
-        """loss, NLL sum, token count and (if ``accuracy``) correct greedy tokens; with ``rows``
-        also the per-row (per-example) NLL sums and token counts (evaluation: paired tests)."""
+    def _step(self, batch, smoothing: float, accuracy: bool = True):
+        """Training: loss, NLL sum, token count and (if ``accuracy``) correct greedy tokens, from the
+        logits of every position (all of them are trained on)."""
         if getattr(self.model, "adaptive", False):
-            return self._adaptive_step(batch, smoothing, accuracy, rows)
+            return self._adaptive_step(batch, smoothing, accuracy)
         logits, target = self._logits_and_target(batch)
         loss, nll_sum, n = label_smoothed_nll(logits, target, self.task.pad_id, smoothing)
-        keep = target != self.task.pad_id
         correct = None
         if accuracy:  # an argmax over (B, T, vocab): skipped on training steps that log nothing
-            correct = ((logits.argmax(-1) == target) & keep).sum()
-        if not rows:
-            return loss, nll_sum, n, correct
-        token_nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), target, reduction="none",
-                                                      ignore_index=self.task.pad_id)
-        return loss, nll_sum, n, correct, ((token_nll * keep).sum(-1), keep.sum(-1))
+            correct = ((logits.argmax(-1) == target) & (target != self.task.pad_id)).sum()
+        return loss, nll_sum, n, correct
 
-    def _adaptive_step(self, batch, smoothing: float, accuracy: bool, rows: bool = False):
+    def _adaptive_step(self, batch, smoothing: float, accuracy: bool):
         """The same quantities with an adaptive softmax: only the targets' log-probabilities
         are computed (no (B, T, vocab) logits), which is where its speed comes from."""
         h, _ = self.model.features(batch["ids"])
@@ -172,11 +168,23 @@ class NasLitModule(pl.LightningModule):
         n = keep.sum().clamp(min=1)
         nll_sum = -logp.sum()
         correct = (self.model.generator.predict(h.float()) == tgt).sum() if accuracy else None
-        if not rows:
-            return nll_sum / n, nll_sum.detach(), n, correct
-        row = keep.nonzero(as_tuple=True)[0]
-        row_nll = torch.zeros(target.size(0), dtype=logp.dtype, device=logp.device).index_add_(0, row, -logp.detach())
-        return nll_sum / n, nll_sum.detach(), n, correct, (row_nll, keep.sum(-1))
+        return nll_sum / n, nll_sum.detach(), n, correct
+
+    def eval_scores(self, batch) -> Scores:
+        """Evaluation: the NLL, token count, greedy hits and their per-row sums of the positions the
+        evaluation counts, with the output layer applied to those positions only
+        (:mod:`nas_cli.model.scoring`: a language model's context positions and every padded target
+        get no vocabulary row)."""
+        if self.task.kind == "lm":
+            hidden, _ = self.model(batch["ids"], hidden=True)
+            target = batch["target"]
+        else:
+            hidden, _ = self.model(batch["src"], batch["tgt_in"], hidden=True)
+            target = batch["tgt_out"]
+        if getattr(self.model, "adaptive", False):
+            return score_log_probs(hidden, target, self.task.pad_id, self.model.target_log_prob,
+                                   self.model.generator.predict)
+        return score_positions(hidden, target, self.task.pad_id, self.model.output_logits)
 
     @staticmethod
     def _batch_tokens(batch) -> torch.Tensor:
@@ -249,8 +257,9 @@ class NasLitModule(pl.LightningModule):
 
     # ---- evaluation ----------------------------------------------------------------
     def _eval_step(self, batch, split: str):
-        loss, nll_sum, n, correct, (row_nll, row_n) = self._step(batch, 0.0, rows=True)
-        for key, val in (("nll", nll_sum), ("n", n), ("correct", correct)):
+        scores = self.eval_scores(batch)
+        row_nll, row_n = scores.row_nll, scores.row_tokens
+        for key, val in (("nll", scores.nll_sum), ("n", scores.tokens), ("correct", scores.correct)):
             self._sums[f"{split}/{key}"] = self._sums.get(f"{split}/{key}", 0) + val.detach().double()
         hyps, refs, index, nll, ntok = self._eval_text.setdefault(split, ([], [], [], [], []))
         rows = row_nll.size(0)
@@ -295,6 +304,7 @@ class NasLitModule(pl.LightningModule):
         n = sums["n"]
         if n is None:
             return
+        n = n.clamp(min=1)  # a split with nothing scored divides nothing by zero
         nll = sums["nll"] / n
         correct = sums["correct"] / n
         metrics = {f"{split}/loss": float(nll), f"{split}/ppl": float(torch.exp(nll.clamp(max=50))),

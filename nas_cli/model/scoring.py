@@ -1,0 +1,82 @@
+"""Evaluation scores computed at the scored positions only.
+
+An evaluation counts the loss of some positions and not others: a language model's window scores
+its new tokens and not the ``task.context_window`` tokens of context before them (their targets are
+padding), a padded batch scores no padding. The output layer is the costly part of scoring a
+position (a ``d_model x vocab`` product and a softmax over the vocabulary: with WikiText-2's 33,278
+words and windows of 256 scoring their last 64 tokens, 3 of every 4 rows of full ``(B, T, vocab)``
+logits were never counted). :func:`score_positions` takes the model's final hidden states, keeps the
+scored positions, and applies the output layer, one cross entropy over the flat ``(positions,
+vocab)`` layout and the greedy prediction to those alone, in chunks whose logits hold at most
+:data:`CHUNK_ELEMENTS` numbers, so evaluation memory depends neither on the context window nor,
+beyond one chunk, on the vocabulary.
+
+The per-row sums that the paired tests need (``nas_cli.report``) come from the same pass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.nn import functional as F
+
+#: the most logits one chunk of scored positions holds (float32: 256 MiB): a 33k-word vocabulary
+#: scores about 2,000 positions a chunk, a 267k-word one (WikiText-103) about 250
+CHUNK_ELEMENTS = 1 << 26
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One batch's evaluation numbers (every tensor on the batch's device, no host sync)."""
+
+    nll_sum: torch.Tensor  # () float64: summed negative log-likelihood of the scored targets
+    tokens: torch.Tensor  # () int64: scored targets
+    correct: torch.Tensor  # () int64: scored targets equal to the greedy (argmax) prediction
+    row_nll: torch.Tensor  # (B,) float64: the NLL sum of each row (example, or LM window)
+    row_tokens: torch.Tensor  # (B,) int64: the scored targets of each row
+
+
+def scored(hidden: torch.Tensor, target: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The hidden states (N, d) of the positions whose target is not ``pad_id``, their targets (N,)
+    and the row each came from (N,), from ``hidden`` (B, T, d) and ``target`` (B, T)."""
+    keep = target != pad_id
+    rows = keep.nonzero(as_tuple=True)[0]
+    return hidden[keep], target[keep], rows
+
+
+def score_positions(hidden: torch.Tensor, target: torch.Tensor, pad_id: int,
+                    logits_of: Callable[[torch.Tensor], torch.Tensor],
+                    chunk_elements: int = CHUNK_ELEMENTS) -> Scores:
+    """:class:`Scores` of ``target`` (B, T) given the final hidden states ``hidden`` (B, T, d), with
+    ``logits_of`` the output layer ((n, d) -> (n, vocab) logits) applied to the scored positions only."""
+    h, tgt, rows = scored(hidden, target, pad_id)
+    nll = torch.empty(tgt.shape, dtype=torch.float32, device=h.device)
+    hit = torch.empty(tgt.shape, dtype=torch.bool, device=h.device)
+    start, step = 0, None
+    while start < tgt.numel():
+        end = start + (step or 1)
+        logits = logits_of(h[start:end]).float()  # (n, vocab)
+        if step is None:  # the first position tells the vocabulary's size: the chunk follows from it
+            step = max(1, chunk_elements // logits.size(-1))
+        nll[start:end] = F.cross_entropy(logits, tgt[start:end], reduction="none")
+        hit[start:end] = logits.argmax(-1) == tgt[start:end]
+        start = end
+    return _summed(nll, hit, rows, target.size(0))
+
+
+def score_log_probs(hidden: torch.Tensor, target: torch.Tensor, pad_id: int,
+                    log_prob: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                    predict: Callable[[torch.Tensor], torch.Tensor]) -> Scores:
+    """:class:`Scores` from an output layer that gives the targets' log-probabilities without the
+    vocabulary's logits (an adaptive softmax): ``log_prob(h, targets)`` and ``predict(h)``."""
+    h, tgt, rows = scored(hidden, target, pad_id)
+    h = h.float()
+    return _summed(-log_prob(h, tgt).float(), predict(h) == tgt, rows, target.size(0))
+
+
+def _summed(nll: torch.Tensor, hit: torch.Tensor, rows: torch.Tensor, batch: int) -> Scores:
+    row_nll = torch.zeros(batch, dtype=torch.float64, device=nll.device).index_add_(0, rows, nll.double())
+    row_tokens = torch.zeros(batch, dtype=torch.int64, device=nll.device).index_add_(
+        0, rows, torch.ones_like(rows))
+    return Scores(row_nll.sum(), row_tokens.sum(), hit.sum(), row_nll, row_tokens)
