@@ -11,12 +11,14 @@ sacreBLEU signature) to ``<run dir>/eval/<name>.json`` and the hypotheses to
 """
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from nas_cli.errors import OneLineParser, UserError, fail, quiet_libraries
+from nas_cli.errors import OneLineParser, SignalStop, UserError, fail, quiet_libraries
 from nas_cli.pipeline.evaluation import evaluate
 
 
@@ -32,18 +34,30 @@ def main(argv=None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override the saved config")
     args = ap.parse_args(argv)
     quiet_libraries()
+    from nas_cli.infra.fault_tolerance import stop_signals
+
     try:
-        result = evaluate(args)
+        with stop_signals():  # a stop ends the evaluation at once; eval/ gets nothing of it
+            result = evaluate(args)
     except UserError as err:
         fail(str(err), program="nas-eval")
+    except SignalStop as stop:
+        print(f"nas-eval: stopped: {signal.Signals(stop.signum).name} during the evaluation of {args.run_dir} "
+              f"({args.split} split); nothing written to its eval/", file=sys.stderr)
+        sys.exit(128 + stop.signum)
     table = Table(title=f"nas-eval {args.run_dir} ({args.split})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in result["metrics"].items():
         table.add_row(k, f"{v:.4f}")
     Console(width=120).print(table)
+    scored = ", ".join(result["checkpoints"])
+    beam = result["decoding"]["beam"] if result.get("decoding") else None
+    print(f"scored: {scored}" + (f" (averaged)" if len(result["checkpoints"]) > 1 else "")
+          + (f", beam {beam}" if beam else "") + f", {result['threads']} thread(s)")
     if result.get("bleu_signature"):
         print(f"sacreBLEU signature: {result['bleu_signature']}")
+    print(f"written: {', '.join(result['files'])}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ find without being handed anything is here:
 * ``run_dir`` / ``sweep_dir``: what this process started, for the one line a stop prints
   (:mod:`nas_cli.sweeps.supervision`; Hydra's callbacks set them);
 * ``stops``: the stop signals nas-run's own handlers received outside training;
-* ``training_stop``: the first stop signal noted during training (:mod:`nas_cli.infra.resume`),
+* ``training_stop``: the first stop signal noted during training (:mod:`nas_cli.infra.fault_tolerance`),
   so that the loggers ride out the moment W&B's service is already gone;
 * ``held``: the run and sweep directories whose lock this process holds
   (:mod:`nas_cli.infra.rundir`), released at exit.

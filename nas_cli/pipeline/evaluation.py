@@ -77,11 +77,17 @@ _MISSING = object()
 
 def evaluate(args) -> dict:
     """Evaluate a finished run's checkpoint(s) on a split, with the run's own config (``--set``
-    changes, ``--beam``/``--lenpen``); the result goes to ``<run>/eval/<name>.json``."""
+    changes, ``--beam``/``--lenpen``); the result goes to ``<run>/eval/<name>.json``, its metrics
+    named by the split (``valid/loss``, ``test/bleu``). Threads as nas-run chooses them (``--set
+    threads=N``, else by the model's size); progress as lines where stdout is not a terminal."""
     import pytorch_lightning as pl
 
+    from nas_cli.model.plan import AttentionPlan
+    from nas_cli.pipeline.lit import count_parameters
+    from nas_cli.pipeline.progress import progress_callback
     from nas_cli.pipeline.resolvers import register_resolvers
     from nas_cli.pipeline.run import build_module, build_task
+    from nas_cli.pipeline.trainer import set_threads
 
     register_resolvers()  # the saved config's ${nas.*} interpolations
     run_dir = args.run_dir
@@ -90,27 +96,43 @@ def evaluate(args) -> dict:
     check_fingerprints(cfg, ckpts)
     task = build_task(cfg)
     _set_decoding(task, args.beam, args.lenpen)
-    from nas_cli.model.plan import AttentionPlan
-
     module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model))
     module.load_state_dict(average_checkpoints(ckpts))
+    module.test_split = args.split
+    set_threads(cfg, count_parameters(module.model))
     trainer = pl.Trainer(accelerator=cfg.trainer.get("accelerator", "auto"), devices=1, logger=False,
-                         enable_progress_bar=False, enable_model_summary=False)
+                         callbacks=[progress_callback(run_dir.name, "", False, program="nas-eval")],
+                         enable_model_summary=False, enable_checkpointing=False)
     loader = task.test_dataloader() if args.split == "test" else task.val_dataloader()
     metrics = trainer.test(module, dataloaders=loader, verbose=False)[0]
     name = args.name or f"{args.split}" + (f"-avg{len(ckpts)}" if len(ckpts) > 1 else "") + \
         (f"-beam{args.beam}" if args.beam else "") + (f"-lenpen{args.lenpen}" if args.lenpen is not None else "")
-    out_dir = run_dir / "eval"
-    out_dir.mkdir(exist_ok=True)
     result = {"split": args.split, "checkpoints": [str(p) for p in ckpts], "metrics": metrics,
-              "decoding": task.decoding, "bleu_signature": task.bleu_signature}
-    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
-    if "test" in module.items:  # per-item outputs: nas-report can test this evaluation against others
-        (out_dir / f"{name}.items.json").write_text(json.dumps({**module.items["test"], "split": args.split}))
-    hyps = module.decoded.get("test", [])
-    if hyps:
-        (out_dir / f"{name}.hyp.txt").write_text("\n".join(hyps) + "\n")
+              "decoding": task.decoding, "bleu_signature": task.bleu_signature, "threads": torch.get_num_threads()}
+    result["files"] = [str(p) for p in _write(run_dir / "eval", name, result, module.items.get(args.split),
+                                              module.decoded.get(args.split, []))]
     return result
+
+
+def _write(out_dir: Path, name: str, result: dict, items: dict | None, hyps: list[str]) -> list[Path]:
+    """The evaluation's files, each written whole (temporary file, then rename), the result last: a stop
+    while writing removes the ones already written, so ``eval/`` never holds part of an evaluation."""
+    from nas_cli.infra.atomic import atomic_write_json, atomic_write_text
+
+    written: list[Path] = []
+    out_dir.mkdir(exist_ok=True)
+    try:
+        if items is not None:  # per-item outputs: nas-report can test this evaluation against others
+            written.append(atomic_write_json(out_dir / f"{name}.items.json", {**items, "split": result["split"]},
+                                             indent=None))
+        if hyps:
+            written.append(atomic_write_text(out_dir / f"{name}.hyp.txt", "\n".join(hyps) + "\n"))
+        written.insert(0, atomic_write_json(out_dir / f"{name}.json", result))
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    return written
 
 
 def _run_config(run_dir: Path, sets: list[str]):

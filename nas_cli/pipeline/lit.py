@@ -104,6 +104,9 @@ class NasLitModule(pl.LightningModule):
             raise ValueError("optim.label_smoothing must be 0 with model.adaptive_softmax (the adaptive softmax "
                              "computes only the target's probability); add optim.label_smoothing=0")
         self.log_learned_every = log_learned_every
+        #: the name the test hooks score, key and log under: "test", or "valid" for ``nas-eval --split valid``
+        #: (its references, per-item outputs and metrics are the valid split's)
+        self.test_split = "test"
         # per split: hypotheses, references, item indices, per-item NLL sums and token counts
         self._eval_text: dict[str, tuple[list, list, list, list, list]] = {}
         self.decoded: dict[str, list[str]] = {}  # hypotheses of the last evaluation per split
@@ -324,7 +327,7 @@ class NasLitModule(pl.LightningModule):
     def _say_empty(self, split: str, share: float | None) -> None:
         """One note when many test hypotheses are empty: the reported scores then say little. (Not for
         validations: early in training a model ending at once is usual, and says nothing yet.)"""
-        if split != "test" or share is None or share <= EMPTY_WARNING or split in self._empty_said \
+        if split == "val" or share is None or share <= EMPTY_WARNING or split in self._empty_said \
                 or self.global_rank != 0:
             return
         self._empty_said.add(split)
@@ -340,10 +343,10 @@ class NasLitModule(pl.LightningModule):
         self._eval_end("val")
 
     def test_step(self, batch, batch_idx):
-        self._eval_step(batch, "test")
+        self._eval_step(batch, self.test_split)
 
     def on_test_epoch_end(self):
-        self._eval_end("test")
+        self._eval_end(self.test_split)
 
     # ---- optimization --------------------------------------------------------------
     def configure_optimizers(self):

@@ -22,9 +22,8 @@ from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nas_cli.attention import SchemeError
-from nas_cli.attention.base import learned_scalars, learned_values
 from tasks.scores import declaration
-from nas_cli.infra.checkpoints import (PeriodicCheckpoint, checkpoint_io, checkpoint_step, tested_checkpoint,
+from nas_cli.infra.checkpoints import (PeriodicCheckpoint, checkpoint_io, tested_checkpoint,
                                       unreadable_checkpoint)
 from nas_cli.errors import Refused, SignalStop, Stopped, UserError, record
 from nas_cli.errors import unwrap as _unwrap
@@ -37,10 +36,12 @@ from nas_cli.infra.wandb_offline import carry_history
 from nas_cli.model.locations import job_locations
 from nas_cli.model.plan import AttentionPlan, Cores, canonical_config
 from nas_cli.pipeline.sweep_launcher import shares_terminal
+from nas_cli.pipeline.progress import progress_callback
+from nas_cli.pipeline.summary import as_float, run_summary
 from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
-                      environment, progress_bar, set_threads, ProgressLines)
-from nas_cli.infra.resume import (FaultTolerance, Preempted, RunCheckpoint, config_fingerprint, continue_finished,
-                                  pick_checkpoint, stop_signals)
+                      set_threads)
+from nas_cli.infra.fault_tolerance import FaultTolerance, Preempted, stop_signals
+from nas_cli.infra.resume import RunCheckpoint, config_fingerprint, continue_finished, pick_checkpoint
 from nas_cli.infra.redaction import redacted_argv
 from nas_cli.infra.version import code_version, describe
 from nas_cli.infra.atomic import atomic_write_json, atomic_write_text
@@ -104,7 +105,7 @@ def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_t
     finished run longer (its earlier summary is kept as ``summary.step<N>.json``).
 
     SIGTERM, SIGUSR1 and SIGUSR2 stop the job with one line at any moment: during training
-    after saving ``last.ckpt`` (:class:`~nas_cli.infra.resume.FaultTolerance`), before or after it
+    after saving ``last.ckpt`` (:class:`~nas_cli.infra.fault_tolerance.FaultTolerance`), before or after it
     (startup, final test) at once, with the same resume hint. ``size``: (parameters, exact) from the
     pre-run check, said once the run is under way (a refused resume says nothing else); ``task``:
     the task the pre-run check built (None: built here)."""
@@ -176,7 +177,7 @@ def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_
         return None
     if "test" in module.items:
         atomic_write_json(run_dir / ITEMS_FILE, module.items["test"], indent=None)
-    summary = _summary(cfg, job, trainer, ckpt, module, task, tested, test, fit_seconds, train_tokens)
+    summary = run_summary(cfg, job, trainer, ckpt, module, task, tested, test, fit_seconds, train_tokens)
     finish_logger(logger, summary, run_dir)
     atomic_write_json(run_dir / "summary.json", summary)
     (run_dir / WANDB_ID_FILE).unlink(missing_ok=True)
@@ -273,8 +274,8 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
 
         opts = {k: v for k, v in OmegaConf.to_container(cfg.diagnostics, resolve=True).items() if k != "enabled"}
         callbacks.append(DiagnosticsCallback(run_dir=job.run_dir, **opts))
-    if cfg.progress_bar:  # lines where the jobs of a sweep share the terminal
-        callbacks.append(ProgressLines(job.run_dir.name, task.monitor) if shares_terminal() else progress_bar())
+    if cfg.progress_bar:  # lines in a log file and where the jobs of a sweep share the terminal
+        callbacks.append(progress_callback(job.run_dir.name, task.monitor, shares_terminal()))
     trainer = pl.Trainer(**trainer_kwargs(cfg), callbacks=callbacks, logger=logger,
                          plugins=[checkpoint_io(cfg.trainer.get("accelerator", "auto"))],
                          default_root_dir=str(job.run_dir), enable_progress_bar=bool(cfg.progress_bar),
@@ -315,7 +316,7 @@ def _choose_tested(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunChe
         _warn(f"{best} is unreadable ({unreadable}); testing the final weights (step {int(trainer.global_step)}) "
               "instead")
         best = None
-    return best, tested_checkpoint(best, job.run_dir, task.monitor, _float(ckpt.best_model_score),
+    return best, tested_checkpoint(best, job.run_dir, task.monitor, as_float(ckpt.best_model_score),
                                    int(trainer.global_step),
                                    why=f"best checkpoint unreadable ({unreadable})" if unreadable else None)
 
@@ -330,62 +331,14 @@ def _test(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, best: s
         raise _stopped(stop, trainer, job.run_dir, "testing") from None
 
 
-def _summary(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunCheckpoint, module, task, tested: dict,
-             test: dict, fit_seconds: list[float], train_tokens: float) -> dict[str, Any]:
-    """summary.json: what the run is, what it measured, and how it ran."""
-    return {
-        "task": cfg.task.name,
-        "scheme": job.plan.tag,
-        "placement": job.plan.names,
-        "heads": int(cfg.model.heads),
-        "d_model": int(cfg.model.d_model),
-        "model": cfg.model.name,
-        "parameters": count_parameters(module.model),
-        "seed": int(cfg.seed),
-        "config_id": job.config_id,
-        "code": code_version(),
-        "steps": int(trainer.global_step),
-        # training (with validation and checkpoints) over every launch up to the weights kept
-        "fit_seconds": sum(fit_seconds),
-        "fit_seconds_by_launch": fit_seconds,
-        "tokens_per_s": train_tokens / module.train_seconds if module.train_seconds else None,
-        "best_checkpoint": tested["checkpoint"],
-        "tested": tested,
-        "best_val": {"metric": task.monitor, "value": _float(ckpt.best_model_score),
-                     "step": checkpoint_step(ckpt.best_model_path or None)},
-        "test": {k: float(v) for k, v in test.items()},
-        "metrics": declaration(task.metrics),
-        "learned": learned_scalars(learned_values(module.model)),
-        "bleu_signature": task.bleu_signature,
-        "bleu_tok_signature": task.bleu_tok_signature,
-        "data_timings": task.timings,
-        "run_dir": _shown_path(job.run_dir),
-        "group": job.identity["group"],
-        "processes": int(trainer.world_size),
-        "environment": environment(trainer, cfg),
-        "resumed_from": os.path.relpath(job.resume[0], job.run_dir) if job.resume else None,
-        "continued_from_summary": job.kept.name if job.kept else None,
-    }
-
-
 def _stopped(stop: SIGTERMException, trainer: pl.Trainer, run_dir: Path, phase: str) -> Stopped:
     signum = getattr(stop, "signum", signal.SIGTERM)
     name = signal.Signals(signum).name
+    phase = getattr(stop, "phase", phase)
     saved = "checkpoints/last.ckpt saved; " if isinstance(stop, Preempted) else ""
-    return Stopped(f"{name} during {phase} at step {trainer.global_step} ({saved}no summary.json); "
+    again = "the resumed run repeats this validation; " if phase == "validation" else ""
+    return Stopped(f"{name} during {phase} at step {trainer.global_step} ({saved}{again}no summary.json); "
                    f"continue with: nas-run resume={run_dir}", 128 + int(signum))
-
-
-def _shown_path(path: Path) -> str:
-    """A run directory as summary.json records it: relative to the working directory when inside it
-    (committed summaries do not name the machine they were made on), else as given."""
-    rel = os.path.relpath(Path(path).resolve(), Path.cwd().resolve())
-    return str(path) if rel.startswith("..") else rel
-
-
-def _float(x):
-    return None if x is None else float(x)
-
 
 
 #: the W&B run id of a run that has no checkpoint yet (a kill before the first one reuses it)

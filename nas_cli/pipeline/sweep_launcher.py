@@ -13,7 +13,7 @@ overrides each job is composed from (so every job knows it shares the machine).
 Everything the sequential launcher gives stays: Ctrl-C and SIGTERM reach the whole sweep
 (:mod:`nas_cli.sweeps.supervision`), the sweep summary, continuing by running the same command
 again, per-job seeds and directories. Each job prints progress lines instead of a live bar
-(:class:`~nas_cli.pipeline.trainer.ProgressLines`): two live bars in one terminal overwrite
+(:class:`~nas_cli.pipeline.progress.ProgressLines`): two live bars in one terminal overwrite
 each other. A job that takes a whole device (a GPU, DDP) keeps one job at a time. To run the
 jobs one after another anyway: ``hydra/launcher=basic`` (or ``NAS_RUN_SWEEP_JOBS=1``).
 """

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import platform
 import re
-import time
 import warnings
 from typing import Any
 
@@ -177,46 +176,3 @@ def fsdp_strategy(**kwargs):
 
     kwargs.setdefault("auto_wrap_policy", {Block})
     return FSDPStrategy(**kwargs)
-
-
-def progress_bar():
-    """Lightning's rich progress bar, its description saying the budget the run has: "Epoch 3/7" under
-    an epoch limit, "Epoch 3 (to step 2000)" under a step budget (Lightning wrote "Epoch 3/-2"
-    when max_epochs is -1)."""
-    from pytorch_lightning.callbacks import RichProgressBar
-
-    class BudgetProgressBar(RichProgressBar):
-        def _get_train_description(self, current_epoch: int) -> str:
-            trainer = self.trainer
-            text = f"Epoch {current_epoch}"
-            if trainer.max_steps and trainer.max_steps > 0:
-                text += f" (to step {trainer.max_steps})"  # set at each epoch's start: no moving count
-            elif trainer.max_epochs is not None and trainer.max_epochs > 0:
-                text += f"/{trainer.max_epochs - 1}"
-            return f"{text:{len(self.validation_description)}}"
-
-    return BudgetProgressBar(leave=True)
-
-
-class ProgressLines(pl.Callback):
-    """A job's progress as lines, for sweeps whose jobs share one terminal (where live bars would
-    overwrite each other): the job's directory name, the step of the budget with the time so far,
-    every tenth of the budget, and each validation's value of the checkpoint metric."""
-
-    def __init__(self, name: str, monitor: str):
-        self.name, self.monitor, self.next, self.start = name, monitor, 1, time.monotonic()
-
-    def _say(self, text: str) -> None:
-        print(f"nas-run: {self.name}: {text} ({time.monotonic() - self.start:.0f} s)", flush=True)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step, total = trainer.global_step, trainer.max_steps
-        every = max(1, total // 10) if total and total > 0 else 0
-        if every and step >= max(self.next, every):
-            self._say(f"step {step} of {total}")
-            self.next = step + every
-
-    def on_validation_end(self, trainer, pl_module):
-        value = trainer.callback_metrics.get(self.monitor)
-        if not trainer.sanity_checking and value is not None:
-            self._say(f"validation at step {trainer.global_step}: {self.monitor} = {float(value):.4g}")

@@ -1,6 +1,6 @@
 """The supervision of nas-run's own process: what a stop signal does outside a job's handlers.
 
-A job in training handles its own stop signals (``infra.resume``: it saves and says how to
+A job in training handles its own stop signals (``infra.fault_tolerance``: it saves and says how to
 resume). This module is for the process around the jobs: a sweep waiting on joblib's workers,
 Hydra composing, a single run before training starts. There a signal must not become a
 traceback and must not cost the workers' unsaved steps:

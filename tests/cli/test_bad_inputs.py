@@ -248,7 +248,7 @@ def test_nas_eval_prints_its_table_without_lightnings_banner(places, tmp_path):
 def test_the_progress_bar_states_the_budget_it_has():
     import pytorch_lightning as pl
 
-    from nas_cli.pipeline.trainer import progress_bar
+    from nas_cli.pipeline.progress import progress_bar
 
     for kwargs, expected in (({"max_steps": 30, "max_epochs": -1}, "Epoch 0 (to step 30)"),
                              ({"max_epochs": 8}, "Epoch 0/7")):

@@ -408,16 +408,21 @@ def test_a_run_started_with_the_signal_ignored_keeps_ignoring_it(tmp_path, sig):
     assert proc.returncode == 128 + signal.SIGTERM and "stopped: SIGTERM during training" in err, err[-3000:]
 
 
-def test_a_second_ctrl_c_while_stopping_stops_at_once(tmp_path):
-    from nas_cli.infra.resume import FaultTolerance
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1])
+def test_the_same_signal_twice_while_stopping_stops_at_once(tmp_path, sig):
+    from nas_cli.errors import SignalStop
+    from nas_cli.infra.fault_tolerance import FaultTolerance
+    from nas_cli.infra.resume import FAULT_TOLERANCE_KEY
 
+    assert FaultTolerance.__qualname__ == FAULT_TOLERANCE_KEY  # how a checkpoint files the callback's state
     ft = FaultTolerance(tmp_path / "last.ckpt", 10, {})
-    ft._note(signal.SIGINT, None)
-    assert ft.pending == signal.SIGINT  # the first: noted, acted on at the next batch boundary
-    with pytest.raises(KeyboardInterrupt):
-        ft._note(signal.SIGINT, None)
-    ft._note(signal.SIGTERM, None)  # other signals while stopping: nothing more
-    assert ft.pending == signal.SIGINT
+    ft._note(sig, None)
+    assert ft.pending == sig  # the first: noted, acted on at the next batch (of training or a validation)
+    other = signal.SIGTERM if sig == signal.SIGINT else signal.SIGINT
+    ft._note(other, None)  # another signal while stopping: one stop passed on as another, only noted
+    with pytest.raises(SignalStop) as stop:
+        ft._note(sig, None)
+    assert stop.value.signum == sig and ft.pending == sig
     other = FaultTolerance(tmp_path / "last.ckpt", 10, {})
     other._note(signal.SIGTERM, None)  # a joblib sweep's process passes Ctrl-C on as SIGTERM; the terminal's
     other._note(signal.SIGINT, None)  # own SIGINT may come after it: still one stop, saved as usual

@@ -1,0 +1,67 @@
+"""summary.json: what a finished run is, what it measured, and how it ran (the file ``nas-report``,
+``nas-eval`` and a resumed run read)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from omegaconf import DictConfig
+
+from nas_cli.attention.base import learned_scalars, learned_values
+from nas_cli.infra.checkpoints import checkpoint_step
+from nas_cli.infra.version import code_version
+from nas_cli.pipeline.lit import count_parameters
+from nas_cli.pipeline.trainer import environment
+from tasks.scores import declaration
+
+
+def run_summary(cfg: DictConfig, job, trainer: pl.Trainer, ckpt, module, task, tested: dict,
+                test: dict, fit_seconds: list[float], train_tokens: float) -> dict[str, Any]:
+    """summary.json of the job ``job`` (run.py's decisions: plan, identity, config id, resume), trained
+    by ``trainer`` with ``ckpt`` its best checkpoint, ``tested`` the weights the test used."""
+    return {
+        "task": cfg.task.name,
+        "scheme": job.plan.tag,
+        "placement": job.plan.names,
+        "heads": int(cfg.model.heads),
+        "d_model": int(cfg.model.d_model),
+        "model": cfg.model.name,
+        "parameters": count_parameters(module.model),
+        "seed": int(cfg.seed),
+        "config_id": job.config_id,
+        "code": code_version(),
+        "steps": int(trainer.global_step),
+        # training (with validation and checkpoints) over every launch up to the weights kept
+        "fit_seconds": sum(fit_seconds),
+        "fit_seconds_by_launch": fit_seconds,
+        "tokens_per_s": train_tokens / module.train_seconds if module.train_seconds else None,
+        "best_checkpoint": tested["checkpoint"],
+        "tested": tested,
+        "best_val": {"metric": task.monitor, "value": as_float(ckpt.best_model_score),
+                     "step": checkpoint_step(ckpt.best_model_path or None)},
+        "test": {k: float(v) for k, v in test.items()},
+        "metrics": declaration(task.metrics),
+        "learned": learned_scalars(learned_values(module.model)),
+        "bleu_signature": task.bleu_signature,
+        "bleu_tok_signature": task.bleu_tok_signature,
+        "data_timings": task.timings,
+        "run_dir": shown_path(job.run_dir),
+        "group": job.identity["group"],
+        "processes": int(trainer.world_size),
+        "environment": environment(trainer, cfg),
+        "resumed_from": os.path.relpath(job.resume[0], job.run_dir) if job.resume else None,
+        "continued_from_summary": job.kept.name if job.kept else None,
+    }
+
+
+def shown_path(path: Path) -> str:
+    """A run directory as summary.json records it: relative to the working directory when inside it
+    (committed summaries do not name the machine they were made on), else as given."""
+    rel = os.path.relpath(Path(path).resolve(), Path.cwd().resolve())
+    return str(path) if rel.startswith("..") else rel
+
+
+def as_float(x):
+    return None if x is None else float(x)
