@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nas_cli.errors import SignalStop
@@ -207,20 +208,48 @@ class FaultTolerance(pl.Callback):
         owed, self.owed = self.owed, None
         if owed is None or int(owed) != int(trainer.global_step) or not trainer.enable_validation:
             return
-        connector = trainer._logger_connector
+        connector, val_loop = trainer._logger_connector, trainer.fit_loop.epoch_loop.val_loop
         first = connector._first_loop_iter
         trainer.validating = True
-        trainer.fit_loop.epoch_loop.val_loop.run()
+        val_loop.run()
         trainer.training = True
         connector._first_loop_iter = first
+        # Lightning's restart then goes on as from a checkpoint saved after this validation (at a batch's
+        # start): a validation run during the restart would end a restarted epoch before its first step
+        val_loop._has_run = False
+
+    def on_fit_start(self, trainer, pl_module):
+        """A run resumed at its last step with a validation owed: Lightning's training loop, its budget
+        reached, returns at once without a hook; the validation runs right after it, still inside
+        ``fit`` (the best checkpoint is chosen in fitting only), and last.ckpt no longer owes it."""
+        loop = trainer.fit_loop
+        run = loop.run
+
+        def run_then_validate_owed():
+            run()
+            if self.owed is None:
+                return
+            self._install_handlers()
+            self._validate_owed(trainer)
+            for ckpt in trainer.checkpoint_callbacks:  # those that save at the epoch's end, as its end would
+                if isinstance(ckpt, ModelCheckpoint) and ckpt._should_save_on_train_epoch_end(trainer):
+                    ckpt.on_train_epoch_end(trainer, pl_module)
+            self._save(trainer)
+
+        loop.run = run_then_validate_owed
 
     # ---- signals -------------------------------------------------------------------------
     def on_train_start(self, trainer, pl_module):
-        if threading.current_thread() is threading.main_thread():
-            for sig in stop_signals_here():
+        self._install_handlers()
+        self._validate_owed(trainer)
+
+    def _install_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in stop_signals_here():
+            if signal.getsignal(sig) != self._note:
                 self._previous[sig] = signal.getsignal(sig)
                 signal.signal(sig, self._note)
-        self._validate_owed(trainer)
 
     def _note(self, signum, frame) -> None:
         if self.pending is None:
@@ -240,6 +269,7 @@ class FaultTolerance(pl.Callback):
 
     def on_fit_end(self, trainer, pl_module):
         self._restore_handlers()
+        trainer.fit_loop.__dict__.pop("run", None)  # the wrapper of on_fit_start
 
     def on_exception(self, trainer, pl_module, exception):
         self._restore_handlers()

@@ -44,4 +44,7 @@ def test_the_valid_split_is_scored_against_its_own_references_under_its_name(tmp
     assert items["split"] == "valid" and items["n"] == 30 and items["refs"] == scored_refs
     assert sorted(p.name for p in (run / "eval").iterdir()) == ["valid.hyp.txt", "valid.items.json", "valid.json"]
     test = evaluate(_args(run))  # the test split: its own names, its own references
-    assert "test/bleu" in test["metrics"] and test["metrics"]["test/bleu"] != metrics["valid/bleu"]
+    assert "test/bleu" in test["metrics"] and not any(k.startswith("valid/") for k in test["metrics"])
+    test_items = json.loads((run / "eval" / "test.items.json").read_text())
+    assert test_items["n"] == 20 and test_items["refs"] == task.scored_text(task.text["test"][1],
+                                                                           task.text["test"][1])[1]

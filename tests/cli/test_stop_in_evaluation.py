@@ -39,7 +39,8 @@ def _start(args: list[str], cwd: Path, out: Path, err: Path) -> subprocess.Popen
 def _wait_for_lines(path: Path, needle: str, count: int, proc: subprocess.Popen, timeout: float = 300) -> None:
     end = time.time() + timeout
     while path.read_text().count(needle) < count:
-        assert proc.poll() is None, f"exited {proc.returncode} before {count} x {needle!r}: {path.read_text()[-2000:]}"
+        errors = path.with_suffix(".err").read_text() if path.with_suffix(".err").exists() else ""
+        assert proc.poll() is None, f"exited {proc.returncode} before {count} x {needle!r}: {errors[-2000:]}"
         assert time.time() < end, f"never {count} x {needle!r}: {path.read_text()[-2000:]}"
         time.sleep(0.1)
 
@@ -71,9 +72,9 @@ def test_sigterm_during_a_long_validation_stops_within_a_batch_and_the_resume_re
     SIGTERM to the process group a third of the way in; the output goes to files."""
     data = _lm(tmp_path, LONG_VALID_LINES)
     run = tmp_path / "run"
-    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    out, err = tmp_path / "run.out", tmp_path / "run.err"
     args = [NAS_RUN, *LM, f"task.path={data}", "model=small", "trainer.max_steps=3", "task.batch_size=4",
-            "trainer.limit_test_batches=2", f"hydra.run.dir={run}"]
+            "+trainer.limit_test_batches=2", f"hydra.run.dir={run}"]
     proc = _start(args, tmp_path, out, err)
     needle = "validation at step 3: batch"
     _wait_for_lines(out, needle, 3, proc)
@@ -98,7 +99,7 @@ def test_sigterm_during_a_long_validation_stops_within_a_batch_and_the_resume_re
 
     # the printed command, with the repeated validation cut short here (the suite's time): the run finishes
     # with that validation's value at step 3 as its best, as if it had never stopped
-    res = nas_run(f"resume={run}", "trainer.limit_val_batches=4", cwd=tmp_path, timeout=600)
+    res = nas_run(f"resume={run}", "+trainer.limit_val_batches=4", cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["best_val"]["step"] == 3 and summary["best_val"]["value"] > 0
@@ -118,30 +119,44 @@ def test_sigterm_during_a_long_validation_stops_within_a_batch_and_the_resume_re
     assert not list((run / "eval").glob("*")) if (run / "eval").exists() else True
 
 
-@pytest.mark.parametrize("sig,to_group", [(signal.SIGINT, True), (signal.SIGUSR1, False), (signal.SIGHUP, False)],
-                         ids=["ctrl-c", "SIGUSR1", "SIGHUP"])
-def test_a_stop_during_a_validation_inside_training_resumes_with_that_validation_then_trains_on(
-        tmp_path, sig, to_group):
+#: (the step whose validation is stopped, overrides): 4 training batches an epoch at task.batch_size=4
+CASES = {
+    "mid-epoch": (2, ["trainer.max_steps=6", "trainer.val_check_interval=2", "trainer.check_val_every_n_epoch=null"]),
+    "epoch-end": (4, ["trainer.max_steps=8"]),  # once an epoch, the validation after its last batch
+    "last-step": (3, ["trainer.max_steps=3"]),  # the validation at the end of training, then the test
+}
+
+
+@pytest.mark.parametrize("sig,to_group,case", [(signal.SIGINT, True, "mid-epoch"), (signal.SIGUSR1, False, "epoch-end"),
+                                               (signal.SIGHUP, False, "last-step")],
+                         ids=["ctrl-c-mid-epoch", "SIGUSR1-epoch-end", "SIGHUP-last-step"])
+def test_a_run_stopped_in_a_validation_and_resumed_equals_the_run_never_stopped(tmp_path, sig, to_group, case):
+    """Stopped during a validation (signalled as a terminal's Ctrl-C, SLURM's SIGUSR1, a closed terminal's
+    SIGHUP) and resumed, a run logs each validation once with the values, best checkpoint and test result of
+    the same run never stopped: the resumed run repeated the validation, then trained on as it would have."""
+    import pandas as pd
+
+    step, extra = CASES[case]
     data = _lm(tmp_path, 1500)
+    args = [*LM, f"task.path={data}", "model=tiny", "task.batch_size=4", "task.eval_batch_size=2",
+            "+trainer.limit_test_batches=2", *extra]
+    ref = nas_run(*args, f"hydra.run.dir={tmp_path / 'ref'}", cwd=tmp_path, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
     run = tmp_path / "run"
-    out, err = tmp_path / "out.log", tmp_path / "err.log"
-    args = [NAS_RUN, *LM, f"task.path={data}", "model=tiny", "trainer.max_steps=8", "trainer.val_check_interval=4",
-            "trainer.check_val_every_n_epoch=null", "task.eval_batch_size=2", "trainer.limit_test_batches=2",
-            f"hydra.run.dir={run}"]
-    proc = _start(args, tmp_path, out, err)
-    _wait_for_lines(out, "validation at step 4: batch", 1, proc)
+    out, err = tmp_path / "run.out", tmp_path / "run.err"
+    proc = _start([NAS_RUN, *args, f"hydra.run.dir={run}"], tmp_path, out, err)
+    _wait_for_lines(out, f"validation at step {step}: batch", 1, proc)
     _stopped_within(proc, sig, 10, to_group)
     errors = err.read_text()
     assert proc.returncode == 128 + sig, errors[-3000:]
-    assert f"stopped: {sig.name} during validation at step 4" in errors and "Traceback" not in errors
-    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+    assert f"stopped: {sig.name} during validation at step {step}" in errors and "Traceback" not in errors
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
     res = nas_run(f"resume={run}", cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.count("validation at step 4: val/loss") == 1 and "validation at step 8: val/loss" in res.stdout
-    import pandas as pd
-
-    metrics = pd.read_csv(run / "csv" / "metrics.csv")
-    assert metrics.dropna(subset=["val/loss"])["step"].tolist() == [3, 7]  # each validation once
-    train_steps = metrics.dropna(subset=["train/loss"])["step"].tolist()
-    assert train_steps == sorted(set(train_steps)) and max(train_steps) == 7
-    assert json.loads((run / "summary.json").read_text())["steps"] == 8
+    assert res.stdout.count(f"validation at step {step}: val/loss") == 1
+    got, want = (json.loads((d / "summary.json").read_text()) for d in (run, tmp_path / "ref"))
+    assert got["best_val"] == want["best_val"] and got["steps"] == want["steps"]
+    assert got["test"] == pytest.approx(want["test"], rel=1e-6)
+    rows = [pd.read_csv(d / "csv" / "metrics.csv").dropna(subset=["val/loss"])[["step", "val/loss"]]
+            for d in (run, tmp_path / "ref")]
+    pd.testing.assert_frame_equal(rows[0].reset_index(drop=True), rows[1].reset_index(drop=True), rtol=1e-6)
