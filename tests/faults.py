@@ -21,14 +21,14 @@ def fire():
     os.kill(os.getpid(), sig)
 
 if where.startswith("step:"):
-    from nas_cli.infra import resume
+    from nas_cli.infra import fault_tolerance
     at = int(where.split(":")[1])
-    before = resume.FaultTolerance.on_train_batch_start
+    before = fault_tolerance.FaultTolerance.on_train_batch_start
     def hooked(self, trainer, *a, **k):
         if trainer.global_step >= at:
             fire()
         return before(self, trainer, *a, **k)
-    resume.FaultTolerance.on_train_batch_start = hooked
+    fault_tolerance.FaultTolerance.on_train_batch_start = hooked
 elif where == "test":
     import pytorch_lightning as pl
     before_test = pl.Trainer.test

@@ -62,7 +62,7 @@ def test_ddp_two_cpu_processes_one_wandb_run_metrics_equal_single_process(tmp_pa
     assert ev.returncode == 0, ev.stderr[-2000:]
     single = json.loads((run / "eval" / "single.json").read_text())["metrics"]
     for key in ("loss", "ppl", "bleu", "exact_match", "token_acc"):
-        assert last_val(wb["history"], f"val/{key}") == pytest.approx(single[f"test/{key}"], rel=1e-5, abs=1e-6), key
+        assert last_val(wb["history"], f"val/{key}") == pytest.approx(single[f"valid/{key}"], rel=1e-5, abs=1e-6), key
 
     # diagnostics: rank 0 analysed the whole split's first batches, as one process would
     cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
