@@ -143,17 +143,17 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
     log = run_dir / "nas_run.log"  # the job's log, opened by Hydra: a refusal's lines are cut off again
     logged = log.stat().st_size if log.is_file() else None
     try:
-        if continuing(run_dir):
-            record_resume(run_dir, list(hc.overrides.task))
-        clear_failed(run_dir)
         checking = True  # a refusal of a value: a single run leaves no directory behind
         try:
             checked = check_config(cfg)  # again: a sweep's own values (model.heads=four,8) are only known per job
             check_trainer(cfg)  # Lightning's own refusals (precision, accelerator, unknown options), before any data
         except UserError as err:
-            if continuing(run_dir):  # a resumed run refused before it ran: left as it was
+            if continuing(run_dir):  # a resumed run refused before it ran: left as it was, untouched
                 raise Refused(str(err)) from None
             raise
+        if continuing(run_dir):
+            record_resume(run_dir, list(hc.overrides.task))
+        clear_failed(run_dir)
         for note in checked.notes:  # said on the terminal by the check before Hydra started
             record(f"note: {note}")
         checking = False
@@ -201,7 +201,7 @@ def _cut_log(log: Path, size: int | None) -> None:
     try:
         if size is None:
             log.unlink(missing_ok=True)
-        else:
+        elif log.stat().st_size != size:
             os.truncate(log, size)
     except OSError:
         pass

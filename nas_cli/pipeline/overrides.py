@@ -17,6 +17,7 @@ import difflib
 from pathlib import Path
 
 from nas_cli.errors import UserError
+from nas_cli.pipeline.hydra_groups import check_hydra_groups
 from nas_cli.model.plan import LOCATIONS
 
 
@@ -68,6 +69,7 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
         return  # another config source: resume= (check_resume_overrides), --config-path (Hydra checks it)
     searchpath = [a for a in args if a.startswith(("hydra.searchpath=", "+hydra.searchpath="))]
     dirs = [conf_dir, *user_config_dirs(searchpath)]
+    check_hydra_groups(args, conf_dir, tuple(dirs[1:]))  # hydra/launcher=..., hydra/sweeper=...
     plain = [a for a in args if a not in ("-m", "--multirun") and "=" in a and not a.startswith(("hydra.", "hydra/"))]
     parser = OverridesParser.create()
     try:

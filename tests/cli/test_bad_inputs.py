@@ -109,6 +109,14 @@ CASES = [
     ([R, "resume={run}", "trainer.max_stepz=9"], 2, "trainer.max_steps"),
     ([R, "resume={run}", "-m", "seed=1,2"], 2, "resume= takes one run directory and cannot be combined with -m"),
     ([R, "resume={run}"], 2, "{run}"),
+    ([R, "resume={run}", "trainer.max_steps=40", "model.heads=3"], 2, "model.heads"),
+    # --- nas-run: Hydra's own groups ---
+    ([R, "-m", "hydra/launcher=nonexistent", "seed=1,2"], 2, "hydra/launcher=nonexistent: no such choice (choices: "
+                                                             "basic, joblib, slurm, submitit_local, submitit_slurm)"),
+    ([R, "hydra/launcher=jobli"], 2, "did you mean hydra/launcher=joblib?"),
+    ([R, "-m", "hydra/launcher=ray", "seed=1,2"], 2, "hydra/launcher=ray: that plug-in is not installed"),
+    ([R, "-m", "hydra/sweeper=nevergrad", "seed=1,2"], 2, "pip install hydra-nevergrad-sweeper"),
+    ([R, "hydra/lancher=basic"], 2, "hydra/lancher is not a config group of Hydra; did you mean hydra/launcher?"),
     # --- nas-report ---
     (["nas-report"], 2, "the following arguments are required"),
     (["nas-report", "{missing}"], 2, "{missing}"),
