@@ -26,7 +26,8 @@ def hydra_argv(argv: list[str]) -> list[str]:
     argv = location_alias(argv)  # attention.decoder=x: see nas_cli/model/plan.py
     argv = saved_sweep_order(argv)
     argv = sequential_argv(argv)
-    check_overrides(argv, CONF_DIR)  # typos: one line with the closest name, before Hydra
+    added = check_overrides(argv, CONF_DIR)  # typos: one line with the closest name, before Hydra
+    argv = [f"+{a}" if a in added else a for a in argv]  # trainer.<Lightning argument> no preset sets
     check_sweep_values(argv)
     check_output_dirs(argv)
     return resume_argv(argv)
@@ -161,7 +162,8 @@ def resume_argv(argv: list[str]) -> list[str]:
 
     run_dir = Path(dirs[0]).expanduser().resolve()
     check_resumable(run_dir, rest)
-    check_resume_overrides(run_dir, rest, CONF_DIR)  # group choices and typos: one line, before Hydra
+    added = check_resume_overrides(run_dir, rest, CONF_DIR)  # group choices and typos: one line, before Hydra
+    rest = [f"+{a}" if a in added else a for a in rest]  # trainer.<Lightning argument> the saved config lacks
     check_resumed_values(run_dir, rest)  # values, as a new run's are checked: before the run is touched
     os.environ[CONTINUE_ENV] = str(run_dir)
     quoted = str(run_dir).replace("\\", "\\\\").replace("'", "\\'")

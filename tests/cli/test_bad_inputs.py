@@ -68,7 +68,6 @@ CASES = [
     ([R, "trainer.max_epochs=0"], 2, "trainer.max_epochs=0 is not valid"),
     ([R, "trainer.precision=16-mixed"], 2, "trainer.precision=16-mixed is float16, which needs a GPU"),
     ([R, "trainer.precision=fp7"], 2, "Precision 'fp7' is invalid"),
-    ([R, "+trainer.foo=1"], 2, "trainer.foo is not an option of Lightning's Trainer"),
     ([R, "trainer.accumulate_grad_batches=0"], 2, "trainer.accumulate_grad_batches=0 is not valid"),
     ([R, "trainer.val_check_interval=0"], 2, "trainer.val_check_interval=0 is not valid"),
     ([R, "trainer=tpu9"], 2, "trainer=tpu9"),
@@ -110,6 +109,12 @@ CASES = [
     ([R, "resume={run}", "-m", "seed=1,2"], 2, "resume= takes one run directory and cannot be combined with -m"),
     ([R, "resume={run}"], 2, "{run}"),
     ([R, "resume={run}", "trainer.max_steps=40", "model.heads=3"], 2, "model.heads"),
+    # --- nas-run: Lightning's Trainer arguments (every one is accepted as trainer.<name>=) ---
+    ([R, "trainer.foo=1"], 2, "trainer.foo: Lightning's Trainer has no argument 'foo'; the closest of its arguments is "
+                              "trainer."),
+    ([R, "+trainer.foo=1"], 2, "+trainer.foo: Lightning's Trainer has no argument 'foo'"),
+    ([R, "trainer.limit_val_batchs=0"], 2, "did you mean trainer.limit_val_batches?"),
+    ([R, "resume={run}", "trainer.max_steps=40", "+trainer.fo=1"], 2, "Lightning's Trainer has no argument 'fo'"),
     # --- nas-run: Hydra's own groups ---
     ([R, "-m", "hydra/launcher=nonexistent", "seed=1,2"], 2, "hydra/launcher=nonexistent: no such choice (choices: "
                                                              "basic, joblib, slurm, submitit_local, submitit_slurm)"),
@@ -265,3 +270,16 @@ def test_the_progress_bar_states_the_budget_it_has():
         bar.setup(trainer, None, "fit")  # what Lightning calls when fitting starts
         text = bar._get_train_description(0)
         assert text.strip() == expected and "-2" not in text
+
+
+def test_every_lightning_trainer_argument_is_accepted_as_written(tmp_path):
+    """trainer.<name>= for an argument of Lightning's Trainer that no preset sets (Hydra would answer
+    'not in struct'): composed as an addition, in a new run and in a resume."""
+    from nas_cli.pipeline.overrides import lightning_arguments
+
+    assert {"limit_val_batches", "limit_test_batches", "overfit_batches", "max_time"} <= set(lightning_arguments())
+    proc = run_command([BIN / R, "trainer.limit_val_batches=0", "trainer.overfit_batches=3", "--cfg", "job"],
+                       cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "limit_val_batches: 0" in proc.stdout and "overfit_batches: 3" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
