@@ -109,6 +109,11 @@ CASES = [
     ([R, "resume={run}", "-m", "seed=1,2"], 2, "resume= takes one run directory and cannot be combined with -m"),
     ([R, "resume={run}"], 2, "{run}"),
     ([R, "resume={run}", "trainer.max_steps=40", "model.heads=3"], 2, "model.heads"),
+    # --- nas-run: data a task cannot get (refused before any run directory is made) ---
+    ([R, "task=wmt14"], 2, "task 'wmt14' has no task.path, so it reads the Hugging Face dataset 'wmt14' (de-en); the "
+                           "hub does not answer and"),
+    ([R, "task=multi30k", "task.path="], 2, "give the data as files with task.path=<dir with train.de/train.en, "
+                                            "val.*, test_2016_flickr.*>"),
     # --- nas-run: Lightning's Trainer arguments (every one is accepted as trainer.<name>=) ---
     ([R, "trainer.foo=1"], 2, "trainer.foo: Lightning's Trainer has no argument 'foo'; the closest of its arguments is "
                               "trainer."),
