@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, Dataset
 from nas_cli.infra.options import PositiveInt
 
 from .base import EOS, PAD, Task, loader_workers, pad_batch, worker_options
-from .sources import (DataError, check_dir, check_text_file, disk_split, fingerprint, hub_split, read_lines,
-                      resolve_source)
+from .sources import (DataError, check_dir, check_hub_source, check_text_file, disk_split, fingerprint, hub_split,
+                      read_lines, resolve_source)
 from .vocab import default_cache_dir, word_level
 
 SPLITS = ("train", "valid", "test")
@@ -106,6 +106,9 @@ class LanguageModelTask(Task):
                 check_text_file(root / f"{name}.txt", f"{split} split")
         elif kind == "disk":
             check_dir(self.path)
+        else:
+            check_hub_source(self.name, self.hf_name, self.hf_config, str(self.cache_dir / "hf"),
+                             "train.txt/valid.txt/test.txt")
 
     def _lines(self, split: str) -> list[str]:
         name = self.split_names[split]

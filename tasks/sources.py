@@ -165,6 +165,20 @@ def hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
         return False
 
 
+def check_hub_source(task: str, name: str, config: str | None, cache_dir: str, local_files: str) -> None:
+    """Before anything is made: a task reading a Hugging Face dataset can get it, from the hub (it answers)
+    or from the local hub cache (the dataset's folder is there); else one line saying where it looked."""
+    if hub_reachable():
+        return
+    folder = str(name).replace("/", "___")
+    if any(Path(cache_dir).glob(f"{folder}*")) or any(Path(cache_dir).glob(f"*/{folder}*")):
+        return
+    which = f"'{name}'" + (f" ({config})" if config else "")
+    raise DataError(f"task '{task}' has no task.path, so it reads the Hugging Face dataset {which}; "
+                    f"the hub does not answer and {cache_dir} holds no copy of it: give the data as files with "
+                    f"task.path=<dir with {local_files}>")
+
+
 def hub_split(name: str, config: str | None, split: str, columns: Sequence[str], cache_dir: str | None) -> list[list[str]]:
     """A split of a hub dataset. Without network, only the local hub cache is tried (the
     datasets library would otherwise retry for about 30 seconds before failing)."""

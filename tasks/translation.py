@@ -36,8 +36,8 @@ from nas_cli.infra.options import PositiveInt
 
 from .base import EOS, Task, collate_seq2seq, empty_share, loader_workers, note, worker_options
 from .batching import TokenBatchSampler
-from .sources import (DataError, check_dir, check_text_file, disk_split, fingerprint, hub_split, local_parallel,
-                      resolve_source)
+from .sources import (DataError, check_dir, check_hub_source, check_text_file, disk_split, fingerprint, hub_split,
+                      local_parallel, resolve_source)
 from .vocab import default_cache_dir, joint_bpe
 
 SPLITS = ("train", "valid", "test")
@@ -116,9 +116,13 @@ class TranslationTask(Task):
         self.timings: dict[str, float] = {}
 
     # ---- data --------------------------------------------------------------------------
+    @property
+    def _local_files(self) -> str:
+        names = self.split_names
+        return f"{names['train']}.{self.src_lang}/{names['train']}.{self.tgt_lang}, {names['valid']}.*, {names['test']}.*"
+
     def _resolve_source(self) -> str:
-        return resolve_source(self.source, self.path, self.hf_name, self.name,
-                              f"train.{self.src_lang}/train.{self.tgt_lang}, valid.*, test.*")
+        return resolve_source(self.source, self.path, self.hf_name, self.name, self._local_files)
 
     def check_data(self) -> None:
         """Before the run directory is made: a local folder holds every split's two files, as text."""
@@ -130,6 +134,8 @@ class TranslationTask(Task):
                     check_text_file(root / f"{name}.{lang}", side)
         elif kind == "disk":
             check_dir(self.path)
+        else:
+            check_hub_source(self.name, self.hf_name, self.hf_config, str(self.cache_dir / "hf"), self._local_files)
 
     def _load_text(self, split: str) -> tuple[list[str], list[str]]:
         kind = self._resolve_source()

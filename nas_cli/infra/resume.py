@@ -28,6 +28,7 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from nas_cli.errors import UserError
+from nas_cli.infra.rundir import held_elsewhere
 
 
 def checkpoint_files(run_dir: Path) -> list[Path]:
@@ -106,13 +107,17 @@ def _override(overrides, key: str) -> str | None:
 
 
 def check_resumable(run_dir: Path, overrides=()) -> None:
-    """``nas-run resume=<dir> [overrides]``: refuse (one line, nothing written) what cannot be
-    continued. A finished run is continued only to train it longer (``trainer.max_steps`` above
-    the steps it has done)."""
+    """``nas-run resume=<dir> [overrides]``: refuse (one line, before anything is written anywhere) what
+    cannot be continued: no run there, a run another process is training, no checkpoint that loads,
+    and a finished run asked for no more steps than it has (it is continued only to train it longer)."""
     if not run_dir.is_dir():
         raise UserError(f"resume={run_dir}: no such run directory")
     if not (run_dir / ".hydra" / "config.yaml").is_file():
         raise UserError(f"resume={run_dir}: not a nas-run run directory (no .hydra/config.yaml)")
+    holder = held_elsewhere(run_dir)
+    if holder:
+        raise UserError(f"resume={run_dir}: another nas-run is training this run (PID {holder.get('pid')} on "
+                        f"{holder.get('host')}, since {holder.get('since')}); wait for it to end, or stop it first")
     if not checkpoint_files(run_dir):
         raise UserError(f"resume={run_dir}: no checkpoint to continue from (checkpoints/last.ckpt); the run "
                         "stopped before its first one: start it again")
@@ -131,11 +136,35 @@ def check_resumable(run_dir: Path, overrides=()) -> None:
             raise UserError(f"resume={run_dir}: that run is complete ({done} steps, summary.json); to train it "
                             f"longer pass trainer.max_steps=<more than {done}>"
                             + (f" (got trainer.max_steps={wanted})" if wanted is not None else ""))
+    _check_loadable(run_dir)
 
 
-def continue_finished(run_dir: Path) -> Path | None:
-    """A finished run trained longer: its summary.json is kept as ``summary.step<N>.json``
-    (the continued run writes a new summary.json when it finishes). Returns the kept file."""
+def _check_loadable(run_dir: Path) -> None:
+    """At least one checkpoint to continue from loads; else one line saying what the run still has."""
+    found = checkpoint_files(run_dir)
+    reasons = []
+    for path in found:
+        try:
+            ckpt = load_safe(path)
+            if "state_dict" in ckpt and "loops" in ckpt:
+                return
+            reasons.append(f"{path.name}: not a full training checkpoint")
+        except Exception as err:  # noqa: BLE001 - truncated, corrupt or foreign: say which
+            reasons.append(f"{path.name}: {unreadable_reason(err)}")
+    has = [name for name in ("summary.json", "checkpoints/best.ckpt") if (run_dir / name).is_file()]
+    if (run_dir / "summary.json").is_file():
+        kept = (f"the finished run is unchanged ({' and '.join(has)}): nas-eval {run_dir} scores it; to train "
+                "longer, start a new run with its config")
+    else:
+        kept = "start the run again in a new directory" + (f" (it still has {has[-1]}: nas-eval --ckpt "
+                                                           f"{run_dir / has[-1]})" if has else "")
+    raise UserError(f"resume={run_dir}: no checkpoint to continue from loads ({'; '.join(reasons)}); {kept}")
+
+
+def kept_summary(run_dir: Path) -> Path | None:
+    """Where a finished run trained longer keeps its earlier summary: ``summary.step<N>.json``. The file
+    stays summary.json (the run stays finished) until the continued run writes its own
+    (:func:`keep_summary`); None for a run that has no summary."""
     summary = run_dir / "summary.json"
     if not summary.is_file():
         return None
@@ -143,9 +172,13 @@ def continue_finished(run_dir: Path) -> Path | None:
         steps = int(json.loads(summary.read_text()).get("steps", 0))
     except (OSError, ValueError, TypeError, AttributeError):
         steps = 0
-    kept = run_dir / f"summary.step{steps}.json"
-    os.replace(summary, kept)
-    return kept
+    return run_dir / f"summary.step{steps}.json"
+
+
+def keep_summary(run_dir: Path, kept: Path | None) -> None:
+    """The continued run finished: its earlier summary moves to ``kept`` before the new one is written."""
+    if kept is not None and (run_dir / "summary.json").is_file():
+        os.replace(run_dir / "summary.json", kept)
 
 
 def config_fingerprint(cfg) -> str:

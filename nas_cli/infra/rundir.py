@@ -57,6 +57,14 @@ def _stale(holder: dict[str, Any]) -> bool:
     return False  # another host: cannot tell, assume it is running
 
 
+def held_elsewhere(run_dir: Path) -> dict[str, Any] | None:
+    """The holder of ``run_dir``'s lock when it is another live process (None: free, stale, or ours)."""
+    holder = _read(Path(run_dir) / LOCK_NAME)
+    if not holder or (holder.get("pid") == os.getpid() and holder.get("host") == _me()["host"]) or _stale(holder):
+        return None
+    return holder
+
+
 def is_rank_zero() -> bool:
     from pytorch_lightning.utilities import rank_zero_only
 

@@ -26,7 +26,8 @@ def hydra_argv(argv: list[str]) -> list[str]:
     argv = location_alias(argv)  # attention.decoder=x: see nas_cli/model/plan.py
     argv = saved_sweep_order(argv)
     argv = sequential_argv(argv)
-    check_overrides(argv, CONF_DIR)  # typos: one line with the closest name, before Hydra
+    added = check_overrides(argv, CONF_DIR)  # typos: one line with the closest name, before Hydra
+    argv = [f"+{a}" if a in added else a for a in argv]  # trainer.<Lightning argument> no preset sets
     check_sweep_values(argv)
     check_output_dirs(argv)
     return resume_argv(argv)
@@ -161,8 +162,32 @@ def resume_argv(argv: list[str]) -> list[str]:
 
     run_dir = Path(dirs[0]).expanduser().resolve()
     check_resumable(run_dir, rest)
-    check_resume_overrides(run_dir, rest, CONF_DIR)  # group choices and typos: one line, before Hydra
+    added = check_resume_overrides(run_dir, rest, CONF_DIR)  # group choices and typos: one line, before Hydra
+    rest = [f"+{a}" if a in added else a for a in rest]  # trainer.<Lightning argument> the saved config lacks
+    check_resumed_values(run_dir, rest)  # values, as a new run's are checked: before the run is touched
     os.environ[CONTINUE_ENV] = str(run_dir)
     quoted = str(run_dir).replace("\\", "\\\\").replace("'", "\\'")
     return ["--config-path", str(run_dir / ".hydra"), "--config-name", "config", *rest,
             f"hydra.run.dir='{quoted}'", "hydra.output_subdir=null"]
+
+
+def check_resumed_values(run_dir: Path, overrides: list[str]) -> None:
+    """The run's saved config with ``overrides``, checked as a new run's composed config is (a value out
+    of range, heads that do not divide the width, a trainer Lightning refuses): one line before Hydra
+    starts, so that a refused resume does not even take the run's lock. Overrides that OmegaConf's
+    dot-list cannot read are left to the job, which checks again."""
+    from omegaconf import OmegaConf
+
+    from nas_cli.pipeline.checks import check_config
+    from nas_cli.pipeline.resolvers import register_resolvers
+    from nas_cli.pipeline.trainer import check_trainer
+
+    register_resolvers()
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    plain = [o.lstrip("+") for o in overrides if "=" in o and not o.startswith(("hydra.", "hydra/", "~", "-"))]
+    try:
+        cfg.merge_with(OmegaConf.from_dotlist(plain))
+    except Exception:  # noqa: BLE001 - Hydra's grammar, not OmegaConf's: the job's own check answers
+        return
+    check_config(cfg)
+    check_trainer(cfg)

@@ -184,11 +184,12 @@ def _checkpoints(args, run_dir: Path) -> list[Path]:
 
 def _check_finished(run_dir: Path, best: Path) -> None:
     """Without --ckpt nas-eval evaluates a finished run's best checkpoint: a failed or unfinished run
-    is named as such, with what to do, rather than as a missing file."""
+    is named as such, with what to do, rather than as a missing file. A finished run stays finished when
+    a later attempt to train it longer failed (its failed.json lies beside the summary)."""
     last = run_dir / "checkpoints" / "last.ckpt"
     hint = f"; evaluate a checkpoint it has with --ckpt {last}" if last.is_file() else ""
     failed = run_dir / "failed.json"
-    if failed.is_file():
+    if failed.is_file() and not (run_dir / "summary.json").is_file():
         try:
             reason = json.loads(failed.read_text()).get("reason", "?")
         except (OSError, ValueError, AttributeError):

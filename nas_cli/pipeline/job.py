@@ -140,15 +140,22 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
     checking = False
     kept = {p: (p.read_bytes() if p.is_file() else None)  # what a refused resume must leave as it was
             for p in (run_dir / ".hydra" / "resumes.yaml", run_dir / "failed.json")}
+    log = run_dir / "nas_run.log"  # the job's log, opened by Hydra: a refusal's lines are cut off again
+    logged = log.stat().st_size if log.is_file() else None
     try:
+        checking = True  # a refusal of a value: a single run leaves no directory behind
+        try:
+            checked = check_config(cfg)  # again: a sweep's own values (model.heads=four,8) are only known per job
+            check_trainer(cfg)  # Lightning's own refusals (precision, accelerator, unknown options), before any data
+        except UserError as err:
+            if continuing(run_dir):  # a resumed run refused before it ran: left as it was, untouched
+                raise Refused(str(err)) from None
+            raise
         if continuing(run_dir):
             record_resume(run_dir, list(hc.overrides.task))
         clear_failed(run_dir)
-        checking = True  # a refusal of a value: a single run leaves no directory behind
-        checked = check_config(cfg)  # again: a sweep's own values (model.heads=four,8) are only known per job
         for note in checked.notes:  # said on the terminal by the check before Hydra started
             record(f"note: {note}")
-        check_trainer(cfg)  # Lightning's own refusals (precision, accelerator, unknown options), before any data
         checking = False
         summary = train(cfg, checked.plan, run_dir, group, job_type="sweep" if multirun else "train",
                         size=(checked.parameters, checked.exact) if checked.parameters is not None else None,
@@ -159,6 +166,7 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
                 path.unlink(missing_ok=True)
             else:
                 path.write_bytes(data)
+        _cut_log(log, logged)
         release(run_dir)
         return _job_error(run_dir, "refused", str(err), multirun)
     except UserError as err:
@@ -182,6 +190,21 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
                           why=f"{reason} (traceback in {run_dir / 'failed.traceback.txt'})")
     release(run_dir)
     return summary
+
+
+def _cut_log(log: Path, size: int | None) -> None:
+    """The job's log back to ``size`` bytes (None: it did not exist), as a refused resume found it."""
+    import logging
+
+    for handler in logging.getLogger().handlers:  # flush what Hydra's file handler still holds
+        handler.flush()
+    try:
+        if size is None:
+            log.unlink(missing_ok=True)
+        elif log.stat().st_size != size:
+            os.truncate(log, size)
+    except OSError:
+        pass
 
 
 def error_line(err: BaseException) -> str:

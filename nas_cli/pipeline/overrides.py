@@ -14,9 +14,11 @@ groups and choices count as the package's.
 from __future__ import annotations
 
 import difflib
+from functools import lru_cache
 from pathlib import Path
 
 from nas_cli.errors import UserError
+from nas_cli.pipeline.hydra_groups import check_hydra_groups
 from nas_cli.model.plan import LOCATIONS
 
 
@@ -58,16 +60,43 @@ def _unparsable(parser, overrides: list[str], err: Exception) -> str:
     return f"cannot parse the override(s): {str(err).strip().splitlines()[0]}"
 
 
-def check_overrides(args: list[str], conf_dir: Path) -> None:
+@lru_cache(maxsize=1)
+def lightning_arguments() -> tuple[str, ...]:
+    """The keyword arguments of Lightning's ``Trainer``, as its signature names them."""
+    import inspect
+
+    import pytorch_lightning as pl
+
+    return tuple(name for name in inspect.signature(pl.Trainer.__init__).parameters if name != "self")
+
+
+def _trainer_argument(o, key: str) -> bool:
+    """Whether ``trainer.<name>`` is an argument of Lightning's Trainer (nas-run passes every one on, set
+    in a preset or not); one line naming Lightning's closest argument when it is not."""
+    name = key.split(".", 1)[1] if key.count(".") == 1 else None
+    if name is None:
+        return False
+    known = lightning_arguments()
+    if name in known:
+        return True
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    nearest = close or difflib.get_close_matches(name, known, n=1, cutoff=0.0) or ["max_steps"]
+    hint = f"did you mean trainer.{close[0]}?" if close else f"the closest of its arguments is trainer.{nearest[0]}"
+    raise UserError(f"{'+' if o.is_add() else ''}{key}: Lightning's Trainer has no argument '{name}'; {hint} "
+                    "(all of them: https://lightning.ai/docs/pytorch/stable/common/trainer.html)")
+
+
+def check_overrides(args: list[str], conf_dir: Path) -> list[str]:
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
-    if any(a.startswith(("--", "resume=")) for a in args):
-        return  # another config source: resume= (check_resume_overrides), --config-path (Hydra checks it)
+    if any(a.startswith(("--config", "-cp", "-cn", "-cd", "resume=")) for a in args):
+        return []  # another config source: resume= (check_resume_overrides), --config-path (Hydra checks it)
     searchpath = [a for a in args if a.startswith(("hydra.searchpath=", "+hydra.searchpath="))]
     dirs = [conf_dir, *user_config_dirs(searchpath)]
+    check_hydra_groups(args, conf_dir, tuple(dirs[1:]))  # hydra/launcher=..., hydra/sweeper=...
     plain = [a for a in args if a not in ("-m", "--multirun") and "=" in a and not a.startswith(("hydra.", "hydra/"))]
     parser = OverridesParser.create()
     try:
@@ -76,8 +105,10 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
         raise UserError(_unparsable(parser, plain, err)) from None
     groups = {p.name for d in dirs for p in d.iterdir() if p.is_dir() and p.name != "hydra"}
     chosen, keys = [], []
-    for o in parsed:
+    for o, text in zip(parsed, plain):
         key = o.key_or_group
+        if o.is_add() and key.startswith("trainer."):
+            _trainer_argument(o, key)  # +trainer.<name>: a Lightning argument, or one line
         if o.is_delete() or (o.is_add() and (key.split(".")[0] not in CLOSED_SECTIONS
                                               or key.startswith("diagnostics.metrics."))):  # a new plug-in
             continue
@@ -95,17 +126,22 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
             if values:
                 chosen.append(f"{key}{'@' + o.package if o.package else ''}={values[0]}")
         else:
-            keys.append((o, key))
+            keys.append((o, key, text))
     if not keys:
-        return
+        return []
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         cfg = compose("config", overrides=[*(a.lstrip("+") for a in searchpath), *chosen])
-    for o, key in keys:
+    added = []  # trainer.<Lightning argument> no preset sets: Hydra needs it written +trainer.<name>=
+    for o, key, text in keys:
         if OmegaConf.select(cfg, key, default=_MISSING, throw_on_resolution_failure=False) is _MISSING:
+            if key.startswith("trainer.") and _trainer_argument(o, key):
+                added.append(text)
+                continue
             _unknown_key(cfg, o, key, groups)
+    return added
 
 
-def check_resume_overrides(run_dir: Path, args: list[str], conf_dir: Path) -> None:
+def check_resume_overrides(run_dir: Path, args: list[str], conf_dir: Path) -> list[str]:
     """``nas-run resume=<dir> [overrides]``: the overrides apply to the run's saved config
     (``.hydra/config.yaml``), which has no config groups left to choose. Hydra answered a group choice
     (``debug=fast``, ``attention=dnas``, ``trainer=gpu``) with a six-line message or a ValueError, and a
@@ -118,7 +154,7 @@ def check_resume_overrides(run_dir: Path, args: list[str], conf_dir: Path) -> No
 
     plain = [a for a in args if "=" in a and not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
     if not plain:
-        return
+        return []
     parser = OverridesParser.create()
     try:
         parsed = parser.parse_overrides(plain)
@@ -126,6 +162,7 @@ def check_resume_overrides(run_dir: Path, args: list[str], conf_dir: Path) -> No
         raise UserError(_unparsable(parser, plain, err)) from None
     groups = {p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"}
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    added = []  # trainer.<Lightning argument> the saved config lacks: Hydra needs it written +trainer.<name>=
     for o, text in zip(parsed, plain):
         key = o.key_or_group
         if o.is_sweep_override():
@@ -137,11 +174,17 @@ def check_resume_overrides(run_dir: Path, args: list[str], conf_dir: Path) -> No
                             f".hydra/config.yaml; change single keys (e.g. trainer.max_steps=...), or start a new run "
                             f"with {text}")
         top = key.split(".")[0]
+        if o.is_add() and key.startswith("trainer."):
+            _trainer_argument(o, key)
         if o.is_delete() or (o.is_add() and top in cfg and (top not in CLOSED_SECTIONS
                                                             or key.startswith("diagnostics.metrics."))):
             continue  # a Trainer or logger option, or a diagnostic plug-in, added on purpose as in a new run
         if OmegaConf.select(cfg, key, default=_MISSING, throw_on_resolution_failure=False) is _MISSING:
+            if not o.is_add() and key.startswith("trainer.") and _trainer_argument(o, key):
+                added.append(text)
+                continue
             _unknown_key(cfg, o, key, groups)
+    return added
 
 
 def _unknown_key(cfg, o, key: str, groups: set[str]) -> None:

@@ -41,7 +41,7 @@ from nas_cli.pipeline.summary import as_float, run_summary
 from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
                       set_threads)
 from nas_cli.infra.fault_tolerance import FaultTolerance, Preempted, stop_signals
-from nas_cli.infra.resume import RunCheckpoint, config_fingerprint, continue_finished, pick_checkpoint
+from nas_cli.infra.resume import RunCheckpoint, config_fingerprint, keep_summary, kept_summary, pick_checkpoint
 from nas_cli.infra.redaction import redacted_argv
 from nas_cli.infra.version import code_version, describe
 from nas_cli.infra.atomic import atomic_write_json, atomic_write_text
@@ -113,6 +113,12 @@ def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_t
     try:
         with stop_signals():
             return _train(cfg, plan, run_dir, group, job_type, progress, size, task)
+    except Refused:
+        raise
+    except UserError as err:
+        if progress.phase == "startup" and continuing(run_dir):  # nothing of the run changed: leave it as it was
+            raise Refused(str(err)) from None
+        raise
     except SignalStop as stop:
         at = f" at step {progress.trainer.global_step}" if progress.trainer is not None else ""
         raise Stopped(f"{signal.Signals(stop.signum).name} during {progress.phase}{at} (no summary.json); continue "
@@ -179,6 +185,7 @@ def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_
         atomic_write_json(run_dir / ITEMS_FILE, module.items["test"], indent=None)
     summary = run_summary(cfg, job, trainer, ckpt, module, task, tested, test, fit_seconds, train_tokens)
     finish_logger(logger, summary, run_dir)
+    keep_summary(run_dir, job.kept)  # a finished run trained longer: finished until now, with its earlier summary
     atomic_write_json(run_dir / "summary.json", summary)
     (run_dir / WANDB_ID_FILE).unlink(missing_ok=True)
     return summary
@@ -209,7 +216,7 @@ def _prepare(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, jo
         for tmp in (run_dir / "checkpoints").glob("*.tmp"):  # even when no checkpoint was ever finished
             tmp.unlink(missing_ok=True)
         remove_stale_temporaries(run_dir)  # the diagnostics, summaries and logs it was writing
-    kept = continue_finished(run_dir) if continued and rank_zero_only.rank == 0 else None
+    kept = kept_summary(run_dir) if continued and rank_zero_only.rank == 0 else None
     return _Job(run_dir, plan, cores, identity, config_id(canonical_config(OmegaConf.to_container(cfg, resolve=True))),
                 resume, kept)
 

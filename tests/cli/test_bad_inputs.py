@@ -68,7 +68,6 @@ CASES = [
     ([R, "trainer.max_epochs=0"], 2, "trainer.max_epochs=0 is not valid"),
     ([R, "trainer.precision=16-mixed"], 2, "trainer.precision=16-mixed is float16, which needs a GPU"),
     ([R, "trainer.precision=fp7"], 2, "Precision 'fp7' is invalid"),
-    ([R, "+trainer.foo=1"], 2, "trainer.foo is not an option of Lightning's Trainer"),
     ([R, "trainer.accumulate_grad_batches=0"], 2, "trainer.accumulate_grad_batches=0 is not valid"),
     ([R, "trainer.val_check_interval=0"], 2, "trainer.val_check_interval=0 is not valid"),
     ([R, "trainer=tpu9"], 2, "trainer=tpu9"),
@@ -109,6 +108,25 @@ CASES = [
     ([R, "resume={run}", "trainer.max_stepz=9"], 2, "trainer.max_steps"),
     ([R, "resume={run}", "-m", "seed=1,2"], 2, "resume= takes one run directory and cannot be combined with -m"),
     ([R, "resume={run}"], 2, "{run}"),
+    ([R, "resume={run}", "trainer.max_steps=40", "model.heads=3"], 2, "model.heads"),
+    # --- nas-run: data a task cannot get (refused before any run directory is made) ---
+    ([R, "task=wmt14"], 2, "task 'wmt14' has no task.path, so it reads the Hugging Face dataset 'wmt14' (de-en); the "
+                           "hub does not answer and"),
+    ([R, "task=multi30k", "task.path="], 2, "give the data as files with task.path=<dir with train.de/train.en, "
+                                            "val.*, test_2016_flickr.*>"),
+    # --- nas-run: Lightning's Trainer arguments (every one is accepted as trainer.<name>=) ---
+    ([R, "trainer.foo=1"], 2, "trainer.foo: Lightning's Trainer has no argument 'foo'; the closest of its arguments is "
+                              "trainer."),
+    ([R, "+trainer.foo=1"], 2, "+trainer.foo: Lightning's Trainer has no argument 'foo'"),
+    ([R, "trainer.limit_val_batchs=0"], 2, "did you mean trainer.limit_val_batches?"),
+    ([R, "resume={run}", "trainer.max_steps=40", "+trainer.fo=1"], 2, "Lightning's Trainer has no argument 'fo'"),
+    # --- nas-run: Hydra's own groups ---
+    ([R, "-m", "hydra/launcher=nonexistent", "seed=1,2"], 2, "hydra/launcher=nonexistent: no such choice (choices: "
+                                                             "basic, joblib, slurm, submitit_local, submitit_slurm)"),
+    ([R, "hydra/launcher=jobli"], 2, "did you mean hydra/launcher=joblib?"),
+    ([R, "-m", "hydra/launcher=ray", "seed=1,2"], 2, "hydra/launcher=ray: that plug-in is not installed"),
+    ([R, "-m", "hydra/sweeper=nevergrad", "seed=1,2"], 2, "pip install hydra-nevergrad-sweeper"),
+    ([R, "hydra/lancher=basic"], 2, "hydra/lancher is not a config group of Hydra; did you mean hydra/launcher?"),
     # --- nas-report ---
     (["nas-report"], 2, "the following arguments are required"),
     (["nas-report", "{missing}"], 2, "{missing}"),
@@ -257,3 +275,16 @@ def test_the_progress_bar_states_the_budget_it_has():
         bar.setup(trainer, None, "fit")  # what Lightning calls when fitting starts
         text = bar._get_train_description(0)
         assert text.strip() == expected and "-2" not in text
+
+
+def test_every_lightning_trainer_argument_is_accepted_as_written(tmp_path):
+    """trainer.<name>= for an argument of Lightning's Trainer that no preset sets (Hydra would answer
+    'not in struct'): composed as an addition, in a new run and in a resume."""
+    from nas_cli.pipeline.overrides import lightning_arguments
+
+    assert {"limit_val_batches", "limit_test_batches", "overfit_batches", "max_time"} <= set(lightning_arguments())
+    proc = run_command([BIN / R, "trainer.limit_val_batches=0", "trainer.overfit_batches=3", "--cfg", "job"],
+                       cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "limit_val_batches: 0" in proc.stdout and "overfit_batches: 3" in proc.stdout
+    assert list(tmp_path.iterdir()) == []

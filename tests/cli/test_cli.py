@@ -102,7 +102,7 @@ def test_the_other_commands_bad_arguments_are_one_line(tmp_path, argv, line):
 
 @pytest.mark.parametrize("args,needle", [
     (["trainer.max_steps=-5"], "trainer.max_steps=-5 is not valid: it must be a positive number of optimizer steps"),
-    (["+trainer.foo=1"], "trainer.foo is not an option of Lightning's Trainer"),
+    (["+trainer.foo=1"], "+trainer.foo: Lightning's Trainer has no argument 'foo'"),
     (["trainer.precision=fp7"], "trainer.precision=fp7): Precision 'fp7' is invalid"),
     pytest.param(["trainer=gpu"], "trainer.accelerator=gpu", marks=pytest.mark.skipif(
         torch.cuda.is_available(), reason="needs a machine without a GPU")),
