@@ -9,8 +9,11 @@ function here or anywhere importable, plus one YAML naming it. The runner asks o
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
+
+from pytorch_lightning.utilities import rank_zero_only
 
 from nas_cli.errors import UserError
 
@@ -22,6 +25,10 @@ def wandb(run_dir: Path, name: str, group: str, job_type: str, tags: list[str], 
 
     if mode not in ("offline", "online", "disabled"):
         raise UserError(f"logger.mode must be offline, online or disabled (got '{mode}')")
+    elsewhere = os.environ.get("WANDB_DIR")
+    if elsewhere and Path(elsewhere).expanduser().resolve() != Path(run_dir).resolve() and rank_zero_only.rank == 0:
+        print(f"nas-run: note: WANDB_DIR={elsewhere} is not used: a run's W&B files go in {Path(run_dir) / 'wandb'}, "
+              "where its resume, nas-report and wandb sync find them", file=sys.stderr)
     logger = WandbLogger(project=project, entity=entity, name=name, group=group, job_type=job_type,
                          tags=tags[:64], save_dir=str(run_dir), offline=(mode == "offline"), mode=mode,
                          config=hparams, id=run_id, resume="allow")

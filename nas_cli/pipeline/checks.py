@@ -167,6 +167,11 @@ def check_shapes_and_logger(cfg: DictConfig) -> None:
             check_heads(int(d_model), int(heads))
         except ValueError as err:
             raise UserError(str(err)) from None
+    project = _get(cfg, "logger.project")
+    if project is not _MISSING and str(cfg.logger.get("_target_", "")).endswith(".wandb") and \
+            (project is None or not str(project).strip()):
+        raise UserError(f"logger.project={project!r} is empty: a W&B run needs a project name (W&B's server refuses "
+                        "an empty one); give logger.project=<name>, or leave it out for the default (nas-run)")
     mode = _get(cfg, "logger.mode")
     if mode is not _MISSING and str(cfg.logger.get("_target_", "")).endswith(".wandb"):
         if mode not in ("offline", "online", "disabled"):

@@ -74,6 +74,10 @@ def sequential_argv(argv: list[str]) -> list[str]:
     other = [a for a in argv if a.startswith(("sweep=", "hydra/sweeper=")) and a != "hydra/sweeper=sequential"]
     if other:
         raise UserError(f"seed=auto is the sequential sweeper; it cannot be combined with {other[0]}")
+    swept = [a for a in argv if "=" in a and not a.lstrip("+~").startswith(("hydra", "seed="))
+             and "," in a.partition("=")[2]]
+    if not swept:  # said here, before the sweep's first line (the sweeper says it too, for a sweep it is given)
+        raise UserError("seed=auto compares configurations: sweep at least one option, e.g. attention=unas,dnas")
     return argv if "hydra/sweeper=sequential" in argv else [*argv, "hydra/sweeper=sequential"]
 
 

@@ -77,6 +77,9 @@ def run_job(cfg: DictConfig):
     if not isinstance(summary, dict):  # another process of a multi-process run (None), or a failed sweep job
         return summary
     console().print(summary_table([summary], "nas-run result"))
+    if summary.get("wandb_run_id") and str(cfg.logger.get("mode")) == "offline" and not multirun:
+        say(f"W&B run {summary['wandb_run_id']} (offline): {run_dir / 'wandb'}; upload it with: wandb sync "
+            f"{run_dir / 'wandb'}/offline-run-*")
     record(f"finished: {summary['steps']} steps; best {summary['best_val']['metric']} = {summary['best_val']['value']}; "
            f"test: {json.dumps(summary['test'])}")
     value = summary["best_val"]["value"]

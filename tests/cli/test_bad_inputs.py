@@ -109,6 +109,7 @@ CASES = [
     ([R, "resume={run}", "-m", "seed=1,2"], 2, "resume= takes one run directory and cannot be combined with -m"),
     ([R, "resume={run}"], 2, "{run}"),
     ([R, "resume={run}", "trainer.max_steps=40", "model.heads=3"], 2, "model.heads"),
+    ([R, "logger=wandb", "logger.project=''"], 2, "logger.project='' is empty: a W&B run needs a project name"),
     # --- nas-run: data a task cannot get (refused before any run directory is made) ---
     ([R, "task=wmt14"], 2, "task 'wmt14' has no task.path, so it reads the Hugging Face dataset 'wmt14' (de-en); the "
                            "hub does not answer and"),
