@@ -130,10 +130,22 @@ def offline_folders(wandb_dir: Path, run_id: str) -> list[Path]:
     return sorted(p for p in Path(wandb_dir).glob(f"offline-run-*-{run_id}") if p.is_dir())
 
 
+#: W&B media a run logs once, at the end of its training (the diagnostics' figures and line series)
+END_OF_TRAINING_MEDIA = frozenset({"image-file", "table-file"})
+
+
+def _ends_a_launch(key: str, value: Any) -> bool:
+    """What a launch logs when it finishes, which the launch continuing the run logs anew: the test's
+    values and the end-of-training figures. Carried, a run trained longer showed two test results and
+    two image sets."""
+    return key.startswith("test/") or (isinstance(value, dict) and value.get("_type") in END_OF_TRAINING_MEDIA)
+
+
 def carry_history(run, wandb_dir: Path, upto_step: int, step_key: str = "trainer/global_step") -> int:
     """Log into ``run`` (a new offline launch of a resumed run) the history the launches before it
     logged up to and including ``upto_step`` (the step of the checkpoint it resumed from: later
-    rows are logged again by this launch), with their media; then move those earlier folders to
+    rows are logged again by this launch), with their media, but for what a finished launch logs at
+    its end (its test and figures: this launch logs its own); then move those earlier folders to
     ``wandb/superseded/``. The newest offline folder then holds the whole run once, which is what
     ``wandb sync`` uploads (it does not merge offline folders of one id: the last one synced
     replaces the history). Returns the number of rows carried."""
@@ -154,8 +166,10 @@ def carry_history(run, wandb_dir: Path, upto_step: int, step_key: str = "trainer
         step = row.get(step_key)
         if not isinstance(step, (int, float)) or step > upto_step:
             continue
-        run.log({k: v for k, v in row.items() if not k.startswith("_")})
-        carried += 1
+        kept = {k: v for k, v in row.items() if not k.startswith("_") and not _ends_a_launch(k, v)}
+        if set(kept) - {step_key}:
+            run.log(kept)
+            carried += 1
     (Path(wandb_dir) / SUPERSEDED).mkdir(exist_ok=True)
     for folder in earlier:
         folder.rename(Path(wandb_dir) / SUPERSEDED / folder.name)

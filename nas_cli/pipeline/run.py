@@ -207,7 +207,8 @@ def _prepare(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, jo
         raise UserError(str(err)) from None
     cores = plan.model_cores(cfg.model)
     identity = {"config": config_fingerprint(cfg), "group": group, "job_type": job_type,
-                "wandb_run_id": _saved_wandb_id(run_dir)}  # a run killed before its first checkpoint
+                "wandb_run_id": _saved_wandb_id(run_dir),  # a run killed before its first checkpoint
+                "config_id": config_id(canonical_config(OmegaConf.to_container(cfg, resolve=True)))}
     continued = continuing(run_dir) and (run_dir / "summary.json").is_file()
     resume = pick_checkpoint(run_dir, _warn) if continued or not (run_dir / "summary.json").exists() else None
     if resume is not None:  # the run's group, job type and W&B run id are the checkpoint's
@@ -217,8 +218,7 @@ def _prepare(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, jo
             tmp.unlink(missing_ok=True)
         remove_stale_temporaries(run_dir)  # the diagnostics, summaries and logs it was writing
     kept = kept_summary(run_dir) if continued and rank_zero_only.rank == 0 else None
-    return _Job(run_dir, plan, cores, identity, config_id(canonical_config(OmegaConf.to_container(cfg, resolve=True))),
-                resume, kept)
+    return _Job(run_dir, plan, cores, identity, identity["config_id"], resume, kept)
 
 
 def _check_resumable(cfg: DictConfig, run_dir: Path, resume: tuple, fingerprint: str) -> dict[str, Any]:
@@ -233,7 +233,9 @@ def _check_resumable(cfg: DictConfig, run_dir: Path, resume: tuple, fingerprint:
         raise Refused(f"trainer.max_steps={limit} is below the {done} steps this run has already trained "
                         f"(checkpoint {resume[0].name}); pass trainer.max_steps >= {done}")
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-    return {k: state[k] for k in ("group", "job_type", "wandb_run_id") if state.get(k)}
+    # the run's configuration id is its first launch's: a budget extended by a resume (trainer.max_steps) does
+    # not make it another configuration than the seeds it was launched with
+    return {k: state[k] for k in ("group", "job_type", "wandb_run_id", "config_id") if state.get(k)}
 
 
 def _start_logger(cfg: DictConfig, job: _Job, extra: dict[str, Any]):

@@ -78,12 +78,30 @@ def test_resumed_offline_run_is_one_whole_history_and_records_the_code(tmp_path)
     assert train_steps == list(range(4, 60, 5))  # every logged step from the first to the last, once
     val_steps = [h["trainer/global_step"] for h in whole["history"] if "val/loss" in h]
     assert val_steps == sorted(set(val_steps)) and len(val_steps) == 6
-    # the carried rows are the first launch's, value for value (images and histograms too)
-    carried = [h for h in whole["history"] if h["trainer/global_step"] <= 30]
-    strip = [{k: v for k, v in h.items() if not k.startswith("_") and not k.endswith(("/path", "/sha256"))}
-             for h in before["history"]]
-    assert [{k: v for k, v in h.items() if not k.startswith("_") and not k.endswith(("/path", "/sha256"))}
-            for h in carried] == strip
+    # the carried rows are the first launch's, value for value (histograms too), but for what a finished
+    # launch logs at its end (its test, its figures): the continued run logs its own, once
+    def end_of_launch(h, key):
+        return key.startswith("test/") or key.rsplit("/", 1)[0] in {k.rsplit("/", 1)[0] for k, v in h.items()
+                                                                    if k.endswith("/_type") and v in
+                                                                    ("image-file", "table-file")}
+
+    def shown(h):
+        return {k: v for k, v in h.items() if not k.startswith("_") and not k.endswith(("/path", "/sha256"))
+                and not end_of_launch(h, k)}
+
+    carried = [shown(h) for h in whole["history"] if h["trainer/global_step"] <= 30]
+    strip = [shown(h) for h in before["history"]]
+    assert [h for h in carried if set(h) - {"trainer/global_step"}] == \
+        [h for h in strip if set(h) - {"trainer/global_step"}]
+    assert len([h for h in whole["history"] if "test/loss" in h]) == 1  # one test result: the last launch's
+    assert [h["trainer/global_step"] for h in whole["history"] if "test/loss" in h][0] > 30
+    images = [k for h in whole["history"] for k, v in h.items() if k.endswith("/_type") and v == "image-file"]
+    assert images and len(images) == len(set(images))  # one image set
+    # W&B's best/step is the history row holding the best value; the config id survives the extension
+    best_rows = [h["trainer/global_step"] for h in whole["history"]
+                 if h.get("val/exact_match") == whole["summary"]["best/val/exact_match"]]
+    assert whole["summary"]["best/step"] in best_rows
+    assert before["config"]["config_id"] == whole["config"]["config_id"]
     for h in whole["history"]:
         for key, value in h.items():
             if key.endswith("/_type") and value == "image-file":
@@ -94,7 +112,9 @@ def test_resumed_offline_run_is_one_whole_history_and_records_the_code(tmp_path)
     assert whole["config"]["code"] == summary["code"]
     assert whole["config"]["parameters"] == summary["parameters"]
     assert summary["best_val"]["step"] in (10, 20, 30, 40, 50, 60)  # a validation's optimizer step
-    assert whole["summary"]["best/step"] == summary["best_val"]["step"]
+    assert whole["summary"]["best/step"] == summary["best_val"]["step"] - 1  # Lightning logs step N's validation at N - 1
+    assert whole["summary"]["best/optimizer_step"] == summary["best_val"]["step"]
+    assert summary["config_id"] == json.loads((run / "summary.step30.json").read_text())["config_id"]
     assert not Path(summary["run_dir"]).is_absolute() and not Path(summary["wandb_dir"]).is_absolute()
     assert (run / summary["wandb_dir"]).resolve() == (newest[0] / "files").resolve()
     # the run's log says what happened, launch by launch
