@@ -95,9 +95,7 @@ def tidy(key: str, head: Sequence[str], rows: Sequence[Sequence[str]], records) 
 
 def csv_text(records: Sequence[dict]) -> str:
     """Records as one CSV table: a header of every key (in first-seen order), one row each."""
-    fields: list[str] = []
-    for r in records:
-        fields += [k for k in r if k not in fields]
+    fields = _keys(records)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=fields, restval="", lineterminator="\n")
     w.writeheader()
@@ -120,10 +118,18 @@ def json_document(title: str, sections, notes: Sequence[str], baseline: str | No
         entry = {"title": t, "caption": caption, "columns": list(head), "rows": [dict(zip(head, r)) for r in rows]}
         if key == "runs":
             entry["groups"] = records
-        elif key in ("comparison", "test_set"):
-            entry["rows"] = records
+        elif key in ("comparison", "test_set"):  # numbers as numbers: the rows are the records, their keys the columns
+            entry.update(headers=list(head), rows=records, columns=_keys(records))
         doc[key] = entry
     return json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n"
+
+
+def _keys(records: Sequence[dict]) -> list[str]:
+    """Every key of ``records``, in first-seen order (each row's keys are among them)."""
+    keys: list[str] = []
+    for r in records:
+        keys += [k for k in r if k not in keys]
+    return keys
 
 
 def group_records(groups) -> list[dict]:

@@ -327,6 +327,9 @@ def test_report_to_wandb_logs_the_verdict_tables_in_the_sweeps_group_and_replace
     for key in ("comparison", "test_set"):
         table = json.loads((folders[0] / "files" / logged[f"report/{key}/path"]).read_text())
         assert [dict(zip(table["columns"], row)) for row in table["data"]] == doc[key]["rows"]
+        # the JSON's columns are the rows' keys (each once); the table's headers as shown beside them
+        assert doc[key]["columns"] == list(dict.fromkeys(k for row in doc[key]["rows"] for k in row))
+        assert doc[key]["headers"] and all(set(row) <= set(doc[key]["columns"]) for row in doc[key]["rows"])
     runs = json.loads((folders[0] / "files" / logged["report/runs/path"]).read_text())
     assert runs["columns"] == doc["runs"]["columns"] and len(runs["data"]) == len(doc["runs"]["rows"])
     assert logged["report/page/_type"] == "html-file" and (folders[0] / "files" / logged["report/page/path"]).is_file()
