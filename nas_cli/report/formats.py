@@ -121,6 +121,8 @@ def json_document(title: str, sections, notes: Sequence[str], baseline: str | No
         elif key in ("comparison", "test_set"):  # numbers as numbers: the rows are the records, their keys the columns
             entry.update(headers=list(head), rows=records, columns=_keys(records))
         doc[key] = entry
+    # always there, so that a script can read it without a check: empty when every run finished
+    doc.setdefault("unfinished", {"title": "runs without results: none", "caption": "", "columns": [], "rows": []})
     return json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n"
 
 

@@ -324,6 +324,7 @@ def test_report_to_wandb_logs_the_verdict_tables_in_the_sweeps_group_and_replace
     groups = {json.loads((p / "summary.json").read_text())["group"] for p in copy.iterdir() if (p / "summary.json").is_file()}
     assert run["job_type"] == "report" and [run["group"]] == sorted(groups)
     logged = run["history"][0]
+    assert doc["unfinished"]["rows"] == []  # the key is there when every run finished
     for key in ("comparison", "test_set"):
         table = json.loads((folders[0] / "files" / logged[f"report/{key}/path"]).read_text())
         assert [dict(zip(table["columns"], row)) for row in table["data"]] == doc[key]["rows"]
