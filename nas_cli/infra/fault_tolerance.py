@@ -9,6 +9,8 @@
   - During a validation, ``last.ckpt`` holds the same training state with that validation owed
     (``validation_owed``: its step): the resumed run runs it again, from its first batch, before it
     trains on (or, at the last step, before its test). A validation's partial sums are never kept.
+    With several processes (DDP) the stop waits for the validation's end (see
+    :meth:`FaultTolerance.on_validation_batch_start`).
   - Outside training (start-up, the final test, ``nas-eval``) :func:`stop_signals` ends at once.
 
   The same signal a second time stops at once, without a checkpoint (``timeout``'s second SIGTERM,
@@ -134,8 +136,12 @@ class FaultTolerance(pl.Callback):
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         """A stop during a validation inside training: at its next batch, the training state with the
-        validation owed (the resumed run repeats it)."""
-        if trainer.sanity_checking or trainer.state.fn != "fit" or not self._stop_asked(trainer):
+        validation owed (the resumed run repeats it). Several processes (DDP) hold validation shards
+        of different lengths, so they cannot decide together at each batch (a collective would wait
+        forever for a process whose shard has ended): there the stop waits for the next training
+        batch, where they all decide together."""
+        if trainer.sanity_checking or trainer.state.fn != "fit" or trainer.world_size > 1 \
+                or not self._stop_asked(trainer):
             return
         self._save_owing(trainer)
         self._stop(trainer, "validation")
