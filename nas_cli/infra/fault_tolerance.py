@@ -13,10 +13,11 @@
     :meth:`FaultTolerance.on_validation_batch_start`).
   - Outside training (start-up, the final test, ``nas-eval``) :func:`stop_signals` ends at once.
 
-  The same signal a second time stops at once, without a checkpoint (``timeout``'s second SIGTERM,
-  Ctrl-C twice). Another signal while stopping is only noted: one stop often arrives as two, a
-  joblib sweep's process passing the terminal's Ctrl-C on to its workers as SIGTERM while the
-  terminal's SIGINT reaches them too.
+  The same signal a second time, a second or more after the first, stops at once without a checkpoint
+  (``timeout``'s second SIGTERM, Ctrl-C pressed again). Another signal while stopping, or the same one
+  within :data:`ONE_STOP_SECONDS`, is only noted: one stop often arrives as two, a joblib sweep's
+  process passing the signal its process group got on to its workers, which got it too (as SIGTERM
+  for the terminal's Ctrl-C).
 * ``last.ckpt`` is also refreshed every ``every`` optimizer steps and after every validation, so a
   SIGKILL costs at most ``every`` steps. :class:`FaultTolerance` alone writes ``last.ckpt``:
   Lightning's ``ModelCheckpoint(save_last=True)`` refreshes it only after a validation that improved
@@ -29,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -46,6 +48,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, s
 #: answered only where the process did not start with them ignored
 _KEPT_IF_IGNORED = (signal.SIGINT, signal.SIGHUP)
 CHAINED = (signal.SIGUSR1, signal.SIGUSR2)  # their earlier handlers requeue SLURM jobs; SIGTERM's only notify
+#: a second signal sooner than this after the first is the same stop arriving twice (a signal to a process
+#: group that a joblib sweep's process also passes on to its workers), not a request to stop at once
+ONE_STOP_SECONDS = 1.0
 
 
 def stop_signals_here() -> list[int]:
@@ -100,6 +105,7 @@ class FaultTolerance(pl.Callback):
         self.stopped: int | None = None
         self.owed: int | None = None  # the step of a validation a stop interrupted (read from the checkpoint)
         self._owing: int | None = None  # set while saving such a checkpoint
+        self._noted_at = 0.0  # when the first stop signal came (time.monotonic)
         self._due = False
         self._previous: dict[int, Any] = {}
 
@@ -260,11 +266,12 @@ class FaultTolerance(pl.Callback):
     def _note(self, signum, frame) -> None:
         if self.pending is None:
             self.pending = signum
+            self._noted_at = time.monotonic()
             PROCESS.training_stop = signum  # for the loggers (infra/loggers.py), which no one hands it to
             return
-        if signum != self.pending:
-            return  # one stop passed on as another signal (module docstring): only noted
-        raise SignalStop(signum)  # the same signal again: stop at once
+        if signum != self.pending or time.monotonic() - self._noted_at < ONE_STOP_SECONDS:
+            return  # one stop arriving twice (module docstring): only noted
+        raise SignalStop(signum)  # the same signal again, later: stop at once
 
     def _restore_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -401,8 +401,11 @@ def test_a_user_language_model_task_is_sized_as_a_language_model(tmp_path, monke
     (tmp_path / "my_lm.py").write_text("from tasks.language_model import LanguageModelTask\n\n\n"
                                        "class Corpus(LanguageModelTask):\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    builtin = compose_cfg("task=wikitext2")
-    mine = compose_cfg("task=wikitext2", "task._target_=my_lm.Corpus")
+    from datafiles import write_lm
+
+    data = write_lm(tmp_path / "lm")  # the pre-run check reads where the data are
+    builtin = compose_cfg("task=wikitext2", f"task.path={data}")
+    mine = compose_cfg("task=wikitext2", f"task.path={data}", "task._target_=my_lm.Corpus")
     assert is_language_model(builtin) and is_language_model(mine)
     assert check_config(mine).parameters == check_config(builtin).parameters
     assert not is_language_model(compose_cfg("task=sort"))

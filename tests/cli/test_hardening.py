@@ -191,7 +191,7 @@ def killed_run(tmp_path_factory):
     ("attention=dnas", "attention=dnas chooses a config"),  # was a ValueError from Hydra, exit 1
     ("attention.decoder=dnas", "attention.decoder=dnas chooses a config"),
     ("+debug=fast", "+debug=fast chooses a config"),  # was silently ignored: the run trained on
-    ("trainer.max_stepz=30", "trainer.max_stepz is not an option; did you mean trainer.max_steps?"),  # six lines
+    ("trainer.max_stepz=30", "trainer.max_stepz: Lightning's Trainer has no argument 'max_stepz'; did you mean trainer.max_steps?"),  # six lines
     ("+model.dropoutt=0.3", "+model.dropoutt: nas-run does not read this key, so it would be ignored"),
     ("seed=1,2", "seed=1,2 is a sweep; resume= continues one run"),
 ])

@@ -418,10 +418,12 @@ def test_the_same_signal_twice_while_stopping_stops_at_once(tmp_path, sig):
     ft = FaultTolerance(tmp_path / "last.ckpt", 10, {})
     ft._note(sig, None)
     assert ft.pending == sig  # the first: noted, acted on at the next batch (of training or a validation)
+    ft._note(sig, None)  # the same signal at once: one stop arriving twice (a group's and a sweep's), noted
     other = signal.SIGTERM if sig == signal.SIGINT else signal.SIGINT
+    ft._noted_at -= 5  # five seconds later
     ft._note(other, None)  # another signal while stopping: one stop passed on as another, only noted
     with pytest.raises(SignalStop) as stop:
-        ft._note(sig, None)
+        ft._note(sig, None)  # the same signal again, later: at once
     assert stop.value.signum == sig and ft.pending == sig
     other = FaultTolerance(tmp_path / "last.ckpt", 10, {})
     other._note(signal.SIGTERM, None)  # a joblib sweep's process passes Ctrl-C on as SIGTERM; the terminal's
@@ -456,9 +458,10 @@ def test_resume_refuses_finished_run_and_unsafe_checkpoint(tmp_path):
     for name in ("last.ckpt", "best.ckpt"):
         torch.save({"state_dict": {}, "loops": {}, "evil": Evil()}, run / "checkpoints" / name)
     proc = nas_run(f"resume={run}", cwd=tmp_path)
-    assert proc.returncode == 2 and "no readable checkpoint" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "no checkpoint to continue from loads" in proc.stderr and "Traceback" not in proc.stderr
     ev = run_command([str(Path(NAS_RUN).with_name("nas-eval")), str(run)], capture_output=True, text=True)
-    assert ev.returncode == 2 and "is a failed run (failed.json: no readable checkpoint" in ev.stderr
+    # the refused resume wrote nothing: the run is as it was, unfinished, no failed.json
+    assert ev.returncode == 2 and "is unfinished (no summary.json)" in ev.stderr and not (run / "failed.json").exists()
     ev = run_command([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--ckpt", str(run / "checkpoints" / "best.ckpt")],
                      capture_output=True, text=True)
     assert ev.returncode == 2 and "cannot read checkpoint" in ev.stderr

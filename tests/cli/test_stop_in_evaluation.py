@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from datafiles import write_lm
+import zygote
 from helpers import NAS_RUN, nas_run
 
 EVAL = str(Path(NAS_RUN).with_name("nas-eval"))
@@ -33,7 +34,7 @@ def _start(args: list[str], cwd: Path, out: Path, err: Path) -> subprocess.Popen
     """The installed command in a process group of its own, stdout and stderr to files."""
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
     return subprocess.Popen([str(a) for a in args], cwd=cwd, env=env, stdout=out.open("w"), stderr=err.open("w"),
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=zygote.terminal_signals)  # Ctrl-C, hang-up answered
 
 
 def _wait_for_lines(path: Path, needle: str, count: int, proc: subprocess.Popen, timeout: float = 300) -> None:
