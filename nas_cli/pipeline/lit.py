@@ -17,7 +17,7 @@ from nas_cli.model.decoding import beam_search
 from nas_cli.errors import NonFiniteLoss, UserError
 from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
 from nas_cli.model.plan import Cores
-from nas_cli.model.scoring import Scores, score_log_probs, score_positions
+from nas_cli.model.scoring import Scores, score_log_probs, score_positions, scored
 from nas_cli.infra.distributed import gather_eval
 from nas_cli.pipeline.sections import OptimOptions
 from tasks.base import EMPTY_WARNING
@@ -163,12 +163,10 @@ class NasLitModule(pl.LightningModule):
     def _adaptive_step(self, batch, smoothing: float, accuracy: bool):
         """The same quantities with an adaptive softmax: only the targets' log-probabilities
         are computed (no (B, T, vocab) logits), which is where its speed comes from."""
-        h, _ = self.model.features(batch["ids"])
-        target = batch["target"]
-        keep = target != self.task.pad_id
-        h, tgt = h[keep], target[keep]
+        hidden, _ = self.model.features(batch["ids"])
+        h, tgt, _ = scored(hidden, batch["target"], self.task.pad_id)  # the positions trained on
         logp = self.model.target_log_prob(h.float(), tgt)
-        n = keep.sum().clamp(min=1)
+        n = torch.tensor(tgt.numel(), device=tgt.device).clamp(min=1)
         nll_sum = -logp.sum()
         correct = (self.model.generator.predict(h.float()) == tgt).sum() if accuracy else None
         return nll_sum / n, nll_sum.detach(), n, correct
