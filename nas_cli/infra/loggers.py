@@ -197,9 +197,9 @@ def finish_logger(logger, summary: dict, job_dir: Path) -> None:
         best = summary["best_val"]
         if best["value"] is not None:  # W&B's summary keeps a metric's last value; the best one beside it
             run.summary[f"best/{best['metric']}"] = best["value"]
-            # the history row holding that value: Lightning logs the validation after optimizer step N at
-            # trainer/global_step N - 1 (summary.json's best_val.step is N, the checkpoint's step)
-            run.summary["best/step"] = None if best["step"] is None else best["step"] - 1
+            # the history row holding that value (Lightning's step count: the validation after optimizer step N
+            # is logged at N - 1 within a launch); summary.json's best_val.step is N, the checkpoint's step
+            run.summary["best/step"] = best.get("logged_step")
             run.summary["best/optimizer_step"] = best["step"]
         summary["wandb_run_id"] = run.id
         summary["wandb_dir"] = os.path.relpath(run.dir, job_dir)

@@ -107,6 +107,9 @@ class NasLitModule(pl.LightningModule):
         #: the name the test hooks score, key and log under: "test", or "valid" for ``nas-eval --split valid``
         #: (its references, per-item outputs and metrics are the valid split's)
         self.test_split = "test"
+        #: optimizer step of each validation -> the step its values were logged at (Lightning's own count, N - 1
+        #: within a launch, N at a resumed launch's first validations): where W&B's history holds them
+        self.val_logged_at: dict[int, int] = {}
         # per split: hypotheses, references, item indices, per-item NLL sums and token counts
         self._eval_text: dict[str, tuple[list, list, list, list, list]] = {}
         self.decoded: dict[str, list[str]] = {}  # hypotheses of the last evaluation per split
@@ -203,7 +206,8 @@ class NasLitModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[TIMING_KEY] = {"fit_seconds_by_launch": self.fit_seconds_by_launch(),
-                                  "train_seconds": self.train_seconds, "train_tokens": self.train_tokens}
+                                  "train_seconds": self.train_seconds, "train_tokens": self.train_tokens,
+                                  "val_logged_at": dict(self.val_logged_at)}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         trainer = self._trainer
@@ -216,6 +220,7 @@ class NasLitModule(pl.LightningModule):
         self.earlier_fit_seconds = list(saved["fit_seconds_by_launch"])
         self.train_seconds = float(saved["train_seconds"])
         self._earlier_tokens = int(saved["train_tokens"])
+        self.val_logged_at = {int(k): int(v) for k, v in saved.get("val_logged_at", {}).items()}
 
     # ---- training ------------------------------------------------------------------
     def on_train_batch_start(self, batch, batch_idx):
@@ -321,6 +326,8 @@ class NasLitModule(pl.LightningModule):
             metrics[f"{split}/{key}"] = float(val)
         self._say_empty(split, metrics.get(f"{split}/empty"))
         self.log_dict(metrics, batch_size=1)
+        if split == "val" and self._trainer is not None and not self.trainer.sanity_checking:
+            self.val_logged_at[int(self.global_step)] = int(self.trainer.fit_loop.epoch_loop._batches_that_stepped)
 
     def _say_empty(self, split: str, share: float | None) -> None:
         """One note when many test hypotheses are empty: the reported scores then say little. (Not for

@@ -39,8 +39,7 @@ def run_summary(cfg: DictConfig, job, trainer: pl.Trainer, ckpt, module, task, t
         "tokens_per_s": train_tokens / module.train_seconds if module.train_seconds else None,
         "best_checkpoint": tested["checkpoint"],
         "tested": tested,
-        "best_val": {"metric": task.monitor, "value": as_float(ckpt.best_model_score),
-                     "step": checkpoint_step(ckpt.best_model_path or None)},
+        "best_val": _best_val(task, ckpt, module),
         "test": {k: float(v) for k, v in test.items()},
         "metrics": declaration(task.metrics),
         "learned": learned_scalars(learned_values(module.model)),
@@ -65,3 +64,11 @@ def shown_path(path: Path) -> str:
 
 def as_float(x):
     return None if x is None else float(x)
+
+
+def _best_val(task, ckpt, module) -> dict[str, Any]:
+    """The best validation: its value, the optimizer step of its checkpoint, and the step its values were
+    logged at (``logged_step``: the W&B history row and metrics.csv row holding it)."""
+    step = checkpoint_step(ckpt.best_model_path or None)
+    return {"metric": task.monitor, "value": as_float(ckpt.best_model_score), "step": step,
+            "logged_step": module.val_logged_at.get(step) if step is not None else None}
