@@ -15,6 +15,10 @@ from typing import Any
 #: config keys that never split a group: the seed (what groups average over), settings that
 #: change only what is logged or saved, and the CPU thread count (it changes round-off, not the setup)
 IGNORED_KEYS = ("seed", "progress_bar", "log_learned_every", "logger", "diagnostics", "run_test", "checkpoint", "threads")
+#: keys added after runs were made, left out at their default (null) so that those runs keep their id;
+#: set, they split a group (smaller training batches train another model; with a batch limit,
+#: smaller evaluation batches score other items)
+NULL_BY_DEFAULT = ("train_batch_items", "eval_batch_items")
 
 
 def ignored(key: str) -> bool:
@@ -48,7 +52,8 @@ def identity(config: dict) -> dict[str, Any]:
     flat = flatten(config)
     seed = flat.get("seed")
     return {k: v for k, v in flat.items()
-            if not ignored(k) and not (k == "task.seed" and seed is not None and v == seed)}
+            if not ignored(k) and not (k == "task.seed" and seed is not None and v == seed)
+            and not (k in NULL_BY_DEFAULT and v is None)}
 
 
 def config_id(config: dict) -> str:

@@ -35,14 +35,19 @@ class EpochBatches(Sampler[list[int]]):
     token-budget ``TokenBatchSampler``) keeps its batches and gets ``set_epoch(epoch)``.
     ``even``: drop the last ``len % world`` batches so every process steps equally often (DDP
     training); otherwise (evaluation) process ``r`` gets batches ``r, r + world, ...``.
+    ``max_items``: each batch cut into consecutive pieces of at most this many items (the
+    ``train_batch_items`` and ``eval_batch_items`` options: a token budget's batch of short
+    sentences can hold hundreds).
 
     Lightning tells a loader the epoch by calling ``set_epoch`` on ``loader.sampler`` and on
     ``loader.batch_sampler.sampler`` only, never on the batch sampler itself. ``self.sampler``
     is therefore a small forwarder (:class:`_EpochHook`): without it every epoch would replay
     epoch 0's order."""
 
-    def __init__(self, base: Any, seed: int, rank: int = 0, world: int = 1, even: bool = False):
+    def __init__(self, base: Any, seed: int, rank: int = 0, world: int = 1, even: bool = False,
+                 max_items: int | None = None):
         self.base, self.seed, self.rank, self.world, self.even = base, int(seed), int(rank), max(1, int(world)), even
+        self.max_items = int(max_items) if max_items else None
         self.epoch = 0
         self.sampler = _EpochHook(self)
         self._resume: tuple[int, int] | None = None
@@ -65,6 +70,9 @@ class EpochBatches(Sampler[list[int]]):
             if hasattr(base, "set_epoch"):
                 base.set_epoch(epoch)
             batches = [list(b) for b in base]
+        if self.max_items:
+            size = self.max_items
+            batches = [b[i: i + size] for b in batches for i in range(0, len(b), size)]
         self._cache = (epoch, batches)
         return batches
 
@@ -166,9 +174,11 @@ class ShardedData(pl.LightningDataModule):
     training loader resumable). Lightning gets this as the datamodule; the task itself is left as
     it is. Ranks are read when Lightning asks for a loader (``self.trainer`` is attached then)."""
 
-    def __init__(self, task: pl.LightningDataModule, seed: int):
+    def __init__(self, task: pl.LightningDataModule, seed: int, train_batch_items: int | None = None,
+                 eval_batch_items: int | None = None):
         super().__init__()
         self.task, self.seed = task, int(seed)
+        self.train_batch_items, self.eval_batch_items = train_batch_items, eval_batch_items
 
     def prepare_data(self) -> None:
         self.task.prepare_data()
@@ -186,7 +196,8 @@ class ShardedData(pl.LightningDataModule):
         if base is None:
             return loader
         rank, world = self._ranks()
-        out = _rebuild(loader, EpochBatches(base, self.seed, rank, world, even=True), cls=ResumableLoader)
+        out = _rebuild(loader, EpochBatches(base, self.seed, rank, world, even=True, max_items=self.train_batch_items),
+                       cls=ResumableLoader)
         trainer = self.trainer
         if trainer is not None:
             out.position = lambda: (trainer.fit_loop.epoch_progress.current.processed,
@@ -198,7 +209,7 @@ class ShardedData(pl.LightningDataModule):
         if base is None:
             return loader
         rank, world = self._ranks()
-        return _rebuild(loader, EpochBatches(base, self.seed, rank, world), index=True)
+        return _rebuild(loader, EpochBatches(base, self.seed, rank, world, max_items=self.eval_batch_items), index=True)
 
     def val_dataloader(self):
         return self._eval_loader(self.task.val_dataloader())
@@ -208,12 +219,17 @@ class ShardedData(pl.LightningDataModule):
 
     def unsharded_val_dataloader(self):
         """The whole validation split in one process's order (the diagnostics under DDP)."""
-        return self.task.val_dataloader()
+        loader = self.task.val_dataloader()
+        base = _base_sampler(loader)
+        if base is None or not self.eval_batch_items:
+            return loader
+        return _rebuild(loader, EpochBatches(base, self.seed, max_items=self.eval_batch_items))
 
 
-def shard_and_resume(task: pl.LightningDataModule, seed: int) -> ShardedData:
+def shard_and_resume(task: pl.LightningDataModule, seed: int, train_batch_items: int | None = None,
+                     eval_batch_items: int | None = None) -> ShardedData:
     """The datamodule a run hands Lightning for ``task``: :class:`ShardedData`."""
-    return ShardedData(task, seed)
+    return ShardedData(task, seed, train_batch_items, eval_batch_items)
 
 
 def gather_eval(sums: dict[str, torch.Tensor | None], text: tuple[list, ...]):

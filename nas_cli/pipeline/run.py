@@ -166,7 +166,8 @@ def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_
         print(line, file=sys.stderr)
         record(line)
     task = build_task(cfg, checked_task)
-    data = shard_and_resume(task, int(cfg.seed))  # the loaders as this process reads them
+    # the loaders as this process reads them
+    data = shard_and_resume(task, int(cfg.seed), cfg.get("train_batch_items"), cfg.get("eval_batch_items"))
     module = build_module(cfg, task, job.cores)
     set_threads(cfg, count_parameters(module.model))  # from the model's size (pipeline/trainer.py)
     compiled = compile_model(module, cfg.get("compile", False))

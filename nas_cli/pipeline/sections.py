@@ -49,6 +49,8 @@ class RunOptions(_Section):
 
     seed: Seed
     threads: Threads | None
+    train_batch_items: PositiveInt | None
+    eval_batch_items: PositiveInt | None
 
 
 @dataclass(frozen=True)
