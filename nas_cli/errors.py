@@ -96,8 +96,11 @@ class NotPrintedYet:
 
 def fail(message: str, code: int = 2, kind: str = "error", color: str = "red", program: str = "nas-run",
          log: bool = True):
-    """``<program>: <kind>: <message>`` on one line, then exit with ``code`` (``log``: see :func:`say`)."""
-    say(f"[bold {color}]{program}: {kind}:[/] {message}", log=log)
+    """``<program>: <kind>: <message>`` on one line, then exit with ``code`` (``log``: see :func:`say`).
+    ``message`` is plain text, shown as written (``pip install "nas-run[ray]"``, not rich markup)."""
+    from rich.markup import escape
+
+    say(f"[bold {color}]{program}: {kind}:[/] {escape(message)}", log=log)
     sys.exit(code)
 
 
@@ -107,9 +110,7 @@ class OneLineParser(argparse.ArgumentParser):
     Subcommands' parsers are of the same class (argparse makes them with the parent's)."""
 
     def error(self, message: str):
-        from rich.markup import escape
-
-        fail(escape(f"{message} (see {self.prog} --help)"), program=self.prog)
+        fail(f"{message} (see {self.prog} --help)", program=self.prog)
 
 
 #: loggers whose INFO lines are noise in a command's output (Lightning's device banner and tips);

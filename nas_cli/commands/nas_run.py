@@ -39,16 +39,26 @@ def _quiet() -> None:
     quiet_libraries()
 
 
-def _register_sweeper(argv: list[str]) -> None:
+def _register_plugins(argv: list[str]) -> None:
     """Hydra finds plugins by walking its plugin package, which an editable install's import hook
-    hides from it: make the sequential sweeper known either way."""
+    hides from it: make nas-run's sequential sweeper and Ray launcher known either way."""
+    wanted = []
     if any(a.startswith("hydra/sweeper=sequential") for a in argv):
-        from hydra.core.plugins import Plugins
         from hydra_plugins.nas_run_sequential.sequential_sweeper import SequentialSweeper
 
-        plugins = Plugins.instance()
-        if f"{SequentialSweeper.__module__}.{SequentialSweeper.__name__}" not in plugins.class_name_to_class:
-            plugins.register(SequentialSweeper)
+        wanted.append(SequentialSweeper)
+    if any(a.startswith("hydra/launcher=ray") for a in argv):
+        from hydra_plugins.nas_run_ray.ray_launcher import NasRayLauncher
+
+        wanted.append(NasRayLauncher)
+    if not wanted:
+        return
+    from hydra.core.plugins import Plugins
+
+    plugins = Plugins.instance()
+    for plugin in wanted:
+        if f"{plugin.__module__}.{plugin.__name__}" not in plugins.class_name_to_class:
+            plugins.register(plugin)
 
 
 def version_line() -> str:
@@ -74,7 +84,7 @@ def main() -> None:
         argv = hydra_argv(sys.argv[1:])
     except UserError as err:
         fail(str(err))
-    _register_sweeper(argv)
+    _register_plugins(argv)
     sys.argv = [sys.argv[0], *argv]
     supervise(_hydra_entry)
 

@@ -10,8 +10,7 @@ from nas_cli.errors import UserError
 
 #: Hydra plug-ins nas-run knows of but does not install: group -> choice -> how to get it
 PLUGINS = MappingProxyType({
-    "hydra/launcher": MappingProxyType({"ray": "pip install hydra-ray-launcher",
-                                        "rq": "pip install hydra-rq-launcher"}),
+    "hydra/launcher": MappingProxyType({"rq": "pip install hydra-rq-launcher"}),
     "hydra/sweeper": MappingProxyType({"ax": "pip install hydra-ax-sweeper",
                                        "nevergrad": "pip install hydra-nevergrad-sweeper"}),
 })

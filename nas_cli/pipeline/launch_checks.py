@@ -29,6 +29,13 @@ def check_launcher(cfg: DictConfig) -> None:
                             "run the command on a SLURM cluster's login node (or set SLURM_CONF to the cluster's "
                             "slurm.conf), or drop hydra/launcher=slurm to run the jobs here")
         return
+    if "nas_run_ray" in target:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise UserError('hydra/launcher=ray: Ray is not installed; install nas-run with its ray extra: '
+                            'pip install "nas-run[ray]" (from a checkout: pip install -e ".[ray]")')
+        return
     if "joblib" not in target:
         return
     n_jobs = launcher.get("n_jobs")

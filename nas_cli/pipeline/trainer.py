@@ -3,6 +3,7 @@ that Lightning accepts them (before any data, model or W&B run exists), and ``co
 from __future__ import annotations
 
 import os
+import sys
 import platform
 import re
 import warnings
@@ -92,7 +93,21 @@ def environment(trainer: pl.Trainer, cfg: DictConfig) -> dict[str, Any]:
             "machine": platform.machine(), "cpu_count": os.cpu_count(), "cpus_allowed": cpus_allowed(),
             "threads": torch.get_num_threads(),
             "device": device, "precision": str(trainer.precision),
-            "deterministic": bool(cfg.trainer.get("deterministic", False))}
+            "deterministic": bool(cfg.trainer.get("deterministic", False)), **where_it_ran()}
+
+
+def where_it_ran() -> dict[str, Any]:
+    """The host and process that trained the run; in a Ray task (hydra/launcher=ray) also Ray's node,
+    worker and task ids."""
+    import socket
+
+    out: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ctx = ray.get_runtime_context()
+        if ctx.get_task_id():
+            out["ray"] = {"node_id": ctx.get_node_id(), "worker_id": ctx.get_worker_id(), "task_id": ctx.get_task_id()}
+    return out
 
 
 def check_trainer(cfg: DictConfig) -> None:

@@ -300,6 +300,24 @@ def find_runs(paths: Iterable[str | Path]) -> list[Run]:
     return [r for k in sorted(found) for r in (found[k], *eval_variants(found[k]))]
 
 
+def overlapping_paths(paths: Iterable[str | Path]) -> list[tuple[str, str, str]]:
+    """PATHs that share runs with an earlier PATH: ``(path, earlier, how)``, ``how`` "same" (one
+    folder given twice, or by another spelling), "inside" (``path`` lies inside ``earlier``) or
+    "contains". :func:`find_runs` counts those runs once; nas-report says so in a note."""
+    out, seen = [], []
+    for p in paths:
+        here = Path(p)
+        here = (here.parent if here.is_file() else here).resolve()
+        for earlier, where in seen:
+            how = "same" if here == where else "inside" if where in here.parents else \
+                "contains" if here in where.parents else None
+            if how:
+                out.append((str(p), earlier, how))
+                break
+        seen.append((str(p), here))
+    return out
+
+
 def _under(path: Path, root) -> bool:
     root = Path(root)
     root = (root.parent if root.is_file() else root).resolve()

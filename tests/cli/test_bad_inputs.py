@@ -123,9 +123,10 @@ CASES = [
     ([R, "resume={run}", "trainer.max_steps=40", "+trainer.fo=1"], 2, "Lightning's Trainer has no argument 'fo'"),
     # --- nas-run: Hydra's own groups ---
     ([R, "-m", "hydra/launcher=nonexistent", "seed=1,2"], 2, "hydra/launcher=nonexistent: no such choice (choices: "
-                                                             "basic, joblib, slurm, submitit_local, submitit_slurm)"),
+                                                             "basic, joblib, ray, slurm, submitit_local, "
+                                                             "submitit_slurm)"),
     ([R, "hydra/launcher=jobli"], 2, "did you mean hydra/launcher=joblib?"),
-    ([R, "-m", "hydra/launcher=ray", "seed=1,2"], 2, "hydra/launcher=ray: that plug-in is not installed"),
+    ([R, "-m", "hydra/launcher=rq", "seed=1,2"], 2, "hydra/launcher=rq: that plug-in is not installed"),
     ([R, "-m", "hydra/sweeper=nevergrad", "seed=1,2"], 2, "pip install hydra-nevergrad-sweeper"),
     ([R, "hydra/lancher=basic"], 2, "hydra/lancher is not a config group of Hydra; did you mean hydra/launcher?"),
     # --- nas-report ---

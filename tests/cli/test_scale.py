@@ -45,7 +45,8 @@ def test_ddp_two_cpu_processes_one_wandb_run_metrics_equal_single_process(tmp_pa
     # 96 validation examples = 2 batches of 64 and 32: one per process, unequal sizes
     proc = nas_run(*TINY, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
                    "trainer.max_steps=10", "trainer.val_check_interval=10", "trainer.limit_val_batches=1.0",
-                   "task.val_size=96", "diagnostics.batches=2", f"hydra.run.dir={run}", cwd=tmp_path, timeout=600)
+                   "task.val_size=96", "diagnostics.batches=2", "eval_batch_items=null", f"hydra.run.dir={run}",
+                   cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["steps"] == 10

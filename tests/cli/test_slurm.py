@@ -118,7 +118,7 @@ def test_ddp_over_two_slurm_nodes(two_nodes, tmp_path):
     # 96 test examples: two batches of 64 and 32, one per process, unequal sizes
     proc = _nas_run(two_nodes, "debug=fast", "progress_bar=false", "trainer.max_steps=4", "trainer=ddp",
                     "trainer.accelerator=cpu", "trainer.num_nodes=2", "trainer.devices=1", "trainer.precision=32-true",
-                    "task.test_size=96", "trainer.limit_test_batches=1.0", "hydra/launcher=slurm",
+                    "task.test_size=96", "trainer.limit_test_batches=1.0", "eval_batch_items=null", "hydra/launcher=slurm",
                     'hydra.launcher.setup=["export MASTER_ADDR=127.0.0.1"]', "-m", "seed=1", "hydra.sweep.dir=sw",
                     cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:] + two_nodes.log()

@@ -72,12 +72,15 @@ def report(sweep, seed_sweep, tmp_path_factory):
 
 
 def _validation_batches(n=2):
-    """The first n validation batches of the debug job, built from the real config."""
+    """The first n validation batches of the debug job, built from the real config as the run reads
+    them (debug=fast's eval_batch_items cuts the task's batches)."""
+    from nas_cli.infra.distributed import shard_and_resume
+
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=list(DATA))
     task = instantiate(cfg.task, _convert_="all")
     task.setup("fit")
-    it = iter(task.val_dataloader())
+    it = iter(shard_and_resume(task, cfg.seed, cfg.train_batch_items, cfg.eval_batch_items).val_dataloader())
     return [next(it) for _ in range(n)], task.pad_id
 
 

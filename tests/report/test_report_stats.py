@@ -417,6 +417,27 @@ def test_replicates_are_one_seed(compare_sweep, tmp_path):
     assert doc["comparison"]["rows"][0]["seeds"] == [1, 2]
 
 
+def test_a_sweep_given_twice_or_inside_another_path_is_counted_once_with_a_note(compare_sweep, tmp_path):
+    """The same directory twice (also by another spelling), a PATH inside an earlier one, a PATH holding an
+    earlier one: every run once, the seeds as they are, and a note naming the PATH."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(compare_sweep, copy)
+    job = sorted(p for p in copy.iterdir() if (p / "summary.json").exists())[0]
+    once = json.loads(report("copy", "--format", "json", "--metrics", "ppl", cwd=tmp_path).stdout)
+    for paths, said in ((["copy", "copy"], "copy is given twice (the same folder as copy)"),
+                        (["copy", "./copy/"], "./copy/ is given twice (the same folder as copy)"),
+                        (["copy", str(job)], f"{job} lies inside copy, given before it"),
+                        ([f"copy/{job.name}", "copy"], f"copy contains copy/{job.name}, given before it")):
+        proc = report(*paths, "--format", "json", "--metrics", "ppl", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert [g["n"] for g in doc["runs"]["groups"]] == [g["n"] for g in once["runs"]["groups"]], paths
+        assert [n for n in doc["notes"] if said in n and "counted once" in n], (paths, doc["notes"])
+    assert not [n for n in once["notes"] if "counted once" in n]
+
+
 def test_nas_eval_results_are_rows_of_their_own_and_can_be_compared(compare_sweep, tmp_path):
     import shutil
 

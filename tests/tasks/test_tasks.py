@@ -356,7 +356,8 @@ def test_sources_longer_than_the_model_refused_before_training_and_decoding_capp
     (data / "test.en").write_text((data / "test.en").read_text() + "big.\n")
     nas_run = str(Path(sys.executable).parent / "nas-run")
     common = ["task=iwslt14", f"task.path={data}", "task.vocab_size=200", "task.max_tokens=1024", "task.num_workers=0",
-              "debug=fast", "logger=none", "progress_bar=false", "trainer.max_steps=4", "trainer.val_check_interval=2"]
+              "debug=fast", "logger=none", "progress_bar=false", "trainer.max_steps=4", "trainer.val_check_interval=2",
+              "eval_batch_items=null"]  # the test's batches whole: the long source is among them
     proc = run_command([nas_run, *common, "model.max_len=40", f"hydra.run.dir={tmp_path / 'a'}"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2 and "the longest test source has" in proc.stderr and "model.max_len=40" in proc.stderr

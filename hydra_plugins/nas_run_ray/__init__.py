@@ -1,0 +1,1 @@
+"""nas-run's Ray launcher (``hydra/launcher=ray``), shipped in Hydra's plugin package as Hydra requires."""

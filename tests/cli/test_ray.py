@@ -1,0 +1,189 @@
+"""``hydra/launcher=ray`` against a real local Ray cluster (tests/ray_cluster.py: ``ray start --head
+--num-cpus 2`` in a temporary directory, ``ray stop`` at the end): sweeps as Ray tasks, nas-report
+over them, a killed worker, a stop, resources per job. Skipped, with the reason, where Ray is not
+installed (``pip install -e ".[ray]"``; CI installs it)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import NAS_RUN, glob_now, run_command, start_command
+from omegaconf import OmegaConf
+from ray_cluster import RayCluster, available
+
+from nas_cli.errors import UserError
+from nas_cli.infra.wandb_offline import read_run
+from nas_cli.sweeps.ray_engine import init_arguments, job_resources, refuse_unplaceable
+
+NAS_REPORT = str(Path(NAS_RUN).with_name("nas-report"))
+SKIP = available()
+needs_ray = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+pytestmark = pytest.mark.xdist_group("ray")  # one worker: one cluster at a time
+RAY = ("-m", "hydra/launcher=ray", "hydra.launcher.ray.init.address=auto")
+TINY = ("task=reverse", "model=tiny", "progress_bar=false")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if SKIP:
+        pytest.skip(SKIP)
+    with RayCluster(tmp_path_factory.mktemp("ray")) as c:
+        yield c
+
+
+def _run(cluster, *args, cwd, timeout=600):
+    return run_command([NAS_RUN, *args], cwd=cwd, env=cluster.env, timeout=timeout)
+
+
+@needs_ray
+def test_a_sweep_runs_as_ray_tasks_each_an_ordinary_run_that_nas_report_reads(cluster, tmp_path):
+    proc = _run(cluster, *RAY, "attention=unas,dnas", "seed=1,2", *TINY, "debug=fast", "hydra.sweep.dir=sw",
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "4 jobs as Ray tasks on 1 node (2 CPUs)" in proc.stderr
+    jobs = sorted(p for p in (tmp_path / "sw").iterdir() if p.is_dir())
+    assert len(jobs) == 4
+    pids, workers = set(), set()
+    for job in jobs:
+        summary = json.loads((job / "summary.json").read_text())
+        env = summary["environment"]
+        assert env["threads"] == 1 and env["ray"]["task_id"] and env["ray"]["worker_id"]  # in a Ray task, 1 CPU
+        pids.add(env["pid"])
+        workers.add(env["ray"]["worker_id"])
+        wb = read_run(job / "wandb")  # its W&B run (offline) in the sweep's group
+        assert wb["group"] == "sw" and wb["id"] == summary["wandb_run_id"]
+    assert os.getpid() not in pids and len(workers) >= 2  # the jobs ran in Ray's worker processes, side by side
+    report = run_command([NAS_REPORT, "sw", "--baseline", "scheme=unas", "--format", "json", "--metrics", "ppl",
+                          "--no-item-tests"], cwd=tmp_path, env=cluster.env)
+    assert report.returncode == 0, report.stderr
+    doc = json.loads(report.stdout)
+    assert [g["n"] for g in doc["runs"]["groups"]] == [2, 2] and doc["comparison"]["rows"][0]["seeds"] == [1, 2]
+
+
+def _wait_for(path_glob, root: Path, timeout: float = 300) -> list[Path]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        found = glob_now(root, path_glob)
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"no {path_glob} under {root} after {timeout} s")
+
+
+@needs_ray
+def test_a_killed_ray_worker_fails_its_job_alone_and_the_same_command_resumes_it(cluster, tmp_path):
+    args = (*RAY, "trainer.max_steps=30,400", *TINY, "trainer.val_check_interval=100", "checkpoint.last_every_n_steps=20",
+            "logger=csv", "hydra.sweep.dir=sw")
+    sweep = start_command([NAS_RUN, *args], cwd=tmp_path, env=cluster.env)
+    try:
+        long_job = tmp_path / "sw" / "1_reverse_unas-h4"
+        _wait_for("1_*/checkpoints/last.ckpt", tmp_path / "sw")
+        holder = json.loads((long_job / ".nas-run.lock").read_text())["pid"]
+        assert holder in cluster.workers()  # the job trains in a Ray worker process
+        os.kill(holder, signal.SIGKILL)
+        out, err = sweep.communicate(timeout=600)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode != 0 and "1 of 2 jobs failed" in err, err[-3000:]
+    assert (tmp_path / "sw" / "0_reverse_unas-h4" / "summary.json").is_file()
+    failed = json.loads((long_job / "failed.json").read_text())
+    assert "worker died" in failed["reason"] and not (long_job / "summary.json").exists()
+    again = _run(cluster, *args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "0_reverse_unas-h4: finished in an earlier launch of this sweep: skipped" in again.stdout + again.stderr
+    log = (long_job / "nas_run.log").read_text()
+    assert "resumed from last.ckpt" in log or "resumed from" in log
+    assert json.loads((long_job / "summary.json").read_text())["steps"] == 400
+    assert not (long_job / "failed.json").exists()
+
+
+@needs_ray
+def test_a_stop_lets_every_ray_job_save_and_the_same_command_continues(cluster, tmp_path):
+    args = (*RAY, "attention=unas,dnas", *TINY, "trainer.max_steps=600", "trainer.val_check_interval=300",
+            "checkpoint.last_every_n_steps=500", "logger=none", "hydra.sweep.dir=sw")
+    sweep = start_command([NAS_RUN, *args], cwd=tmp_path, env=cluster.env)
+    try:
+        end = time.monotonic() + 300
+        while len(glob_now(tmp_path / "sw", "*/.nas-run.lock")) < 2 and time.monotonic() < end:
+            time.sleep(0.5)
+        time.sleep(6)  # both jobs training, before a periodic checkpoint
+        t0 = time.monotonic()
+        sweep.send_signal(signal.SIGTERM)
+        out, err = sweep.communicate(timeout=200)
+        took = time.monotonic() - t0
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert took < 60 and "each of the 2 unfinished Ray job(s) saves its last.ckpt" in err
+    assert "the same command with hydra.sweep.dir=sw continues the sweep" in err
+    assert "Traceback" not in err
+    jobs = sorted(p for p in (tmp_path / "sw").iterdir() if p.is_dir())
+    saved = [int(torch_step(j / "checkpoints" / "last.ckpt")) for j in jobs]
+    assert len(saved) == 2 and all(0 < s < 300 for s in saved)  # saved at the stop, not a periodic checkpoint
+    again = _run(cluster, *args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for job, step in zip(jobs, saved):
+        assert f"resumed from" in (job / "nas_run.log").read_text()
+        assert json.loads((job / "summary.json").read_text())["steps"] == 600
+
+
+def torch_step(ckpt: Path) -> int:
+    import torch
+
+    return torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]
+
+
+@needs_ray
+def test_a_job_no_node_can_hold_is_refused_before_the_sweep_in_one_line(cluster, tmp_path):
+    proc = _run(cluster, *RAY, "threads=1,8", *TINY, "debug=fast", "hydra.sweep.dir=sw", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "hydra/launcher=ray: job 1 asks for CPU 8, more than any node of the Ray cluster has (the largest: " \
+           "CPU 2)" in line
+    assert not (tmp_path / "sw").exists()
+
+
+def test_resources_per_job_come_from_its_threads_and_devices():
+    def cfg(**kw):
+        return OmegaConf.create({"threads": kw.get("threads"), "trainer": {"accelerator": kw.get("acc", "cpu"),
+                                                                          "devices": kw.get("devices", 1)}})
+    assert job_resources(cfg())["num_cpus"] == 1 and "num_gpus" not in job_resources(cfg())
+    assert job_resources(cfg(threads=4))["num_cpus"] == 4
+    assert job_resources(cfg(acc="gpu", devices=2))["num_gpus"] == 2
+    assert job_resources(cfg(acc="gpu", devices=[0, 3]))["num_gpus"] == 2
+    assert job_resources(cfg(acc="gpu", devices="auto"))["num_gpus"] == 1
+    assert job_resources(cfg(threads=4), {"num_cpus": 6, "memory": 2e9})["num_cpus"] == 6
+    nodes = [{"Alive": True, "Resources": {"CPU": 8, "GPU": 1}}, {"Alive": True, "Resources": {"CPU": 16}},
+             {"Alive": False, "Resources": {"CPU": 64, "GPU": 8}}]
+    refuse_unplaceable([(0, {"num_cpus": 16}), (1, {"num_cpus": 8, "num_gpus": 1})], nodes)
+    with pytest.raises(UserError, match=r"job 3 asks for CPU 1, GPU 2, more than any node .* \(the largest: CPU 8, GPU 1\)"):
+        refuse_unplaceable([(3, {"num_cpus": 1, "num_gpus": 2})], nodes)  # the dead node's 8 GPUs do not count
+
+
+def test_joining_a_cluster_drops_what_ray_refuses_there():
+    local = init_arguments({"address": None, "object_store_memory": 78643200})
+    assert local["object_store_memory"] == 78643200 and local["include_dashboard"] is False
+    joined = init_arguments({"address": "auto", "object_store_memory": 78643200, "num_cpus": 4})
+    assert joined["address"] == "auto" and "object_store_memory" not in joined and "num_cpus" not in joined
+
+
+def test_hydra_launcher_ray_without_ray_is_one_line_naming_the_extra(tmp_path):
+    hide = tmp_path / "no_ray"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None  # as if Ray were not installed\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")])}
+    # a process of its own (not one forked from the test server, which started without the hiding)
+    proc = subprocess.run([NAS_RUN, "-m", "hydra/launcher=ray", "seed=1,2", *TINY, "hydra.sweep.dir=sw"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == ['nas-run: error: hydra/launcher=ray: Ray is not installed; install '
+                                                'nas-run with its ray extra: pip install "nas-run[ray]" (from a '
+                                                'checkout: pip install -e ".[ray]")']
+    assert not (tmp_path / "sw").exists()

@@ -1,0 +1,63 @@
+"""A real local Ray cluster for the tests: ``ray start --head`` in a temporary directory (2 CPUs, no
+dashboard, no usage statistics), stopped with ``ray stop`` at the end.
+
+    with RayCluster(tmp_path / "ray") as cluster:
+        subprocess.run(["nas-run", "-m", "hydra/launcher=ray", "hydra.launcher.ray.init.address=auto", ...],
+                       env=cluster.env)
+
+:func:`available` says why a cluster cannot be started here (Ray not installed), so tests can skip
+with that reason. Install: ``pip install -e ".[ray]"`` (the README's test section; ``.ci/run`` does it).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def available() -> str | None:
+    """None if a Ray cluster can be started here, else the reason."""
+    if importlib.util.find_spec("ray") is None:
+        return 'Ray not installed: pip install -e ".[ray]"'
+    if _ray_cli() is None:
+        return "Ray's command line (ray) not found beside this Python"
+    return None
+
+
+def _ray_cli() -> str | None:
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else shutil.which("ray")
+
+
+class RayCluster:
+    """One head node with ``num_cpus`` CPUs; ``env`` is what the tests' commands run with."""
+
+    def __init__(self, root: Path, num_cpus: int = 2):
+        self.root, self.num_cpus = Path(root), int(num_cpus)
+        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "NO_COLOR": "1", "RAY_DEDUP_LOGS": "0"}
+
+    def __enter__(self) -> "RayCluster":
+        self.root.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run([_ray_cli(), "start", "--head", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
+                               f"--temp-dir={self.root / 'tmp'}", "--include-dashboard=false",
+                               "--disable-usage-stats"], capture_output=True, text=True, env=self.env, timeout=180)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ray start failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run([_ray_cli(), "stop", "--force"], capture_output=True, text=True, env=self.env, timeout=180)
+
+    def workers(self) -> list[int]:
+        """The process ids of the cluster's Ray worker processes (``ray::...`` in their command line)."""
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if cmdline.read_bytes().startswith(b"ray::"):
+                    found.append(int(cmdline.parent.name))
+            except (OSError, ValueError):
+                continue
+        return found
