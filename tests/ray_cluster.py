@@ -43,7 +43,8 @@ class RayCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         proc = subprocess.run([_ray_cli(), "start", "--head", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
                                f"--temp-dir={self.root / 'tmp'}", "--include-dashboard=false",
-                               "--disable-usage-stats"], capture_output=True, text=True, env=self.env, timeout=180)
+                               "--disable-usage-stats"], capture_output=True, text=True, env=self.env, timeout=180,
+                              cwd=self.root)  # the workers' directory: nothing a job misplaces lands in the checkout
         if proc.returncode != 0:
             raise RuntimeError(f"ray start failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
         return self

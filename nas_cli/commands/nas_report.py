@@ -87,8 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nas_cli.report.compare import CompareError
     from nas_cli.report.formats import FORMATS
     from nas_cli.report.output import csv_table, print_report, write_out
-    from nas_cli.report.sections import (notes as report_notes, runs_section, sequential_sections,
-                                         unfinished_section, verdict_sections)
+    from nas_cli.report.sections import notes as report_notes, runs_section, unfinished_section, verdict_sections
     from nas_cli.report.table import BadField
 
     try:
@@ -98,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs, groups, by = _load(args)
         metrics, verdicts, marked, compared = _compare(args, groups)
         sections = [*runs_section(args, runs, groups, by, metrics, verdicts, marked),
-                    *verdict_sections(verdicts, compared), *sequential_sections(args.paths),
+                    *verdict_sections(verdicts, compared), *_sequential_sections(args.paths),
                     *unfinished_section(runs)]
     except (_Fail, BadField, CompareError, UserError, FileNotFoundError) as err:
         return _fail(str(err))
@@ -138,6 +137,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _fail(f"--wandb: cannot write the W&B run under {args.paths[0]}: {err.strerror or err}")
         say(f"W&B report run: {where}" + (f" (upload: wandb sync {where})" if args.wandb == "offline" else ""))
     return 0
+
+
+def _sequential_sections(paths) -> list[tuple]:
+    """A seed=auto sweep among the PATHs: its looks and decisions, recomputed from its runs."""
+    from nas_cli.sweeps.sequential import recompute, table_rows as sequential_rows
+
+    out = []
+    for path in paths:
+        rec = recompute(Path(path))
+        if rec is not None:
+            sh, sr = sequential_rows(rec)
+            out.append(("sequential", f"sequential sweep {path} ({rec['metric']}): the decisions so far", sh, sr,
+                        rec["method"], rec["comparisons"]))
+    return out
 
 
 def _load(args):

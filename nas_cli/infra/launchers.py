@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import DictConfig
 
 from nas_cli.errors import fail
 from nas_cli.infra.rundir import remove_unstarted_sweep
@@ -193,6 +194,13 @@ def install_optuna() -> None:
 
     setup._nas_numbered = True
     impl.setup = setup
+
+
+def spawns_processes(trainer_cfg) -> bool:
+    """The trainer starts a process per device (DDP, FSDP, DeepSpeed on more than one device)."""
+    strategy = trainer_cfg.get("strategy", "auto")
+    name = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy)
+    return any(k in name.lower() for k in ("ddp", "fsdp", "deepspeed")) and str(trainer_cfg.get("devices")) != "1"
 
 
 def joblib_gpu(job_num: int, gpus: int, accelerator: str, devices) -> list[int] | None:

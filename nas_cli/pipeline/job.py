@@ -28,7 +28,7 @@ from nas_cli.infra.atomic import atomic_write_text
 from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release, remove_empty_parents
 from nas_cli.model.locations import name_from_choices
 from nas_cli.pipeline.callbacks import summary_table
-from nas_cli.pipeline.sweep_launcher import spawns_processes
+from nas_cli.infra.launchers import spawns_processes
 from nas_cli.sweeps.continuation import SWEEP_CONTINUE_ENV, restore_finished_configs, restore_sweep_record
 from nas_cli.sweeps.supervision import STOPPING
 

@@ -25,19 +25,13 @@ import os
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from nas_cli.errors import say
+from nas_cli.infra.launchers import spawns_processes
 
 #: at most this many jobs at a time in a sweep that runs in parallel by default (1: one after another)
 SWEEP_JOBS_ENV = "NAS_RUN_SWEEP_JOBS"
 
 _SWEEPERS = ("hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
              "hydra_plugins.nas_run_sequential.sequential_sweeper.SequentialSweeper")
-
-
-def spawns_processes(trainer_cfg) -> bool:
-    """The trainer starts a process per device (DDP, FSDP, DeepSpeed on more than one device)."""
-    strategy = trainer_cfg.get("strategy", "auto")
-    name = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy)
-    return any(k in name.lower() for k in ("ddp", "fsdp", "deepspeed")) and str(trainer_cfg.get("devices")) != "1"
 
 
 def sweep_size(config: DictConfig) -> int:

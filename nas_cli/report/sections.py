@@ -3,7 +3,6 @@ detail, a seed=auto sweep's decisions, runs without results), each as ``(key, ti
 caption, records)``, and the notes printed under them. ``args`` are nas-report's parsed options."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Sequence
 
 from nas_cli.errors import UserError
@@ -60,20 +59,6 @@ def verdict_sections(verdicts, compared) -> list[tuple]:
     if ir:
         out.append(("test_set", f"on this test set, per trained model (supporting detail): against "
                     f"{baseline.label}", ih, ir, ITEM_NOTE, item_records(compared)))
-    return out
-
-
-def sequential_sections(paths) -> list[tuple]:
-    """A seed=auto sweep among the PATHs: its looks and decisions, recomputed from its runs."""
-    from nas_cli.sweeps.sequential import recompute, table_rows as sequential_rows
-
-    out = []
-    for path in paths:
-        rec = recompute(Path(path))
-        if rec is not None:
-            sh, sr = sequential_rows(rec)
-            out.append(("sequential", f"sequential sweep {path} ({rec['metric']}): the decisions so far", sh, sr,
-                        rec["method"], rec["comparisons"]))
     return out
 
 

@@ -102,12 +102,12 @@ def refuse_unplaceable(needs: Sequence[tuple[int, dict]], nodes: Sequence[dict])
 
 
 def refuse_multi_process(cfg: DictConfig, num: int) -> None:
-    from nas_cli.pipeline.sweep_launcher import spawns_processes
+    from nas_cli.infra.launchers import spawns_processes
 
     if spawns_processes(cfg.trainer):
         raise UserError(f"hydra/launcher=ray runs job {num} as one Ray task, which cannot start Lightning's DDP/FSDP "
                         f"processes (trainer.devices={cfg.trainer.get('devices')}); use one device per job "
-                        "(trainer.devices=1), or trainer=ray_ddp to train one job on several Ray workers")
+                        "(trainer.devices=1), or hydra/launcher=slurm (or the basic launcher) for multi-device jobs")
 
 
 def _connect(init: dict[str, Any]) -> None:

@@ -129,8 +129,8 @@ def test_a_stop_lets_every_ray_job_save_and_the_same_command_continues(cluster, 
     assert len(saved) == 2 and all(0 < s < 300 for s in saved)  # saved at the stop, not a periodic checkpoint
     again = _run(cluster, *args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
-    for job, step in zip(jobs, saved):
-        assert f"resumed from" in (job / "nas_run.log").read_text()
+    for job in jobs:
+        assert "resumed from" in (job / "nas_run.log").read_text()
         assert json.loads((job / "summary.json").read_text())["steps"] == 600
 
 
