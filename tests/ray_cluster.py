@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -41,8 +42,10 @@ class RayCluster:
 
     def __enter__(self) -> "RayCluster":
         self.root.mkdir(parents=True, exist_ok=True)
+        # Ray's sockets live under its temp dir, and a socket's path may have at most 107 bytes: a short one
+        self.temp = tempfile.mkdtemp(prefix="nasray-", dir="/tmp")
         proc = subprocess.run([_ray_cli(), "start", "--head", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
-                               f"--temp-dir={self.root / 'tmp'}", "--include-dashboard=false",
+                               f"--temp-dir={self.temp}", "--include-dashboard=false",
                                "--disable-usage-stats"], capture_output=True, text=True, env=self.env, timeout=180,
                               cwd=self.root)  # the workers' directory: nothing a job misplaces lands in the checkout
         if proc.returncode != 0:
@@ -51,6 +54,7 @@ class RayCluster:
 
     def __exit__(self, *exc) -> None:
         subprocess.run([_ray_cli(), "stop", "--force"], capture_output=True, text=True, env=self.env, timeout=180)
+        shutil.rmtree(self.temp, ignore_errors=True)
 
     def workers(self) -> list[int]:
         """The process ids of the cluster's Ray worker processes (``ray::...`` in their command line)."""

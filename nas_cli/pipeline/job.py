@@ -23,6 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from nas_cli.errors import Refused, Stopped, UserError, console, fail, quiet_libraries, record, say
+from nas_cli.infra import ray_train
 from nas_cli.infra.redaction import redact
 from nas_cli.infra.atomic import atomic_write_text
 from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release, remove_empty_parents
@@ -137,7 +138,6 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
     """Check and train. A refusal leaves the directory as it was; a failure is recorded in
     failed.json (a sweep goes on with its other jobs: NaN); a stop says how to continue."""
     from nas_cli.pipeline.checks import check_config  # heavy imports after Hydra has parsed the command line
-    from nas_cli.pipeline.run import train
     from nas_cli.pipeline.trainer import check_trainer
 
     checking = False
@@ -160,9 +160,7 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
         for note in checked.notes:  # said on the terminal by the check before Hydra started
             record(f"note: {note}")
         checking = False
-        summary = train(cfg, checked.plan, run_dir, group, job_type="sweep" if multirun else "train",
-                        size=(checked.parameters, checked.exact) if checked.parameters is not None else None,
-                        task=checked.task)
+        summary = _train(cfg, checked, run_dir, group, multirun)
     except Refused as err:  # nothing ran: put back what this attempt touched, write nothing
         for path, data in kept.items():
             if data is None:
@@ -193,6 +191,17 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
                           why=f"{reason} (traceback in {run_dir / 'failed.traceback.txt'})")
     release(run_dir)
     return summary
+
+
+def _train(cfg: DictConfig, checked, run_dir: Path, group: str, multirun: bool):
+    """Train the checked job here, or (trainer=ray_ddp) the same training in each Ray Train worker."""
+    from nas_cli.pipeline.run import train
+
+    size = (checked.parameters, checked.exact) if checked.parameters is not None else None
+    job_type = "sweep" if multirun else "train"
+    if ray_train.on_ray(cfg):
+        return ray_train.fit(train, cfg, run_dir, checked.plan, run_dir, group, job_type=job_type, size=size)
+    return train(cfg, checked.plan, run_dir, group, job_type=job_type, size=size, task=checked.task)
 
 
 def _cut_log(log: Path, size: int | None) -> None:

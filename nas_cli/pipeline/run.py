@@ -286,8 +286,11 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
         callbacks.append(DiagnosticsCallback(run_dir=job.run_dir, **opts))
     if cfg.progress_bar:  # lines in a log file and where the jobs of a sweep share the terminal
         callbacks.append(progress_callback(job.run_dir.name, task.monitor, shares_terminal()))
-    trainer = pl.Trainer(**trainer_kwargs(cfg), callbacks=callbacks, logger=logger,
-                         plugins=[checkpoint_io(cfg.trainer.get("accelerator", "auto"))],
+    kwargs = trainer_kwargs(cfg)
+    plugins = kwargs.pop("plugins", None) or []  # trainer.plugins (trainer=ray_ddp: Ray's cluster environment)
+    plugins = [*(plugins if isinstance(plugins, (list, tuple)) else [plugins]),
+               checkpoint_io(cfg.trainer.get("accelerator", "auto"))]
+    trainer = pl.Trainer(**kwargs, callbacks=callbacks, logger=logger, plugins=plugins,
                          default_root_dir=str(job.run_dir), enable_progress_bar=bool(cfg.progress_bar),
                          enable_model_summary=False)
     return trainer, ckpt

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from nas_cli.errors import UserError
+from nas_cli.infra import ray_train
 from nas_cli.errors import unwrap as _unwrap
 
 
@@ -27,6 +28,8 @@ def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
             tcfg["strategy"] = instantiate(cfg.trainer.strategy)
         except InstantiationException as err:
             raise UserError(f"trainer.strategy: {_unwrap(err)}") from err
+    if tcfg.get("strategy") == ray_train.STRATEGY:  # trainer=ray_ddp: Ray's DDP in a Ray Train worker
+        tcfg = ray_train.strategy_arguments(tcfg)
     # nas-run shards the data itself (nas_cli.infra.distributed): no DistributedSampler, nothing padded or repeated
     tcfg["use_distributed_sampler"] = False
     if isinstance(tcfg.get("max_steps"), int) and tcfg["max_steps"] > 0:

@@ -2,7 +2,7 @@
 ``ray up``, KubeRay) or on a Ray started on this machine.
 
 * **Where**: ``hydra.launcher.ray.init`` are ``ray.init``'s arguments. ``address: null`` starts a
-  local Ray for the sweep; ``auto`` joins the cluster this machine belongs to; ``ray://host:10001``
+  Ray on this machine for the sweep (Ray's ``local``; ``RAY_ADDRESS`` still wins); ``auto`` joins the cluster this machine belongs to; ``ray://host:10001``
   a remote one through Ray Client. Joining a cluster, Ray refuses ``object_store_memory`` (it is
   the cluster's): it is dropped there.
 * **Resources per job**, from the job's own config: ``num_cpus`` = its ``threads`` (1 when null:
@@ -34,13 +34,10 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nas_cli.errors import UserError, fail, say
+from nas_cli.infra.ray_train import forwarded_env
 
 #: how long a stopping sweep waits for its Ray jobs to save, at most (as for joblib's workers)
 WAIT_S = 120.0
-#: environment variables a job reads that the sweep's process passes on to its Ray workers (which the
-#: cluster started, with the cluster's environment): nas-run's own, W&B's, Hugging Face's, Triton's
-FORWARDED_PREFIXES = ("NAS_RUN_", "NAS_TRITON", "WANDB_", "HF_", "TRITON_")
-FORWARDED = ("PYTHONWARNINGS", "NO_COLOR", "NETRC")
 #: ray.init's arguments that only a Ray started here takes
 LOCAL_ONLY = ("object_store_memory", "num_cpus", "num_gpus", "resources", "include_dashboard", "_temp_dir")
 
@@ -56,12 +53,8 @@ def init_arguments(init: DictConfig | dict | None) -> dict[str, Any]:
     if address:
         return {k: v for k, v in args.items() if k not in LOCAL_ONLY}
     args.setdefault("include_dashboard", False)
+    args["address"] = "local"  # a new Ray for this sweep, not a cluster that ray start left on this machine
     return args
-
-
-def forwarded_env(environ=os.environ) -> dict[str, str]:
-    """The variables of :data:`FORWARDED_PREFIXES` / :data:`FORWARDED` set here, for the jobs' runtime_env."""
-    return {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES) or k in FORWARDED}
 
 
 def _plain(node) -> dict[str, Any]:
@@ -104,6 +97,10 @@ def refuse_unplaceable(needs: Sequence[tuple[int, dict]], nodes: Sequence[dict])
 def refuse_multi_process(cfg: DictConfig, num: int) -> None:
     from nas_cli.infra.launchers import spawns_processes
 
+    if str(cfg.trainer.get("strategy", "")) == "ray_ddp":
+        raise UserError(f"hydra/launcher=ray runs job {num} as one Ray task, and trainer=ray_ddp trains a job on Ray "
+                        "Train workers of its own: sweep trainer=ray_ddp jobs with the basic launcher (drop "
+                        "hydra/launcher=ray; RAY_ADDRESS=auto puts each job's workers on the cluster)")
     if spawns_processes(cfg.trainer):
         raise UserError(f"hydra/launcher=ray runs job {num} as one Ray task, which cannot start Lightning's DDP/FSDP "
                         f"processes (trainer.devices={cfg.trainer.get('devices')}); use one device per job "

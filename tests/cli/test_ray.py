@@ -170,6 +170,7 @@ def test_resources_per_job_come_from_its_threads_and_devices():
 def test_joining_a_cluster_drops_what_ray_refuses_there():
     local = init_arguments({"address": None, "object_store_memory": 78643200})
     assert local["object_store_memory"] == 78643200 and local["include_dashboard"] is False
+    assert local["address"] == "local"  # a Ray of its own, even where ray start left a cluster
     joined = init_arguments({"address": "auto", "object_store_memory": 78643200, "num_cpus": 4})
     assert joined["address"] == "auto" and "object_store_memory" not in joined and "num_cpus" not in joined
 
@@ -187,3 +188,29 @@ def test_hydra_launcher_ray_without_ray_is_one_line_naming_the_extra(tmp_path):
                                                 'nas-run with its ray extra: pip install "nas-run[ray]" (from a '
                                                 'checkout: pip install -e ".[ray]")']
     assert not (tmp_path / "sw").exists()
+
+
+@needs_ray
+def test_ray_ddp_trains_one_job_on_two_ray_workers_resumes_and_equals_trainer_ddp(cluster, tmp_path):
+    """trainer=ray_ddp: Lightning's DDP over 2 Ray Train workers (gloo) on the test cluster, stopped at step 10
+    and resumed to 20, against trainer=ddp's 2 processes trained to 20 at once: the same test and validation
+    numbers (the tolerance of the DDP tests, tests/cli/test_scale.py)."""
+    common = (*TINY, "debug=fast", "trainer.val_check_interval=10", "eval_batch_items=null", "logger=csv")
+    ray_env = {**cluster.env, "RAY_ADDRESS": "auto"}
+    first = run_command([NAS_RUN, "trainer=ray_ddp", *common, "trainer.max_steps=10", "hydra.run.dir=ray"],
+                        cwd=tmp_path, env=ray_env, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = run_command([NAS_RUN, f"resume={tmp_path / 'ray'}", "trainer.max_steps=20"], cwd=tmp_path, env=ray_env,
+                          timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    ddp = run_command([NAS_RUN, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+                       "trainer.precision=32-true", *common, "trainer.max_steps=20", "hydra.run.dir=ddp"],
+                      cwd=tmp_path, env=cluster.env, timeout=600)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    on_ray, plain = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("ray", "ddp"))
+    assert on_ray["processes"] == plain["processes"] == 2 and on_ray["steps"] == plain["steps"] == 20
+    assert on_ray["environment"]["ray"]["worker_id"] and "ray" not in plain["environment"]  # rank 0 was a Ray worker
+    assert "resumed from last.ckpt" in (tmp_path / "ray" / "nas_run.log").read_text()
+    for key, value in plain["test"].items():
+        assert on_ray["test"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert on_ray["best_val"]["value"] == pytest.approx(plain["best_val"]["value"], rel=1e-5, abs=1e-6)
