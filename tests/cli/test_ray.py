@@ -214,3 +214,21 @@ def test_ray_ddp_trains_one_job_on_two_ray_workers_resumes_and_equals_trainer_dd
     for key, value in plain["test"].items():
         assert on_ray["test"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     assert on_ray["best_val"]["value"] == pytest.approx(plain["best_val"]["value"], rel=1e-5, abs=1e-6)
+
+
+@needs_ray
+def test_seed_auto_launches_each_round_of_seeds_through_ray(cluster, tmp_path):
+    """seed=auto's sequential sweeper launches its rounds through hydra/launcher=ray: every job a Ray task, no seed
+    twice, the decision written down (tests/cli/test_sequential_sweep.py checks the decisions themselves)."""
+    proc = _run(cluster, *RAY, "attention=unas,dnas", "seed=auto", *TINY, "debug=fast", "diagnostics.plots=never",
+                "hydra.sweeper.max_seeds=3", "hydra.sweeper.metric=ppl", "logger=none", "hydra.sweep.dir=seq",
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "jobs as Ray tasks" in proc.stderr
+    summaries = [json.loads(p.read_text()) for p in sorted((tmp_path / "seq").glob("*/summary.json"))]
+    runs = [(s["scheme"], s["seed"]) for s in summaries]
+    assert len(runs) == len(set(runs)) >= 4 and all(s["environment"]["ray"]["task_id"] for s in summaries)
+    (comp,) = json.loads((tmp_path / "seq" / "sequential.json").read_text())["comparisons"]
+    n = comp["looks"][-1]["n"]
+    assert comp["decision"] in ("higher", "lower", "undecided") and n in (2, 3)
+    assert sorted(runs) == sorted((s, k) for s in ("unas", "dnas") for k in range(1, n + 1))
