@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -129,12 +128,6 @@ def test_a_stop_lets_every_ray_job_save_and_each_resumes_from_there(cluster, tmp
     jobs = sorted(p for p in (tmp_path / "sw").iterdir() if p.is_dir())
     assert len(jobs) == 2 and all((j / "checkpoints" / "last.ckpt").is_file() for j in jobs)
     assert not any((j / "summary.json").exists() for j in jobs)
-
-
-def torch_step(ckpt: Path) -> int:
-    import torch
-
-    return torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]
 
 
 @needs_ray
