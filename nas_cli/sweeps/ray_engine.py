@@ -156,9 +156,8 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     """Hydra's ``Launcher.launch`` for ``hydra/launcher=ray`` (the module's docstring)."""
     import ray
     from hydra.core.singleton import Singleton
-    from hydra.core.utils import JobReturn, JobStatus, setup_globals
+    from hydra.core.utils import setup_globals
 
-    from nas_cli.infra.launchers import ended_job
     from nas_cli.infra.rundir import remove_unstarted_sweep
 
     setup_globals()
@@ -195,7 +194,7 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
             done, pending = ray.wait(pending, num_returns=1, timeout=1.0)
             for ref in done:
                 num, overrides = refs[ref]
-                results[num] = _result(ref, num, overrides, sweep_dir, ended_job, JobReturn, JobStatus)
+                results[num] = _result(ref, num, overrides, sweep_dir)
         if stops.signals:
             _cancel_and_wait(pending, stops)
     if stops.signals:
@@ -239,9 +238,12 @@ class _NotedStops:
         raise ProcessStop(self.signals[0])
 
 
-def _result(ref, num: int, overrides, sweep_dir: Path, ended_job, JobReturn, JobStatus):
+def _result(ref, num: int, overrides, sweep_dir: Path):
     """The job's JobReturn; a job whose worker died (or that exited) as a failed job of the sweep."""
     import ray
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from nas_cli.infra.launchers import ended_job
 
     try:
         out = ray.get(ref)
