@@ -1,5 +1,5 @@
 """A real local Ray cluster for the tests: ``ray start --head`` in a temporary directory (2 CPUs, no
-dashboard, no usage statistics), stopped with ``ray stop`` at the end.
+dashboard, no usage statistics, workers at the tests' own priority), stopped with ``ray stop`` at the end.
 
     with RayCluster(tmp_path / "ray") as cluster:
         subprocess.run(["nas-run", "-m", "hydra/launcher=ray", "hydra.launcher.ray.init.address=auto", ...],
@@ -39,6 +39,10 @@ class RayCluster:
     def __init__(self, root: Path, num_cpus: int = 2):
         self.root, self.num_cpus = Path(root), int(num_cpus)
         self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "NO_COLOR": "1", "RAY_DEDUP_LOGS": "0"}
+        # Ray starts its workers at nice 15, below every other process: with two busy processes on a 2-CPU
+        # machine a Ray job got about 4% of a CPU (over 8 minutes to start), and on the loaded CI machine a
+        # job's start took a minute. The test cluster's workers compete with the suite's other worker as equals.
+        self.head_env = {**self.env, "RAY_worker_niceness": "0"}
 
     def __enter__(self) -> "RayCluster":
         self.root.mkdir(parents=True, exist_ok=True)
@@ -46,7 +50,7 @@ class RayCluster:
         self.temp = tempfile.mkdtemp(prefix="nasray-", dir="/tmp")
         proc = subprocess.run([_ray_cli(), "start", "--head", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
                                f"--temp-dir={self.temp}", "--include-dashboard=false",
-                               "--disable-usage-stats"], capture_output=True, text=True, env=self.env, timeout=180,
+                               "--disable-usage-stats"], capture_output=True, text=True, env=self.head_env, timeout=180,
                               cwd=self.root)  # the workers' directory: nothing a job misplaces lands in the checkout
         if proc.returncode != 0:
             raise RuntimeError(f"ray start failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")

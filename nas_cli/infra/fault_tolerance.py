@@ -12,6 +12,9 @@
     With several processes (DDP) the stop waits for the validation's end (see
     :meth:`FaultTolerance.on_validation_batch_start`).
   - Outside training (start-up, the final test, ``nas-eval``) :func:`stop_signals` ends at once.
+  - A Ray Train worker (``trainer=ray_ddp``) trains outside its main thread, where no handler runs:
+    its job's process asks it through ``PROCESS.asked_stop`` (:mod:`nas_cli.infra.ray_train`),
+    which is acted on as the signal it names.
 
   The same signal a second time, a second or more after the first, stops at once without a checkpoint
   (``timeout``'s second SIGTERM, Ctrl-C pressed again). Another signal while stopping, or the same one
@@ -153,6 +156,8 @@ class FaultTolerance(pl.Callback):
         self._stop(trainer, "validation")
 
     def _stop_asked(self, trainer) -> bool:
+        if self.pending is None and PROCESS.asked_stop is not None:  # trainer=ray_ddp's workers: no signal
+            self.pending = PROCESS.asked_stop
         stop = self.pending is not None or trainer.received_sigterm
         if trainer.world_size > 1:  # any process signalled -> all stop at this same batch
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)

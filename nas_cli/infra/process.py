@@ -9,6 +9,10 @@ find without being handed anything is here:
 * ``stops``: the stop signals nas-run's own handlers received outside training;
 * ``training_stop``: the first stop signal noted during training (:mod:`nas_cli.infra.fault_tolerance`),
   so that the loggers ride out the moment W&B's service is already gone;
+* ``asked_stop``: a stop asked of this process without a signal: a Ray Train worker of
+  ``trainer=ray_ddp``, whose training runs outside the main thread (where no signal handler
+  runs), is asked by its job's process (:mod:`nas_cli.infra.ray_train`); training stops at the
+  next step as on that signal;
 * ``held``: the run and sweep directories whose lock this process holds
   (:mod:`nas_cli.infra.rundir`), released at exit.
 """
@@ -25,6 +29,7 @@ class ProcessState:
         self.sweep_dir: Path | None = None
         self.stops: list[int] = []
         self.training_stop: int | None = None
+        self.asked_stop: int | None = None
         self.held: set[Path] = set()
 
     @property

@@ -196,7 +196,7 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
                 num, overrides = refs[ref]
                 results[num] = _result(ref, num, overrides, sweep_dir)
         if stops.signals:
-            _cancel_and_wait(pending, stops)
+            _cancel_and_wait(pending, stops, refs)
     if stops.signals:
         stops.raise_first()
     return [results[num] for num, *_ in jobs]
@@ -264,9 +264,11 @@ class _RayJob:
         self.state = "worker died"
 
 
-def _cancel_and_wait(pending: list, stops: _NotedStops, wait_s: float = WAIT_S) -> None:
+def _cancel_and_wait(pending: list, stops: _NotedStops, jobs: dict, wait_s: float = WAIT_S) -> None:
     """Cancel the jobs not finished (a running one gets SIGINT: it saves last.ckpt; a queued one never
-    starts) and wait until they end, at most ``wait_s``, or until a second stop signal."""
+    starts) and wait until they end, at most ``wait_s``, or until a second stop signal. ``jobs``: each
+    job's (number, overrides) by its reference; a job still running after the wait is named, as the
+    one that keeps its last periodic last.ckpt (its worker ends with this process)."""
     import time
 
     import ray
@@ -283,6 +285,10 @@ def _cancel_and_wait(pending: list, stops: _NotedStops, wait_s: float = WAIT_S) 
     end = time.monotonic() + wait_s
     while pending and len(stops.signals) < 2 and time.monotonic() < end:
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+    if pending:
+        named = ", ".join(f"job {jobs[ref][0]} ({' '.join(jobs[ref][1]) or 'no overrides'})" for ref in pending)
+        why = "a second signal" if len(stops.signals) >= 2 else f"not ended within {wait_s:.0f} s"
+        say(f"nas-run: {named}: stopped at once ({why}); it resumes from its last periodic last.ckpt", log=False)
 
 
 def _cluster_words(ray) -> str:
