@@ -1,5 +1,6 @@
 """A real local Ray cluster for the tests: ``ray start --head`` in a temporary directory (2 CPUs, no
-dashboard, no usage statistics, workers at the tests' own priority), stopped with ``ray stop`` at the end.
+dashboard, no usage statistics, workers at the tests' own priority, SIGINT ignored as in a background
+job), stopped with ``ray stop`` at the end.
 
     with RayCluster(tmp_path / "ray") as cluster:
         subprocess.run(["nas-run", "-m", "hydra/launcher=ray", "hydra.launcher.ray.init.address=auto", ...],
@@ -33,6 +34,15 @@ def _ray_cli() -> str | None:
     return str(beside) if beside.exists() else shutil.which("ray")
 
 
+def _as_a_background_job() -> None:
+    """Start the cluster as a script's background job (``ray start ... &``) starts it, and as CI ran it: with
+    SIGINT ignored, which every Ray worker then inherits. Ray's cancel is a SIGINT, so the jobs must listen
+    for it anyway (nas_cli.sweeps.ray_engine); the tests check it whatever way pytest itself was started."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class RayCluster:
     """One head node with ``num_cpus`` CPUs; ``env`` is what the tests' commands run with."""
 
@@ -51,7 +61,8 @@ class RayCluster:
         proc = subprocess.run([_ray_cli(), "start", "--head", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
                                f"--temp-dir={self.temp}", "--include-dashboard=false",
                                "--disable-usage-stats"], capture_output=True, text=True, env=self.head_env, timeout=180,
-                              cwd=self.root)  # the workers' directory: nothing a job misplaces lands in the checkout
+                              cwd=self.root,  # the workers' directory: nothing a job misplaces lands in the checkout
+                              preexec_fn=_as_a_background_job)
         if proc.returncode != 0:
             raise RuntimeError(f"ray start failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
         return self

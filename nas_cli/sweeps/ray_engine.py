@@ -142,6 +142,7 @@ def run_remote_job(hydra_context, sweep_config: DictConfig, task_function, singl
     launched_from = str(sweep_config.hydra.runtime.cwd)
     if os.path.isdir(launched_from):  # relative paths (hydra.sweep.dir=sw, task.path=data) as the command meant them
         os.chdir(launched_from)
+    inherited = _hear_cancel()
     try:
         ret = run_job(hydra_context=hydra_context, task_function=task_function, config=sweep_config,
                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
@@ -149,7 +150,20 @@ def run_remote_job(hydra_context, sweep_config: DictConfig, task_function, singl
         return {"exit": exit_.code if isinstance(exit_.code, int) else 1, "pid": os.getpid()}
     finally:
         os.chdir(here)
+        signal.signal(signal.SIGINT, inherited)
     return {"ret": ret, "pid": os.getpid()}
+
+
+def _hear_cancel():
+    """In a Ray worker, SIGINT is Ray's cancel (``ray.cancel`` raises it in the task's thread), not a
+    terminal's Ctrl-C: a job must hear it even where the worker was started with SIGINT ignored,
+    which every worker of a cluster started from a background shell job (``ray start ... &`` in a
+    script, CI) inherits; there the job never heard the cancel and a stopped sweep ended with its
+    jobs unsaved. Returns the handler to put back after the job."""
+    inherited = signal.getsignal(signal.SIGINT)
+    if inherited in (signal.SIG_IGN, None):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    return inherited if inherited is not None else signal.SIG_DFL
 
 
 def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
@@ -288,7 +302,7 @@ def _cancel_and_wait(pending: list, stops: _NotedStops, jobs: dict, wait_s: floa
     if pending:
         named = ", ".join(f"job {jobs[ref][0]} ({' '.join(jobs[ref][1]) or 'no overrides'})" for ref in pending)
         why = "a second signal" if len(stops.signals) >= 2 else f"not ended within {wait_s:.0f} s"
-        say(f"nas-run: {named}: stopped at once ({why}); it resumes from its last periodic last.ckpt", log=False)
+        say(f"nas-run: {named}: stopped at once ({why}); each resumes from its last periodic last.ckpt", log=False)
 
 
 def _cluster_words(ray) -> str:
