@@ -1,6 +1,7 @@
-"""``hydra/launcher=ray`` against a real local Ray cluster (tests/ray_cluster.py: ``ray start --head
---num-cpus 2`` in a temporary directory, ``ray stop`` at the end): sweeps as Ray tasks, nas-report
-over them, a killed worker, a stop, resources per job. Skipped, with the reason, where Ray is not
+"""``hydra/launcher=ray`` and ``trainer=ray_ddp`` against a real local Ray cluster of two nodes, one CPU
+each (tests/ray_cluster.py: ``ray start --head`` in a temporary directory, a second node at its own
+address, ``ray stop`` at the end): sweeps as Ray tasks on both nodes, nas-report over them, a killed
+worker, stops, resources per job, one job's DDP across the two nodes. Skipped, with the reason, where Ray is not
 installed (``pip install -e ".[ray]"``; CI installs it)."""
 from __future__ import annotations
 
@@ -47,19 +48,21 @@ def test_a_sweep_runs_as_ray_tasks_each_an_ordinary_run_that_nas_report_reads(cl
     proc = _run(cluster, *RAY, "attention=unas,dnas", "seed=1,2", *TINY, "debug=fast", "hydra.sweep.dir=sw",
                 cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "4 jobs as Ray tasks on 1 node (2 CPUs)" in proc.stderr
+    assert "4 jobs as Ray tasks on 2 nodes (2 CPUs)" in proc.stderr
     jobs = sorted(p for p in (tmp_path / "sw").iterdir() if p.is_dir())
     assert len(jobs) == 4
-    pids, workers = set(), set()
+    pids, workers, nodes = set(), set(), set()
     for job in jobs:
         summary = json.loads((job / "summary.json").read_text())
         env = summary["environment"]
         assert env["threads"] == 1 and env["ray"]["task_id"] and env["ray"]["worker_id"]  # in a Ray task, 1 CPU
         pids.add(env["pid"])
         workers.add(env["ray"]["worker_id"])
+        nodes.add(env["ray"]["node_id"])
         wb = read_run(job / "wandb")  # its W&B run (offline) in the sweep's group
         assert wb["group"] == "sw" and wb["id"] == summary["wandb_run_id"]
     assert os.getpid() not in pids and len(workers) >= 2  # the jobs ran in Ray's worker processes, side by side
+    assert len(nodes) == 2  # one CPU per node: the jobs ran on both nodes
     report = run_command([NAS_REPORT, "sw", "--baseline", "scheme=unas", "--format", "json", "--metrics", "ppl",
                           "--no-item-tests"], cwd=tmp_path, env=cluster.env)
     assert report.returncode == 0, report.stderr
@@ -150,7 +153,7 @@ def test_a_job_no_node_can_hold_is_refused_before_the_sweep_in_one_line(cluster,
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert "hydra/launcher=ray: job 1 asks for CPU 8, more than any node of the Ray cluster has (the largest: " \
-           "CPU 2)" in line
+           "CPU 1)" in line
     assert not (tmp_path / "sw").exists()
 
 
@@ -196,14 +199,15 @@ def test_hydra_launcher_ray_without_ray_is_one_line_naming_the_extra(tmp_path):
 
 @needs_ray
 def test_ray_ddp_trains_one_job_on_two_ray_workers_resumes_and_equals_trainer_ddp(cluster, tmp_path):
-    """trainer=ray_ddp: Lightning's DDP over 2 Ray Train workers (gloo) on the test cluster, stopped at step 10
-    and resumed to 20, against trainer=ddp's 2 processes trained to 20 at once: the same test and validation
-    numbers (the tolerance of the DDP tests, tests/cli/test_scale.py)."""
+    """trainer=ray_ddp: Lightning's DDP over 2 Ray Train workers (gloo), one on each node of the test cluster,
+    stopped at step 10 and resumed to 20, against trainer=ddp's 2 processes trained to 20 at once: the same test
+    and validation numbers (the tolerance of the DDP tests, tests/cli/test_scale.py)."""
     common = (*TINY, "debug=fast", "trainer.val_check_interval=10", "eval_batch_items=null", "logger=csv")
     ray_env = {**cluster.env, "RAY_ADDRESS": "auto"}
     first = run_command([NAS_RUN, "trainer=ray_ddp", *common, "trainer.max_steps=10", "hydra.run.dir=ray"],
                         cwd=tmp_path, env=ray_env, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
+    assert re.search(r"world_rank=\d, local_rank=0, node_rank=1\b", first.stderr)  # Ray Train's line: one per node
     resumed = run_command([NAS_RUN, f"resume={tmp_path / 'ray'}", "trainer.max_steps=20"], cwd=tmp_path, env=ray_env,
                           timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
