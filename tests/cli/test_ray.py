@@ -80,6 +80,25 @@ def _wait_for(path_glob, root: Path, timeout: float = 300) -> list[Path]:
     raise AssertionError(f"no {path_glob} under {root} after {timeout} s")
 
 
+def _terminated(proc, timeout: float) -> str:
+    """SIGTERM to a started command (unless it ended already), its stderr once it ends; killed if it hangs."""
+    try:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        return proc.communicate(timeout=timeout)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _resume(run: Path, steps: int, cwd: Path, env: dict) -> None:
+    """``nas-run resume=<run> trainer.max_steps=<steps>``: it continues from last.ckpt and finishes there."""
+    resumed = run_command([NAS_RUN, f"resume={run}", f"trainer.max_steps={steps}"], cwd=cwd, env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from last.ckpt" in (run / "nas_run.log").read_text()
+    assert json.loads((run / "summary.json").read_text())["steps"] == steps
+
+
 @needs_ray
 def test_a_killed_ray_worker_fails_its_job_alone_and_the_same_command_resumes_it(cluster, tmp_path):
     args = (*RAY, "trainer.max_steps=30,400", *TINY, "trainer.val_check_interval=100", "checkpoint.last_every_n_steps=20",
@@ -121,11 +140,8 @@ def test_a_stop_lets_every_ray_job_save_and_each_resumes_from_there(cluster, tmp
         while len(glob_now(tmp_path / "sw", "*/checkpoints/last.ckpt")) < 2 and time.monotonic() < end:
             time.sleep(0.5)
         time.sleep(1)
-        sweep.send_signal(signal.SIGTERM)
-        out, err = sweep.communicate(timeout=200)
     finally:
-        if sweep.poll() is None:
-            sweep.kill()
+        err = _terminated(sweep, timeout=200)
     assert sweep.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "each of the 2 unfinished Ray job(s) saves its last.ckpt" in err and "Traceback" not in err
     assert "the same command with hydra.sweep.dir=sw continues the sweep" in err
@@ -140,11 +156,7 @@ def test_a_stop_lets_every_ray_job_save_and_each_resumes_from_there(cluster, tmp
         assert torch_step(job / "checkpoints" / "last.ckpt") == int(said.group(1)) < 5000
     job = jobs[0]  # what it saved is a run to continue: 10 more steps from the step of the stop
     step = torch_step(job / "checkpoints" / "last.ckpt")
-    resumed = run_command([NAS_RUN, f"resume={job}", f"trainer.max_steps={step + 10}"], cwd=tmp_path, env=cluster.env,
-                          timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from last.ckpt" in (job / "nas_run.log").read_text()
-    assert json.loads((job / "summary.json").read_text())["steps"] == step + 10
+    _resume(job, step + 10, cwd=tmp_path, env=cluster.env)
 
 
 @needs_ray
@@ -237,11 +249,8 @@ def test_a_stop_of_a_ray_ddp_run_saves_at_its_step_on_every_worker_and_resume_co
     try:
         _wait_for("checkpoints/last.ckpt", run)  # written after the first validation (step 25): training is on
         sent = time.time()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=300)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        err = _terminated(proc, timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "the 2 Ray Train workers save checkpoints/last.ckpt at their next step" in err and "Traceback" not in err
     said = re.search(r"stopped: SIGTERM during training at step (\d+) \(checkpoints/last\.ckpt saved; no "
@@ -251,11 +260,7 @@ def test_a_stop_of_a_ray_ddp_run_saves_at_its_step_on_every_worker_and_resume_co
     last = run / "checkpoints" / "last.ckpt"
     assert torch_step(last) == step and last.stat().st_mtime >= sent  # saved by the stop, at its step
     assert not (run / "summary.json").exists() and not (run / ".ray_train").exists()
-    resumed = run_command([NAS_RUN, f"resume={run}", f"trainer.max_steps={step + 5}"], cwd=tmp_path, env=ray_env,
-                          timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from last.ckpt" in (run / "nas_run.log").read_text()
-    assert json.loads((run / "summary.json").read_text())["steps"] == step + 5
+    _resume(run, step + 5, cwd=tmp_path, env=ray_env)
 
 
 class _Fitting:
