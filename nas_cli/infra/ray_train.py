@@ -188,7 +188,7 @@ def _fit_until_stopped(trainer, request: Path, run_dir: Path, count: int, wait_s
     stop handling (module docstring); returns fit's result and the stop signal asked of the workers
     (0: none). Ray Train's own SIGINT handler, which would end the workers without a save, is
     installed only from the main thread: never, then."""
-    from nas_cli.infra.fault_tolerance import ONE_STOP_SECONDS, stop_signals_here
+    from nas_cli.infra.fault_tolerance import ONE_STOP_SECONDS, STOP_SIGNALS
 
     if threading.current_thread() is not threading.main_thread():
         return trainer.fit(), 0
@@ -200,13 +200,10 @@ def _fit_until_stopped(trainer, request: Path, run_dir: Path, count: int, wait_s
         except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
             box["error"] = err
 
-    noted: list[tuple[int, float]] = []
-    previous = {sig: signal.getsignal(sig) for sig in stop_signals_here()}
-    for sig in previous:
-        signal.signal(sig, lambda signum, frame: noted.append((signum, time.monotonic())))
     fitting = threading.Thread(target=run, name="nas-run ray_ddp fit", daemon=True)
     asked = 0
-    try:
+    with NotedStops(STOP_SIGNALS) as stops:
+        noted = stops.noted
         fitting.start()
         while fitting.is_alive():
             fitting.join(0.25)
@@ -222,13 +219,39 @@ def _fit_until_stopped(trainer, request: Path, run_dir: Path, count: int, wait_s
                 raise Stopped(f"{signal.Signals(asked).name}: the Ray Train workers {why}; the run keeps its last "
                               f"periodic checkpoints/last.ckpt (no summary.json); continue with: nas-run "
                               f"resume={run_dir}", 128 + asked)
-    finally:
-        for sig, handler in previous.items():
-            if handler is not None:
-                signal.signal(sig, handler)
     if "error" in box:
         raise box["error"]
     return box["result"], asked
+
+
+class NotedStops:
+    """While nas-run's process waits on Ray (a sweep's tasks, a job's Ray Train workers), stop signals
+    are noted, with when they came, instead of raised: raised inside Ray's own calls they came out as
+    a SystemError traceback. The waiting code acts on them between its calls. ``signals``: those
+    noted (default: Ctrl-C, SIGTERM, SIGHUP); one a shell or ``nohup`` left ignored stays ignored."""
+
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
+        self.watched = tuple(signals)
+        self.noted: list[tuple[int, float]] = []
+        self.previous: dict = {}
+
+    @property
+    def signals(self) -> list[int]:
+        return [signum for signum, _ in self.noted]
+
+    def _note(self, signum, frame) -> None:
+        self.noted.append((signum, time.monotonic()))
+
+    def __enter__(self):
+        for sig in self.watched:
+            handler = signal.getsignal(sig)
+            if handler not in (signal.SIG_IGN, None):
+                self.previous[sig] = signal.signal(sig, self._note)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 class _StopWatcher:

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nas_cli.errors import UserError, fail, say
-from nas_cli.infra.ray_train import forwarded_env
+from nas_cli.infra.ray_train import NotedStops, forwarded_env
 
 #: how long a stopping sweep waits for its Ray jobs to save, at most (as for joblib's workers)
 WAIT_S = 120.0
@@ -216,31 +216,10 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     return [results[num] for num, *_ in jobs]
 
 
-class _NotedStops:
-    """While the sweep waits on Ray, Ctrl-C / SIGTERM / SIGHUP are noted instead of raised: raised inside
-    Ray's own calls they came out as a SystemError traceback. The first one stops the sweep (its jobs
-    save first), a second one stops the wait at once; after the wait the first is raised as nas-run's
-    own handlers raise it, and they print the line that says how to continue."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-    def __init__(self):
-        self.signals: list[int] = []
-        self.previous: dict = {}
-
-    def _note(self, signum, frame) -> None:
-        self.signals.append(signum)
-
-    def __enter__(self):
-        for sig in self.SIGNALS:
-            handler = signal.getsignal(sig)
-            if handler not in (signal.SIG_IGN, None):  # not one nohup or a background shell job ignores
-                self.previous[sig] = signal.signal(sig, self._note)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
+class _NotedStops(NotedStops):
+    """While the sweep waits on Ray, Ctrl-C / SIGTERM / SIGHUP are noted (:class:`NotedStops`). The first
+    one stops the sweep (its jobs save first), a second one stops the wait at once; after the wait the
+    first is raised as nas-run's own handlers raise it, and they print the line that says how to continue."""
 
     def raise_first(self) -> None:
         from nas_cli.infra.process import PROCESS
