@@ -6,9 +6,10 @@ scheme gets the same ones with ``nas-bench check-scheme my_conf/attention/<name>
 scheme's YAML in float64 at 4 heads and head size 8, with its own parameters set to non-trivial
 values, and follows the scheme's declared flags (:class:`~nas_cli.attention.base.AttentionCore`):
 
-* ``rows``: output and weight shapes; each query's weights sum to 1 (and are >= 0 unless the
-  scheme declares ``nonnegative = False``); the path without weights gives the same output;
-  encoder and causal forms;
+* ``rows``: output and weight shapes; each query's weights sum to 1 unless the scheme declares
+  ``rows_sum_to_one = False`` (then each row's mass lies in [0, Sk] for nonnegative weights);
+  weights >= 0 unless it declares ``nonnegative = False``; the path without weights gives the
+  same output; encoder and causal forms (the encoder form not for ``causal_self_only`` schemes);
 * ``cross``: the same with more keys than queries (cross-attention);
 * ``gradients``: q, k and v receive finite gradients (q and k none if ``qk_gradients = False``);
 * ``padding``: padded positions appended to queries and keys change no real position's output;
@@ -17,6 +18,10 @@ values, and follows the scheme's declared flags (:class:`~nas_cli.attention.base
   output at or before t (schemes with ``supports_causal``);
 * ``cross_causal``: in cross-attention, later queries (target positions) do not change earlier
   outputs.
+
+A scheme that declares :meth:`~nas_cli.attention.base.AttentionCore.input_features` gets the
+layer-input projection ``x`` as the model would give it: here a fixed function of each query
+position's q, so changing a later query changes its x too (the causal checks stay honest).
 
 A failed check raises :class:`ContractError` naming what differs.
 """
@@ -64,7 +69,24 @@ def build(cfg: DictConfig | dict, heads: int = HEADS, causal: bool = False, loca
                 torch.nn.init.normal_(p, std=0.3)
             elif p.requires_grad and p.dim() == 1 and p.numel() == heads:
                 p.copy_(torch.linspace(-1.5, 1.5, heads))
-    return core.double().eval()
+    return with_input(core.double().eval())
+
+
+def with_input(core):
+    """``core`` as a callable of (q, k, v, ...) that also hands it ``x`` when it declares
+    ``input_features``: per query position, the first n of q's features tiled, scaled (B, H, Sq, n)."""
+    n = core.input_features(HEAD_SIZE)
+    if not n:
+        return core
+
+    def call(q, k, v, **kw):
+        reps = -(-n // q.size(-1))
+        x = torch.cat([q] * reps, -1)[..., :n] * 0.7 + 0.1
+        return core(q, k, v, x=x, **kw)
+
+    for name in ("nonnegative", "rows_sum_to_one", "qk_gradients", "supports_causal", "causal_self_only"):
+        setattr(call, name, getattr(core, name))
+    return call
 
 
 def _close(a, b, what: str, atol: float | None = None) -> None:
@@ -82,6 +104,14 @@ def _require(ok, what: str) -> None:
         raise ContractError(what)
 
 
+def _rows(weights, core, what: str) -> None:
+    mass = weights.sum(-1)
+    if core.rows_sum_to_one:
+        _close(mass, torch.ones_like(mass), what + " (declare rows_sum_to_one = False if that is intended)")
+    elif core.nonnegative:
+        _require((mass >= 0).all() and (mass <= weights.size(-1) + 1e-9).all(), "a row's mass outside [0, Sk]")
+
+
 def check_rows(make: Callable, causal: bool) -> None:
     core = make(causal=causal)
     q, k, v = qkv(sq=6, sk=6)
@@ -89,7 +119,7 @@ def check_rows(make: Callable, causal: bool) -> None:
     _require(res.out.shape == (2, 4, 6, 8), f"output shape {tuple(res.out.shape)}, expected (2, 4, 6, 8)")
     _require(res.weights is not None and res.weights.shape == (2, 4, 6, 6),
              "need_weights=True must return the (B, H, Sq, Sk) weights")
-    _close(res.weights.sum(-1), torch.ones(2, 4, 6, dtype=torch.float64), "each query's weights must sum to 1")
+    _rows(res.weights, core, "each query's weights must sum to 1")
     if core.nonnegative:
         _require((res.weights >= 0).all(), "negative weights (declare nonnegative = False if that is intended)")
     _close(core(q, k, v).out, res.out, "the output without weights differs from the output with weights")
@@ -101,7 +131,7 @@ def check_cross(make: Callable) -> None:
     res = core(q, k, v, need_weights=True)
     _require(res.out.shape == (2, 4, 3, 8) and res.weights.shape == (2, 4, 3, 9),
              "cross-attention shapes (3 queries, 9 keys)")
-    _close(res.weights.sum(-1), torch.ones(2, 4, 3, dtype=torch.float64), "cross-attention rows must sum to 1")
+    _rows(res.weights, core, "cross-attention rows must sum to 1")
 
 
 def check_gradients(make: Callable, causal: bool) -> None:
@@ -171,25 +201,45 @@ def check_cross_causal(make: Callable) -> None:
 
 
 #: name -> (applies to a core with these flags?, check(make))
+def _anywhere(c) -> bool:  # a form other than causal self-attention
+    return not c.causal_self_only
+
+
+def _in_cross(c) -> bool:
+    return c.supports_causal and not c.causal_self_only
+
+
 CHECKS: dict[str, tuple[Callable, Callable]] = {
-    "rows": (lambda c: True, lambda make: check_rows(make, False)),
+    "rows": (_anywhere, lambda make: check_rows(make, False)),
     "rows_causal": (lambda c: c.supports_causal, lambda make: check_rows(make, True)),
-    "cross": (lambda c: c.supports_causal, check_cross),
-    "gradients": (lambda c: True, lambda make: check_gradients(make, False)),
+    "cross": (_in_cross, check_cross),
+    "gradients": (_anywhere, lambda make: check_gradients(make, False)),
     "gradients_causal": (lambda c: c.supports_causal, lambda make: check_gradients(make, True)),
-    "padding": (lambda c: True, lambda make: check_padding(make, False)),
+    "padding": (_anywhere, lambda make: check_padding(make, False)),
     "padding_causal": (lambda c: c.supports_causal, lambda make: check_padding(make, True)),
-    "cross_padding": (lambda c: c.supports_causal, check_cross_padding),
+    "cross_padding": (_in_cross, check_cross_padding),
     **{f"causal_t{t}": (lambda c: c.supports_causal, lambda make, t=t: check_causal(make, t)) for t in (0, 3, 6)},
-    "cross_causal": (lambda c: c.supports_causal, check_cross_causal),
+    "cross_causal": (_in_cross, check_cross_causal),
 }
+
+
+def _probe(cfg, overrides):
+    """A core to read the flags from: the encoder form, or the decoder's for a scheme defined there only."""
+    from nas_cli.attention.base import SchemeError
+
+    try:
+        return build(cfg, **overrides)
+    except Exception as err:  # noqa: BLE001 - Hydra wraps the core's refusal
+        if not isinstance(err.__cause__ or err, SchemeError):
+            raise
+        return build(cfg, **{"causal": True, "location": "decoder", **overrides})
 
 
 def run_check(cfg: DictConfig | dict, name: str, **overrides) -> bool:
     """Run one check on the scheme ``cfg``; False if it does not apply to the scheme's flags,
     True if it passed; :class:`ContractError` if it failed."""
     applies, check = CHECKS[name]
-    if not applies(build(cfg, **overrides)):
+    if not applies(_probe(cfg, overrides)):
         return False
     check(lambda **kw: build(cfg, **{**overrides, **kw}))
     return True

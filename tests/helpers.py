@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import zygote
 from hydra import compose, initialize_config_dir
+from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from nas_cli.model.plan import location_alias
@@ -34,6 +35,8 @@ def build_core(scheme: str, heads: int = 4, causal: bool = False, location: str 
     cfg = OmegaConf.load(CONF_DIR / "attention" / f"{scheme}.yaml")
     for k, v in overrides.items():
         cfg[k] = v
+    if get_class(cfg._target_).causal_self_only:  # defined there only: its decoder form
+        causal, location = True, "decoder"
     core = make_core_factory(cfg, heads)(location, 0, causal)
     core.set_width(heads * 8)  # width-dependent parameters, as MultiHeadAttention does; d_head 8 = qkv()'s
     torch.manual_seed(0)

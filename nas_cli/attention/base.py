@@ -35,6 +35,10 @@ from torch import nn
 
 NEG_INF = float("-inf")
 
+#: a location as refusals name it
+_PLAIN = {"encoder": "encoder's self-attention", "decoder": "decoder's self-attention",
+          "cross": "cross-attention"}
+
 
 class SchemeError(ValueError):
     """A scheme was asked for something it cannot do (raised before training)."""
@@ -43,7 +47,7 @@ class SchemeError(ValueError):
 @dataclass
 class AttentionOutput:
     out: torch.Tensor  # (B, H, Sq, D)
-    weights: torch.Tensor | None = None  # (B, H, Sq, Sk), rows of real queries sum to 1
+    weights: torch.Tensor | None = None  # (B, H, Sq, Sk): what each query gives each key (see the flags below)
     aux: dict[str, Any] = field(default_factory=dict)  # e.g. HNAS ``u`` (H,)
 
 
@@ -234,8 +238,17 @@ class AttentionCore(nn.Module):
     uses_prev: bool = False
     #: queries and keys receive gradients (False: a scheme whose weights ignore the scores)
     qk_gradients: bool = True
-    #: the weights are >= 0 (False: e.g. the linear or an odd-degree polynomial kernel)
+    #: the weights are >= 0 (False: e.g. the linear or an odd-degree polynomial kernel, differential attention)
     nonnegative: bool = True
+    #: each real query's weights sum to 1, a distribution over keys (False: sigmoid and softpick attention,
+    #: whose rows hold any mass in [0, 1]; stick-breaking without attend_to_self; differential, 1 - lambda).
+    #: Diagnostics that assume a distribution read this (nas_cli/diagnostics/metrics.py), never a probe
+    rows_sum_to_one: bool = True
+    #: defined for causal self-attention only (a decoder's or a language model's: forgetting, selective,
+    #: stick-breaking attention); built anywhere else the core refuses in one line naming attention.decoder
+    causal_self_only: bool = False
+    #: heads work in pairs (differential attention: two maps per pair of heads); model.heads must be even
+    paired_heads: bool = False
     #: keys use the query projection (W_q = W_k, Tsai et al.'s symmetric kernels); the model
     #: then creates no key projection
     tie_qk: bool = False
@@ -264,6 +277,14 @@ class AttentionCore(nn.Module):
         self.prefix_queries = bool(causal or prefix_queries)
         self.dropout = dropout
         self.location, self.layer = location, layer  # where the model uses it (for messages)
+        if self.causal_self_only and not causal:
+            raise SchemeError(
+                f"attention scheme '{self.name}' is defined for causal self-attention only, not for the "
+                f"{_PLAIN.get(location, location)}: write attention.decoder={self.name} (the decoder's self-attention) "
+                f"with another scheme elsewhere, e.g. attention=unas attention.decoder={self.name}")
+        if self.paired_heads and heads % 2:
+            raise SchemeError(f"attention scheme '{self.name}' works on pairs of heads: model.heads={heads} must be "
+                              f"even (e.g. model.heads={heads + 1})")
         if self.prefix_queries and not self.supports_causal:
             raise SchemeError(
                 f"attention scheme '{self.scheme_name()}' cannot be made causal; choose another "
@@ -272,6 +293,13 @@ class AttentionCore(nn.Module):
 
     def scheme_name(self) -> str:
         return self.name
+
+    def input_features(self, d_head: int) -> int:
+        """Features per head of a projection of the layer's (query-side) input that this scheme needs
+        besides q, k and v (gated attention's gate, forgetting attention's forget gate). The model builds
+        the projection ``x_proj`` (d_model -> heads * n, as it builds q, k and v) and hands its
+        (B, H, Sq, n) output to :meth:`forward` and :meth:`step` as ``x=``. Default 0: none, no ``x``."""
+        return 0
 
     def weights_from_logits(self, logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
         """(B, H, Sq, Sk) scores -> (B, H, Sq, Sk) weights; rows of real queries sum to 1."""

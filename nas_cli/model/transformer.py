@@ -40,13 +40,20 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.input_positions = frozenset(core.input_positions)
+        n = core.input_features(self.d_head)  # gated / forgetting attention: a projection of the input
+        self.x_proj = nn.Linear(d_model, heads * n) if n else None
         core.set_width(d_model)
         self.core = core
         self.dropout = nn.Dropout(dropout)
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, H, T, D)
-        b, t, _ = x.shape
-        return x.view(b, t, self.heads, self.d_head).transpose(1, 2)
+    def _split(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H * D) -> (B, H, T, D)
+        b, t, c = x.shape
+        return x.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+
+    def input_projection(self, x_q) -> dict:
+        """``{"x": (B, H, Tq, n)}``, the projection of the query-side input a core asks for
+        (:meth:`~nas_cli.attention.base.AttentionCore.input_features`), or {} when it asks for none."""
+        return {} if self.x_proj is None else {"x": self._split(self.x_proj(x_q))}
 
     def project(self, x_q, x_kv):
         """(B, Tq, C), (B, Tk, C) -> q (B, H, Tq, D), k, v (B, H, Tk, D), honouring the
@@ -67,6 +74,7 @@ class MultiHeadAttention(nn.Module):
         cores that declare ``uses_prev = True`` (cascades such as CODA / RealFormer)."""
         q, k, v = self.project(x_q, x_kv)
         extra = {"prev": prev} if self.core.uses_prev else {}
+        extra.update(self.input_projection(x_q))
         res = self.core(q, k, v, q_mask=q_mask, k_mask=k_mask, need_weights=need_weights, **extra)
         b, _, t, _ = res.out.shape
         out = res.out.transpose(1, 2).reshape(b, t, self.heads * self.d_head)  # (B, T, C)
@@ -87,7 +95,8 @@ def _attention_step(mha: "MultiHeadAttention", x_q, memory, k_mask, cache: dict)
         cache["v"] = v_new if "v" not in cache else torch.cat([cache["v"], v_new], dim=2)
     elif "k" not in cache:
         cache["k"], cache["v"] = mha._split(k_proj(memory)), mha._split(mha.v_proj(memory))
-    out, cache["state"] = mha.core.step(q, cache["k"], cache["v"], k_mask, cache.get("state"))
+    out, cache["state"] = mha.core.step(q, cache["k"], cache["v"], k_mask, cache.get("state"),
+                                        **mha.input_projection(x_q))
     b = out.size(0)
     return mha.dropout(mha.out_proj(out.transpose(1, 2).reshape(b, 1, mha.heads * mha.d_head)))
 

@@ -11,7 +11,16 @@ SIZES = dict(d_model=32, heads=4, ffn=64, dropout=0.0, max_len=64)
 
 
 def factory(scheme, heads=4):
-    return make_core_factory(OmegaConf.load(CONF_DIR / "attention" / f"{scheme}.yaml"), heads)
+    """The scheme everywhere, or, for one defined for causal self-attention only, at the decoder's
+    self-attention with UNAS elsewhere (what a user writes: attention=unas attention.decoder=<scheme>)."""
+    from hydra.utils import get_class
+
+    cfg = OmegaConf.load(CONF_DIR / "attention" / f"{scheme}.yaml")
+    if get_class(cfg._target_).causal_self_only:
+        base = OmegaConf.load(CONF_DIR / "attention" / "unas.yaml")
+        base.decoder = cfg
+        cfg = base
+    return make_core_factory(cfg, heads)
 
 
 def positions_for(scheme) -> str:

@@ -1,0 +1,41 @@
+"""Sigmoid attention, Ramapuram et al. 2025, "Theory, Analysis, and Best Practices for Sigmoid
+Self-Attention" (ICLR 2025).
+
+    w_ij = sigma(s_ij + b),   b = -log n   (n: the keys query i may see)
+
+Each weight is its own sigmoid: no normalization over the keys, so a row holds any mass in
+(0, n) and the weights are not a distribution (``rows_sum_to_one = False``). With b = -log n the
+weights start near 1/n, as softmax's do, which the paper finds needed for stable training; n is
+counted per query (a causal row i sees i + 1 keys; padded keys are not counted). ``bias``: a
+fixed b instead (a number), as the paper's other experiments use.
+
+Every location: a row depends on its own query only, so decoder self- and cross-attention are
+causal-safe. Computed a block of queries at a time (:mod:`nas_cli.attention.rowwise`).
+"""
+from __future__ import annotations
+
+import torch
+
+from nas_cli.attention.base import check_option
+from nas_cli.attention.rowwise import BLOCK, RowwiseCore
+
+
+class SigmoidAttention(RowwiseCore):
+    name = "sigmoid"
+    rows_sum_to_one = False
+
+    def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
+                 location: str = "?", layer: int = 0, name: str | None = None, block_size: int = BLOCK,
+                 bias: float | None = None):
+        super().__init__(heads, causal, dropout, prefix_queries, location, layer, name, block_size)
+        check_option("bias", bias, bias is None or isinstance(bias, (int, float)),
+                     "be null (-log n, n the keys a query sees) or a number")
+        self.bias = None if bias is None else float(bias)
+
+    def block_weights(self, s, allowed, a, carry):
+        if self.bias is None:
+            n = allowed.sum(-1, keepdim=True).clamp_min(1).to(s.dtype)  # keys each query may see
+            b = -torch.log(n)
+        else:
+            b = self.bias
+        return torch.sigmoid(s + b) * allowed, carry
