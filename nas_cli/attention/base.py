@@ -49,6 +49,14 @@ class AttentionOutput:
     out: torch.Tensor  # (B, H, Sq, D)
     weights: torch.Tensor | None = None  # (B, H, Sq, Sk): what each query gives each key (see the flags below)
     aux: dict[str, Any] = field(default_factory=dict)  # e.g. HNAS ``u`` (H,)
+    #: what the core declares of its weights (:attr:`AttentionCore.rows_sum_to_one`, ``nonnegative``);
+    #: the model copies the declaration here, and the diagnostics read it (nas_cli/diagnostics/metrics.py)
+    rows_sum_to_one: bool = True
+    nonnegative: bool = True
+
+    def declared_by(self, core: "AttentionCore") -> "AttentionOutput":
+        self.rows_sum_to_one, self.nonnegative = bool(core.rows_sum_to_one), bool(core.nonnegative)
+        return self
 
 
 def check_option(key: str, value, ok: bool, must: str) -> None:

@@ -57,7 +57,7 @@ class DifferentialAttention(AttentionCore):
         self.norm_weight = nn.Parameter(torch.ones(2 * d))
 
     def lam(self) -> torch.Tensor:
-        lq1, lk1, lq2, lk2 = self.lambdas.float()
+        lq1, lk1, lq2, lk2 = self.lambdas.to(torch.promote_types(self.lambdas.dtype, torch.float32))
         return torch.exp((lq1 * lk1).sum()) - torch.exp((lq2 * lk2).sum()) + self.lambda_init
 
     def learned(self):
@@ -71,8 +71,8 @@ class DifferentialAttention(AttentionCore):
 
     def _finish(self, o, q_mask):
         """RMSNorm over the pair's 2 d features, x (1 - lambda_init), split back into heads."""
-        of = o.float()
-        of = of * torch.rsqrt(of.square().mean(-1, keepdim=True) + self.norm_eps) * self.norm_weight.float()
+        of = o.to(torch.promote_types(o.dtype, torch.float32))
+        of = of * torch.rsqrt(of.square().mean(-1, keepdim=True) + self.norm_eps) * self.norm_weight.to(of.dtype)
         of = (of * (1 - self.lambda_init)).to(o.dtype)
         b, p, t, d2 = of.shape
         out = of.view(b, p, t, 2, d2 // 2).permute(0, 1, 3, 2, 4).reshape(b, 2 * p, t, d2 // 2)

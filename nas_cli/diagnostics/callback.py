@@ -52,7 +52,7 @@ from nas_cli.infra.atomic import atomic_write_json
 from nas_cli.attention.base import learned_titles, learned_values
 from nas_cli.diagnostics.collector import AttentionDiagnostics, flatten_results, location_masks
 from nas_cli.diagnostics.explained_away import DEFAULT_EPS
-from nas_cli.diagnostics.metrics import SIGNED_NOTE, LayerMetric, Reported, build_metrics
+from nas_cli.diagnostics.metrics import ROW_NORMALIZED, SIGNED_NOTE, UNNORMALIZED_NOTE, LayerMetric, Reported, build_metrics
 from nas_cli.diagnostics.metrics import finite as _finite
 from nas_cli.diagnostics.metrics import finite_list as _finite_list
 from nas_cli.infra.options import PositiveInt
@@ -96,13 +96,22 @@ def location_scalars(layers: list[dict[str, Any]], metrics: list[LayerMetric] | 
     metrics = metrics if metrics is not None else AttentionDiagnostics().metrics
     out: dict[str, Any] = {"layers": len(layers)}
     signed = any(e.get("signed_weights") for e in layers)
+    unnormalized = any(e.get("rows_sum_to_one") is False for e in layers)
     if signed:
         out["note"] = SIGNED_NOTE
+    not_applicable, derived = {}, {}
     for m in metrics:
-        if signed and m.distributions_only:
+        if m.distributions_only and (signed or (unnormalized and not m.row_normalized_ok)):
             out.update({r.field: None for r in m.reported})
+            not_applicable.update({r.name: SIGNED_NOTE if signed else UNNORMALIZED_NOTE for r in m.reported})
         else:
             out.update(m.location_scalars(layers))
+            if m.distributions_only and unnormalized:
+                derived.update({r.name: ROW_NORMALIZED for r in m.reported})
+    if not_applicable:
+        out["not_applicable"] = not_applicable
+    if derived:
+        out["derived"] = derived
     return out
 
 
@@ -322,6 +331,8 @@ class DiagnosticsCallback(pl.Callback):
             entries = []
             for e in layers:
                 entry: dict[str, Any] = {"signed_weights": True} if e.get("signed_weights") else {}
+                if e.get("rows_sum_to_one") is False:
+                    entry["rows_sum_to_one"] = False
                 for m in self.metrics:
                     entry.update(m.layer_json(e))
                 entries.append(entry)

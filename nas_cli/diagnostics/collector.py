@@ -61,6 +61,7 @@ class AttentionDiagnostics:
         for m in self.metrics:
             m.reset()
         self.signed: set[tuple[str, int]] = set()  # layers whose weights had negative entries
+        self.unnormalized: set[tuple[str, int]] = set()  # layers whose scheme declares rows_sum_to_one = False
         self.seen: set[tuple[str, int]] = set()
 
     @torch.no_grad()
@@ -73,11 +74,24 @@ class AttentionDiagnostics:
                     raise ValueError(f"{loc} layer {i} returned no weights: call the model with need_weights=True")
                 key = (loc, i)
                 self.seen.add(key)
-                if bool((w < 0).any()):  # e.g. a linear kernel: not a distribution over keys
+                # declared by the scheme (AttentionOutput carries it); a negative weight from a scheme that
+                # declares none is still not a distribution
+                if not getattr(res, "nonnegative", True) or bool((w < 0).any()):
                     self.signed.add(key)
+                if not getattr(res, "rows_sum_to_one", True):
+                    self.unnormalized.add(key)
+                normalized = None
                 for m in self.metrics:
-                    if m.wants(loc):
-                        m.update(loc, i, w, q_mask, k_mask)
+                    if not m.wants(loc) or (m.distributions_only and key in self.signed):
+                        continue
+                    given = w
+                    if m.distributions_only and key in self.unnormalized:
+                        if not m.row_normalized_ok:
+                            continue
+                        if normalized is None:
+                            normalized = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+                        given = normalized
+                    m.update(loc, i, given, q_mask, k_mask)
 
     def compute(self) -> dict[str, list[dict[str, Any]]]:
         """{location: [per layer {key: value} from every metric]}. A layer that produced a
@@ -88,6 +102,8 @@ class AttentionDiagnostics:
         for loc, i in sorted(self.seen, key=lambda k: (k[0], k[1])):
             key = (loc, i)
             entry: dict[str, Any] = {"signed_weights": True} if key in self.signed else {}
+            if key in self.unnormalized:
+                entry["rows_sum_to_one"] = False
             for m, results in per_metric:
                 if key in results and not (key in self.signed and m.distributions_only):
                     entry.update(results[key])

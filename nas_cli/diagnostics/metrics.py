@@ -16,8 +16,14 @@ What a metric declares, in its class:
   the run writes the declarations into ``diagnostics/summary.json``, and the report, its HTML
   page and W&B's report run read them from there: nothing else lists a diagnostic.
 * ``distributions_only`` (default True): the metric assumes each row of weights is a probability
-  distribution; layers whose weights have negative entries (a linear kernel) are not given to it,
-  its reported numbers read None there, and the location says why (:data:`SIGNED_NOTE`).
+  distribution. What a scheme declares of its weights (``nonnegative``, ``rows_sum_to_one``:
+  nas_cli/attention/base.py, carried by each AttentionOutput) decides what it is given: weights
+  with negative entries (a linear kernel, differential attention) are not given to it, its
+  reported numbers read None there, and the location says why (``not_applicable``, by reported
+  name, and :data:`SIGNED_NOTE`); nonnegative weights whose rows do not sum to 1 (sigmoid,
+  softpick, stick-breaking without attend-to-self) are given row-normalized, w_ij / sum_j' w_ij',
+  when the metric sets ``row_normalized_ok`` (the location then lists it under ``derived``), and
+  are not applicable otherwise (:data:`UNNORMALIZED_NOTE`).
 
 What it does, per analysed validation: ``reset()`` empties ``self.acc`` (its state per
 (location, layer)); ``update(location, layer, weights, q_mask, k_mask)`` sees each batch's
@@ -43,6 +49,12 @@ from nas_cli.diagnostics.jsd import JSDAccumulator, mean_pair_jsd
 #: why a location's JSD / explained-away read null (diagnostics files; nas-report reads it: nas_cli/report/compare.py)
 SIGNED_NOTE = ("attention weights with negative entries (e.g. attention.kernel=linear): JSD and explained-away "
                "assume probability distributions over keys and are undefined (null)")
+
+#: why a distribution metric without ``row_normalized_ok`` reads null for rows that do not sum to 1
+UNNORMALIZED_NOTE = ("attention weights whose rows do not sum to 1 (e.g. attention=sigmoid): this diagnostic "
+                     "assumes probability distributions over keys and is undefined (null)")
+#: what a distribution metric with ``row_normalized_ok`` was computed on for such rows
+ROW_NORMALIZED = "row-normalized weights w_ij / sum_j' w_ij' (the scheme's rows do not sum to 1)"
 
 Key = tuple[str, int]
 
@@ -114,6 +126,9 @@ class LayerMetric:
     reported: tuple[Reported, ...] = ()
     #: only for weights that are probability distributions over keys
     distributions_only: bool = True
+    #: a distribution metric that is defined on row-normalized weights when a scheme's nonnegative
+    #: rows do not sum to 1 (the share of a query's attended mass); False: not applicable there
+    row_normalized_ok: bool = False
     #: the locations it applies to (None: all)
     locations: tuple[str, ...] | None = None
 
@@ -169,6 +184,7 @@ class HeadJSD(LayerMetric):
     distributions and their pair mean (Zheng et al. 2021, CODA)."""
 
     reported = (Reported("jsd", "JSD", "p3", key="jsd_mean"),)
+    row_normalized_ok = True
 
     def update(self, location, layer, weights, q_mask, k_mask):
         self.acc.setdefault((location, layer), JSDAccumulator()).update(weights, q_mask, k_mask)
@@ -226,6 +242,8 @@ class ExplainedAway(LayerMetric):
     reported = (Reported("explained_away", "expl. away", "pct", key="explained_away_frac"),
                 Reported("min_margin", "min margin over -log Sk", "g", over_locations="min", column=False),
                 Reported("entropy", "entropy", "p3", key="entropy_mean", column=False))
+
+    row_normalized_ok = True
 
     def __init__(self, eps: float = DEFAULT_EPS, bin_edges=None, **options):
         self.eps, self.bin_edges = float(eps), bin_edges
@@ -339,6 +357,63 @@ class StepVariation(LayerMetric):
 
     def compute(self):
         return {key: {"step_variation": np.asarray(total) / n} for key, (total, n) in self.acc.items() if n}
+
+
+class _PerHeadMean(LayerMetric):
+    """A per-head mean over real queries of one number per query row (``row_value``)."""
+
+    distributions_only = False
+
+    def row_value(self, weights: torch.Tensor) -> torch.Tensor:  # (B, H, Sq, Sk) -> (B, H, Sq)
+        raise NotImplementedError
+
+    def update(self, location, layer, weights, q_mask, k_mask):
+        per_row = self.row_value(weights.double())
+        real = torch.ones(per_row.shape[0], per_row.shape[2], dtype=torch.bool) if q_mask is None else q_mask.cpu()
+        per_row = per_row.cpu() * real[:, None, :]
+        acc = self.acc.setdefault((location, layer), [0.0, 0])
+        acc[0] = acc[0] + per_row.sum(dim=(0, 2)).numpy()
+        acc[1] += int(real.sum())
+
+    def head_means(self):
+        return {key: np.asarray(total) / n for key, (total, n) in self.acc.items() if n}
+
+
+class SinkRate(_PerHeadMean):
+    """Attention sinks (Gu et al. 2024, "When Attention Sink Emerges in Language Models"): a head is a
+    sink head when its mean weight on the first key, over the real queries, exceeds ``threshold``
+    (their 0.3). Per layer the 0/1 of each head; per location the share of heads (``sink_rate``).
+    Defined for any weights (a signed weight on the first key is still that weight)."""
+
+    reported = (Reported("sink_rate", "sink rate", "pct"),)
+
+    def __init__(self, threshold: float = 0.3, **options):
+        self.threshold = float(threshold)
+        super().__init__(**options)
+
+    def row_value(self, weights):
+        return weights[..., 0]
+
+    def compute(self):
+        return {key: {"sink_rate": (m > self.threshold).astype(float), "first_key_weight": m}
+                for key, m in self.head_means().items()}
+
+    def layer_json(self, entry):
+        return {k: finite_list(entry[k]) for k in ("sink_rate", "first_key_weight") if k in entry}
+
+
+class RowMass(_PerHeadMean):
+    """Each query's total weight sum_j w_ij, its mean per head over real queries (``row_mass``): 1 for a
+    distribution, the attended share for sigmoid or stick-breaking attention (what they leave
+    unattended is 1 minus it), 1 - lambda for differential attention."""
+
+    reported = (Reported("row_mass", "row mass", "p3", column=False),)
+
+    def row_value(self, weights):
+        return weights.sum(-1)
+
+    def compute(self):
+        return {key: {"row_mass": m} for key, m in self.head_means().items()}
 
 
 def default_spec(eps: float = DEFAULT_EPS) -> dict[str, Any]:

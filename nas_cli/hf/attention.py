@@ -23,6 +23,9 @@ def refuse_reason(core: AttentionCore) -> str | None:
         return "ties keys to the query projection (W_q = W_k), which the model's own projections do not"
     if core.input_positions or core.requires_no_input_positions:
         return "places positions itself, on top of the model's own position scheme"
+    if core.input_features(8):
+        return ("needs a projection of the layer's input (a gate) besides q, k and v, which the library's "
+                "attention interface does not pass; use nas-run's own models (model=tiny, small, ...)")
     return None
 
 

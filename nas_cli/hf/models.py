@@ -114,7 +114,7 @@ def _weights_asked(model: nn.Module, on: bool):
 
 
 def _outputs(weights, cores) -> list[AttentionOutput]:
-    return [AttentionOutput(None, w, core.aux()) for w, core in zip(weights, cores)]
+    return [AttentionOutput(None, w, core.aux()).declared_by(core) for w, core in zip(weights, cores)]
 
 
 class HFCausalLM(nn.Module):

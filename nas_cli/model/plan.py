@@ -107,8 +107,14 @@ class AttentionPlan:
         and cross-attention are built with ``prefix_queries=True``, so no scheme can aggregate
         over future target queries (Ding et al.'s column step, Sinkhorn iterations)."""
         placed = self.placed[location]
-        return instantiate(placed.options, heads=heads, causal=causal, dropout=dropout, name=placed.scheme,
-                           prefix_queries=causal or location in ("decoder", "cross"), location=location, layer=layer)
+        try:
+            return instantiate(placed.options, heads=heads, causal=causal, dropout=dropout, name=placed.scheme,
+                               prefix_queries=causal or location in ("decoder", "cross"), location=location,
+                               layer=layer)
+        except Exception as err:  # noqa: BLE001 - Hydra wraps it: the core's own refusal says what to write
+            if isinstance(err.__cause__, SchemeError):
+                raise SchemeError(str(err.__cause__)) from None
+            raise
 
     def core_factory(self, heads: int, dropout: float = 0.0) -> "Cores":
         """core_factory(location, layer, causal) -> AttentionCore, as the model takes it."""

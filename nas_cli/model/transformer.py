@@ -75,7 +75,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(x_q, x_kv)
         extra = {"prev": prev} if self.core.uses_prev else {}
         extra.update(self.input_projection(x_q))
-        res = self.core(q, k, v, q_mask=q_mask, k_mask=k_mask, need_weights=need_weights, **extra)
+        res = self.core(q, k, v, q_mask=q_mask, k_mask=k_mask, need_weights=need_weights, **extra).declared_by(self.core)
         b, _, t, _ = res.out.shape
         out = res.out.transpose(1, 2).reshape(b, t, self.heads * self.d_head)  # (B, T, C)
         return self.dropout(self.out_proj(out)), res

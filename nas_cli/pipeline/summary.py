@@ -43,6 +43,8 @@ def run_summary(cfg: DictConfig, job, trainer: pl.Trainer, ckpt, module, task, t
         "test": {k: float(v) for k, v in test.items()},
         "metrics": declaration(task.metrics),
         "learned": learned_scalars(learned_values(module.model)),
+        "weights": declared_weights(module.model),
+        "diagnostics": location_diagnostics(Path(job.run_dir)),
         "bleu_signature": task.bleu_signature,
         "bleu_tok_signature": task.bleu_tok_signature,
         "data_timings": task.timings,
@@ -53,6 +55,36 @@ def run_summary(cfg: DictConfig, job, trainer: pl.Trainer, ckpt, module, task, t
         "resumed_from": os.path.relpath(job.resume[0], job.run_dir) if job.resume else None,
         "continued_from_summary": job.kept.name if job.kept else None,
     }
+
+
+def declared_weights(model) -> dict[str, dict[str, bool]]:
+    """{location: what its scheme declares of its weights} (``nonnegative``, ``rows_sum_to_one``)."""
+    from nas_cli.attention.base import AttentionCore
+
+    out: dict[str, dict[str, bool]] = {}
+    for core in model.modules():
+        if isinstance(core, AttentionCore):
+            seen = out.setdefault(core.location, {"nonnegative": True, "rows_sum_to_one": True})
+            seen["nonnegative"] &= bool(core.nonnegative)
+            seen["rows_sum_to_one"] &= bool(core.rows_sum_to_one)
+    return out
+
+
+#: the per-location diagnostics a run's summary.json repeats from diagnostics/summary.json
+SUMMARY_DIAGNOSTICS = ("sink_rate", "row_mass", "jsd_mean", "explained_away_frac", "not_applicable", "derived")
+
+
+def location_diagnostics(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """{location: the attention-sink rate, the row mass, head JSD, explained-away share, and which
+    diagnostics do not apply (with the reason) or were computed on a derived quantity}, from the
+    run's diagnostics/summary.json ({} with diagnostics off)."""
+    import json
+
+    path = run_dir / "diagnostics" / "summary.json"
+    if not path.is_file():
+        return {}
+    locations = (json.loads(path.read_text()).get("locations") or {})
+    return {loc: {k: v[k] for k in SUMMARY_DIAGNOSTICS if k in v} for loc, v in locations.items()}
 
 
 def shown_path(path: Path) -> str:

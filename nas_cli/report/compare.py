@@ -253,21 +253,29 @@ def compare_groups(groups: Sequence[Group], baseline: Group | Baselines, metrics
 
 
 def _undefined(metric: str, runs: Sequence[Run]) -> str | None:
-    """Why ``metric`` has no value for any of ``runs`` by design, else None: a head-diversity or
-    column-mass diagnostic of runs whose attention weights have negative entries (Tsai et al.'s
-    linear kernel), which is not a distribution over keys."""
+    """Why ``metric`` has no value for any of ``runs`` by design, else None: a diagnostic that the
+    runs' schemes' weights do not meet what it needs (a distribution over keys: Tsai et al.'s linear
+    kernel and differential attention have negative weights; sigmoid attention's rows do not sum
+    to 1), as each run's diagnostics/summary.json records it (``not_applicable``, by location)."""
     if not runs or not is_run_metric(metric, runs):
         return None
+    base, _, where = metric_name(metric).partition(":")
+    reasons = []
     for run in runs:
         try:
             if run.value(metric) is not None:
                 return None
         except KeyError:
             return None
-        if not any(loc.get("note") == SIGNED_NOTE for loc in run.diag_locations().values()):
+        locs = {loc: v for loc, v in run.diag_locations().items() if not where or loc == where}
+        why = [(v.get("not_applicable") or {}).get(base) or (SIGNED_NOTE if v.get("note") == SIGNED_NOTE else None)
+               for v in locs.values()]
+        if not why or not any(why):
             return None
-    return (f"{metric_name(metric)} is undefined for these runs (attention weights with negative entries, "
-            "not distributions over keys)")
+        reasons.extend(w for w in why if w)
+    what = ("attention weights with negative entries" if SIGNED_NOTE in reasons
+            else "attention weights whose rows do not sum to 1")
+    return f"{metric_name(metric)} is undefined for these runs ({what}, not distributions over keys)"
 
 
 def _values(metric: str, runs: Sequence[Run]) -> list[float]:

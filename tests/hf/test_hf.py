@@ -196,7 +196,8 @@ def test_encoder_dnas_ignores_padding():
 
 # ---------------------------------------------------------------- causality through the whole model
 
-@pytest.mark.parametrize("scheme", ["dnas", "hnas", "sinkhorn", "kernel_rbf"])
+@pytest.mark.parametrize("scheme", ["dnas", "hnas", "sinkhorn", "kernel_rbf", "sigmoid", "softpick", "stickbreaking",
+                                    "selective", "differential"])
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_future_tokens_never_change_earlier_logits(scheme, family):
     from transformers import GPT2LMHeadModel, LlamaForCausalLM
@@ -215,7 +216,8 @@ def test_future_tokens_never_change_earlier_logits(scheme, family):
 
 # ---------------------------------------------------------------- cached generation is exact
 
-@pytest.mark.parametrize("scheme", ["unas", "dnas", "hnas", "sinkhorn", "kernel_rbf", "additive"])
+@pytest.mark.parametrize("scheme", ["unas", "dnas", "hnas", "sinkhorn", "kernel_rbf", "additive", "sigmoid",
+                                    "stickbreaking", "selective", "differential"])
 def test_cached_generation_equals_uncached(scheme):
     from transformers import LlamaForCausalLM
 
@@ -233,6 +235,8 @@ def test_cached_generation_equals_uncached(scheme):
         assert state is not None and state[0] == ids.shape[1] + 8  # the state followed every cached key
     if scheme in ("dnas", "hnas", "sinkhorn"):  # one running column log-sum-exp per iteration
         assert len(state[1]) == (3 if scheme == "sinkhorn" else 1) and state[1][0].shape == (2, 4, 1, 14)
+    elif scheme == "selective":  # head 0's running votes F for the next query, (B, 1, 1, keys so far)
+        assert state[1].shape == (2, 1, 1, 14)
     elif scheme != "unas":  # softmax over a kernel, additive scores: nothing carried from query to query
         assert state[1] is None
     beams = dict(attention_mask=am, max_new_tokens=5, num_beams=3, do_sample=False, pad_token_id=0)

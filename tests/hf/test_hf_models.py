@@ -77,6 +77,9 @@ def test_adaptive_softmax_over_the_librarys_hidden_states(family):
 
 @pytest.mark.parametrize("args,words", [
     (["attention=pe_lookup"], "attention=pe_lookup cannot run inside model=hf_llama: it places positions itself"),
+    (["attention=gated"], "attention=gated cannot run inside model=hf_llama: it needs a projection of the layer's input"),
+    (["attention=forgetting"], "attention=forgetting cannot run inside model=hf_llama: it needs a projection"),
+    (["attention=differential", "model.heads=3"], "model.heads=3 must be even"),
     (["task=sort"], "model=hf_llama is a decoder-only language model: use it with a language-model task"),
     (["model=hf_bert"], "model=hf_bert is an encoder-decoder: use it with a translation task"),
     (["model.family=t5"], "model.family=t5 is not a Hugging Face family nas-run maps; choose one of llama, gpt2, bert"),
