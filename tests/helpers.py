@@ -56,8 +56,16 @@ def qkv(b=2, h=4, sq=7, sk=7, d=8, seed=0, dtype=torch.float64):
             torch.randn(b, h, sk, d, generator=g, dtype=dtype))
 
 
+def script(name: str) -> str:
+    """The installed command ``name`` (nas-run, nas-report, nas-eval, ...) of this environment: the
+    scripts folder of the Python running the tests, else the PATH's. Found by its name, never by
+    rewriting another command's path (a checkout folder may itself be named nas-run)."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else (shutil.which(name) or str(here))
+
+
 #: the installed ``nas-run`` of this environment
-NAS_RUN = shutil.which("nas-run") or str(Path(sys.executable).parent / "nas-run")
+NAS_RUN = script("nas-run")
 
 
 def glob_now(root: Path, pattern: str) -> list[Path]:

@@ -385,6 +385,19 @@ class DiagnosticsCallback(pl.Callback):
                     xs=steps, ys=ys, keys=keys, title=f"{name}, {loc}", xname="step")
         if data:
             logger.log_metrics(data, step=step)
+        self._wandb_applicability(logger)
+
+    def _wandb_applicability(self, logger) -> None:
+        """Into the W&B run's summary, per location: each diagnostic that does not apply to the scheme's
+        weights, with the reason (``diag/<loc>/<name>/not_applicable``), and each computed on a derived
+        quantity (``diag/<loc>/<name>/computed_on``): a chart never shows such a number unexplained."""
+        summary = logger.experiment.summary
+        for loc, layers in (self.last or {}).items():
+            scalars = location_scalars(layers, self.metrics)
+            for name, why in (scalars.get("not_applicable") or {}).items():
+                summary[f"diag/{loc}/{name}/not_applicable"] = why
+            for name, what in (scalars.get("derived") or {}).items():
+                summary[f"diag/{loc}/{name}/computed_on"] = what
 
 
 def _learned_json(values: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, list]]:

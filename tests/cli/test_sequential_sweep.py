@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from helpers import NAS_RUN, nas_run, run_command, start_command
+from helpers import NAS_RUN, nas_run, run_command, script, start_command
 from nas_cli.report import stopping as seq
 
 # the runs' diagnostics figures are left out (tests/diagnostics draws them); the sweep's own figure is not
@@ -62,7 +62,7 @@ def test_sequential_sweep_continues_after_a_kill_and_runs_no_seed_twice(tmp_path
     assert (abs(t) >= c) == (comp["decision"] in ("higher", "lower"))
     assert (root / "sequential.png").is_file()
     # nas-report on the sweep shows the same decision and names the method
-    rep = run_command([NAS_RUN.replace("nas-run", "nas-report"), str(root)], capture_output=True, text=True,
+    rep = run_command([script("nas-report"), str(root)], capture_output=True, text=True,
                          env={**env, "COLUMNS": "200"})
     assert rep.returncode == 0, rep.stderr[-2000:]
     assert "Group-sequential paired t-test" in rep.stdout and "attention=dnas" in rep.stdout
@@ -70,7 +70,7 @@ def test_sequential_sweep_continues_after_a_kill_and_runs_no_seed_twice(tmp_path
     import pandas as pd
 
     tables = tmp_path / "tables"
-    out = run_command([NAS_RUN.replace("nas-run", "nas-report"), str(root), "--out", str(tables)],
+    out = run_command([script("nas-report"), str(root), "--out", str(tables)],
                       capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     looks = pd.read_csv(tables / "sequential.csv")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import NAS_RUN, run_command, start_command
+from helpers import NAS_RUN, run_command, script, start_command
 from slurm_cluster import SlurmCluster, available
 
 # one xdist worker runs them all (pyproject's --dist loadgroup): one accounting cluster and one two-node cluster
@@ -129,7 +129,7 @@ def test_ddp_over_two_slurm_nodes(two_nodes, tmp_path):
     assert summary["processes"] == 2
     assert len(list(run.rglob("run-*.wandb"))) == 1  # one W&B run, written by rank 0
     # the test metrics of the two processes equal one process's evaluation of the same checkpoint
-    ev = run_command([NAS_RUN.replace("nas-run", "nas-eval"), str(run), "--split", "test", "--ckpt",
+    ev = run_command([script("nas-eval"), str(run), "--split", "test", "--ckpt",
                       str(run / summary["best_checkpoint"]) if summary.get("best_checkpoint") else
                       str(run / "checkpoints" / "best.ckpt"), "--name", "single"], timeout=300)
     assert ev.returncode == 0, ev.stderr[-2000:]
