@@ -88,6 +88,18 @@ def build_core(scheme: str, heads: int, causal: bool, d_head: int):
     core.eval()  # no dropout: the benchmark measures the kernels
     if naive and "impl" not in cfg:  # e.g. UNAS: the eager formula of the base class
         return core, lambda q, k, v: AttentionCore.forward(core, q, k, v).out
+    n = core.input_features(d_head)
+    if n:  # gated / forgetting attention: the layer-input projection the model would hand it, fixed per shape
+        made: dict = {}
+
+        def with_x(q, k, v):
+            key = (q.shape, q.device, q.dtype)
+            if key not in made:
+                g = torch.Generator().manual_seed(1)
+                made[key] = torch.randn(*q.shape[:-1], n, generator=g).to(q.device, q.dtype).requires_grad_()
+            return core(q, k, v, x=made[key]).out
+
+        return core, with_x
     return core, lambda q, k, v: core(q, k, v).out
 
 

@@ -32,16 +32,19 @@ def log_forget(x: torch.Tensor, q_mask: torch.Tensor | None) -> torch.Tensor:
 
 
 def _augmented_sdpa(q, k, v, c_keys, mask, is_causal: bool, dropout: float):
-    """softmax_j(q.k_j / sqrt(d) - c_j) v over the allowed keys, by SDPA on one more feature."""
+    """softmax_j(q.k_j / sqrt(d) - c_j) v over the allowed keys, by SDPA on one more feature (the
+    values get a zero feature too: PyTorch's fused CPU kernel wants one head size for q, k and v,
+    and takes 3x longer without it)."""
     d = q.size(-1)
     dtype = torch.promote_types(q.dtype, torch.float32)
     ones = torch.full((*q.shape[:-1], 1), math.sqrt(d), dtype=dtype, device=q.device)
     q2 = torch.cat([q.to(dtype), ones], -1)
     k2 = torch.cat([k.to(dtype), -c_keys[..., None].to(dtype)], -1)
+    v2 = F.pad(v.to(dtype), (0, 1))
     with torch.autocast(q.device.type, enabled=False):
-        out = F.scaled_dot_product_attention(q2, k2, v.to(dtype), attn_mask=mask, dropout_p=dropout,
+        out = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, dropout_p=dropout,
                                              is_causal=is_causal, scale=1 / math.sqrt(d))
-    return out.to(v.dtype)
+    return out[..., :d].to(v.dtype)
 
 
 class ForgettingAttention(AttentionCore):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from nas_cli.attention.base import masked_row_softmax
-from nas_cli.attention.rowwise import RowwiseCore
+from nas_cli.attention.rowwise import RowwiseCore, below_normal
 
 
 class SelectiveAttention(RowwiseCore):
@@ -37,5 +37,8 @@ class SelectiveAttention(RowwiseCore):
         cols = torch.arange(sk, device=s.device)[None, :]
         votes = torch.relu(s[:, :1]) * (allowed & (cols != rows) & (cols != 0))  # (B, 1, c, Sk)
         before = torch.cumsum(votes, dim=-2) - votes  # votes of the block's earlier rows
-        weights = masked_row_softmax(s - (carry + before), allowed)
+        logits = s - (carry + before)
+        top = logits.masked_fill(~allowed, float("-inf")).amax(-1, keepdim=True).detach()
+        far = below_normal(logits - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
+        weights = masked_row_softmax(logits, allowed & ~far)  # a weight exp(-88) or less is 0
         return weights, carry + votes.sum(-2, keepdim=True)

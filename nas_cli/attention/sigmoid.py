@@ -38,4 +38,4 @@ class SigmoidAttention(RowwiseCore):
             b = -torch.log(n)
         else:
             b = self.bias
-        return torch.sigmoid(s + b) * allowed, carry
+        return torch.sigmoid(s.add_(b).masked_fill_(~allowed, float("-inf"))), carry  # sigma(-inf) = 0

@@ -21,14 +21,16 @@ import torch
 from torch.nn import functional as F
 
 from nas_cli.attention.base import check_option
-from nas_cli.attention.rowwise import BLOCK, RowwiseCore
+from nas_cli.attention.rowwise import BLOCK, RowwiseCore, below_normal
 
 
 def stick_breaking_weights(s: torch.Tensor, strict: torch.Tensor) -> torch.Tensor:
     """A_ij from scores s (..., Sq, Sk) over the pairs ``strict`` (j < i, real query and key)."""
-    log_rest = F.logsigmoid(-s).masked_fill(~strict, 0.0)
+    log_beta = F.logsigmoid(s)
+    log_rest = (log_beta - s).masked_fill(~strict, 0.0)  # log(1 - sigma(s)) = log sigma(s) - s
     later = torch.flip(torch.cumsum(torch.flip(log_rest, (-1,)), -1), (-1,)) - log_rest  # sum over k > j
-    return torch.exp(F.logsigmoid(s) + later) * strict
+    log_w = log_beta + later
+    return torch.exp(log_w.masked_fill(~strict | below_normal(log_w), float("-inf")))
 
 
 class StickBreaking(RowwiseCore):

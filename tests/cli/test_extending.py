@@ -439,3 +439,26 @@ def test_the_guides_table_counts_the_lines_of_its_blocks():
     assert table["a diagnostic with a short name in nas-report"][1] == str(lines("`my_metrics.py`", "python"))
     assert f"a {lines('`my_conf/experiment/with_max_weight.yaml`', 'yaml')}-line preset" in \
         table["a diagnostic with a short name in nas-report"][0]
+
+
+def test_a_scheme_whose_rows_do_not_sum_to_one_passes_the_contract_and_says_what_its_diagnostics_are(tmp_path):
+    """The guide's third walk-through: sigmoid attention from outside the package, declared
+    ``rows_sum_to_one = False``, passes every check of nas-bench check-scheme, and its run records
+    that head JSD was computed on row-normalized weights."""
+    (tmp_path / "my_sigmoid.py").write_text(_block("`my_sigmoid.py`", "python"))
+    (tmp_path / "my_conf" / "attention").mkdir(parents=True)
+    (tmp_path / "my_conf" / "attention" / "my_sigmoid.yaml").write_text(
+        _block("`my_conf/attention/my_sigmoid.yaml`", "yaml"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    bench = str(Path(sys.executable).with_name("nas-bench"))
+    checked = run_command([bench, "check-scheme", "my_conf/attention/my_sigmoid.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert checked.returncode == 0 and "FAILED" not in checked.stdout, checked.stdout + checked.stderr
+    assert "rows" in checked.stdout
+    run = tmp_path / "r"
+    proc = _nas_run(f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "attention=my_sigmoid", "task=copy_lm",
+                    "debug=fast", f"hydra.run.dir={run}", cwd=tmp_path, env_extra={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    diag = _summary(run)["diagnostics"]["decoder"]
+    assert "row-normalized" in diag["derived"]["jsd"] and 0 <= diag["sink_rate"] <= 1
+    assert _summary(run)["weights"]["decoder"]["rows_sum_to_one"] is False

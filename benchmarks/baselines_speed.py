@@ -1,0 +1,87 @@
+"""CPU forward + backward time of today's baselines against UNAS, with the targets they are held to.
+
+Each of the seven schemes of the baselines (sigmoid, gated, softpick, differential, forgetting,
+selective, stick-breaking) runs as ``nas-bench attention`` runs a core: forward + backward of the
+core alone in causal self-attention (the form every one of them has), q, k, v (and the gate
+projection x where a scheme needs one) requiring grad, the median of ``--repeats`` runs, peak
+memory from torch.profiler's allocation records; UNAS (fused SDPA) is measured in the same
+process at the same sizes. Each ratio is held against its target: sigmoid, gated, softpick
+<= 1.3x UNAS; differential, forgetting, selective <= 2x; stick-breaking <= 3x. A target missed is
+written as the gap, not hidden.
+
+    python benchmarks/baselines_speed.py            # docs/bench_baselines.json + a section of docs/benchmarks.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from nas_cli.bench.attention import add_ratios, machine_name, run_case
+from nas_cli.bench.markdown import num, write_markdown
+
+MD_SECTION = "## Today's baselines against UNAS (benchmarks/baselines_speed.py)"
+#: the most fwd+bwd time per UNAS's that each scheme is held to on the CPU
+TARGETS = {"sigmoid": 1.3, "gated": 1.3, "softpick": 1.3, "differential": 2.0, "forgetting": 2.0,
+           "selective": 2.0, "stickbreaking": 3.0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1024])
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--d-head", type=int, default=64)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out-json", type=Path, default=Path("docs/bench_baselines.json"))
+    p.add_argument("--out-md", type=Path, default=Path("docs/benchmarks.md"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    case = SimpleNamespace(heads=args.heads, d_head=args.d_head, batch=args.batch, dtype="float32", device="cpu",
+                           repeats=args.repeats, warmup=1, max_seconds=120.0, threads=args.threads)
+    results = []
+    for length in args.lengths:
+        for scheme in ["unas", *TARGETS]:
+            rec = run_case(scheme, length, True, case)
+            results.append(rec)
+            print(f"S={length:<5} {scheme:<14} {rec['status']:<6} {num(rec['time_ms'], '9.2f')} ms", flush=True)
+    add_ratios(results)
+    for r in results:
+        target = TARGETS.get(r["scheme"])
+        r["target"] = target
+        r["met"] = None if target is None or r.get("time_ratio") is None else bool(r["time_ratio"] <= target)
+    config = {"batch": args.batch, "heads": args.heads, "d_head": args.d_head, "dtype": "float32",
+              "device_name": machine_name(torch.device("cpu")), "torch": torch.__version__, "repeats": args.repeats,
+              "threads": args.threads, "causal": True,
+              "command": "python benchmarks/baselines_speed.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    args.out_json.parent.mkdir(parents=True, exist_ok=True)
+    args.out_json.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
+    write_markdown(args.out_md, markdown(config, results))
+    print(f"wrote {args.out_json} and {args.out_md}")
+    return 0
+
+
+def markdown(config: dict, results: list[dict]) -> str:
+    lines = [MD_SECTION, "",
+             f"Forward + backward of one attention core in causal self-attention; B={config['batch']}, "
+             f"H={config['heads']}, d_head={config['d_head']}, float32 on {config['device_name']} (torch "
+             f"{config['torch']}), median of {config['repeats']} runs after one warm-up; peak = most bytes held "
+             "during one run beyond the inputs (torch.profiler allocation records). Ratios are to `unas` (fused "
+             f"SDPA, causal) at the same length. Command: `{config['command']}`", "",
+             "| S | scheme | fwd+bwd ms | peak MiB | time / UNAS | target | met |", "|---:|---|---:|---:|---:|---:|---|"]
+    for r in results:
+        peak = None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20
+        met = "-" if r.get("met") is None else ("yes" if r["met"] else f"no (gap {r['time_ratio'] / r['target']:.2f}x)")
+        target = "-" if r.get("target") is None else f"<= {r['target']:g}x"
+        lines.append(f"| {r['length']} | {r['scheme']} | {num(r['time_ms'], '.2f')} | {num(peak, '.1f')} | "
+                     f"{num(r.get('time_ratio'), '.2f')} | {target} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
