@@ -68,6 +68,14 @@ def make_core(scheme: str, location: str, causal: bool, heads: int, d_head: int,
     return core.eval()
 
 
+def _causal_self_only(scheme: str) -> bool:
+    from hydra.utils import get_class
+
+    from nas_cli.model.choices import scheme_config
+
+    return bool(get_class(str(scheme_config(scheme.partition("-")[0])._target_)).causal_self_only)
+
+
 def _inputs(b, h, sq, sk, d, seed, device):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(b, h, s, d, generator=g, dtype=torch.float64) * 1.5).to(device) for s in (sq, sk, sk)]
@@ -77,8 +85,10 @@ def _run(core, q, k, v, q_mask, k_mask, upstream, autocast_dtype=None):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
     device = q.device.type
     ctx = torch.autocast(device, dtype=autocast_dtype) if autocast_dtype is not None else _null()
+    n = core.input_features(q.size(-1))  # gated / forgetting attention: a layer-input projection, from q
+    extra = {"x": torch.cat([q] * -(-n // q.size(-1)), -1)[..., :n].detach() * 0.7} if n else {}
     with ctx:
-        out = core(q, k, v, q_mask=q_mask, k_mask=k_mask).out
+        out = core(q, k, v, q_mask=q_mask, k_mask=k_mask, **extra).out
     (out.to(upstream.dtype) * upstream).sum().backward()
     # and the dtype the core answered in (checked against the autocast dtype)
     return [t.detach().double() for t in (out, q.grad, k.grad, v.grad)], out.dtype
@@ -104,6 +114,8 @@ def check_numerics(device: str, dtypes: list[str], schemes: list[str] | None = N
     rows = []
     for scheme in schemes or scheme_names():
         for form, location, causal, padded in FORMS:
+            if not causal and _causal_self_only(scheme):  # forgetting, selective, stick-breaking: no such form
+                continue
             sq, sk = (s // 2, s) if location == "cross" else (s, s)
             q, k, v = _inputs(b, h, sq, sk, d, 1, device)
             q_mask = k_mask = keep_q = keep_k = None

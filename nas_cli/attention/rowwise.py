@@ -58,6 +58,9 @@ class RowwiseCore(AttentionCore):
 
     supports_step = True
     carries_state = False
+    #: the scores in float32 (or wider) even under fp16/bf16 autocast: for a formula whose weights jump at
+    #: a score (softpick's relu at s = 0), where half-precision scores move keys across the jump
+    wide_scores = False
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
                  location: str = "?", layer: int = 0, name: str | None = None, block_size: int = BLOCK):
@@ -78,7 +81,13 @@ class RowwiseCore(AttentionCore):
     def _block(self, a: int, q_mask, k_mask, q, k, v, carry):
         kend = k.size(-2)
         allowed = block_allowed(q_mask, k_mask, self.causal, a, a + q.size(-2), kend, q.device)
-        s = full_precision(torch.matmul(q * (1 / math.sqrt(q.size(-1))), k.transpose(-1, -2)))  # scaled on q: fewer passes
+        half = q.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled(q.device.type)
+        if self.wide_scores and half:
+            wide = torch.promote_types(q.dtype, torch.float32)
+            with torch.autocast(q.device.type, enabled=False):
+                s = torch.matmul(q.to(wide) * (1 / math.sqrt(q.size(-1))), k.to(wide).transpose(-1, -2))
+        else:  # scaled on q: one pass over (c x D), not over (c x Sk)
+            s = full_precision(torch.matmul(q * (1 / math.sqrt(q.size(-1))), k.transpose(-1, -2)))
         w, carry = self.block_weights(s, allowed, a, carry)
         dropped = nn.functional.dropout(w, self.dropout, self.training)
         return torch.matmul(dropped.to(v.dtype), v), w, carry

@@ -10,7 +10,9 @@ exp(s - m) - exp(-m) in place of exp(s) - 1 and eps exp(-m) in place of eps, whi
 ratio (the paper's reference form). Sums run over the keys a query may see. ``eps``: the
 denominator's epsilon (the paper's 1e-6).
 
-Every location (a row depends on its own query only). Blocks of queries:
+The scores are float32 under fp16/bf16 autocast: the weight's derivative jumps at s = 0, and
+bf16 scores put keys on the wrong side of it (a gradient error of 18% in the CPU run of
+``nas-bench gpu-check``'s bf16 case). Every location (a row depends on its own query only). Blocks of queries:
 :mod:`nas_cli.attention.rowwise`.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from nas_cli.attention.rowwise import BLOCK, RowwiseCore
 class Softpick(RowwiseCore):
     name = "softpick"
     rows_sum_to_one = False
+    wide_scores = True  # relu(exp(s) - 1) jumps at s = 0: bf16 scores moved keys across it (the GPU check)
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
                  location: str = "?", layer: int = 0, name: str | None = None, block_size: int = BLOCK,
