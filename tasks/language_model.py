@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from nas_cli.infra.options import PositiveInt
 
 from .base import EOS, PAD, Task, loader_workers, pad_batch, worker_options
-from .sources import (DataError, check_dir, check_hub_source, check_text_file, disk_split, fingerprint, hub_split,
+from .sources import (DataError, check_dir, check_hub_source, check_text_file, disk_split, existing, fingerprint, hub_split,
                       read_lines, resolve_source)
 from .vocab import default_cache_dir, word_level
 
@@ -69,6 +69,31 @@ def eval_windows(n: int, block: int, context: int) -> list[tuple[int, int, int]]
     return out
 
 
+#: a local split's file names, in the order they are looked for: nas-run's ``<split>.txt``, then the names
+#: WikiText is distributed under (``wiki.train.tokens``, ``wiki.valid.tokens``, ``wiki.test.tokens``; the
+#: raw-character variant ``wiki.<split>.raw``); each also as ``.gz``
+LOCAL_NAMES = ("{}.txt", "wiki.{}.tokens", "wiki.{}.raw")
+
+
+def local_split_file(root: Path, name: str) -> Path | None:
+    """The first of :data:`LOCAL_NAMES` for split file ``name`` that exists under ``root`` (or its .gz)."""
+    for pattern in LOCAL_NAMES:
+        path = existing(root / pattern.format(name))
+        if path.is_file():
+            return path
+    return None
+
+
+def split_file(root: Path, name: str, what: str) -> Path:
+    """:func:`local_split_file`, or one line naming every file it looked for."""
+    found = local_split_file(root, name)
+    if found is None:
+        looked = ", ".join(pattern.format(name) for pattern in LOCAL_NAMES)
+        raise DataError(f"{what}: none of {looked} (nor .gz) in {root}; check task.path and the split names "
+                        f"(task.splits)")
+    return found
+
+
 class LanguageModelTask(Task):
     kind = "lm"
 
@@ -103,7 +128,7 @@ class LanguageModelTask(Task):
         if kind == "local":
             root = check_dir(self.path)
             for split, name in self.split_names.items():
-                check_text_file(root / f"{name}.txt", f"{split} split")
+                check_text_file(split_file(root, name, f"{split} split"), f"{split} split")
         elif kind == "disk":
             check_dir(self.path)
         else:
@@ -114,7 +139,7 @@ class LanguageModelTask(Task):
         name = self.split_names[split]
         kind = resolve_source(self.source, self.path, self.hf_name, self.name, "train.txt/valid.txt/test.txt")
         if kind == "local":
-            return read_lines(check_dir(self.path) / f"{name}.txt", f"{split} split")
+            return read_lines(split_file(check_dir(self.path), name, f"{split} split"), f"{split} split")
         if kind == "disk":
             return disk_split(check_dir(self.path), self.hub_split_names[split], self.columns)[0]
         return hub_split(self.hf_name, self.hf_config, self.hub_split_names[split], self.columns,
@@ -127,8 +152,9 @@ class LanguageModelTask(Task):
         lines = {split: self._lines(split) for split in SPLITS}
         self.timings["read_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        if self.path and (Path(str(self.path)).expanduser() / f"{self.split_names['train']}.txt").is_file():
-            origin = fingerprint(Path(str(self.path)).expanduser() / f"{self.split_names['train']}.txt")
+        train_file = local_split_file(Path(str(self.path)).expanduser(), self.split_names["train"]) if self.path else None
+        if train_file is not None and train_file.is_file():
+            origin = fingerprint(train_file)
         else:
             origin = fingerprint(self.path, self.hf_name, self.hf_config, len(lines["train"]), lines["train"][:50])
         key = fingerprint(origin, "word-v2", self.max_vocab)  # v2: contiguous ids (vocab._contiguous_word_ids)

@@ -124,13 +124,43 @@ def check_dir(path: str | Path | None, option: str = "task.path") -> Path:
     return p
 
 
+def count_lines(path: Path, what: str) -> int:
+    """The number of lines :func:`read_lines` gives for ``path`` (or its ``.gz``), counted in chunks
+    without decoding (the whole file is read only when it has a carriage return)."""
+    path = existing(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    count, last, cr = 0, b"", False
+    with opener(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            count += chunk.count(b"\n")
+            cr = cr or b"\r" in chunk
+            last = chunk[-1:]
+    if cr:  # CR line endings count as read_lines converts them (it says so when it reads the file)
+        with opener(path, "rb") as f:
+            raw = f.read().replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        count, last = raw.count(b"\n"), raw[-1:]
+    return count + (1 if last and last != b"\n" else 0)
+
+
+def check_parallel(root: Path, split_file: str, src: str, tgt: str) -> None:
+    """Before the run directory is made: both sides of a split have one line per sentence pair."""
+    a = count_lines(root / f"{split_file}.{src}", "source side")
+    b = count_lines(root / f"{split_file}.{tgt}", "target side")
+    if a != b:
+        raise _mismatch(root, split_file, src, tgt, a, b)
+
+
+def _mismatch(root, split_file, src, tgt, a: int, b: int) -> DataError:
+    return DataError(f"{root / split_file}.{src} has {a} lines but {root / split_file}.{tgt} has {b}; "
+                     "a parallel pair needs one sentence per line on both sides")
+
+
 def local_parallel(root: Path, split_file: str, src: str, tgt: str) -> tuple[list[str], list[str]]:
     """``<root>/<split_file>.<src>`` and ``.<tgt>``: equal numbers of lines required."""
     a = read_lines(root / f"{split_file}.{src}", "source side")
     b = read_lines(root / f"{split_file}.{tgt}", "target side")
     if len(a) != len(b):
-        raise DataError(f"{root / split_file}.{src} has {len(a)} lines but {root / split_file}.{tgt} has {len(b)}; "
-                        "a parallel pair needs one sentence per line on both sides")
+        raise _mismatch(root, split_file, src, tgt, len(a), len(b))
     return a, b
 
 

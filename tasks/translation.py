@@ -36,7 +36,7 @@ from nas_cli.infra.options import PositiveInt
 
 from .base import EOS, Task, collate_seq2seq, empty_share, loader_workers, note, worker_options
 from .batching import TokenBatchSampler
-from .sources import (DataError, check_dir, check_hub_source, check_text_file, disk_split, fingerprint, hub_split,
+from .sources import (DataError, check_dir, check_hub_source, check_parallel, check_text_file, disk_split, fingerprint, hub_split,
                       local_parallel, resolve_source)
 from .vocab import default_cache_dir, joint_bpe
 
@@ -132,6 +132,7 @@ class TranslationTask(Task):
             for name in self.split_names.values():
                 for lang, side in ((self.src_lang, "source side"), (self.tgt_lang, "target side")):
                     check_text_file(root / f"{name}.{lang}", side)
+                check_parallel(root, name, self.src_lang, self.tgt_lang)
         elif kind == "disk":
             check_dir(self.path)
         else:

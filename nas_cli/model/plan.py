@@ -237,6 +237,11 @@ def _check_declared(placed: Placed, where: str) -> None:
                               f"scheme option; set {INJECTED[key]} instead" if "." in INJECTED[key]
                               else f"{where}.{key}={value}: set by nas-run from {INJECTED[key]}, not an option")
         if names is not None and key != "_target_" and key not in names:
+            from nas_cli.model.choices import option_owners
+
+            owners = option_owners(key, placed.scheme)
+            if owners:
+                raise SchemeError(f"{where}.{key}={value}: {placed.scheme} has no option '{key}'{owners}")
             raise SchemeError(unknown_option_message(where, key, value, placed.scheme,
                                                      names - set(INJECTED) - {"name"}))
         wanted = type_problem(value, hints[key]) if key in hints else None

@@ -204,6 +204,12 @@ def _unknown_key(cfg, o, key: str, groups: set[str]) -> None:
         raise UserError(f"{key}: there is no '{top}' section{_close(top, [*cfg.keys(), *groups])} "
                         f"(sections: {', '.join(sorted(str(k) for k in cfg.keys()))})")
     names = [str(k) for k in node.keys()] if hasattr(node, "keys") else []
+    if parent == "attention" or (parent.startswith("attention.") and parent.split(".")[1] in LOCATIONS):
+        from nas_cli.model.choices import option_owners
+
+        owners = option_owners(leaf, str(node.get("name", "")))
+        if owners and leaf not in names:
+            raise UserError(f"{key}: {node.get('name', 'the chosen scheme')} has no option '{leaf}'{owners}")
     if parent == "attention":  # the per-location choices (attention.decoder=<scheme>) are not keys until chosen
         names += list(LOCATIONS)
     found = difflib.get_close_matches(leaf, sorted(set(names + ([] if parent else list(groups)))), n=1, cutoff=0.6)

@@ -290,3 +290,15 @@ def test_every_lightning_trainer_argument_is_accepted_as_written(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "limit_val_batches: 0" in proc.stdout and "overfit_batches: 3" in proc.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("arg", ["attention.impl=triton", "+attention.impl=triton"])
+def test_an_option_of_other_schemes_names_the_schemes_that_have_it(arg, tmp_path):
+    """attention.impl with the default scheme (UNAS): one line naming the schemes that have the option."""
+    from helpers import nas_run
+
+    proc = nas_run(arg, "debug=fast", cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "unas has no option 'impl'; it is an option of dnas, hnas, sinkhorn" in lines[0]
+    assert not (tmp_path / "outputs").exists()

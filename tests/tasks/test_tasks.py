@@ -189,6 +189,23 @@ def test_bad_data_from_the_command_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_mismatched_parallel_corpus_is_one_line_before_anything_is_made(tmp_path):
+    """Multi30k with 10 German and 9 English lines in one split: refused in one line, exit 2, before the
+    run directory (and its failed.json) exists; line endings counted as they are read (CRLF too)."""
+    data = tmp_path / "m30k"
+    data.mkdir()
+    for split in ("train", "val", "test_2016_flickr"):
+        (data / f"{split}.de").write_text("".join(f"ein satz {i}\n" for i in range(10)))
+        (data / f"{split}.en").write_bytes(b"".join(b"a sentence %d\r\n" % i for i in range(10)))
+    (data / "val.en").write_text("".join(f"a sentence {i}\n" for i in range(9)))
+    proc = run_command([str(Path(sys.executable).parent / "nas-run"), "task=multi30k", f"task.path={data}",
+                        "debug=fast", "logger=none"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "val.de has 10 lines but" in lines[0] and "val.en has 9" in lines[0]
+    assert not (tmp_path / "outputs").exists()
+
+
 # ---- pieces against references --------------------------------------------------------------
 def test_token_batches_respect_budget_and_cover_everything():
     rng = np.random.default_rng(0)
@@ -385,3 +402,30 @@ def test_synthetic_strings_are_one_draw_per_string_in_order(n, lo, hi, symbols):
     task.setup()
     first = task.splits["test"].pairs[0]
     assert first[1] == first[0][::-1] and len(task.splits["val"]) == 20
+
+
+def test_wikitext_under_its_own_file_names_trains_and_a_missing_split_names_every_file_looked_for(tmp_path):
+    """WikiText-2 as it is distributed (wiki.train.tokens, wiki.valid.tokens, wiki.test.tokens) reads the
+    same text as train.txt/valid.txt/test.txt; an empty or non-UTF-8 one says so, about that file; a
+    missing split names the files it looked for."""
+    plain = write_lm(tmp_path / "plain")
+    wiki = tmp_path / "wiki"
+    wiki.mkdir()
+    for split in ("train", "valid", "test"):
+        (wiki / f"wiki.{split}.tokens").write_bytes((plain / f"{split}.txt").read_bytes())
+    a = LanguageModelTask("w", path=str(plain), tokens_per_sample=32, context_window=24)
+    b = LanguageModelTask("w", path=str(wiki), tokens_per_sample=32, context_window=24)
+    for task in (a, b):
+        task.check_data()
+        task.setup()
+    assert all(np.array_equal(a.streams[s], b.streams[s]) for s in a.streams)
+    (wiki / "wiki.valid.tokens").write_text("")
+    with pytest.raises(DataError, match=r"wiki.valid.tokens is empty"):
+        LanguageModelTask("w", path=str(wiki)).check_data()
+    (wiki / "wiki.valid.tokens").write_bytes(b"fine line\nbad \xff\xfe bytes\n")
+    with pytest.raises(DataError, match=r"wiki.valid.tokens is not valid UTF-8"):
+        LanguageModelTask("w", path=str(wiki)).check_data()
+    (wiki / "wiki.valid.tokens").write_bytes((plain / "valid.txt").read_bytes())
+    (wiki / "wiki.test.tokens").unlink()
+    with pytest.raises(DataError, match=r"test split: none of test.txt, wiki.test.tokens, wiki.test.raw \(nor .gz\)"):
+        LanguageModelTask("w", path=str(wiki)).check_data()
