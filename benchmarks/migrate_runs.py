@@ -38,7 +38,7 @@ def relative(summary: dict, run_dir: Path) -> dict:
 
 
 def declared(diagnostics: dict) -> dict:
-    from nas_cli.diagnostics.callback import reported_numbers
+    from nas_cli.diagnostics.locations import reported_numbers
     from nas_cli.diagnostics.metrics import build_metrics
 
     out = dict(diagnostics)

@@ -116,7 +116,8 @@ class OneLineParser(argparse.ArgumentParser):
 #: loggers whose INFO lines are noise in a command's output (Lightning's device banner and tips);
 #: alembic's "setup plugin alembic.autogenerate.*" lines come when Hydra's plugin scan imports
 #: optuna's sweeper (optuna imports alembic)
-QUIET = ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda", "lightning.fabric", "alembic")
+QUIET = ("pytorch_lightning.utilities.rank_zero", "pytorch_lightning.accelerators.cuda", "lightning.fabric", "alembic",
+         "matplotlib")  # matplotlib: "generated new fontManager" on a machine's first import (torchmetrics imports it)
 
 
 def quiet_libraries() -> None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
@@ -49,10 +49,11 @@ import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
 from nas_cli.infra.atomic import atomic_write_json
-from nas_cli.attention.base import learned_titles, learned_values
+from nas_cli.attention.learned import learned_titles, learned_values
 from nas_cli.diagnostics.collector import AttentionDiagnostics, flatten_results, location_masks
 from nas_cli.diagnostics.explained_away import DEFAULT_EPS
-from nas_cli.diagnostics.metrics import ROW_NORMALIZED, SIGNED_NOTE, UNNORMALIZED_NOTE, LayerMetric, Reported, build_metrics
+from nas_cli.diagnostics.locations import location_scalars, reported_numbers
+from nas_cli.diagnostics.metrics import build_metrics
 from nas_cli.diagnostics.metrics import finite as _finite
 from nas_cli.diagnostics.metrics import finite_list as _finite_list
 from nas_cli.infra.options import PositiveInt
@@ -60,7 +61,7 @@ from nas_cli.infra.options import PositiveInt
 #: log of the smallest positive float32: stands in for log 0 in logged scalars
 LOG_FLOAT32_TINY = math.log(float(np.finfo(np.float32).smallest_subnormal))
 
-__all__ = ["DiagnosticsCallback", "location_scalars", "write_json_atomic"]
+__all__ = ["DiagnosticsCallback", "write_json_atomic"]
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -87,38 +88,6 @@ def _finite_tree(data: Any) -> Any:
     return data
 
 
-
-
-def location_scalars(layers: list[dict[str, Any]], metrics: list[LayerMetric] | None = None) -> dict[str, Any]:
-    """Per-location summary of ``AttentionDiagnostics.compute()[loc]``: every metric's
-    ``location_scalars`` (default metrics when none are given). Where a layer's weights were
-    not probability distributions, the distribution metrics' keys read None, with a note."""
-    metrics = metrics if metrics is not None else AttentionDiagnostics().metrics
-    out: dict[str, Any] = {"layers": len(layers)}
-    signed = any(e.get("signed_weights") for e in layers)
-    unnormalized = any(e.get("rows_sum_to_one") is False for e in layers)
-    if signed:
-        out["note"] = SIGNED_NOTE
-    not_applicable, derived = {}, {}
-    for m in metrics:
-        if m.distributions_only and (signed or (unnormalized and not m.row_normalized_ok)):
-            out.update({r.field: None for r in m.reported})
-            not_applicable.update({r.name: SIGNED_NOTE if signed else UNNORMALIZED_NOTE for r in m.reported})
-        else:
-            out.update(m.location_scalars(layers))
-            if m.distributions_only and unnormalized:
-                derived.update({r.name: ROW_NORMALIZED for r in m.reported})
-    if not_applicable:
-        out["not_applicable"] = not_applicable
-    if derived:
-        out["derived"] = derived
-    return out
-
-
-def reported_numbers(metrics: Sequence[LayerMetric], learned: Sequence[str]) -> list[Reported]:
-    """What nas-report may show and compare for a run: each metric's declaration (nas-report names
-    it by its ``name``), and the mean of each value the schemes learn per head (``<name>_mean``)."""
-    return [*(r for m in metrics for r in m.reported), *(Reported(f"{name}_mean", f"{name} (mean)") for name in learned)]
 
 
 class DiagnosticsCallback(pl.Callback):

@@ -387,16 +387,3 @@ def greedy_decode(model, src, bos_id: int, eos_id: int, max_len: int, incrementa
         if done.all():
             break
     return ys[:, 1:]
-
-
-def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, pad_id: int, smoothing: float = 0.0):
-    """Mean label-smoothed cross entropy over non-pad targets; also returns the plain NLL sum
-    and the token count (for perplexity)."""
-    lprobs = F.log_softmax(logits.float(), dim=-1).flatten(0, -2)
-    target = target.reshape(-1)
-    keep = target != pad_id
-    nll = -lprobs.gather(1, target[:, None]).squeeze(1)
-    smooth = -lprobs.mean(dim=-1)
-    loss = ((1 - smoothing) * nll + smoothing * smooth)[keep]
-    n = keep.sum().clamp(min=1)
-    return loss.sum() / n, nll[keep].sum().detach(), n

@@ -12,10 +12,11 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from nas_cli.attention.base import learned_scalars, learned_values
+from nas_cli.attention.learned import learned_scalars, learned_values
 from nas_cli.model.decoding import beam_search
 from nas_cli.errors import NonFiniteLoss, UserError
-from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
+from nas_cli.model.losses import label_smoothed_nll
+from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer
 from nas_cli.model.plan import Cores
 from nas_cli.model.scoring import Scores, score_log_probs, score_positions, scored
 from nas_cli.infra.distributed import gather_eval

@@ -9,7 +9,7 @@ from typing import Any
 import pytorch_lightning as pl
 from omegaconf import DictConfig
 
-from nas_cli.attention.base import learned_scalars, learned_values
+from nas_cli.attention.learned import learned_scalars, learned_values
 from nas_cli.infra.checkpoints import checkpoint_step
 from nas_cli.infra.version import code_version
 from nas_cli.pipeline.lit import count_parameters

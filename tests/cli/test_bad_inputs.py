@@ -302,3 +302,14 @@ def test_an_option_of_other_schemes_names_the_schemes_that_have_it(arg, tmp_path
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert "unas has no option 'impl'; it is an option of dnas, hnas, sinkhorn" in lines[0]
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_refusal_on_a_new_machine_is_one_line(tmp_path):
+    """task=wmt14 without data, on a machine whose matplotlib has no font cache yet (a fresh MPLCONFIGDIR):
+    the refusal's one line and nothing before it (no "generated new fontManager")."""
+    env = {**os.environ, "MPLCONFIGDIR": str(tmp_path / "mpl"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "NAS_RUN_CACHE": str(tmp_path / "cache")}
+    proc = run_command([str(Path(sys.executable).parent / "nas-run"), "task=wmt14"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "task.path" in lines[0], proc.stdout + proc.stderr

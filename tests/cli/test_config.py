@@ -50,6 +50,8 @@ def hydra_ctx():
 
 
 _TASKS: dict = {}
+#: the tasks that build a decoder-only language model (a causal-only scheme runs at their one location)
+LM_TASKS = ("copy_lm", "wikitext2", "wikitext103")
 
 
 @pytest.mark.parametrize("task_name", TASKS)
@@ -60,7 +62,10 @@ def test_every_task_and_scheme_composes_and_runs_a_batch(task_name, scheme, tmp_
     extra = tiny_data_overrides(task_name, root)
     # a scheme that places positions itself declares it; the model then adds none at its input
     positions = ["model.positions=none"] if build_core(scheme).requires_no_input_positions else []
-    cfg = compose("config", overrides=[f"task={task_name}", f"attention={scheme}", "debug=fast", *extra, *positions])
+    choice = [f"attention={scheme}"]
+    if build_core(scheme).causal_self_only and task_name not in LM_TASKS:  # where it is defined: the decoder
+        choice = ["attention=unas", f"attention@attention.decoder={scheme}"]
+    cfg = compose("config", overrides=[f"task={task_name}", *choice, "debug=fast", *extra, *positions])
     if task_name not in _TASKS:  # the task does not depend on the scheme: build its data once
         task = instantiate(cfg.task)
         task.setup("fit")

@@ -18,7 +18,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from nas_cli.diagnostics.callback import DiagnosticsCallback, location_scalars
+from nas_cli.diagnostics.callback import DiagnosticsCallback
+from nas_cli.diagnostics.locations import location_scalars
 from nas_cli.model.choices import CONF_DIR
 from nas_cli.infra.resume import fault_tolerance_state
 from datafiles import write_lm, write_parallel

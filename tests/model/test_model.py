@@ -3,7 +3,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer, label_smoothed_nll
+from nas_cli.model.losses import label_smoothed_nll
+from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer
 from nas_cli.model.choices import CONF_DIR
 from nas_cli.model.plan import make_core_factory
 
