@@ -77,6 +77,17 @@ def record(line: str) -> None:
             handler.handle(entry)
 
 
+def record_table(renderable) -> None:
+    """A rich table (a job's result) for the job's log file alone, as plain text 120 columns wide."""
+    from rich.console import Console
+
+    out = Console(width=120, file=None, record=True, force_terminal=False, no_color=True)
+    with out.capture() as captured:
+        out.print(renderable)
+    for line in captured.get().rstrip("\n").splitlines():
+        record(line.rstrip())
+
+
 class NotPrintedYet:
     """A filter for the job logging's console handler: a record whose logger prints it with a terminal
     handler of its own (submitit's logger, in a SLURM job) is not printed a second time by the root's."""

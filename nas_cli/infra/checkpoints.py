@@ -162,5 +162,7 @@ def tested_checkpoint(best: str | None, run_dir: Path, metric: str, value: float
                 "line": f"{why or 'no validation ran'}: tested the final weights (step {final_step})"}
     step = checkpoint_step(best)
     shown = "?" if value is None else f"{value:.4g}"
+    why_earlier = ("; no later validation was better, and of equal ones the earliest is kept"
+                   if 0 <= step < final_step else "")
     return {"checkpoint": os.path.relpath(best, run_dir), "step": step, "metric": metric, "value": value,
-            "line": f"tested checkpoint: step {step} of {final_step} (best {metric} = {shown})"}
+            "line": f"tested checkpoint: step {step} of {final_step} (best {metric} = {shown}{why_earlier})"}

@@ -30,25 +30,51 @@ def _fmt(x, digits=2):
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
-def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, dict]] = ()) -> Table:
-    lines = [f"run files: {s['run_dir']}" for s in summaries]
+def _metric_columns(summaries: list[dict]) -> list[tuple[str, str, object]]:
+    """(key, title, digits or "%") of each task's own test metrics that some summary has."""
+    for s in summaries:  # each task's own test metrics: the columns that some run of this table has
+        declare(s.get("metrics"))
+    return [(m.key, m.title, "%" if m.fmt == "pct" else 3 if m.fmt == "p3" else 2)
+            for m in present(k for s in summaries for k in s.get("test", {}))]
+
+
+def _cell(value, digits) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%" if digits == "%" else _fmt(value, digits)
+
+
+def job_line(summary: dict) -> str:
+    """A finished sweep job in one line: its folder, its test metrics and how long it trained."""
+    test = summary.get("test", {})
+    metrics = ", ".join(f"{title} {_cell(test.get(key), digits)}" for key, title, digits in _metric_columns([summary]))
+    return f"done: {summary['run_dir']}: {metrics} ({summary.get('fit_seconds', 0):.0f} s)"
+
+
+def compare_command(root: Path, summaries: list[dict]) -> str:
+    """The nas-report command that compares a sweep's runs: against UNAS when it ran, else the first scheme."""
+    schemes = sorted({s["scheme"] for s in summaries})
+    if len(schemes) < 2:
+        return f"nas-report {root}"
+    base = "unas" if "unas" in schemes else schemes[0]
+    return f"nas-report {root} --baseline scheme={base}"
+
+
+def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, dict]] = (),
+                  sweep_root: Path | None = None) -> Table:
+    if sweep_root is None:
+        lines = [f"run files: {s['run_dir']}" for s in summaries]
+    else:  # a sweep: its folder (one per job below it) and how to compare them
+        lines = [f"run files: {sweep_root}/ (one folder per job); compare them: {compare_command(sweep_root, summaries)}"]
     lines += [f"failed: {d}: {f.get('reason', '?')}" for d, f in failed]
     lines += [s["tested"]["line"] for s in summaries if len(summaries) == 1 and s.get("tested")]
     table = Table(title=title, caption="\n".join(lines), caption_justify="left")
-    for s in summaries:  # each task's own test metrics: the columns that some run of this table has
-        declare(s.get("metrics"))
-    metrics = [(m.key, m.title, "%" if m.fmt == "pct" else 3 if m.fmt == "p3" else 2)  # a task's own metrics too
-               for m in present(k for s in summaries for k in s.get("test", {}))]
+    metrics = _metric_columns(summaries)
     sweep = len(summaries) + len(failed) > 1  # a sweep's rows: the seed tells apart the seeds of one config
     for col in ("task", "scheme", "heads", *(["seed"] if sweep else []), "params", *[head for _, head, _ in metrics],
                 "tokens/s"):
         table.add_column(col, no_wrap=True)
     for s in summaries:
         test = s.get("test", {})
-        cells = []
-        for key, _, digits in metrics:
-            v = test.get(key)
-            cells.append("-" if v is None else f"{100 * v:.1f}%" if digits == "%" else _fmt(v, digits))
+        cells = [_cell(test.get(key), digits) for key, _, digits in metrics]
         table.add_row(s["task"], s["scheme"], str(s["heads"]), *([str(s.get("seed", "-"))] if sweep else []),
                       _fmt(s["parameters"]), *cells, _fmt(s.get("tokens_per_s"), 0))
     for d, _ in failed:
@@ -71,7 +97,7 @@ class SweepSummary(Callback):
         if rows:
             rows.sort(key=lambda s: (s["task"], s["scheme"], s["heads"]))
         if rows or failed:
-            console().print(summary_table(rows, f"nas-run sweep {root}", failed))
+            console().print(summary_table(rows, f"nas-run sweep {root}", failed, sweep_root=root))
         if failed:
             fail(f"{len(failed)} of {len(rows) + len(failed)} jobs failed (marked 'failed' above, reasons in "
                  f"their failed.json)", code=1)
@@ -124,6 +150,7 @@ class RunGuard(Callback):
             checked = check_config(_with_a_seed(config))
             _say_notes(checked)
             parallel_default(config, checked.parameters)  # on the CPU: the jobs several at a time
+            _say_jobs(config, root)
             if any(root.glob("*/summary.json")) or any(root.glob("*/checkpoints")):
                 _continue_sweep(root, config)
             acquire(root, "sweep")
@@ -132,6 +159,27 @@ class RunGuard(Callback):
                 OmegaConf.save(config, root / "multirun.yaml")  # sweeper writes it too; Optuna's does not)
         except UserError as err:
             fail(str(err))
+
+
+#: Hydra's launchers' own lines on the terminal (their job list, one line per job as each starts, and
+#: joblib's settings): nas-run says what runs in one line, each job's overrides are in its folder
+LAUNCHER_LOGGERS = ("hydra._internal.core_plugins.basic_launcher", "hydra_plugins.hydra_joblib_launcher._core",
+                    "hydra_plugins.hydra_joblib_launcher.joblib_launcher")
+
+
+def _say_jobs(config: DictConfig, root: Path) -> None:
+    """The sweep's jobs in one line: what varies, and what each job adds."""
+    import logging
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = OverridesParser.create().parse_overrides([str(x) for x in config.hydra.overrides.task])
+    swept = [o.input_line for o in overrides if o.is_sweep_override() or str(o.value()) == "auto"]
+    fixed = [o.input_line for o in overrides if o.input_line not in swept]
+    say(f"nas-run: sweep {root}: {' x '.join(swept) or 'one job'}" + (f" (each job: {' '.join(fixed)})" if fixed else ""),
+        log=False)
+    for name in LAUNCHER_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _say_notes(checked) -> None:

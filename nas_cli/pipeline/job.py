@@ -22,13 +22,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
 
-from nas_cli.errors import Refused, Stopped, UserError, console, fail, quiet_libraries, record, say
+from nas_cli.errors import Refused, Stopped, UserError, console, fail, quiet_libraries, record, record_table, say
 from nas_cli.infra import ray_train
 from nas_cli.infra.redaction import redact
 from nas_cli.infra.atomic import atomic_write_text
 from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release, remove_empty_parents
 from nas_cli.model.locations import name_from_choices
-from nas_cli.pipeline.callbacks import summary_table
+from nas_cli.pipeline.callbacks import job_line, summary_table
 from nas_cli.infra.launchers import spawns_processes
 from nas_cli.sweeps.continuation import SWEEP_CONTINUE_ENV, restore_finished_configs, restore_sweep_record
 from nas_cli.sweeps.supervision import STOPPING
@@ -77,7 +77,11 @@ def run_job(cfg: DictConfig):
     summary = _train_job(cfg, hc, run_dir, group, multirun)
     if not isinstance(summary, dict):  # another process of a multi-process run (None), or a failed sweep job
         return summary
-    console().print(summary_table([summary], "nas-run result"))
+    if multirun:  # the sweep's terminal: one line per job; the job's table goes to its own log
+        say(job_line(summary), log=False)
+        record_table(summary_table([summary], "nas-run result"))
+    else:
+        console().print(summary_table([summary], "nas-run result"))
     if summary.get("wandb_run_id") and str(cfg.logger.get("mode")) == "offline" and not multirun:
         say(f"W&B run {summary['wandb_run_id']} (offline): {run_dir / 'wandb'}; upload it with: wandb sync "
             f"{run_dir / 'wandb'}/offline-run-*")

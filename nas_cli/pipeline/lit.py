@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nas_cli.attention.learned import learned_scalars, learned_values
 from nas_cli.model.decoding import beam_search
-from nas_cli.errors import NonFiniteLoss, UserError
+from nas_cli.errors import NonFiniteLoss, UserError, record
 from nas_cli.model.losses import label_smoothed_nll
 from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer
 from nas_cli.model.plan import Cores
@@ -337,10 +337,14 @@ class NasLitModule(pl.LightningModule):
                 or self.global_rank != 0:
             return
         self._empty_said.add(split)
-        kind = split
-        print(f"nas-run: note: task '{self.task.name}': {share:.0%} of the {kind} hypotheses are empty (the model "
-              "ends at once); its scores say little: train longer, or check the data and task.max_len",
-              file=sys.stderr)
+        line = (f"nas-run: note: task '{self.task.name}': {share:.0%} of the {split} hypotheses are empty (the model "
+                "ends at once); its scores say little: train longer, or check the data and task.max_len")
+        from nas_cli.pipeline.sweep_launcher import in_sweep_job
+
+        if in_sweep_job():  # a sweep's terminal has the job's line, with its share of empty hypotheses
+            record(line)
+        else:
+            print(line, file=sys.stderr)
 
     def validation_step(self, batch, batch_idx):
         self._eval_step(batch, "val")

@@ -25,7 +25,7 @@ from nas_cli.attention import SchemeError
 from tasks.scores import declaration
 from nas_cli.infra.checkpoints import (PeriodicCheckpoint, checkpoint_io, tested_checkpoint,
                                       unreadable_checkpoint)
-from nas_cli.errors import Refused, SignalStop, Stopped, UserError, record
+from nas_cli.errors import Refused, SignalStop, Stopped, UserError, record, say
 from nas_cli.errors import unwrap as _unwrap
 from nas_cli.infra.atomic import remove_stale_temporaries
 from nas_cli.infra.config_identity import config_id
@@ -35,7 +35,7 @@ from nas_cli.infra.loggers import finish_logger, make_logger, wandb_run_id
 from nas_cli.infra.wandb_offline import carry_history
 from nas_cli.model.locations import job_locations
 from nas_cli.model.plan import AttentionPlan, Cores, canonical_config
-from nas_cli.pipeline.sweep_launcher import shares_terminal
+from nas_cli.pipeline.sweep_launcher import in_sweep_job, shares_terminal
 from nas_cli.pipeline.progress import progress_callback
 from nas_cli.pipeline.summary import as_float, run_summary
 from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
@@ -161,9 +161,14 @@ def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_
     job = _prepare(cfg, plan, run_dir, group, job_type)
     record(f"{'resumed from ' + job.resume[0].name if job.resume else 'started'}: {cfg.task.name}, {job.plan.tag}, "
            f"h{cfg.model.heads}, seed {cfg.seed}, config_id {job.config_id}, nas-run {describe(code_version())}")
+    if job.resume and rank_zero_only.rank == 0:  # first: what this launch continues, and to what budget
+        say(f"nas-run: continuing {run_dir} from step {int(job.resume[1].get('global_step', 0))} "
+            f"({job.resume[0].relative_to(run_dir) if job.resume[0].is_relative_to(run_dir) else job.resume[0]}) "
+            f"to trainer.max_steps={int(cfg.trainer.max_steps)}")
     if size is not None and rank_zero_only.rank == 0:
         line = f"model: {size[0]:,} parameters" if size[1] else _estimated(size[0], cfg.task.get("vocab_size"))
-        print(line, file=sys.stderr)
+        if not in_sweep_job():  # a sweep's terminal: one line per finished job
+            print(line, file=sys.stderr)
         record(line)
     task = build_task(cfg, checked_task)
     # the loaders as this process reads them

@@ -98,9 +98,17 @@ def parallel_default(config: DictConfig, parameters: int | None) -> int:
         for override in ("hydra/launcher=joblib", f"hydra.launcher.n_jobs={int(n_jobs)}"):
             config.hydra.overrides.hydra.append(override)  # each job is composed from these
     os.environ[JOB_THREADS_ENV] = str(threads)
-    say(f"nas-run: {size} jobs, {int(n_jobs)} at a time on {cpus_allowed()} CPUs ({threads} thread{'s' * (threads > 1)} "
-        f"each); hydra/launcher=basic runs them one after another", log=False)
+    say(f"nas-run: {size} jobs, {int(n_jobs)} side by side on {cpus_allowed()} CPUs ({threads} thread{'s' * (threads > 1)} "
+        f"each; hydra/launcher=basic would run them one after another)", log=False)
     return int(n_jobs)
+
+
+def in_sweep_job() -> bool:
+    """This is a job of a multirun: its start-up lines go to its log, the sweep's terminal gets one line per job."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def shares_terminal() -> bool:

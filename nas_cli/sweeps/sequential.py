@@ -298,8 +298,11 @@ def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
         looked = _progress(state)
         rec = sweep.save(state)
         n = max((c.n for c in state.values()), default=0)
-        out.print(rich_table(rec, f"nas-run sequential sweep {root}: look at n={n} seeds ({rec['metric']})"))
+        say(look_line(state, n, rec["metric"]), log=False)  # the whole table once, at the end
     rec = sweep.save(state)
+    n = max((c.n for c in state.values()), default=0)
+    if rec["comparisons"]:
+        out.print(rich_table(rec, f"nas-run sequential sweep {root}: last look at n={n} seeds ({rec['metric']})"))
     if rec["finished"]:
         counts: dict[str, int] = {}
         for comp in state.values():
@@ -353,6 +356,12 @@ def _launch_round(sweeper, sweep, options, configs, jobs, returns: list) -> list
             say(f"[bold yellow]nas-run: {len(jobs)} job(s) of this round failed: running them again (a failed "
                     "job is never counted as a seed)[/]")
     return jobs
+
+
+def look_line(state: dict[str, seq.Comparison], n: int, metric: str) -> str:
+    """One look of the sweep in one line: each comparison's decision so far."""
+    said = "; ".join(f"{name}: {DECISION_WORDS[c.decision]}" for name, c in sorted(state.items()))
+    return f"nas-run: look at n={n} seeds ({metric}): {said}"
 
 
 def _progress(state: dict[str, seq.Comparison]) -> tuple:

@@ -36,7 +36,7 @@ def test_a_cpu_sweep_runs_its_jobs_two_at_a_time_on_two_cpus_and_continues(tmp_p
     proc = run_command(args, cwd=tmp_path, env=_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     n = min(cpus, 4)
-    assert f"nas-run: 4 jobs, {n} at a time on {cpus} CPUs (1 thread each)" in proc.stdout + proc.stderr
+    assert f"nas-run: 4 jobs, {n} side by side on {cpus} CPUs (1 thread each" in proc.stdout + proc.stderr
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert len(jobs) == 4
     for job in jobs:

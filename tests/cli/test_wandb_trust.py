@@ -68,6 +68,8 @@ def test_resumed_offline_run_is_one_whole_history_and_records_the_code(tmp_path)
     again = nas_run(f"resume={run}", "trainer.max_steps=60", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "[nas_run][INFO]" not in again.stdout + again.stderr  # the log's lines go to nas_run.log only
+    first = [ln for ln in again.stderr.splitlines() if ln.strip()][0]  # says first what it continues, to what
+    assert first == f"nas-run: continuing {run} from step 30 (checkpoints/last.ckpt) to trainer.max_steps=60", first
     wandb_dir = run / "wandb"
     newest = offline_folders(wandb_dir, before["id"])
     assert len(newest) == 1  # the first launch's folder moved aside, kept

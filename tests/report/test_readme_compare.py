@@ -38,6 +38,13 @@ def readme_sweep(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "setup plugin" not in proc.stdout + proc.stderr  # no alembic noise from Hydra's plugin scan
     assert re.search(r"┃ heads ┃ seed ┃", proc.stdout), proc.stdout[-2000:]  # issue #47: the seeds told apart
+    # the sweep's terminal: what runs, one line per finished job, the table, the folder and how to compare
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    assert len(lines) <= 45, "\n".join(lines)
+    assert len([ln for ln in lines if ln.startswith("done: outputs/sweeps/grid/")]) == 18
+    assert "nas-run: sweep outputs/sweeps/grid: attention=unas,dnas,hnas x model.heads=4,8 x seed=1,2,3" in lines[0] + lines[1]
+    assert "compare them: nas-report outputs/sweeps/grid --baseline scheme=unas" in proc.stdout
+    assert "Launching" not in proc.stdout + proc.stderr and "nas-run result" not in proc.stdout
     return root
 
 
