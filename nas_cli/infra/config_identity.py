@@ -14,7 +14,7 @@ from typing import Any
 
 #: config keys that never split a group: the seed (what groups average over), settings that
 #: change only what is logged or saved, and the CPU thread count (it changes round-off, not the setup)
-IGNORED_KEYS = ("seed", "progress_bar", "log_learned_every", "logger", "diagnostics", "run_test", "checkpoint", "threads")
+IGNORED_KEYS = ("seed", "progress_bar", "progress_lines", "log_learned_every", "logger", "diagnostics", "run_test", "checkpoint", "threads")
 #: keys added after runs were made, left out at their default (null) so that those runs keep their id;
 #: set, they split a group (smaller training batches train another model; with a batch limit,
 #: smaller evaluation batches score other items)

@@ -6,10 +6,14 @@ for the jobs of a sweep that share one terminal, :class:`ProgressLines` prints p
 
 * training, every tenth of its budget or every 5 minutes, whichever comes first: the step of the
   budget, the loss, tokens/s, the time so far and the estimated time left;
-* each evaluation (a validation, the test, ``nas-eval``), every tenth of its batches (or every 5
-  minutes): the batch of the split's batches, the time so far and the time left; a seq2seq
+* each evaluation (a validation, the test, ``nas-eval``), every tenth of its batches but at most
+  one line per :data:`EVAL_MIN_SECONDS` (a short evaluation says nothing but its end), or every 5
+  minutes: the batch of the split's batches, the time so far and the time left; a seq2seq
   validation's batches include its decoding;
 * each validation's value of the checkpoint metric.
+
+``progress_bar=false`` turns off the live bar, never the lines: the run shows plain lines instead,
+on a terminal too. ``progress_lines=false`` turns the lines off (a run silent until its result).
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from pytorch_lightning.callbacks import ProgressBar, RichProgressBar
 
 #: the longest a run stays silent in a log (seconds)
 EVERY_SECONDS = 300.0
+#: the least time between two lines of one evaluation (seconds)
+EVAL_MIN_SECONDS = 5.0
 
 
 def duration(seconds: float) -> str:
@@ -32,11 +38,13 @@ def duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
-def progress_callback(name: str, monitor: str, sweep_job: bool, program: str = "nas-run") -> ProgressBar:
-    """Lines for a sweep's jobs sharing a terminal or where stdout is not a terminal, else the live bar."""
-    if sweep_job or not sys.stdout.isatty():
-        return ProgressLines(name, monitor, program)
-    return progress_bar()
+def progress_callback(name: str, monitor: str, sweep_job: bool, program: str = "nas-run", bar: bool = True,
+                      lines: bool = True) -> ProgressBar | None:
+    """The live bar on a terminal of its own (``bar``); else plain lines (``lines``: a sweep's jobs sharing a
+    terminal, stdout not a terminal, or the bar turned off); else None (silent)."""
+    if bar and not sweep_job and sys.stdout.isatty():
+        return progress_bar()
+    return ProgressLines(name, monitor, program) if lines else None
 
 
 def progress_bar() -> RichProgressBar:
@@ -60,15 +68,17 @@ def progress_bar() -> RichProgressBar:
 class _Pace:
     """When to say the next line: every ``total // 10`` counts or every :data:`EVERY_SECONDS`."""
 
-    def __init__(self, total: int, start: int = 0):
+    def __init__(self, total: int, start: int = 0, min_seconds: float = 0.0):
         self.total, self.start = max(0, int(total)), int(start)
         self.every = max(1, self.total // 10) if self.total else 0
         self.next = self.start + self.every if self.every else None
         self.t0 = self.said = time.monotonic()
+        self.min_seconds = float(min_seconds)  # a tenth reached this soon after the last line waits for the next
 
     def due(self, done: int) -> bool:
         now = time.monotonic()
-        if (self.next is not None and done >= self.next) or now - self.said >= EVERY_SECONDS:
+        tenth = self.next is not None and done >= self.next and now - self.said >= self.min_seconds
+        if tenth or now - self.said >= EVERY_SECONDS:
             while self.next is not None and done >= self.next:
                 self.next += self.every
             self.said = now
@@ -127,7 +137,7 @@ class ProgressLines(ProgressBar):
     # ---- evaluation --------------------------------------------------------------------
     def _eval_start(self, batches) -> None:
         total = batches[0] if isinstance(batches, (list, tuple)) and batches else batches
-        self._eval = _Pace(total if isinstance(total, int) else 0)
+        self._eval = _Pace(total if isinstance(total, int) else 0, min_seconds=EVAL_MIN_SECONDS)
 
     def _eval_batch(self, what: str, batch_idx: int) -> None:
         pace, done = self._eval, batch_idx + 1

@@ -289,14 +289,15 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
 
         opts = {k: v for k, v in OmegaConf.to_container(cfg.diagnostics, resolve=True).items() if k != "enabled"}
         callbacks.append(DiagnosticsCallback(run_dir=job.run_dir, **opts))
-    if cfg.progress_bar:  # lines in a log file and where the jobs of a sweep share the terminal
-        callbacks.append(progress_callback(job.run_dir.name, task.monitor, shares_terminal()))
+    shown = progress_callback(job.run_dir.name, task.monitor, shares_terminal(), bar=bool(cfg.progress_bar),
+                              lines=bool(cfg.get("progress_lines", True)))  # the bar, else lines, else nothing
+    callbacks += [shown] if shown is not None else []
     kwargs = trainer_kwargs(cfg)
     plugins = kwargs.pop("plugins", None) or []  # trainer.plugins (trainer=ray_ddp: Ray's cluster environment)
     plugins = [*(plugins if isinstance(plugins, (list, tuple)) else [plugins]),
                checkpoint_io(cfg.trainer.get("accelerator", "auto"))]
     trainer = pl.Trainer(**kwargs, callbacks=callbacks, logger=logger, plugins=plugins,
-                         default_root_dir=str(job.run_dir), enable_progress_bar=bool(cfg.progress_bar),
+                         default_root_dir=str(job.run_dir), enable_progress_bar=shown is not None,
                          enable_model_summary=False)
     return trainer, ckpt
 

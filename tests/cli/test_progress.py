@@ -35,3 +35,37 @@ def test_lines_are_chosen_where_stdout_is_not_a_terminal(monkeypatch):
     monkeypatch.setattr(progress.sys.stdout, "isatty", lambda: True, raising=False)
     assert not isinstance(progress.progress_callback("run", "val/loss", sweep_job=False), progress.ProgressLines)
     assert isinstance(progress.progress_callback("run", "val/loss", sweep_job=True), progress.ProgressLines)
+    # progress_bar=false turns off the bar, not the lines; progress_lines=false the lines
+    assert isinstance(progress.progress_callback("run", "val/loss", False, bar=False), progress.ProgressLines)
+    assert progress.progress_callback("run", "val/loss", False, bar=False, lines=False) is None
+    monkeypatch.setattr(progress.sys.stdout, "isatty", lambda: False, raising=False)
+    assert isinstance(progress.progress_callback("run", "val/loss", False, bar=False), progress.ProgressLines)
+
+
+def test_an_evaluations_lines_come_every_tenth_but_at_most_every_few_seconds(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    fast = progress._Pace(total=16, min_seconds=progress.EVAL_MIN_SECONDS)  # a 1 s evaluation: no line
+    assert [d for d in range(1, 17) if (now.__setitem__(0, now[0] + 1 / 16) or fast.due(d))] == []
+    now[0] = 0.0
+    slow = progress._Pace(total=100, min_seconds=progress.EVAL_MIN_SECONDS)  # 1 s per batch: every tenth is rarer
+    said = []
+    for d in range(1, 101):
+        now[0] += 1.0
+        if slow.due(d):
+            said.append(d)
+    assert said == list(range(10, 101, 10))
+
+
+def test_a_log_file_run_with_progress_bar_false_shows_its_progress_lines(tmp_path):
+    from helpers import nas_run
+
+    run = tmp_path / "r"
+    proc = nas_run("debug=fast", "progress_lines=true", "progress_bar=false", "logger=csv", f"hydra.run.dir={run}",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = [ln for ln in proc.stdout.splitlines() if ln.startswith("nas-run: r: step ")]
+    assert steps and steps[-1].startswith("nas-run: r: step 20 of 20"), proc.stdout[-2000:]
+    assert "validation at step 10: val/" in proc.stdout
+    quiet = nas_run("debug=fast", "progress_lines=false", "logger=csv", f"hydra.run.dir={tmp_path / 'q'}", cwd=tmp_path)
+    assert quiet.returncode == 0 and "nas-run: q: step" not in quiet.stdout
