@@ -53,6 +53,18 @@ def console():
     return Console() if sys.stdout.isatty() else Console(width=120)
 
 
+def print_table(table) -> None:
+    """A result table on stdout: the terminal's width on a terminal; written to a file, at least 120
+    columns and as wide as the table's cells need, so that no cell is cut short ("234,9...")."""
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        Console().print(table)
+        return
+    need = Console(width=1000).measure(table).maximum
+    Console(width=max(120, min(need, 1000))).print(table)
+
+
 def say(markup: str, log: bool = True) -> None:
     """One line of rich markup on stderr (progress, skipped jobs, how to continue), also in the job's
     log (nas_run.log) when a job is running, unless ``log`` is false (a refusal changes nothing)."""

@@ -15,10 +15,9 @@ import signal
 import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-from nas_cli.errors import OneLineParser, SignalStop, UserError, fail, quiet_libraries
+from nas_cli.errors import OneLineParser, SignalStop, UserError, fail, print_table, quiet_libraries
 from nas_cli.pipeline.evaluation import evaluate
 
 
@@ -45,15 +44,16 @@ def main(argv=None) -> None:
         print(f"nas-eval: stopped: {signal.Signals(stop.signum).name} during the evaluation of {args.run_dir} "
               f"({args.split} split); nothing written to its eval/", file=sys.stderr)
         sys.exit(128 + stop.signum)
-    table = Table(title=f"nas-eval {args.run_dir} ({args.split})")
+    table = Table(title=f"nas-eval ({args.split} split)")  # the run's path on a line of its own: never broken
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in result["metrics"].items():
         table.add_row(k, f"{v:.4f}")
-    Console(width=120).print(table)
+    print_table(table)
+    print(f"run: {args.run_dir}")
     scored = ", ".join(result["checkpoints"])
     beam = result["decoding"]["beam"] if result.get("decoding") else None
-    print(f"scored: {scored}" + (f" (averaged)" if len(result["checkpoints"]) > 1 else "")
+    print(f"scored: {scored}" + (" (averaged)" if len(result["checkpoints"]) > 1 else "")
           + (f", beam {beam}" if beam else "") + f", {result['threads']} thread(s)")
     if result.get("bleu_signature"):
         print(f"sacreBLEU signature: {result['bleu_signature']}")

@@ -12,7 +12,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 from rich.table import Table
 
-from nas_cli.errors import UserError, console, fail, say
+from nas_cli.errors import UserError, fail, print_table, say
 from nas_cli.infra.launchers import ENDED_FILE, install, install_optuna
 from nas_cli.infra.rundir import acquire, continuing, read_failed, release
 from nas_cli.model.locations import name_from_choices
@@ -97,7 +97,7 @@ class SweepSummary(Callback):
         if rows:
             rows.sort(key=lambda s: (s["task"], s["scheme"], s["heads"]))
         if rows or failed:
-            console().print(summary_table(rows, f"nas-run sweep {root}", failed, sweep_root=root))
+            print_table(summary_table(rows, f"nas-run sweep {root}", failed, sweep_root=root))
         if failed:
             fail(f"{len(failed)} of {len(rows) + len(failed)} jobs failed (marked 'failed' above, reasons in "
                  f"their failed.json)", code=1)

@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
 
-from nas_cli.errors import Refused, Stopped, UserError, console, fail, quiet_libraries, record, record_table, say
+from nas_cli.errors import Refused, Stopped, UserError, fail, print_table, quiet_libraries, record, record_table, say
 from nas_cli.infra import ray_train
 from nas_cli.infra.redaction import redact
 from nas_cli.infra.atomic import atomic_write_text
@@ -81,7 +81,7 @@ def run_job(cfg: DictConfig):
         say(job_line(summary), log=False)
         record_table(summary_table([summary], "nas-run result"))
     else:
-        console().print(summary_table([summary], "nas-run result"))
+        print_table(summary_table([summary], "nas-run result"))
     if summary.get("wandb_run_id") and str(cfg.logger.get("mode")) == "offline" and not multirun:
         say(f"W&B run {summary['wandb_run_id']} (offline): {run_dir / 'wandb'}; upload it with: wandb sync "
             f"{run_dir / 'wandb'}/offline-run-*")

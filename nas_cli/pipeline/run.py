@@ -4,7 +4,6 @@ Called by the Hydra entry point in :mod:`nas_cli.commands.nas_run` once per job 
 """
 from __future__ import annotations
 
-import os
 import re
 import signal
 import sys

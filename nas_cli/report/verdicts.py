@@ -143,7 +143,10 @@ def method_note(rows: Sequence[Row]) -> str:
             + ("; below 6 seeds it rests on the t-test's assumption of roughly normal seed-level differences "
                "(no distribution-free test over fewer than 6 seeds can reach p < 0.05)" if small < 6 else "")
             + ". detectable (80%): the smallest true difference this many seeds detect with 80% power at the "
-            "observed spread (an estimate from few seeds: treat it as rough).")
+            "observed spread (an estimate from few seeds: treat it as rough)."
+            + (" seeds for ±detect: how many paired seeds would detect the --detect difference with 80% power at the "
+               "observed spread (the same estimate, planned for the difference you name)."
+               if any(getattr(r.comparison, "detect", None) is not None for r in rows) else ""))
 
 
 ITEM_NOTE = ("On this test set, per trained model (supporting detail, not a verdict over seeds): each paired seed's "
