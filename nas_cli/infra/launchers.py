@@ -219,3 +219,11 @@ def joblib_gpu(job_num: int, gpus: int, accelerator: str, devices) -> list[int] 
                         f"trainer.devices={devices} needs several: use trainer.devices=1, or hydra/launcher=slurm "
                         "(or the basic launcher) for multi-device jobs")
     return [job_num % gpus]
+
+
+def in_sweep_job() -> bool:
+    """This is a job of a multirun: its start-up lines go to its log, the sweep's terminal gets one line per job."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN

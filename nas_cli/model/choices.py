@@ -37,35 +37,3 @@ def scheme_config(name: str) -> DictConfig:
         node.name = name
     return node
 
-
-def schemes_with_option(key: str) -> list[str]:
-    """The packaged schemes that have the option ``key`` (in their YAML or their core's constructor):
-    what a refusal names when the chosen scheme lacks it (``attention.impl`` is DNAS's, HNAS's and
-    Sinkhorn's, not UNAS's)."""
-    from hydra.utils import get_class
-
-    from nas_cli.infra.options import declared
-    from nas_cli.model.plan import INJECTED
-
-    if key in INJECTED or key in ("name", "_target_"):
-        return []
-    found = []
-    for name in available("attention"):
-        cfg = scheme_config(name)
-        try:
-            names = declared(get_class(str(cfg._target_))) or set()
-        except Exception:  # noqa: BLE001 - a scheme that does not import names nothing
-            names = set()
-        if key in cfg or key in names:
-            found.append(name)
-    return found
-
-
-def option_owners(key: str, chosen: str) -> str:
-    """``"; it is an option of dnas, hnas, sinkhorn (attention=<one of them>)"`` when other schemes than
-    ``chosen`` have ``key``, else ""."""
-    owners = [s for s in schemes_with_option(key) if s != chosen]
-    if not owners:
-        return ""
-    shown = ", ".join(owners[:8]) + (", ..." if len(owners) > 8 else "")
-    return f"; it is an option of {shown} (attention=<one of them>)"

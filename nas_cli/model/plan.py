@@ -237,8 +237,6 @@ def _check_declared(placed: Placed, where: str) -> None:
                               f"scheme option; set {INJECTED[key]} instead" if "." in INJECTED[key]
                               else f"{where}.{key}={value}: set by nas-run from {INJECTED[key]}, not an option")
         if names is not None and key != "_target_" and key not in names:
-            from nas_cli.model.choices import option_owners
-
             owners = option_owners(key, placed.scheme)
             if owners:
                 raise SchemeError(f"{where}.{key}={value}: {placed.scheme} has no option '{key}'{owners}")
@@ -289,3 +287,34 @@ def location_alias(args: list[str]) -> list[str]:
     override that composes the scheme's YAML at that location). Anything else is unchanged,
     options of a location included (``attention.decoder.dropout=0.1``)."""
     return [_ALIAS.sub(r"\1@\1.\2=\3", a) for a in args]
+
+
+def schemes_with_option(key: str) -> list[str]:
+    """The packaged schemes that have the option ``key`` (in their YAML or their core's constructor):
+    what a refusal names when the chosen scheme lacks it (``attention.impl`` is DNAS's, HNAS's and
+    Sinkhorn's, not UNAS's)."""
+    from nas_cli.infra.options import declared
+    from nas_cli.model.choices import available, scheme_config
+
+    if key in INJECTED or key in ("name", "_target_"):
+        return []
+    found = []
+    for name in available("attention"):
+        cfg = scheme_config(name)
+        try:
+            names = declared(get_class(str(cfg._target_))) or set()
+        except Exception:  # noqa: BLE001 - a scheme that does not import names nothing
+            names = set()
+        if key in cfg or key in names:
+            found.append(name)
+    return found
+
+
+def option_owners(key: str, chosen: str) -> str:
+    """``"; it is an option of dnas, hnas, sinkhorn (attention=<one of them>)"`` when other schemes than
+    ``chosen`` have ``key``, else ""."""
+    owners = [s for s in schemes_with_option(key) if s != chosen]
+    if not owners:
+        return ""
+    shown = ", ".join(owners[:8]) + (", ..." if len(owners) > 8 else "")
+    return f"; it is an option of {shown} (attention=<one of them>)"

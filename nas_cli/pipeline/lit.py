@@ -339,7 +339,7 @@ class NasLitModule(pl.LightningModule):
         self._empty_said.add(split)
         line = (f"nas-run: note: task '{self.task.name}': {share:.0%} of the {split} hypotheses are empty (the model "
                 "ends at once); its scores say little: train longer, or check the data and task.max_len")
-        from nas_cli.pipeline.sweep_launcher import in_sweep_job
+        from nas_cli.infra.launchers import in_sweep_job
 
         if in_sweep_job():  # a sweep's terminal has the job's line, with its share of empty hypotheses
             record(line)

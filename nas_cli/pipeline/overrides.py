@@ -205,7 +205,7 @@ def _unknown_key(cfg, o, key: str, groups: set[str]) -> None:
                         f"(sections: {', '.join(sorted(str(k) for k in cfg.keys()))})")
     names = [str(k) for k in node.keys()] if hasattr(node, "keys") else []
     if parent == "attention" or (parent.startswith("attention.") and parent.split(".")[1] in LOCATIONS):
-        from nas_cli.model.choices import option_owners
+        from nas_cli.model.plan import option_owners
 
         owners = option_owners(leaf, str(node.get("name", "")))
         if owners and leaf not in names:

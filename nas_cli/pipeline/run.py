@@ -34,7 +34,8 @@ from nas_cli.infra.loggers import finish_logger, make_logger, wandb_run_id
 from nas_cli.infra.wandb_offline import carry_history
 from nas_cli.model.locations import job_locations
 from nas_cli.model.plan import AttentionPlan, Cores, canonical_config
-from nas_cli.pipeline.sweep_launcher import in_sweep_job, shares_terminal
+from nas_cli.infra.launchers import in_sweep_job
+from nas_cli.pipeline.sweep_launcher import shares_terminal
 from nas_cli.pipeline.progress import progress_callback
 from nas_cli.pipeline.summary import as_float, run_summary
 from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,

@@ -103,14 +103,6 @@ def parallel_default(config: DictConfig, parameters: int | None) -> int:
     return int(n_jobs)
 
 
-def in_sweep_job() -> bool:
-    """This is a job of a multirun: its start-up lines go to its log, the sweep's terminal gets one line per job."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
 def shares_terminal() -> bool:
     """This is a job of a sweep whose jobs run several at a time in worker processes (Hydra's joblib launcher)."""
     from hydra.core.hydra_config import HydraConfig

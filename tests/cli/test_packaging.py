@@ -78,3 +78,21 @@ def test_installed_wheel_trains_from_an_empty_directory(wheel, tmp_path):
 
     data = json.loads(summary.read_text())
     assert data["steps"] == 20 and data["placement"]["decoder"] == "my_unas"
+
+
+def test_the_tests_find_each_command_by_name_in_a_checkout_named_nas_run(tmp_path, monkeypatch):
+    """``git clone <repo> nas-run`` names the checkout nas-run, so its venv's scripts folder is
+    .../nas-run/.venv/bin: the tests' helper finds nas-report there by its name, where rewriting
+    nas-run's path to nas-report also renamed the checkout folder (.../nas-report/.venv/bin/nas-report)."""
+    import sys
+
+    import helpers
+
+    bin_dir = tmp_path / "nas-run" / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("python", "nas-run", "nas-report", "nas-eval"):
+        (bin_dir / name).write_text("")
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    assert helpers.script("nas-report") == str(bin_dir / "nas-report")
+    assert helpers.script("nas-eval") == str(bin_dir / "nas-eval")
+    assert str(bin_dir / "nas-run").replace("nas-run", "nas-report") != str(bin_dir / "nas-report")  # the old way
