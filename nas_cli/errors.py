@@ -152,6 +152,9 @@ def quiet_libraries() -> None:
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # Lightning's hint when an epoch has fewer batches than trainer.log_every_n_steps (a short debug run): nas-run
+    # logs the training loss on its own schedule as well, so the hint is noise, once per job of a sweep
+    warnings.filterwarnings("ignore", message=r".*is smaller than the logging interval")
     # Lightning's hint on a machine with SLURM's client tools ("The `srun` command is available on your
     # system but is not used"): nas-run's SLURM jobs start through hydra/launcher=slurm, with srun
     warnings.filterwarnings("ignore", message=r".*The `srun` command is available on your system")

@@ -60,10 +60,7 @@ def compare_command(root: Path, summaries: list[dict]) -> str:
 
 def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, dict]] = (),
                   sweep_root: Path | None = None) -> Table:
-    if sweep_root is None:
-        lines = [f"run files: {s['run_dir']}" for s in summaries]
-    else:  # a sweep: its folder (one per job below it) and how to compare them
-        lines = [f"run files: {sweep_root}/ (one folder per job); compare them: {compare_command(sweep_root, summaries)}"]
+    lines = [f"run files: {s['run_dir']}" for s in summaries] if sweep_root is None else []
     lines += [f"failed: {d}: {f.get('reason', '?')}" for d, f in failed]
     lines += [s["tested"]["line"] for s in summaries if len(summaries) == 1 and s.get("tested")]
     table = Table(title=title, caption="\n".join(lines), caption_justify="left")
@@ -98,6 +95,8 @@ class SweepSummary(Callback):
             rows.sort(key=lambda s: (s["task"], s["scheme"], s["heads"]))
         if rows or failed:
             print_table(summary_table(rows, f"nas-run sweep {root}", failed, sweep_root=root))
+            # a line of its own, never wrapped: the sweep's folder (a folder per job in it) and how to compare them
+            print(f"run files: {root}/ (one folder per job); compare them: {compare_command(root, rows)}", flush=True)
         if failed:
             fail(f"{len(failed)} of {len(rows) + len(failed)} jobs failed (marked 'failed' above, reasons in "
                  f"their failed.json)", code=1)
@@ -150,7 +149,6 @@ class RunGuard(Callback):
             checked = check_config(_with_a_seed(config))
             _say_notes(checked)
             parallel_default(config, checked.parameters)  # on the CPU: the jobs several at a time
-            _say_jobs(config, root)
             if any(root.glob("*/summary.json")) or any(root.glob("*/checkpoints")):
                 _continue_sweep(root, config)
             acquire(root, "sweep")
@@ -159,6 +157,7 @@ class RunGuard(Callback):
                 OmegaConf.save(config, root / "multirun.yaml")  # sweeper writes it too; Optuna's does not)
         except UserError as err:
             fail(str(err))
+        _say_jobs(config, root)  # once every refusal is past
 
 
 #: Hydra's launchers' own lines on the terminal (their job list, one line per job as each starts, and

@@ -33,7 +33,8 @@ def summary(run: Path) -> dict:
 def one_line_error(proc, code: int = 2) -> str:
     assert proc.returncode == code, (proc.returncode, proc.stderr[-3000:])
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("nas-run:")]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("nas-run:")
+             and not ln.startswith("nas-run: continuing ")]  # a resumed run's first line: what it continues
     assert len(lines) == 1, proc.stderr[-3000:]
     return lines[0]
 
@@ -258,17 +259,19 @@ def test_an_unsafe_newest_checkpoint_falls_back_to_an_older_one_with_one_whole_l
 
 # ---- failures -----------------------------------------------------------------------------------
 def test_a_run_that_fails_before_training_is_marked_failed(tmp_path):
-    # a corpus whose two sides differ in length: found only when the data are read, after the run directory
-    # exists (a missing path or file is refused before it is made: test_the_last_bad_inputs_...)
-    data = tmp_path / "uneven"
+    # a byte that is not UTF-8 past the first 64 KiB of a split: found only when the data are read, after the run
+    # directory exists (a missing file, a mismatched pair of sides or a bad start of a file is refused before it
+    # is made: test_the_last_bad_inputs_..., tests/tasks)
+    data = tmp_path / "late_bad_byte"
     data.mkdir()
-    for split, n_de, n_en in (("train", 3, 2), ("valid", 1, 1), ("test", 1, 1)):
-        (data / f"{split}.de").write_text("ein satz\n" * n_de)
-        (data / f"{split}.en").write_text("a sentence\n" * n_en)
+    lines = 8000  # 72 KB of good text before the bad byte
+    for split, n in (("train", lines), ("valid", 1), ("test", 1)):
+        (data / f"{split}.de").write_bytes(b"ein satz\n" * n + (b"kaputt \xff\n" if split == "train" else b""))
+        (data / f"{split}.en").write_text("a sentence\n" * (n + (split == "train")))
     run = tmp_path / "run"
     line = one_line_error(nas_run(*FAST, "task=iwslt14", f"task.path={data}", f"hydra.run.dir={run}", cwd=tmp_path))
     failed = json.loads((run / "failed.json").read_text())
-    assert failed["reason"] in line and "has 3 lines but" in failed["reason"]
+    assert failed["reason"] in line and "is not valid UTF-8" in failed["reason"]
     report = run_command([NAS_REPORT, str(tmp_path), "--out", str(tmp_path / "tables")], capture_output=True,
                          text=True, cwd=tmp_path)
     assert report.returncode == 0, report.stderr
@@ -276,7 +279,7 @@ def test_a_run_that_fails_before_training_is_marked_failed(tmp_path):
     import pandas as pd  # every CSV nas-report writes reads as a table (issue #46)
 
     (row,) = pd.read_csv(tmp_path / "tables" / "unfinished.csv").to_dict("records")
-    assert row["status"].startswith("failed: ") and "has 3 lines but" in row["status"]
+    assert row["status"].startswith("failed: ") and "is not valid UTF-8" in row["status"]
 
 
 def test_a_failed_jobs_reason_names_the_error_that_started_it():

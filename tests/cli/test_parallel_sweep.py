@@ -32,7 +32,8 @@ def test_a_cpu_sweep_runs_its_jobs_two_at_a_time_on_two_cpus_and_continues(tmp_p
         pytest.skip("needs two CPUs")
     cpus = len(os.sched_getaffinity(0))
     sweep = tmp_path / "s"
-    args = [NAS_RUN, "-m", "attention=unas,dnas", "seed=1,2", *FAST, "progress_bar=true", f"hydra.sweep.dir={sweep}"]
+    args = [NAS_RUN, "-m", "attention=unas,dnas", "seed=1,2", *FAST, "progress_bar=true", "progress_lines=true",
+            f"hydra.sweep.dir={sweep}"]
     proc = run_command(args, cwd=tmp_path, env=_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     n = min(cpus, 4)
