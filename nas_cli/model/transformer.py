@@ -7,7 +7,6 @@ Locations: ``encoder`` (encoder self), ``decoder`` (decoder self, causal), ``cro
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
@@ -15,7 +14,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from nas_cli.attention import AttentionCore
-from nas_cli.attention.positions import LearnedPositions, SinusoidalPositions, sinusoids
+from nas_cli.attention.positions import rotate, sinusoids
+from nas_cli.model.embedding import Embedder
 from nas_cli.infra.options import Count, Fraction, PositiveInt
 
 CoreFactory = Callable[[str, int, bool], AttentionCore]
@@ -30,9 +30,11 @@ class MultiHeadAttention(nn.Module):
     v = (f + t) W_v, Tsai et al. Eq. 7), ``uses_prev``, and calls ``set_width(d_model)`` once.
     """
 
-    def __init__(self, d_model: int, heads: int, core: AttentionCore, dropout: float = 0.0):
+    def __init__(self, d_model: int, heads: int, core: AttentionCore, dropout: float = 0.0, rotary: bool = False):
         super().__init__()
         self.heads, self.d_head = heads, d_model // heads
+        #: rotary positions (model.positions=rope) on q and k, self-attention only: positions 0..T-1
+        self.rotary = bool(rotary)
         self.d_model = d_model
         self.q_proj = nn.Linear(d_model, d_model)
         self.tie_qk = bool(core.tie_qk)
@@ -73,6 +75,9 @@ class MultiHeadAttention(nn.Module):
         """``prev``: the previous layer's AttentionOutput at the same location, handed to
         cores that declare ``uses_prev = True`` (cascades such as CODA / RealFormer)."""
         q, k, v = self.project(x_q, x_kv)
+        if self.rotary:  # self-attention: queries and keys are the same positions 0..T-1
+            pos = torch.arange(q.size(-2), device=q.device)
+            q, k = rotate(q, pos), rotate(k, pos)
         extra = {"prev": prev} if self.core.uses_prev else {}
         extra.update(self.input_projection(x_q))
         res = self.core(q, k, v, q_mask=q_mask, k_mask=k_mask, need_weights=need_weights, **extra).declared_by(self.core)
@@ -91,6 +96,9 @@ def _attention_step(mha: "MultiHeadAttention", x_q, memory, k_mask, cache: dict)
     k_proj = mha.q_proj if mha.tie_qk else mha.k_proj
     if memory is None:
         k_new, v_new = mha._split(k_proj(x_q)), mha._split(mha.v_proj(x_q))
+        if mha.rotary:  # the newest position: as many as the keys cached before it
+            pos = torch.tensor([cache["k"].size(2) if "k" in cache else 0], device=q.device)
+            q, k_new = rotate(q, pos), rotate(k_new, pos)
         cache["k"] = k_new if "k" not in cache else torch.cat([cache["k"], k_new], dim=2)
         cache["v"] = v_new if "v" not in cache else torch.cat([cache["v"], v_new], dim=2)
     elif "k" not in cache:
@@ -128,10 +136,10 @@ class Block(nn.Module):
     ``norm_first=True`` is pre-norm (LayerNorm before each sublayer), else post-norm
     as in Vaswani et al."""
 
-    def __init__(self, d_model, heads, ffn, dropout, norm_first, self_core, cross_core=None):
+    def __init__(self, d_model, heads, ffn, dropout, norm_first, self_core, cross_core=None, rotary: bool = False):
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, heads, self_core, dropout)
+        self.self_attn = MultiHeadAttention(d_model, heads, self_core, dropout, rotary=rotary)
         self.cross_attn = MultiHeadAttention(d_model, heads, cross_core, dropout) if cross_core is not None else None
         self.ffn = FeedForward(d_model, ffn, dropout)
         self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(3 if cross_core is not None else 2))
@@ -167,37 +175,6 @@ def _block_step(block: "Block", x, memory, memory_mask, cache: dict):
     return x
 
 
-#: the values of ``model.positions``: added to the input embeddings, or ``none`` (the schemes that put
-#: position into the attention itself, Tsai et al.)
-POSITIONS = ("sinusoidal", "learned", "none")
-
-
-class _Embedder(nn.Module):
-    def __init__(self, vocab, d_model, positions, max_len, dropout, pad_id, embedding=None):
-        super().__init__()
-        self.tokens = embedding if embedding is not None else nn.Embedding(vocab, d_model, padding_idx=pad_id)
-        if embedding is None:
-            nn.init.normal_(self.tokens.weight, std=d_model**-0.5)
-            with torch.no_grad():
-                self.tokens.weight[pad_id].zero_()
-        if positions == "sinusoidal":
-            self.positions = SinusoidalPositions(d_model, max_len)
-        elif positions == "learned":
-            self.positions = LearnedPositions(d_model, max_len)
-        elif positions == "none":  # schemes that put position into the kernel (Tsai et al.)
-            self.positions = None
-        else:
-            raise ValueError(f"model.positions must be one of {', '.join(POSITIONS)} (got '{positions}')")
-        self.scale = math.sqrt(d_model)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, ids, offset: int = 0):  # (B, T) -> (B, T, C); positions offset.. offset+T-1
-        x = self.tokens(ids) * self.scale
-        if self.positions is not None:
-            x = x + self.positions(offset + ids.size(1))[offset:]
-        return self.dropout(x)
-
-
 def _collect(per_layer: list[dict], location_of: dict[str, str]) -> dict:
     """[{'self': AttentionOutput, ...} per layer] -> {location: [AttentionOutput per layer]}"""
     found: dict[str, list] = {}
@@ -220,20 +197,22 @@ class Seq2SeqTransformer(nn.Module):
                  positions="sinusoidal", max_len: PositiveInt = 1024, share_embeddings: bool = False, pad_id=0):
         super().__init__()
         check_heads(d_model, heads)
+        rope = positions == "rope"
         self.pad_id = pad_id
-        self.src_embed = _Embedder(src_vocab, d_model, positions, max_len, dropout, pad_id)
+        self.src_embed = Embedder(src_vocab, d_model, positions, max_len, dropout, pad_id)
         shared = None
         if share_embeddings:
             if src_vocab != tgt_vocab:
                 raise ValueError("model.share_embeddings=true needs a joint source/target vocabulary")
             shared = self.src_embed.tokens
-        self.tgt_embed = _Embedder(tgt_vocab, d_model, positions, max_len, dropout, pad_id, shared)
+        self.tgt_embed = Embedder(tgt_vocab, d_model, positions, max_len, dropout, pad_id, shared)
         self.encoder = nn.ModuleList(
-            Block(d_model, heads, ffn, dropout, norm_first, core_factory("encoder", i, False)) for i in range(encoder_layers)
+            Block(d_model, heads, ffn, dropout, norm_first, core_factory("encoder", i, False), rotary=rope)
+            for i in range(encoder_layers)
         )
         self.decoder = nn.ModuleList(
-            Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True), core_factory("cross", i, False))
-            for i in range(decoder_layers)
+            Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True), core_factory("cross", i, False),
+                  rotary=rope) for i in range(decoder_layers)
         )
         self.enc_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         self.dec_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
@@ -316,10 +295,12 @@ class DecoderOnlyLM(nn.Module):
                  adaptive_softmax: dict | None = None, **_):
         super().__init__()
         check_heads(d_model, heads)
+        rope = positions == "rope"
         self.pad_id = pad_id
-        self.embed = _Embedder(vocab, d_model, positions, max_len, dropout, pad_id)
+        self.embed = Embedder(vocab, d_model, positions, max_len, dropout, pad_id)
         self.layers = nn.ModuleList(
-            Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True)) for i in range(decoder_layers)
+            Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True), rotary=rope)
+            for i in range(decoder_layers)
         )
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         self.adaptive = bool(adaptive_softmax)

@@ -205,7 +205,7 @@ def check_positions(cfg: DictConfig) -> None:
     value = _get(cfg, "model.positions")
     if value is _MISSING or _get(cfg, "model.family") not in (_MISSING, None):
         return
-    from nas_cli.model.transformer import POSITIONS
+    from nas_cli.model.embedding import POSITIONS
 
     if value not in POSITIONS:
         raise UserError(f"model.positions={value} is not valid: it must be one of {', '.join(POSITIONS)} (e.g. "

@@ -31,10 +31,13 @@ def positions_for(scheme) -> str:
     return "none" if build_core(scheme).requires_no_input_positions else "sinusoidal"
 
 
-@pytest.mark.parametrize("norm_first", [True, False])
-def test_lm_causal_no_leak(scheme, norm_first):
+@pytest.mark.parametrize("norm_first,positions", [(True, "sinusoidal"), (False, "sinusoidal"), (True, "rope")])
+def test_lm_causal_no_leak(scheme, norm_first, positions):
+    if positions == "rope" and positions_for(scheme) == "none":
+        pytest.skip(f"{scheme} places positions itself (model.positions=none)")
     torch.manual_seed(0)
-    lm = DecoderOnlyLM(20, factory(scheme), decoder_layers=2, norm_first=norm_first, **SIZES).eval()
+    lm = DecoderOnlyLM(20, factory(scheme), decoder_layers=2, norm_first=norm_first,
+                       **{**SIZES, "positions": positions if positions == "rope" else positions_for(scheme)}).eval()
     ids = torch.randint(3, 20, (2, 10))
     t = 4
     changed = ids.clone()
@@ -110,14 +113,18 @@ def test_label_smoothed_loss_against_formula():
     assert n == 3
 
 
-def test_incremental_decoding_equals_full_recompute(scheme):
+@pytest.mark.parametrize("rope", [False, True], ids=["input_positions", "rope"])
+def test_incremental_decoding_equals_full_recompute(scheme, rope):
     """Every scheme of the registry: where the decoder's cores declare ``supports_step``,
     cached keys/values and running column normalizers give the same tokens and scores as
-    re-running the decoder on the whole prefix; elsewhere decoding falls back to it."""
+    re-running the decoder on the whole prefix; elsewhere decoding falls back to it. With rotary
+    positions the step rotates the new query and key at their own position."""
     from nas_cli.model.decoding import beam_search
+    if rope and positions_for(scheme) == "none":
+        pytest.skip(f"{scheme} places positions itself (model.positions=none)")
     torch.manual_seed(3)
     m = Seq2SeqTransformer(25, 25, factory(scheme), encoder_layers=1, decoder_layers=2,
-                           **{**SIZES, "positions": positions_for(scheme)}).eval()
+                           **{**SIZES, "positions": "rope" if rope else positions_for(scheme)}).eval()
     cores = [layer.self_attn.core for layer in m.decoder] + [layer.cross_attn.core for layer in m.decoder]
     assert m.can_step == all(c.supports_step and not c.uses_prev and not c.input_positions for c in cores)
     src = torch.randint(3, 25, (4, 6))
@@ -174,3 +181,44 @@ def test_kernel_exp_equals_unas_through_a_whole_model():
     lm_k = DecoderOnlyLM(30, factory("kernel_exp"), decoder_layers=2, **SIZES).eval()
     lm_k.load_state_dict(lm_u.state_dict())
     torch.testing.assert_close(lm_k(src)[0], lm_u(src)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_positions_equal_the_complex_rotation_and_depend_on_distance_only():
+    """Rotary positions (Su et al. 2021) against the formula as complex numbers: feature pair
+    (x_i, x_{i + D/2}) is z = x_i + i x_{i + D/2}, turned by exp(i p theta_i), theta_i = 10000^(-2i/D);
+    and a query at m and a key at n score the same for every common shift of m and n."""
+    import math
+
+    from nas_cli.attention.positions import rotate
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64)
+    pos = torch.tensor([0, 1, 4, 9, 100])
+    got = rotate(x, pos)
+    for t, p in enumerate(pos.tolist()):
+        for i in range(4):
+            theta = 10000 ** (-2 * i / 8)
+            z = complex(1, 0) * x[..., t, i] + 1j * x[..., t, i + 4]
+            turned = z * complex(math.cos(p * theta), math.sin(p * theta))
+            torch.testing.assert_close(got[..., t, i], turned.real)
+            torch.testing.assert_close(got[..., t, i + 4], turned.imag)
+    q, k = torch.randn(2, 2, 6, 8, generator=g, dtype=torch.float64), torch.randn(2, 2, 6, 8, generator=g,
+                                                                                   dtype=torch.float64)
+    base = torch.arange(6)
+    scores = rotate(q, base) @ rotate(k, base).transpose(-1, -2)
+    for shift in (1, 7, 1000):
+        moved = rotate(q, base + shift) @ rotate(k, base + shift).transpose(-1, -2)
+        torch.testing.assert_close(moved, scores, rtol=1e-9, atol=1e-9)
+
+
+def test_rope_adds_no_input_positions_and_is_refused_with_a_scheme_that_places_its_own():
+    from helpers import compose_cfg
+    from nas_cli.errors import UserError
+    from nas_cli.pipeline.checks import check_attention
+
+    lm = DecoderOnlyLM(20, factory("unas"), decoder_layers=1, **{**SIZES, "positions": "rope"})
+    assert lm.embed.positions is None and all(layer.self_attn.rotary for layer in lm.layers)
+    s2s = Seq2SeqTransformer(20, 20, factory("unas"), encoder_layers=1, decoder_layers=1, **{**SIZES, "positions": "rope"})
+    assert s2s.encoder[0].self_attn.rotary and s2s.decoder[0].self_attn.rotary and not s2s.decoder[0].cross_attn.rotary
+    with pytest.raises(UserError, match="add model.positions=none"):
+        check_attention(compose_cfg("attention=pe_lookup", "model.positions=rope"))
