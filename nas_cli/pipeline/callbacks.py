@@ -62,7 +62,6 @@ def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, di
                   sweep_root: Path | None = None) -> Table:
     lines = [f"run files: {s['run_dir']}" for s in summaries] if sweep_root is None else []
     lines += [f"failed: {d}: {f.get('reason', '?')}" for d, f in failed]
-    lines += [s["tested"]["line"] for s in summaries if len(summaries) == 1 and s.get("tested")]
     table = Table(title=title, caption="\n".join(lines), caption_justify="left")
     metrics = _metric_columns(summaries)
     sweep = len(summaries) + len(failed) > 1  # a sweep's rows: the seed tells apart the seeds of one config

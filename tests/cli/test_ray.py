@@ -228,6 +228,7 @@ def test_ray_ddp_on_two_nodes_stops_at_a_saved_step_and_resumed_equals_trainer_d
         err = _terminated(proc, timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert re.search(r"world_rank=\d, local_rank=0, node_rank=1\b", err)  # Ray Train's line: a worker per node
+    assert "\x1b" not in err and "core_worker.cc" not in err and "Token authentication" not in err  # no Ray noise
     assert "the 2 Ray Train workers save checkpoints/last.ckpt at their next step" in err and "Traceback" not in err
     said = re.search(r"stopped: SIGTERM during training at step (\d+) \(checkpoints/last\.ckpt saved; no "
                      r"summary\.json\); continue with: nas-run resume=", err)
@@ -311,3 +312,24 @@ def test_seed_auto_launches_each_round_of_seeds_through_ray(cluster, tmp_path):
     n = comp["looks"][-1]["n"]
     assert comp["decision"] in ("higher", "lower", "undecided") and n in (2, 3)
     assert sorted(runs) == sorted((s, k) for s in ("unas", "dnas") for k in range(1, n + 1))
+
+
+def test_a_ray_ddp_runs_output_leaves_out_rays_core_log_and_colour_codes(monkeypatch, capsys):
+    """What the driver prints of its workers' lines (Ray's print_worker_logs): the lines of Ray's C++ core's
+    log dropped, the rest kept, and no colour codes where stdout is not a terminal."""
+    from ray._private import worker as ray_worker
+
+    from nas_cli.infra import ray_train
+
+    monkeypatch.setattr(ray_worker, "print_worker_logs", ray_worker.print_worker_logs)
+    monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)
+    monkeypatch.setattr(ray_train.sys.stdout, "isatty", lambda: False, raising=False)
+    ray_train.quiet_ray_output()
+    import sys
+
+    data = {"pid": "4242", "ip": "1", "localhost": "1", "actor_name": "TrainController", "is_err": True,
+            "lines": ["[2026-12-01 20:43:46,234 E 18234 18273] core_worker.cc:2465: Actor with class name: 'X'",
+                      "- (ip=10.0.0.2, pid=7) world_rank=0, local_rank=0, node_rank=1"]}
+    ray_worker.print_worker_logs(data, sys.stderr)
+    err = capsys.readouterr().err
+    assert "core_worker.cc" not in err and "node_rank=1" in err and "\x1b" not in err, err
