@@ -316,6 +316,9 @@ class NasLitModule(pl.LightningModule):
         correct = sums["correct"] / n
         metrics = {f"{split}/loss": float(nll), f"{split}/ppl": float(torch.exp(nll.clamp(max=50))),
                    f"{split}/token_acc": float(correct)}
+        named = getattr(self.task, "accuracy_name", None)  # a task whose metric is the accuracy where it scores
+        if named:  # (MQAR: the query positions)
+            metrics[f"{split}/{named}"] = float(correct)
         hyps, refs, index, row_nll, row_n = text
         order = sorted(range(len(index)), key=index.__getitem__)  # the split's original order
         self.items[split] = item_outputs(self.task, [index[i] for i in order], [row_nll[i] for i in order],

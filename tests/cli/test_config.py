@@ -51,7 +51,7 @@ def hydra_ctx():
 
 _TASKS: dict = {}
 #: the tasks that build a decoder-only language model (a causal-only scheme runs at their one location)
-LM_TASKS = ("copy_lm", "wikitext2", "wikitext103")
+LM_TASKS = ("copy_lm", "wikitext2", "wikitext103", "mqar", "selective_copy")
 
 
 @pytest.mark.parametrize("task_name", TASKS)

@@ -1,0 +1,200 @@
+"""The synthetic recall tasks the field tests attention mechanisms on first, for nas-run's language model.
+
+``MQAR`` (``task=mqar``): multi-query associative recall as Arora et al. define it ("Zoology", 2023;
+the definition of HazyResearch/zoology's ``zoology/data/associative_recall.py``). A sequence of
+``seq_len`` tokens starts with ``num_kv_pairs`` key-value pairs (keys drawn without repetition from
+the first half of the vocabulary, values from the second half), then the same keys again as queries,
+each at an even offset of the rest of the sequence drawn without repetition with probability
+proportional to ``power_a * g ** (power_a - 1)`` (power-law distances: most queries soon after the
+pairs); the other positions hold random tokens (``random_non_queries``, Zoology's default) or a
+blank. Only the position after each query is scored: its target is the key's value. The test
+metric is the accuracy there (``query_acc``).
+
+``SelectiveCopy`` (``task=selective_copy``): selective copying as Poli et al. define it ("Mechanistic
+Design and Scaling of Hybrid Architectures", 2024, athms/mad-lab): ``num_tokens`` content tokens at
+random, ordered positions of a region of blank ("noise") tokens, then a copy marker, and the model
+writes the content tokens in their order after it (those predictions are scored: ``copy_acc``); a
+sequence is ``seq_len`` inputs in all.
+
+Both are seeded functions of ``task.seed`` (train, validation and test drawn from their own streams)
+and vectorized (Gumbel top-k draws for sampling without replacement, exact for successive sampling).
+Token ids are the task's tokens shifted past nas-run's PAD, BOS and EOS.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from nas_cli.infra.options import PositiveInt
+
+from .base import PAD, Task, loader_workers, worker_options
+
+SPECIALS = 3  # PAD, BOS, EOS come first
+
+
+def _distinct(rng: np.random.Generator, n: int, population: int, k: int, logp: np.ndarray | None = None) -> np.ndarray:
+    """(n, k) draws without repetition from range(population) per row, with probabilities exp(logp)
+    (uniform when None): the k largest of logp + Gumbel noise, in draw order. Uniform draws from a large
+    population (MQAR's 4,096 keys) are drawn k at a time instead, each row with a repeat drawn again
+    (an (n x population) noise table would be 3 GB for Zoology's 100,000 sequences)."""
+    if logp is None and population > 4 * k * k:
+        out = rng.integers(0, population, size=(n, k))
+        while True:
+            ordered = np.sort(out, axis=1)
+            again = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
+            if not again.any():
+                return out
+            out[again] = rng.integers(0, population, size=(int(again.sum()), k))
+    noise = rng.gumbel(size=(n, population))
+    keys = noise if logp is None else noise + logp[None, :]
+    return np.argsort(-keys, axis=1)[:, :k]
+
+
+def mqar(n: int, vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: float, random_non_queries: bool,
+         rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` MQAR sequences: (inputs (n, seq_len), targets (n, seq_len) with -1 where nothing is scored), tokens
+    in 0..vocab_size-1 (0 is the blank)."""
+    context = 2 * num_kv_pairs
+    half = vocab_size // 2
+    keys = 1 + _distinct(rng, n, half - 1, num_kv_pairs)  # 1 .. half-1
+    values = half + _distinct(rng, n, vocab_size - half, num_kv_pairs)  # half .. vocab-1
+    seq = np.zeros((n, seq_len + 1), dtype=np.int64)
+    seq[:, 0:context:2], seq[:, 1:context:2] = keys, values
+    space = (seq_len - context) // 2  # query slots: even offsets after the pairs
+    g = np.arange(1, space + 1, dtype=np.float64)
+    logp = np.log(power_a) + (power_a - 1) * np.log(g)
+    gaps = _distinct(rng, n, space, num_kv_pairs, logp - np.log(np.exp(logp).sum()))
+    rows = np.arange(n)[:, None]
+    seq[rows, context + 2 * gaps] = keys
+    target = np.full((n, seq_len + 1), -1, dtype=np.int64)
+    target[rows, context + 2 * gaps + 1] = values
+    inputs, target = seq[:, :-1], target[:, 1:]  # the target of position t is the token at t + 1
+    if random_non_queries:
+        blank = inputs == 0
+        inputs = np.where(blank, rng.integers(0, vocab_size, size=inputs.shape), inputs)
+    return inputs, target
+
+
+def selective_copy(n: int, vocab_size: int, seq_len: int, num_tokens: int, rng: np.random.Generator):
+    """``n`` selective-copying sequences of ``seq_len`` inputs: a region of ``seq_len - num_tokens`` positions
+    with ``num_tokens`` content tokens (2 .. vocab_size-1) at ordered random positions among blanks (0), the
+    copy marker (1), then the content tokens in order. (inputs (n, seq_len), targets: the next token where it
+    is a content token of the answer, -1 elsewhere)."""
+    seq_len = seq_len - num_tokens  # the region
+    content = rng.integers(2, vocab_size, size=(n, num_tokens))
+    where = np.sort(_distinct(rng, n, seq_len, num_tokens), axis=1)
+    rows = np.arange(n)[:, None]
+    seq = np.zeros((n, seq_len + 1 + num_tokens), dtype=np.int64)
+    seq[rows, where] = content
+    seq[:, seq_len] = 1
+    seq[:, seq_len + 1:] = content
+    target = np.full_like(seq, -1)
+    target[:, seq_len + 1:] = content
+    return seq[:, :-1], target[:, 1:]  # position t predicts the token at t + 1
+
+
+class _Rows(Dataset):
+    def __init__(self, inputs: np.ndarray, targets: np.ndarray):
+        self.inputs, self.targets = torch.from_numpy(inputs), torch.from_numpy(targets)
+
+    def __len__(self):
+        return self.inputs.size(0)
+
+    def __getitem__(self, i):
+        return self.inputs[i], self.targets[i]
+
+
+def _collate(batch):
+    ids = torch.stack([b[0] for b in batch]) + SPECIALS
+    target = torch.stack([b[1] for b in batch])
+    return {"ids": ids, "target": torch.where(target < 0, torch.full_like(target, PAD), target + SPECIALS)}
+
+
+class _RecallTask(Task):
+    """A decoder-only LM task on generated (inputs, targets) rows; scored where a target is set."""
+
+    kind = "lm"
+    monitor_mode = "max"
+    #: the name under which the accuracy at the scored positions is the task's test metric
+    accuracy_name = "acc"
+
+    def __init__(self, name: str, vocab_size: int, train_size: int, val_size: int, test_size: int, batch_size: int,
+                 seed: int, num_workers):
+        super().__init__()
+        self.name, self.vocab_size, self.seed = name, int(vocab_size), int(seed)
+        self.sizes = {"train": int(train_size), "val": int(val_size), "test": int(test_size)}
+        self.batch_size, self.num_workers = int(batch_size), loader_workers(num_workers)
+        self.splits: dict[str, _Rows] = {}
+
+    @property
+    def src_vocab_size(self) -> int:
+        return SPECIALS + self.vocab_size
+
+    def make(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def setup(self, stage=None):
+        if self.splits:
+            return
+        for i, split in enumerate(("train", "val", "test")):  # each split its own stream of task.seed
+            self.splits[split] = _Rows(*self.make(self.sizes[split], np.random.default_rng([self.seed, i])))
+
+    def _loader(self, split, shuffle):
+        return DataLoader(self.splits[split], batch_size=self.batch_size, shuffle=shuffle, collate_fn=_collate,
+                          **worker_options(self.num_workers))
+
+    def ids_to_text(self, ids) -> str:
+        return " ".join(str(int(i) - SPECIALS) for i in ids if int(i) >= SPECIALS)
+
+
+class MQAR(_RecallTask):
+    accuracy_name = "query_acc"
+    monitor = "val/query_acc"
+    metrics = {"query_acc": ("query acc.", True, "pct")}
+
+    def __init__(self, name: str = "mqar", vocab_size: PositiveInt = 8192, seq_len: PositiveInt = 64,
+                 num_kv_pairs: PositiveInt = 4, power_a: float = 0.01, random_non_queries: bool = True,
+                 train_size: PositiveInt = 100_000, val_size: PositiveInt = 1000, test_size: PositiveInt = 3000,
+                 batch_size: PositiveInt = 64, seed: int = 1234, num_workers="auto"):
+        if seq_len % 2 or 4 * num_kv_pairs > seq_len:
+            raise ValueError(f"task.seq_len={seq_len} must be even and at least 4 x task.num_kv_pairs "
+                             f"({4 * num_kv_pairs}): the pairs, then a query slot per pair among the rest")
+        if vocab_size <= seq_len or vocab_size // 2 <= num_kv_pairs:
+            raise ValueError(f"task.vocab_size={vocab_size} must exceed task.seq_len ({seq_len}) and hold "
+                             f"task.num_kv_pairs={num_kv_pairs} distinct keys and values in each half")
+        if not 0 < power_a <= 1:
+            raise ValueError(f"task.power_a must be in (0, 1] (got {power_a})")
+        super().__init__(name, vocab_size, train_size, val_size, test_size, batch_size, seed, num_workers)
+        self.seq_len, self.num_kv_pairs, self.power_a = int(seq_len), int(num_kv_pairs), float(power_a)
+        self.random_non_queries = bool(random_non_queries)
+
+    def make(self, n, rng):
+        return mqar(n, self.vocab_size, self.seq_len, self.num_kv_pairs, self.power_a, self.random_non_queries, rng)
+
+    def positions_needed(self) -> tuple[int, str]:
+        return self.seq_len, f"task.seq_len={self.seq_len}"
+
+
+class SelectiveCopy(_RecallTask):
+    accuracy_name = "copy_acc"
+    monitor = "val/copy_acc"
+    metrics = {"copy_acc": ("copy acc.", True, "pct")}
+
+    def __init__(self, name: str = "selective_copy", vocab_size: PositiveInt = 16, seq_len: PositiveInt = 256,
+                 num_tokens: PositiveInt = 16, train_size: PositiveInt = 20_000, val_size: PositiveInt = 500,
+                 test_size: PositiveInt = 1000, batch_size: PositiveInt = 64, seed: int = 1234, num_workers="auto"):
+        if 2 * num_tokens > seq_len:
+            raise ValueError(f"task.num_tokens={num_tokens} must be at most half of task.seq_len={seq_len} (the "
+                             "region holding them, then the copy)")
+        if vocab_size < 3:
+            raise ValueError(f"task.vocab_size must be at least 3 (a blank, the copy marker, a content token), "
+                             f"got {vocab_size}")
+        super().__init__(name, vocab_size, train_size, val_size, test_size, batch_size, seed, num_workers)
+        self.seq_len, self.num_tokens = int(seq_len), int(num_tokens)
+
+    def make(self, n, rng):
+        return selective_copy(n, self.vocab_size, self.seq_len, self.num_tokens, rng)
+
+    def positions_needed(self) -> tuple[int, str]:
+        return self.seq_len, f"task.seq_len={self.seq_len}"
