@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from nas_cli.bench.markdown import run_and_write, simulation_parser
-from nas_cli.report import stats
+from nas_cli.report import items as item_stats
 from nas_cli.report.collect import Run
 from nas_cli.report.compare import compare_groups
 from nas_cli.report.table import group_runs
@@ -68,7 +68,7 @@ def simulate(metric: str, k: int, ratio: str, effect: float, sweeps: int, rng: n
                 total = np.maximum(hyp_len - n, 0)
                 stats_[..., 6 + n] = total
                 stats_[..., 2 + n] = rng.binomial(total, p1 ** (n + 1))
-            out.append(stats.bleu_from_stats(stats_.sum(2)))
+            out.append(item_stats.bleu_from_stats(stats_.sum(2)))
     return out[0], out[1]
 
 

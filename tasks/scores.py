@@ -4,7 +4,7 @@ the ones named here get their title, format and better direction. A task declare
 (``Task.metrics``: ``{"digit_acc": ("digit acc.", True)}``); the run records the declaration in
 ``summary.json`` (``metrics``), and every table reads it from there through :func:`declare`.
 Any other ``test/*`` number still gets a column and a verdict, titled by its name, with no
-better direction (the verdict then says higher/lower). ``nas_cli.report.stats.METRICS`` adds,
+better direction (the verdict then says higher/lower). ``nas_cli.report.items.METRICS`` adds,
 for some of them, how to resample per-item outputs; it is keyed by the same names.
 """
 from __future__ import annotations

@@ -14,6 +14,7 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from nas_cli.model.plan import location_alias
+from nas_cli.bench.contract import qkv as contract_qkv
 from nas_cli.model.choices import CONF_DIR
 from nas_cli.model.plan import make_core_factory
 
@@ -49,11 +50,8 @@ def build_core(scheme: str, heads: int = 4, causal: bool = False, location: str 
     return core.eval()
 
 
-def qkv(b=2, h=4, sq=7, sk=7, d=8, seed=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, h, sq, d, generator=g, dtype=dtype) * 1.5,
-            torch.randn(b, h, sk, d, generator=g, dtype=dtype) * 1.5,
-            torch.randn(b, h, sk, d, generator=g, dtype=dtype))
+#: seeded random queries, keys and values (B, H, S, D): the contract checks' own (nas-bench check-scheme)
+qkv = contract_qkv
 
 
 def script(name: str) -> str:

@@ -6,9 +6,9 @@ for the jobs of a sweep that share one terminal, :class:`ProgressLines` prints p
 
 * training, every tenth of its budget or every 5 minutes, whichever comes first: the step of the
   budget, the loss, tokens/s, the time so far and the estimated time left;
-* each evaluation (a validation, the test, ``nas-eval``), every tenth of its batches but at most
-  one line per :data:`EVAL_MIN_SECONDS` (a short evaluation says nothing but its end), or every 5
-  minutes: the batch of the split's batches, the time so far and the time left; a seq2seq
+* each evaluation (a validation, the test, ``nas-eval``), every tenth of its batches but, after its
+  first such line, at most one per :data:`EVAL_MIN_SECONDS` (a short evaluation says one line and
+  its end), or every 5 minutes: the batch of the split's batches, the time so far and the time left; a seq2seq
   validation's batches include its decoding;
 * each validation's value of the checkpoint metric.
 
@@ -25,7 +25,7 @@ from pytorch_lightning.callbacks import ProgressBar, RichProgressBar
 #: the longest a run stays silent in a log (seconds)
 EVERY_SECONDS = 300.0
 #: the least time between two lines of one evaluation (seconds)
-EVAL_MIN_SECONDS = 5.0
+EVAL_MIN_SECONDS = 2.0
 
 
 def duration(seconds: float) -> str:
@@ -74,14 +74,16 @@ class _Pace:
         self.next = self.start + self.every if self.every else None
         self.t0 = self.said = time.monotonic()
         self.min_seconds = float(min_seconds)  # a tenth reached this soon after the last line waits for the next
+        self.lines = 0  # the first tenth is always said
 
     def due(self, done: int) -> bool:
         now = time.monotonic()
-        tenth = self.next is not None and done >= self.next and now - self.said >= self.min_seconds
+        tenth = self.next is not None and done >= self.next and (not self.lines or now - self.said >= self.min_seconds)
         if tenth or now - self.said >= EVERY_SECONDS:
             while self.next is not None and done >= self.next:
                 self.next += self.every
             self.said = now
+            self.lines += 1
             return True
         return False
 

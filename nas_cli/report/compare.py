@@ -23,6 +23,7 @@ from typing import Sequence
 from nas_cli.diagnostics.metrics import SIGNED_NOTE
 from nas_cli.infra.rundir import ITEMS_FILE
 from nas_cli.report import stats
+from nas_cli.report import items as item_stats
 from nas_cli.report.collect import Run
 from nas_cli.report.table import Group, field_value, reported
 
@@ -162,9 +163,9 @@ def metrics_for(groups: Sequence[Group], wanted: Sequence[str] | None) -> list[s
     tested = {k for r in runs for k in ((r.summary or {}).get("test") or {})}
     if wanted:
         names = [w if w.startswith("test/") or is_run_metric(w, runs) else f"test/{w}" for w in wanted]
-        unknown = [n for n in names if not is_run_metric(n, runs) and n not in stats.METRICS and n not in tested]
+        unknown = [n for n in names if not is_run_metric(n, runs) and n not in item_stats.METRICS and n not in tested]
         if unknown:
-            tests = sorted(m.split("/", 1)[1] for m in tested | set(stats.METRICS))
+            tests = sorted(m.split("/", 1)[1] for m in tested | set(item_stats.METRICS))
             diagnostics = list(reported(runs))  # the names the runs' diagnostics declared
             close = difflib.get_close_matches(unknown[0].split("/", 1)[1], [*tests, *diagnostics], n=1, cutoff=0.6)
             raise CompareError(f"--metrics {','.join(u.split('/', 1)[1] for u in unknown)}: no run reports it"
@@ -218,7 +219,7 @@ def parse_detect(text: str | None, metrics: Sequence[str]) -> dict[str, float]:
 
 
 def compare_groups(groups: Sequence[Group], baseline: Group | Baselines, metrics: Sequence[str],
-                   samples: int = stats.BOOTSTRAP_SAMPLES, trials: int = stats.AR_TRIALS,
+                   samples: int = item_stats.BOOTSTRAP_SAMPLES, trials: int = item_stats.AR_TRIALS,
                    item_tests: bool = True, detect: dict[str, float] | None = None) -> list[Row]:
     """Every other group against ``baseline``, per metric (in the order asked for): the verdict
     over seeds (:func:`~nas_cli.report.stats.compare_seeds`, paired by seed; Welch's t when the
@@ -229,7 +230,7 @@ def compare_groups(groups: Sequence[Group], baseline: Group | Baselines, metrics
     if not baseline.pairs:
         raise CompareError("--baseline: there is no other group to compare with it")
     involved = [r for g in {id(g): g for pair in baseline.pairs for g in pair}.values() for r in g.runs]
-    item_metrics = [m for m in metrics if m in stats.METRICS] if item_tests else []
+    item_metrics = [m for m in metrics if m in item_stats.METRICS] if item_tests else []
     items = _checked_items(involved, item_metrics) if item_metrics else {}
     cache: dict[tuple[int, str], object] = {}
     rows: list[Row] = []
@@ -304,8 +305,8 @@ def _over_seeds(metric: str, baseline: Group, group: Group) -> stats.Comparison:
                                   group.seeds)
 
 
-def _item_level(metric: str, pairs, items, cache, samples: int, trials: int) -> list[stats.ItemComparison]:
-    spec = stats.METRICS[metric]
+def _item_level(metric: str, pairs, items, cache, samples: int, trials: int) -> list[item_stats.ItemComparison]:
+    spec = item_stats.METRICS[metric]
     out = []
     for b, s in pairs:
         if items.get(id(b)) is None or items.get(id(s)) is None:
@@ -321,7 +322,7 @@ def _item_level(metric: str, pairs, items, cache, samples: int, trials: int) -> 
             got.append(cache[key])
         if got[0] is None or got[1] is None or got[0].shape != got[1].shape:
             continue
-        out.append(stats.compare_items(metric, got[0], got[1], seed=s.seed, samples=samples, trials=trials))
+        out.append(item_stats.compare_items(metric, got[0], got[1], seed=s.seed, samples=samples, trials=trials))
     return out
 
 
@@ -352,7 +353,7 @@ def without_items(rows: Sequence[Row], groups: Sequence[Group]) -> list[str]:
     run_test=false)."""
     runs = [r for g in groups for r in g.runs]  # whether the file is there (compare_groups has read them)
     missing = [str(r.path) for r in runs if not (r.items_path or Path(r.path) / ITEMS_FILE).is_file()]
-    return missing if any(r.comparison.metric in stats.METRICS for r in rows) else []
+    return missing if any(r.comparison.metric in item_stats.METRICS for r in rows) else []
 
 
 def _pairs(baseline: Group, group: Group) -> list:

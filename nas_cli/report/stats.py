@@ -347,9 +347,3 @@ def trend_over_seeds(metric: str, points: dict, level: float = 0.95) -> tuple[Co
     c = compare_seeds(metric, [0.0] * len(seeds), [slopes[s] for s in seeds], seeds, level)
     c.test = c.test.replace("paired t-test over seeds", "t-test of the per-seed slopes")
     return c, slopes
-
-
-# question (b), re-exported: nas-report and its tests read both questions from here
-from nas_cli.report.items import (AR_TRIALS, BOOTSTRAP_SAMPLES, EXACT_MAX, METRICS, SEED, SEQUENTIAL_H,  # noqa: E402,F401
-                    ItemComparison, Metric, ar_test, bleu_from_stats, bootstrap_interval, chrf_from_stats,
-                    compare_items, needs_text)

@@ -45,8 +45,8 @@ def test_lines_are_chosen_where_stdout_is_not_a_terminal(monkeypatch):
 def test_an_evaluations_lines_come_every_tenth_but_at_most_every_few_seconds(monkeypatch):
     now = [0.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
-    fast = progress._Pace(total=16, min_seconds=progress.EVAL_MIN_SECONDS)  # a 1 s evaluation: no line
-    assert [d for d in range(1, 17) if (now.__setitem__(0, now[0] + 1 / 16) or fast.due(d))] == []
+    fast = progress._Pace(total=16, min_seconds=progress.EVAL_MIN_SECONDS)  # a 1 s evaluation: its first tenth
+    assert [d for d in range(1, 17) if (now.__setitem__(0, now[0] + 1 / 16) or fast.due(d))] == [1]
     now[0] = 0.0
     slow = progress._Pace(total=100, min_seconds=progress.EVAL_MIN_SECONDS)  # 1 s per batch: every tenth is rarer
     said = []

@@ -13,6 +13,7 @@ import pytest
 from scipy import stats as st
 
 from nas_cli.report import stats
+from nas_cli.report import items as item_stats
 from helpers import NAS_RUN, nas_run, run_command
 
 NAS_REPORT = str(Path(NAS_RUN).with_name("nas-report"))
@@ -101,8 +102,8 @@ def _items(hyps, refs, nll=None, tokens=None):
 
 
 def _cmp(metric, base, system, **kw):
-    spec = stats.METRICS[metric]
-    return stats.compare_items(metric, spec.stats(base), spec.stats(system), **kw)
+    spec = item_stats.METRICS[metric]
+    return item_stats.compare_items(metric, spec.stats(base), spec.stats(system), **kw)
 
 
 @pytest.mark.parametrize("kind", ["bleu", "chrf"])
@@ -113,7 +114,7 @@ def test_vectorized_corpus_scores_equal_sacrebleus(kind):
 
     refs = _sentences(200, 5) + ["a", "the cat"]
     hyps = [" ".join(h.split()[:random.Random(i).randint(0, 9)]) for i, h in enumerate(_noisy(refs, 0.6, 6))]
-    spec = stats.METRICS[f"test/{kind}"]
+    spec = item_stats.METRICS[f"test/{kind}"]
     per_item = spec.stats(_items(hyps, refs))
     rng = np.random.default_rng(0)
     metric = BLEU() if kind == "bleu" else CHRF()
@@ -137,10 +138,10 @@ def test_approximate_randomization_counts_ties_and_is_exact_for_few_differing_it
     assert c.p == pytest.approx(2 / 32) and c.differing == 5 and "exact permutation" in c.test
     # enumeration is the reference for the random path: 12 differing sentences, p by both ways
     system = [refs[i] if i < 9 else (_noisy([refs[i]], 0.3, i)[0] if i < 12 else b) for i, b in enumerate(base)]
-    b_st, s_st = (stats.METRICS["test/bleu"].stats(_items(x, refs)) for x in (base, system))
-    exact, how, k = stats.ar_test(stats.bleu_from_stats, b_st, s_st, 0, np.random.default_rng(0))
+    b_st, s_st = (item_stats.METRICS["test/bleu"].stats(_items(x, refs)) for x in (base, system))
+    exact, how, k = item_stats.ar_test(item_stats.bleu_from_stats, b_st, s_st, 0, np.random.default_rng(0))
     assert k == 12 and "exact" in how
-    mc, how, _ = stats.ar_test(stats.bleu_from_stats, b_st, s_st, 20000, np.random.default_rng(1), exact_max=0,
+    mc, how, _ = item_stats.ar_test(item_stats.bleu_from_stats, b_st, s_st, 20000, np.random.default_rng(1), exact_max=0,
                                h=10 ** 9)
     assert "20000 trials" in how and mc == pytest.approx(exact, abs=3 * math.sqrt(exact * (1 - exact) / 20000) + 1e-4)
 
@@ -235,7 +236,7 @@ def test_every_run_keeps_its_per_item_test_outputs(compare_sweep):
         assert sum(items["nll"]) / sum(items["tokens"]) == pytest.approx(test["test/loss"], rel=1e-5)
         # nas-report's corpus BLEU from the items is the run's own number (raw text here), exactly to the
         # float32 in which Lightning logs it
-        bleu = stats.METRICS["test/bleu"]
+        bleu = item_stats.METRICS["test/bleu"]
         assert np.float32(bleu.score(bleu.stats(items).sum(0))) == np.float32(test["test/bleu"])
     # one config id per configuration, whatever the seed (W&B groups seeds by it)
     assert len(ids["unas"]) == len(ids["dnas"]) == 1 and ids["unas"] != ids["dnas"]

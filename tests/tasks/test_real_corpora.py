@@ -76,7 +76,7 @@ def test_bleu_of_a_tokenized_corpus_is_detokenized_sacrebleu(tmp_path):
     assert items["refs"] == [detok.detokenize(r.split(), unescape=True) for r in raw[:len(items["refs"])]]
     expected = sacrebleu.corpus_bleu(items["hyps"], [items["refs"]]).score
     assert summary["test"]["test/bleu"] == pytest.approx(expected, abs=1e-4)
-    from nas_cli.report.stats import METRICS
+    from nas_cli.report.items import METRICS
 
     bleu = METRICS["test/bleu"]
     # the same number, exactly to the float32 in which Lightning logs it
