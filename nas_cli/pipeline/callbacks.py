@@ -58,10 +58,8 @@ def compare_command(root: Path, summaries: list[dict]) -> str:
     return f"nas-report {root} --baseline scheme={base}"
 
 
-def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, dict]] = (),
-                  sweep_root: Path | None = None) -> Table:
-    lines = [f"run files: {s['run_dir']}" for s in summaries] if sweep_root is None else []
-    lines += [f"failed: {d}: {f.get('reason', '?')}" for d, f in failed]
+def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, dict]] = ()) -> Table:
+    lines = [f"failed: {d}: {f.get('reason', '?')}" for d, f in failed]  # the run files: a line of their own
     table = Table(title=title, caption="\n".join(lines), caption_justify="left")
     metrics = _metric_columns(summaries)
     sweep = len(summaries) + len(failed) > 1  # a sweep's rows: the seed tells apart the seeds of one config
@@ -93,7 +91,7 @@ class SweepSummary(Callback):
         if rows:
             rows.sort(key=lambda s: (s["task"], s["scheme"], s["heads"]))
         if rows or failed:
-            print_table(summary_table(rows, f"nas-run sweep {root}", failed, sweep_root=root))
+            print_table(summary_table(rows, f"nas-run sweep {root}", failed))
             # a line of its own, never wrapped: the sweep's folder (a folder per job in it) and how to compare them
             print(f"run files: {root}/ (one folder per job); compare them: {compare_command(root, rows)}", flush=True)
         if failed:

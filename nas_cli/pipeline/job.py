@@ -82,7 +82,8 @@ def run_job(cfg: DictConfig):
         record_table(summary_table([summary], "nas-run result"))
     else:
         print_table(summary_table([summary], "nas-run result"))
-        if summary.get("tested"):  # a line of its own: it may say why an earlier step was tested
+        print(f"run files: {summary['run_dir']}", flush=True)  # lines of their own: never wrapped mid-path
+        if summary.get("tested"):  # it may say why an earlier step was tested
             print(summary["tested"]["line"], flush=True)
     if summary.get("wandb_run_id") and str(cfg.logger.get("mode")) == "offline" and not multirun:
         say(f"W&B run {summary['wandb_run_id']} (offline): {run_dir / 'wandb'}; upload it with: wandb sync "
