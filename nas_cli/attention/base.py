@@ -107,6 +107,19 @@ def allowed_mask(
     return allowed
 
 
+def sdpa_mask(k_mask: torch.Tensor | None, causal: bool, sq: int, sk: int,
+              device: torch.device) -> tuple[torch.Tensor | None, bool]:
+    """``(attn_mask, is_causal)`` for ``scaled_dot_product_attention``: the padded keys' boolean mask
+    (B, 1, 1|Sq, Sk), True = attend, with j <= i folded in when causal; or, causal without padding,
+    no mask and ``is_causal=True`` (the kernel then skips the masked half)."""
+    if k_mask is None:
+        return None, causal
+    mask = k_mask[:, None, None, :]
+    if causal:
+        mask = mask & torch.ones(sq, sk, dtype=torch.bool, device=device).tril()
+    return mask, False
+
+
 def masked_row_softmax(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
     """Softmax over keys (last dim); disallowed pairs get weight 0 and a row with no
     allowed key (a padded query) is all zeros instead of NaN."""

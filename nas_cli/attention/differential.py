@@ -25,7 +25,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from nas_cli.attention.base import AttentionCore, AttentionOutput, allowed_mask, check_option, masked_row_softmax, scaled_scores
+from nas_cli.attention.base import (AttentionCore, AttentionOutput, allowed_mask, check_option, masked_row_softmax,
+                                    scaled_scores, sdpa_mask)
 
 
 def lambda_schedule(layer: int) -> float:
@@ -91,21 +92,14 @@ class DifferentialAttention(AttentionCore):
 
     def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
         lam = self.lam()
-        _, _, vv = self._pairs(v)
         if need_weights:
+            _, _, vv = self._pairs(v)
             allowed = allowed_mask(q_mask, k_mask, self.causal, q.size(-2), k.size(-2), q.device)
             a1, a2 = self.maps(q, k, allowed)
             w = a1 - lam * a2
             o = torch.matmul(F.dropout(w, self.dropout, self.training).to(v.dtype), vv)
             return AttentionOutput(self._finish(o, q_mask), w.repeat_interleave(2, dim=1), self.aux())
-        sq, sk = q.size(-2), k.size(-2)
-        mask, is_causal = None, False
-        if k_mask is not None:
-            mask = k_mask[:, None, None, :]
-            if self.causal:
-                mask = mask & torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
-        elif self.causal:
-            is_causal = True
+        mask, is_causal = sdpa_mask(k_mask, self.causal, q.size(-2), k.size(-2), q.device)
         p = self.dropout if self.training else 0.0
         o1, o2 = (F.scaled_dot_product_attention(qm, km, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
                   for qm, km in self._per_head_maps(q, k))

@@ -22,7 +22,8 @@ import math
 import torch
 from torch.nn import functional as F
 
-from nas_cli.attention.base import AttentionCore, AttentionOutput, allowed_mask, masked_row_softmax, scaled_scores
+from nas_cli.attention.base import (AttentionCore, AttentionOutput, allowed_mask, masked_row_softmax, scaled_scores,
+                                    sdpa_mask)
 
 
 def log_forget(x: torch.Tensor, q_mask: torch.Tensor | None) -> torch.Tensor:
@@ -67,11 +68,8 @@ class ForgettingAttention(AttentionCore):
             weights = masked_row_softmax(logits, allowed)
             dropped = F.dropout(weights, self.dropout, self.training)
             return AttentionOutput(torch.matmul(dropped.to(v.dtype), v), weights, self.aux())
-        sq, sk = q.size(-2), k.size(-2)
-        mask = None
-        if k_mask is not None:
-            mask = k_mask[:, None, None, :] & torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
-        out = _augmented_sdpa(q, k, v, c, mask, mask is None, self.dropout if self.training else 0.0)
+        mask, is_causal = sdpa_mask(k_mask, True, q.size(-2), k.size(-2), q.device)
+        out = _augmented_sdpa(q, k, v, c, mask, is_causal, self.dropout if self.training else 0.0)
         if q_mask is not None:
             out = out * q_mask[:, None, :, None].to(out.dtype)
         return AttentionOutput(out, None, self.aux())

@@ -7,10 +7,9 @@ the eager formula stays available as the reference and for diagnostics.
 """
 from __future__ import annotations
 
-import torch
 from torch.nn import functional as F
 
-from nas_cli.attention.base import AttentionCore, AttentionOutput, masked_row_softmax
+from nas_cli.attention.base import AttentionCore, AttentionOutput, masked_row_softmax, sdpa_mask
 
 
 class UNAS(AttentionCore):
@@ -22,16 +21,7 @@ class UNAS(AttentionCore):
     def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
         if need_weights:
             return super().forward(q, k, v, q_mask, k_mask, need_weights=True)
-        sq, sk = q.size(-2), k.size(-2)
-        mask = None
-        is_causal = False
-        if k_mask is not None:
-            mask = k_mask[:, None, None, :]  # (B, 1, 1, Sk), True = attend
-            if self.causal:
-                tril = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
-                mask = mask & tril
-        elif self.causal:
-            is_causal = True
+        mask, is_causal = sdpa_mask(k_mask, self.causal, q.size(-2), k.size(-2), q.device)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
         )
