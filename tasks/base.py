@@ -155,6 +155,19 @@ class Task(pl.LightningDataModule):
         positions before anything is made. None: known only once the data are read."""
         return None
 
+    #: the length of the sequences it trains on, where the test split can also be evaluated at other
+    #: lengths (``eval_lengths``: :meth:`length_loader`); None: it cannot
+    def trained_length(self) -> int | None:
+        return None
+
+    def check_length(self, length: int) -> None:
+        """Refuse (ValueError, one line naming the option) a length :meth:`length_loader` cannot make."""
+
+    def length_loader(self, split: str, length: int):
+        """The loader of ``split`` at ``length`` tokens a sequence (after :meth:`setup`): what
+        ``eval_lengths`` evaluates. Only tasks whose :meth:`trained_length` is not None have one."""
+        raise NotImplementedError
+
     def check_data(self) -> None:
         """Called before the run directory is made (nas-run's option checks): refuse, with a
         DataError naming the path, data that cannot be read (a missing or empty file, a binary

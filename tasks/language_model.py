@@ -189,6 +189,28 @@ class LanguageModelTask(Task):
         return DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False, collate_fn=_collate,
                           **worker_options(self.num_workers))
 
+    def trained_length(self) -> int:
+        return self.block
+
+    def check_length(self, length: int) -> None:
+        if length < 2:
+            raise ValueError(f"eval_lengths: {length} is too short for a window (at least 2 tokens)")
+
+    def length_context(self, length: int) -> int:
+        """The context of a ``length``-token evaluation window: each window scores the same share of
+        new tokens as at the trained length (``tokens_per_sample - context_window`` of
+        ``tokens_per_sample``), the rest of the window is context. WikiText-2 at 256/192: 64 new
+        tokens with 192 of context at 256, 512 new with 1,536 of context at 2,048; every token of the
+        split is scored once at every length."""
+        new = max(1, round(length * (self.block - self.context) / self.block))
+        return length - new
+
+    def length_loader(self, split: str, length: int):
+        split = {"val": "valid"}.get(split, split)
+        ds = _Blocks(self.streams[split], eval_windows(len(self.streams[split]), length, self.length_context(length)))
+        return DataLoader(ds, batch_size=max(1, self.eval_batch_size * self.block // length), shuffle=False,
+                          collate_fn=_collate, **worker_options(self.num_workers))
+
     def val_dataloader(self):
         return self._eval_loader("valid")
 

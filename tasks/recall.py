@@ -144,6 +144,31 @@ class _RecallTask(Task):
         return DataLoader(self.splits[split], batch_size=self.batch_size, shuffle=shuffle, collate_fn=_collate,
                           **worker_options(self.num_workers))
 
+    def trained_length(self) -> int:
+        return self.seq_len
+
+    def at_length(self, length: int) -> dict:
+        """The task's options at ``length`` (``eval_lengths``): ``seq_len`` and what grows with it."""
+        raise NotImplementedError
+
+    def check_length(self, length: int) -> None:
+        options = self.at_length(length)
+        try:
+            type(self)(**options)
+        except ValueError as err:
+            shown = ", ".join(f"{k}={v}" for k, v in options.items() if k != "name")
+            raise ValueError(f"eval_lengths: at {length} tokens the task would be {shown}: {err}") from None
+
+    def length_loader(self, split: str, length: int):
+        """``task.test_size`` (``val_size``) sequences at ``length``, drawn from their own stream of
+        ``task.seed`` (one per split and length), never the training data's."""
+        index = {"val": 1, "valid": 1, "test": 2}[split]
+        rows = type(self)(**self.at_length(length)).make(self.sizes["val" if index == 1 else "test"],
+                                                          np.random.default_rng([self.seed, index, length]))
+        batch = max(1, self.batch_size * self.seq_len // length)
+        return DataLoader(_Rows(*rows), batch_size=batch, shuffle=False, collate_fn=_collate,
+                          **worker_options(self.num_workers))
+
     def ids_to_text(self, ids) -> str:
         return " ".join(str(int(i) - SPECIALS) for i in ids if int(i) >= SPECIALS)
 
@@ -169,6 +194,12 @@ class MQAR(_RecallTask):
         self.seq_len, self.num_kv_pairs, self.power_a = int(seq_len), int(num_kv_pairs), float(power_a)
         self.random_non_queries = bool(random_non_queries)
 
+    def at_length(self, length: int) -> dict:
+        """Proportionally more pairs: Zoology's grid keeps seq_len / num_kv_pairs at 16."""
+        return dict(name=self.name, vocab_size=self.vocab_size, seq_len=length,
+                    num_kv_pairs=max(1, self.num_kv_pairs * length // self.seq_len), power_a=self.power_a,
+                    random_non_queries=self.random_non_queries)
+
     def make(self, n, rng):
         return mqar(n, self.vocab_size, self.seq_len, self.num_kv_pairs, self.power_a, self.random_non_queries, rng)
 
@@ -192,6 +223,11 @@ class SelectiveCopy(_RecallTask):
                              f"got {vocab_size}")
         super().__init__(name, vocab_size, train_size, val_size, test_size, batch_size, seed, num_workers)
         self.seq_len, self.num_tokens = int(seq_len), int(num_tokens)
+
+    def at_length(self, length: int) -> dict:
+        """Proportionally more content tokens in a proportionally longer region."""
+        return dict(name=self.name, vocab_size=self.vocab_size, seq_len=length,
+                    num_tokens=max(1, self.num_tokens * length // self.seq_len))
 
     def make(self, n, rng):
         return selective_copy(n, self.vocab_size, self.seq_len, self.num_tokens, rng)

@@ -9,6 +9,7 @@ for some of them, how to resample per-item outputs; it is keyed by the same name
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -72,5 +73,22 @@ def spec(key: str) -> TestMetric:
 def present(keys: Iterable[str]) -> list[TestMetric]:
     """The metrics among ``keys`` (summary.json names) that tables show: the known ones in their
     order, then any other ``test/*`` name a task reported, sorted."""
-    keys = {k for k in keys if k.startswith("test/") and k not in HIDDEN}
-    return [m for m in KNOWN if m.key in keys] + [spec(k) for k in sorted(keys - set(_BY_KEY))]
+    keys = {k for k in keys if k.startswith("test/") and k.split("@")[0] not in HIDDEN}
+    return [m for m in KNOWN if m.key in keys] + [spec(k) for k in sorted(keys - set(_BY_KEY), key=_order)]
+
+
+def _order(key: str) -> tuple:
+    """A metric's place among the other ones: by name, then a metric at other lengths
+    (``test/ppl@1024``, ``eval_lengths``) after it, by length."""
+    base, _, length = key.partition("@")
+    return (base, int(length) if length.isdigit() else -1, key)
+
+
+#: a metric at another length than the trained one (``eval_lengths``): test/<metric>@<length>
+_AT_LENGTH = re.compile(r"^(test/.+)@(\d+)$")
+
+
+def split_key(key: str) -> tuple[str, int] | None:
+    """``test/ppl@1024`` -> ("test/ppl", 1024); None for a key of no other length."""
+    m = _AT_LENGTH.match(key)
+    return (m.group(1), int(m.group(2))) if m else None

@@ -31,8 +31,8 @@ from typing import Callable
 
 import torch
 
-from nas_cli.attention.base import (AttentionCore, AttentionOutput, NEG_INF, allowed_mask, doubly_normalized_logits,
-                   masked_row_softmax, prefix_normalized_state, prefix_normalized_step, scaled_scores)
+from nas_cli.attention.base import AttentionCore, AttentionOutput, NEG_INF, allowed_mask, masked_row_softmax, scaled_scores
+from nas_cli.attention.doubly import doubly_normalized_logits, prefix_normalized_state, prefix_normalized_step
 from nas_cli.attention.efficient import dnas_attention, hnas_attention
 from nas_cli.attention.tiles import check_impl
 from nas_cli.attention.fused import doubly_normalized_attention
@@ -41,7 +41,7 @@ from nas_cli.attention.fused import doubly_normalized_attention
 #: (no (Sq x Sk) tensor per head) from there on. Measured (one CPU thread, forward + backward
 #: of one core, B=8, H=8, d_head=64, torch 2.13 CPU): full-column-sum form (encoder) naive
 #: 1.0-2.3x faster at S=64-128; prefix form (decoder self- and cross-attention), with the
-#: anchored-cumsum prefix log-sum-exp of :func:`nas_cli.attention.base.prefix_logsumexp`,
+#: anchored-cumsum prefix log-sum-exp of :func:`nas_cli.attention.doubly.prefix_logsumexp`,
 #: naive 1.7-2.9x faster at S=64, 1.6-2.2x at S=128 and 1.6-2.4x at S=256. Above S=256 the
 #: naive form's memory (several (B, H, S, S) tensors kept for backward) is the reason to switch.
 AUTO_NAIVE_BELOW = 256

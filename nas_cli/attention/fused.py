@@ -11,7 +11,7 @@ scores in a few passes and returns the score gradient in closed form:
     prefix form:      c_ij = a_j + log T_ij,     T_ij = sum_{i' <= i} e_i'j,  e_ij = exp(s_ij - a_j),
                       ds = G - e * revcumsum_i(G / T)
 
-(a_j: the detached anchor of :func:`nas_cli.attention.base.prefix_logsumexp`, whose clamp and
+(a_j: the detached anchor of :func:`nas_cli.attention.doubly.prefix_logsumexp`, whose clamp and
 ANCHOR_LIMIT fallback are kept: when the anchored form would overflow, backward recomputes the
 reference formula under autograd). HNAS mixes W = u P_dnas + (1 - u) P_unas; its u gradient is
 sum_{b,i} (rowsum(dW * P_dnas) - rowsum(dW * P_unas)) per head. Dropout draws its noise exactly
@@ -29,7 +29,8 @@ import torch
 
 from torch.autograd.function import once_differentiable
 
-from nas_cli.attention.base import ANCHOR_LIMIT, NEG_INF, doubly_normalized_logits, full_precision, masked_row_softmax, scaled_scores
+from nas_cli.attention.base import NEG_INF, full_precision, masked_row_softmax, scaled_scores
+from nas_cli.attention.doubly import ANCHOR_LIMIT, doubly_normalized_logits
 
 
 def _scores_reference(s, allowed, prefix, u):

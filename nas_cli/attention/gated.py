@@ -46,23 +46,23 @@ class GatedAttention(UNAS):
     def input_features(self, d_head: int) -> int:
         return d_head if self.granularity == "elementwise" else 1
 
-    def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False, x=None):
+    def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False, x=None, alibi=None):
         if x is None:
             raise ValueError("gated attention needs the gate projection x (the model's x_proj)")
         gate = torch.sigmoid(x)
         if self.placement == "value":
-            res = super().forward(q, k, v * gate.to(v.dtype), q_mask, k_mask, need_weights)
+            res = super().forward(q, k, v * gate.to(v.dtype), q_mask, k_mask, need_weights, alibi=alibi)
         else:
-            res = super().forward(q, k, v, q_mask, k_mask, need_weights)
+            res = super().forward(q, k, v, q_mask, k_mask, need_weights, alibi=alibi)
             res.out = res.out * gate.to(res.out.dtype)
         return res
 
-    def step(self, q, k, v, k_mask, state, x=None):
+    def step(self, q, k, v, k_mask, state, x=None, alibi=None):
         gate = torch.sigmoid(x).to(v.dtype)
         if self.placement == "value":  # state: the values so far, each gated at its own position
             gated = v[..., -1:, :] * gate
             state = gated if state is None else torch.cat([state, gated], -2)
-            out, _ = super().step(q, k, state, k_mask, None)
+            out, _ = super().step(q, k, state, k_mask, None, alibi=alibi)
             return out, state
-        out, _ = super().step(q, k, v, k_mask, None)
+        out, _ = super().step(q, k, v, k_mask, None, alibi=alibi)
         return out * gate, None

@@ -18,7 +18,8 @@ import math
 import torch
 from torch import nn
 
-from nas_cli.attention.base import doubly_normalized_logits, masked_row_softmax, prefix_normalized_step, scaled_scores
+from nas_cli.attention.base import masked_row_softmax, scaled_scores
+from nas_cli.attention.doubly import doubly_normalized_logits, prefix_normalized_step
 from nas_cli.attention.dnas import DNAS
 
 

@@ -24,15 +24,18 @@ def sinusoids(positions: torch.Tensor, d_model: int) -> torch.Tensor:
 
 
 class SinusoidalPositions(nn.Module):
-    """Vaswani et al. 2017 fixed sinusoids, added to the scaled token embeddings."""
+    """Vaswani et al. 2017 fixed sinusoids, added to the scaled token embeddings. A formula: positions
+    past the table's ``max_len`` (an evaluation at a longer length, ``eval_lengths``) are computed
+    when asked for; nothing of the model depends on ``max_len``."""
 
     def __init__(self, d_model: int, max_len: int):
         super().__init__()
+        self.d_model = d_model
         self.register_buffer("table", sinusoids(torch.arange(max_len), d_model), persistent=False)
 
     def forward(self, length: int) -> torch.Tensor:  # (T, d_model)
         if length > self.table.size(0):
-            raise ValueError(f"sequence of length {length} exceeds model.max_len={self.table.size(0)}")
+            return sinusoids(torch.arange(length, device=self.table.device), self.d_model).to(self.table.dtype)
         return self.table[:length]
 
 
@@ -62,3 +65,25 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> t
     cos, sin = torch.cos(angle), torch.sin(angle)
     x1, x2 = x.to(wide)[..., : d // 2], x.to(wide)[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """Press et al. 2022 (ALiBi) head slopes: for n heads, a power of 2, the geometric sequence
+    2^(-8/n), 2^(-16/n), ..., 2^(-8); otherwise the slopes of the largest power of 2 below n,
+    then every other slope of twice that many heads (their reference implementation's rule)."""
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if heads & (heads - 1) == 0:
+        return torch.tensor(power_of_two(heads))
+    below = 2 ** math.floor(math.log2(heads))
+    return torch.tensor(power_of_two(below) + power_of_two(2 * below)[0::2][: heads - below])
+
+
+def alibi_bias(slopes: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """ALiBi's score bias -m_h (i - j) of queries at positions ``rows`` (Sq,) and keys at ``cols`` (Sk,):
+    (1, H, Sq, Sk) float32, added to q . k / sqrt(d) before a scheme's weights. Defined for causal
+    self-attention (the later keys j > i are masked, their bias is never used)."""
+    dist = (rows.to(torch.float32)[:, None] - cols.to(torch.float32)[None, :])
+    return -slopes.to(dist.device, torch.float32)[None, :, None, None] * dist[None, None]

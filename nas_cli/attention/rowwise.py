@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from nas_cli.attention.base import AttentionCore, AttentionOutput, check_option, full_precision
+from nas_cli.attention.base import AttentionCore, AttentionOutput, check_option, full_precision, score_bias
 
 #: the default ``block_size``: queries per block when weights are not asked for. Measured (one CPU
 #: thread, forward + backward, causal, B=1, H=8, d_head=64, S=1024, sigmoid): 107 ms at 64, 93 ms at
@@ -78,7 +78,9 @@ class RowwiseCore(AttentionCore):
     def initial_carry(self, q: torch.Tensor, sk: int):
         return None
 
-    def _block(self, a: int, q_mask, k_mask, q, k, v, carry):
+    takes_alibi = True
+
+    def _block(self, a: int, q_mask, k_mask, q, k, v, carry, alibi=None):
         kend = k.size(-2)
         allowed = block_allowed(q_mask, k_mask, self.causal, a, a + q.size(-2), kend, q.device)
         half = q.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled(q.device.type)
@@ -88,15 +90,17 @@ class RowwiseCore(AttentionCore):
                 s = torch.matmul(q.to(wide) * (1 / math.sqrt(q.size(-1))), k.to(wide).transpose(-1, -2))
         else:  # scaled on q: one pass over (c x D), not over (c x Sk)
             s = full_precision(torch.matmul(q * (1 / math.sqrt(q.size(-1))), k.transpose(-1, -2)))
+        if alibi is not None:  # ALiBi (model.positions=alibi): rows a.., keys 0..kend-1
+            s = s + score_bias(alibi, q.size(-2), kend, q.device, first=a)
         w, carry = self.block_weights(s, allowed, a, carry)
         dropped = nn.functional.dropout(w, self.dropout, self.training)
         return torch.matmul(dropped.to(v.dtype), v), w, carry
 
-    def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
+    def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False, alibi=None) -> AttentionOutput:
         sq, sk = q.size(-2), k.size(-2)
         carry = self.initial_carry(q, sk)
         if need_weights or sq <= self.block_size:
-            out, w, _ = self._block(0, q_mask, k_mask, q, k, v, carry)
+            out, w, _ = self._block(0, q_mask, k_mask, q, k, v, carry, alibi)
             return AttentionOutput(out, w if need_weights else None, self.aux())
         outs = []
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
@@ -106,19 +110,19 @@ class RowwiseCore(AttentionCore):
             args = (q[..., a:b, :], k[..., :kend, :], v[..., :kend, :], carry)
 
             def run(q_, k_, v_, carry_, a=a):
-                out_, _, carry_ = self._block(a, q_mask, k_mask, q_, k_, v_, carry_)
+                out_, _, carry_ = self._block(a, q_mask, k_mask, q_, k_, v_, carry_, alibi)
                 return out_, carry_
 
             out, carry = checkpoint(run, *args, use_reentrant=False) if grad else run(*args)
             outs.append(out)
         return AttentionOutput(torch.cat(outs, dim=-2), None, self.aux())
 
-    def step(self, q, k, v, k_mask, state):
+    def step(self, q, k, v, k_mask, state, alibi=None):
         """The newest query against all keys so far: in self-attention it is position Sk - 1."""
         sk = k.size(-2)
         a = sk - 1 if self.causal else 0
         carry = self.initial_carry(q, sk) if state is None else state
-        out, _, carry = self._block(a, None, k_mask, q, k, v, carry)
+        out, _, carry = self._block(a, None, k_mask, q, k, v, carry, alibi)
         return out, (carry if self.carries_state else None)
 
     def prefill_state(self, q, k, v, q_mask, k_mask):

@@ -23,6 +23,8 @@ class SelectiveAttention(RowwiseCore):
     name = "selective"
     causal_self_only = True
     carries_state = True
+    #: its selection is computed from a head's scores: ALiBi's bias would change what is selected
+    takes_alibi = False
 
     def initial_carry(self, q, sk):
         return q.new_zeros(q.size(0), 1, 1, sk, dtype=torch.float32 if q.dtype in (torch.float16, torch.bfloat16)

@@ -9,7 +9,20 @@ from __future__ import annotations
 
 from torch.nn import functional as F
 
-from nas_cli.attention.base import AttentionCore, AttentionOutput, masked_row_softmax, sdpa_mask
+import torch
+
+from nas_cli.attention.base import AttentionCore, AttentionOutput, masked_row_softmax, score_bias, sdpa_mask
+
+
+def biased_mask(mask: torch.Tensor | None, is_causal: bool, bias: torch.Tensor, dtype) -> torch.Tensor:
+    """One float ``attn_mask`` for SDPA: the score bias (ALiBi) where a pair is allowed, the dtype's most
+    negative number where ``mask`` (or, with ``is_causal``, j > i) forbids it (finite: a row with no
+    allowed key stays a number, as the eager path's)."""
+    sq, sk = bias.shape[-2:]
+    if is_causal:
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=bias.device).tril(sk - sq)
+    bias = bias.to(dtype)
+    return bias if mask is None else bias.masked_fill(~mask, torch.finfo(dtype).min)
 
 
 class UNAS(AttentionCore):
@@ -18,10 +31,15 @@ class UNAS(AttentionCore):
     def weights_from_logits(self, logits, allowed):
         return masked_row_softmax(logits, allowed)
 
-    def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False) -> AttentionOutput:
+    takes_alibi = True
+
+    def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False, alibi=None) -> AttentionOutput:
         if need_weights:
-            return super().forward(q, k, v, q_mask, k_mask, need_weights=True)
+            return super().forward(q, k, v, q_mask, k_mask, need_weights=True, alibi=alibi)
         mask, is_causal = sdpa_mask(k_mask, self.causal, q.size(-2), k.size(-2), q.device)
+        if alibi is not None:
+            mask = biased_mask(mask, is_causal, score_bias(alibi, q.size(-2), k.size(-2), q.device), q.dtype)
+            is_causal = False
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
         )
@@ -32,6 +50,8 @@ class UNAS(AttentionCore):
     supports_step = True
     carries_state = False  # each step: the query against the keys, nothing carried
 
-    def step(self, q, k, v, k_mask, state):
+    def step(self, q, k, v, k_mask, state, alibi=None):
         mask = None if k_mask is None else k_mask[:, None, None, :]
+        if alibi is not None:  # the newest query is position Sk - 1
+            mask = biased_mask(mask, False, score_bias(alibi, 1, k.size(-2), q.device), q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None

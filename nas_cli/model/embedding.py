@@ -10,9 +10,10 @@ from nas_cli.attention.positions import LearnedPositions, SinusoidalPositions
 
 
 #: the values of ``model.positions``: added to the input embeddings (sinusoidal, learned), rotary on the
-#: queries and keys of self-attention (rope: nas_cli/model/transformer.py's MultiHeadAttention), or ``none``
+#: queries and keys of self-attention (rope: nas_cli/model/transformer.py's MultiHeadAttention), a per-head
+#: linear bias of a causal language model's scores (alibi, Press et al. 2022), or ``none``
 #: (the schemes that put position into the attention itself, Tsai et al.)
-POSITIONS = ("sinusoidal", "learned", "rope", "none")
+POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
 
 
 class Embedder(nn.Module):
@@ -29,7 +30,7 @@ class Embedder(nn.Module):
             self.positions = SinusoidalPositions(d_model, max_len)
         elif positions == "learned":
             self.positions = LearnedPositions(d_model, max_len)
-        elif positions in ("none", "rope"):  # in the attention: Tsai et al.'s kernels, or rotary q and k
+        elif positions in ("none", "rope", "alibi"):  # in the attention: Tsai et al.'s kernels, rotary q and k, ALiBi
             self.positions = None
         else:
             raise ValueError(f"model.positions must be one of {', '.join(POSITIONS)} (got '{positions}')")

@@ -141,6 +141,11 @@ class AttentionPlan:
             except Exception as err:  # noqa: BLE001 - a bad option value: name the location
                 msg = str(err.__cause__ or err).strip().splitlines()[-1]
                 raise SchemeError(f"attention at {loc} ({self.placed[loc].scheme}): {msg}") from None
+            if positions == "alibi" and causal and not core.takes_alibi:
+                where = "attention" if loc not in self.explicit else f"attention.{loc}"
+                raise SchemeError(f"{where}={self.placed[loc].scheme} takes no score bias, so model.positions=alibi "
+                                  "cannot reach it: use model.positions=rope, sinusoidal or none with it, or alibi with "
+                                  f"{', '.join(alibi_schemes())}")
             if core.requires_no_input_positions and positions != "none":
                 where = "attention" if loc not in self.explicit else f"attention.{loc}"
                 raise SchemeError(
@@ -318,3 +323,17 @@ def option_owners(key: str, chosen: str) -> str:
         return ""
     shown = ", ".join(owners[:8]) + (", ..." if len(owners) > 8 else "")
     return f"; it is an option of {shown} (attention=<one of them>)"
+
+
+def alibi_schemes() -> list[str]:
+    """The packaged schemes whose cores take ALiBi's bias (``AttentionCore.takes_alibi``), for messages."""
+    from nas_cli.model.choices import available, scheme_config
+
+    found = []
+    for name in available("attention"):
+        try:
+            if getattr(get_class(str(scheme_config(name)._target_)), "takes_alibi", False):
+                found.append(name)
+        except Exception:  # noqa: BLE001 - a scheme that does not import names nothing
+            continue
+    return found

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from nas_cli.attention import AttentionCore
-from nas_cli.attention.positions import rotate, sinusoids
+from nas_cli.attention.positions import alibi_slopes, rotate, sinusoids
 from nas_cli.model.embedding import Embedder
 from nas_cli.infra.options import Count, Fraction, PositiveInt
 
@@ -30,11 +30,13 @@ class MultiHeadAttention(nn.Module):
     v = (f + t) W_v, Tsai et al. Eq. 7), ``uses_prev``, and calls ``set_width(d_model)`` once.
     """
 
-    def __init__(self, d_model: int, heads: int, core: AttentionCore, dropout: float = 0.0, rotary: bool = False):
+    def __init__(self, d_model: int, heads: int, core: AttentionCore, dropout: float = 0.0, positions: str = ""):
         super().__init__()
         self.heads, self.d_head = heads, d_model // heads
-        #: rotary positions (model.positions=rope) on q and k, self-attention only: positions 0..T-1
-        self.rotary = bool(rotary)
+        #: the positions of self-attention (queries and keys at 0..T-1): rotary q and k (model.positions=rope),
+        #: or ALiBi's per-head slopes handed to the core, which adds their bias to its scores (alibi)
+        self.rotary = positions == "rope"
+        self.register_buffer("alibi", alibi_slopes(heads) if positions == "alibi" else None, persistent=False)
         self.d_model = d_model
         self.q_proj = nn.Linear(d_model, d_model)
         self.tie_qk = bool(core.tie_qk)
@@ -80,6 +82,8 @@ class MultiHeadAttention(nn.Module):
             q, k = rotate(q, pos), rotate(k, pos)
         extra = {"prev": prev} if self.core.uses_prev else {}
         extra.update(self.input_projection(x_q))
+        if self.alibi is not None:
+            extra["alibi"] = self.alibi
         res = self.core(q, k, v, q_mask=q_mask, k_mask=k_mask, need_weights=need_weights, **extra).declared_by(self.core)
         b, _, t, _ = res.out.shape
         out = res.out.transpose(1, 2).reshape(b, t, self.heads * self.d_head)  # (B, T, C)
@@ -103,8 +107,9 @@ def _attention_step(mha: "MultiHeadAttention", x_q, memory, k_mask, cache: dict)
         cache["v"] = v_new if "v" not in cache else torch.cat([cache["v"], v_new], dim=2)
     elif "k" not in cache:
         cache["k"], cache["v"] = mha._split(k_proj(memory)), mha._split(mha.v_proj(memory))
+    extra = {"alibi": mha.alibi} if mha.alibi is not None else {}
     out, cache["state"] = mha.core.step(q, cache["k"], cache["v"], k_mask, cache.get("state"),
-                                        **mha.input_projection(x_q))
+                                        **mha.input_projection(x_q), **extra)
     b = out.size(0)
     return mha.dropout(mha.out_proj(out.transpose(1, 2).reshape(b, 1, mha.heads * mha.d_head)))
 
@@ -136,10 +141,10 @@ class Block(nn.Module):
     ``norm_first=True`` is pre-norm (LayerNorm before each sublayer), else post-norm
     as in Vaswani et al."""
 
-    def __init__(self, d_model, heads, ffn, dropout, norm_first, self_core, cross_core=None, rotary: bool = False):
+    def __init__(self, d_model, heads, ffn, dropout, norm_first, self_core, cross_core=None, positions: str = ""):
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, heads, self_core, dropout, rotary=rotary)
+        self.self_attn = MultiHeadAttention(d_model, heads, self_core, dropout, positions=positions)
         self.cross_attn = MultiHeadAttention(d_model, heads, cross_core, dropout) if cross_core is not None else None
         self.ffn = FeedForward(d_model, ffn, dropout)
         self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(3 if cross_core is not None else 2))
@@ -197,7 +202,9 @@ class Seq2SeqTransformer(nn.Module):
                  positions="sinusoidal", max_len: PositiveInt = 1024, share_embeddings: bool = False, pad_id=0):
         super().__init__()
         check_heads(d_model, heads)
-        rope = positions == "rope"
+        if positions == "alibi":
+            raise ValueError("model.positions=alibi is defined for a causal language model's self-attention (Press et "
+                             "al. 2022), not for an encoder or cross-attention: use model.positions=rope or sinusoidal")
         self.pad_id = pad_id
         self.src_embed = Embedder(src_vocab, d_model, positions, max_len, dropout, pad_id)
         shared = None
@@ -207,12 +214,12 @@ class Seq2SeqTransformer(nn.Module):
             shared = self.src_embed.tokens
         self.tgt_embed = Embedder(tgt_vocab, d_model, positions, max_len, dropout, pad_id, shared)
         self.encoder = nn.ModuleList(
-            Block(d_model, heads, ffn, dropout, norm_first, core_factory("encoder", i, False), rotary=rope)
+            Block(d_model, heads, ffn, dropout, norm_first, core_factory("encoder", i, False), positions=positions)
             for i in range(encoder_layers)
         )
         self.decoder = nn.ModuleList(
             Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True), core_factory("cross", i, False),
-                  rotary=rope) for i in range(decoder_layers)
+                  positions=positions) for i in range(decoder_layers)
         )
         self.enc_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         self.dec_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
@@ -295,11 +302,10 @@ class DecoderOnlyLM(nn.Module):
                  adaptive_softmax: dict | None = None, **_):
         super().__init__()
         check_heads(d_model, heads)
-        rope = positions == "rope"
         self.pad_id = pad_id
         self.embed = Embedder(vocab, d_model, positions, max_len, dropout, pad_id)
         self.layers = nn.ModuleList(
-            Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True), rotary=rope)
+            Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True), positions=positions)
             for i in range(decoder_layers)
         )
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()

@@ -153,6 +153,9 @@ def check_task_data(cfg: DictConfig):
     if needed and _is_int(have) and needed[0] > have:
         raise UserError(f"{needed[1]} makes training sequences of up to {needed[0]} tokens, more than model.max_len="
                         f"{have} positions: raise model.max_len to {needed[0]} or lower {needed[1].split('=')[0]}")
+    from nas_cli.pipeline.lengths import check_eval_lengths
+
+    check_eval_lengths(cfg, task)
     return task
 
 

@@ -145,23 +145,27 @@ class NasLitModule(pl.LightningModule):
             return True
 
     # ---- forward / loss ------------------------------------------------------------
-    def _logits_and_target(self, batch):
+    def _hidden_and_target(self, batch):
+        """The final hidden states (B, T, d) and the targets (B, T) of a batch."""
         if self.task.kind == "lm":
-            logits, _ = self.model(batch["ids"])
-            return logits, batch["target"]
-        logits, _ = self.model(batch["src"], batch["tgt_in"])
-        return logits, batch["tgt_out"]
+            hidden, _ = self.model(batch["ids"], hidden=True)
+            return hidden, batch["target"]
+        hidden, _ = self.model(batch["src"], batch["tgt_in"], hidden=True)
+        return hidden, batch["tgt_out"]
 
     def _step(self, batch, smoothing: float, accuracy: bool = True):
-        """Training: loss, NLL sum, token count and (if ``accuracy``) correct greedy tokens, from the
-        logits of every position (all of them are trained on)."""
+        """Training: loss, NLL sum, token count and (if ``accuracy``) correct greedy tokens, with the
+        output layer applied to the trained positions only (the real targets: every position of a
+        WikiText block, the query positions of MQAR, no padding), as the evaluation does."""
         if getattr(self.model, "adaptive", False):
             return self._adaptive_step(batch, smoothing, accuracy)
-        logits, target = self._logits_and_target(batch)
-        loss, nll_sum, n = label_smoothed_nll(logits, target, self.task.pad_id, smoothing)
+        hidden, target = self._hidden_and_target(batch)
+        h, tgt, _ = scored(hidden, target, self.task.pad_id)
+        logits = self.model.output_logits(h)  # (N, vocab)
+        loss, nll_sum, n = label_smoothed_nll(logits, tgt, self.task.pad_id, smoothing)
         correct = None
-        if accuracy:  # an argmax over (B, T, vocab): skipped on training steps that log nothing
-            correct = ((logits.argmax(-1) == target) & (target != self.task.pad_id)).sum()
+        if accuracy:  # an argmax over (N, vocab): skipped on training steps that log nothing
+            correct = (logits.argmax(-1) == tgt).sum()
         return loss, nll_sum, n, correct
 
     def _adaptive_step(self, batch, smoothing: float, accuracy: bool):
@@ -180,12 +184,7 @@ class NasLitModule(pl.LightningModule):
         evaluation counts, with the output layer applied to those positions only
         (:mod:`nas_cli.model.scoring`: a language model's context positions and every padded target
         get no vocabulary row)."""
-        if self.task.kind == "lm":
-            hidden, _ = self.model(batch["ids"], hidden=True)
-            target = batch["target"]
-        else:
-            hidden, _ = self.model(batch["src"], batch["tgt_in"], hidden=True)
-            target = batch["tgt_out"]
+        hidden, target = self._hidden_and_target(batch)
         if getattr(self.model, "adaptive", False):
             return score_log_probs(hidden, target, self.task.pad_id, self.model.target_log_prob,
                                    self.model.generator.predict)

@@ -28,6 +28,7 @@ from nas_cli.errors import Refused, SignalStop, Stopped, UserError, record, say
 from nas_cli.errors import unwrap as _unwrap
 from nas_cli.infra.atomic import remove_stale_temporaries
 from nas_cli.infra.config_identity import config_id
+from nas_cli.pipeline.lengths import requested, test_at_lengths
 from nas_cli.pipeline.lit import NasLitModule, count_parameters
 from nas_cli.pipeline.sections import CheckpointOptions
 from nas_cli.infra.loggers import finish_logger, make_logger, wandb_run_id
@@ -185,6 +186,7 @@ def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_
     train_tokens = float(trainer.strategy.reduce(torch.tensor(float(module.train_tokens)), reduce_op="sum"))
     best, tested = _choose_tested(cfg, job, trainer, ckpt, task)
     test = _test(cfg, job, trainer, module, data, best, progress)
+    test = {**test, **_test_lengths(cfg, job, trainer, module, task, best)}
     if not trainer.is_global_zero:
         return None
     if "test" in module.items:
@@ -346,6 +348,15 @@ def _test(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, best: s
     try:
         return trainer.test(module, datamodule=data, ckpt_path=best, verbose=False,
                             weights_only=True)[0] if cfg.run_test else {}
+    except SIGTERMException as stop:
+        raise _stopped(stop, trainer, job.run_dir, "testing") from None
+
+
+def _test_lengths(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, task, best: str | None) -> dict:
+    """The test at each of ``eval_lengths`` (nas_cli/pipeline/lengths.py), after the trained length's."""
+    lengths = requested(cfg) if cfg.run_test else []
+    try:
+        return test_at_lengths(trainer, module, task, lengths, best)
     except SIGTERMException as stop:
         raise _stopped(stop, trainer, job.run_dir, "testing") from None
 

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from nas_cli.attention.learned import learned_scalars, learned_values
 from nas_cli.infra.checkpoints import checkpoint_step
 from nas_cli.infra.version import code_version
+from nas_cli.pipeline.lengths import declared_at_lengths, lengths_record, requested
 from nas_cli.pipeline.lit import count_parameters
 from nas_cli.pipeline.trainer import environment
 from tasks.scores import declaration
@@ -41,7 +42,8 @@ def run_summary(cfg: DictConfig, job, trainer: pl.Trainer, ckpt, module, task, t
         "tested": tested,
         "best_val": _best_val(task, ckpt, module),
         "test": {k: float(v) for k, v in test.items()},
-        "metrics": declaration(task.metrics),
+        "metrics": declared_at_lengths(declaration(task.metrics), test),
+        "lengths": lengths_record(task, requested(cfg)) if cfg.run_test else None,
         "learned": learned_scalars(learned_values(module.model)),
         "weights": declared_weights(module.model),
         "diagnostics": location_diagnostics(Path(job.run_dir)),

@@ -151,7 +151,8 @@ def test_sinkhorn_many_iterations_doubly_stochastic():
 def test_prefix_logsumexp_equals_torch_logcumsumexp(form, scale):
     """c_ij = logsumexp_{i' <= i} s_i'j: the anchored cumsum equals torch.logcumsumexp (an
     independent implementation) in value and gradient on every allowed entry."""
-    from nas_cli.attention.base import NEG_INF, allowed_mask, prefix_logsumexp
+    from nas_cli.attention.base import NEG_INF, allowed_mask
+    from nas_cli.attention.doubly import prefix_logsumexp
 
     torch.manual_seed(3)
     b, h, sq, sk = 2, 3, 7, 6

@@ -372,7 +372,8 @@ def test_encoder_kernels_equal_the_float64_reference(case, monkeypatch):
 def test_hnas_encoder_kernels_equal_the_float64_formula(case):
     """HNAS's encoder form from one pass (issue #48, 3): u O_DNAS + (1 - u) O_softmax per head, values
     and the gradients of q, k, v and u, against Ding et al.'s formula written out in float64."""
-    from nas_cli.attention.base import doubly_normalized_logits, masked_row_softmax
+    from nas_cli.attention.base import masked_row_softmax
+    from nas_cli.attention.doubly import doubly_normalized_logits
     from nas_cli.attention.triton_encoder import encoder_hnas_triton
 
     b, h, sq, sk, d, dv, padded, bq, bk = case
@@ -403,7 +404,8 @@ def test_hnas_prefix_kernels_equal_the_float64_formula(case):
     """HNAS's prefix form from one pass (issue #48, 3): u O_DNAS + (1 - u) O_softmax per head with the
     prefix column normalizer, softmax attention under the same mask (causal where DNAS is); values
     and the gradients of q, k, v and u against the formula written out in float64."""
-    from nas_cli.attention.base import doubly_normalized_logits, masked_row_softmax
+    from nas_cli.attention.base import masked_row_softmax
+    from nas_cli.attention.doubly import doubly_normalized_logits
     from nas_cli.attention.triton_prefix import prefix_hnas_triton
 
     b, h, sq, sk, d, dv, causal, bq, bk = case

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The study's third round: today's baselines on MQAR and on WikiText-2 trained at 256 tokens and tested
+# at 256 to 2,048 (docs/study.md, "Today's baselines"). One sweep after another, two one-thread jobs at
+# a time; every sweep resumes, so run this script again after any stop. Run from the repository root
+# with nas-run installed from a wheel into an environment of its own (PATH=<env>/bin:$PATH).
+# Positions: the schemes with rotary positions (model.positions=rope); UNAS also with sinusoidal,
+# ALiBi and no positions; forgetting and stick-breaking attention without positions, as their papers
+# train them. Order: MQAR at seq_len 64, WikiText-2, MQAR at seq_len 128.
+set -u
+export OMP_NUM_THREADS=1
+COMMON=(seed=1,2,3 hydra/launcher=joblib hydra.launcher.n_jobs=2 progress_bar=false)
+ROPE=attention=unas,dnas,hnas,sigmoid,softpick,gated,differential,selective
+sweep() { echo "== $(date -u +%FT%TZ) $*"; nas-run -m "$@" "${COMMON[@]}" || echo "== sweep exited $?"; }
+mqar() {  # seq_len, pairs
+    local cell=(experiment=mqar_cpu task.seq_len=$1 task.num_kv_pairs=$2 model.d_model=32,64)
+    sweep "${cell[@]}" $ROPE hydra.sweep.dir=benchmarks/study/mqar$1_rope
+    sweep "${cell[@]}" attention=unas model.positions=sinusoidal,alibi,none hydra.sweep.dir=benchmarks/study/mqar$1_unas
+    sweep "${cell[@]}" attention=forgetting,stickbreaking model.positions=none hydra.sweep.dir=benchmarks/study/mqar$1_none
+}
+wikitext() {
+    local cell=(experiment=wikitext2_lengths task.path=../shared/data/wikitext-2 trainer.deterministic=true)
+    sweep "${cell[@]}" $ROPE hydra.sweep.dir=benchmarks/study/wikitext2_lengths_rope
+    sweep "${cell[@]}" attention=unas model.positions=sinusoidal,alibi,none hydra.sweep.dir=benchmarks/study/wikitext2_lengths_unas
+    sweep "${cell[@]}" attention=forgetting,stickbreaking model.positions=none hydra.sweep.dir=benchmarks/study/wikitext2_lengths_none
+}
+mqar 64 4
+wikitext
+mqar 128 8
+echo "== $(date -u +%FT%TZ) queue done"

@@ -1,0 +1,100 @@
+"""Length generalization (``eval_lengths=[256,512,1024,2048]``): after the test at the length a model
+trained on, the same weights evaluated on the test split at each of the other lengths.
+
+What a length means is the task's (:meth:`tasks.base.Task.length_loader`): a language model scores
+windows of that many tokens (each window's new tokens in the same share as at the trained length,
+``LanguageModelTask.length_context``), MQAR and selective copying generate their test sequences at
+that length with proportionally more pairs (tokens). The numbers go into summary.json's ``test`` as
+``test/<metric>@<length>`` (``test/ppl@1024``), so the result table, nas-report's columns and
+verdicts and the W&B summary read them as they read any test metric, and into ``lengths``
+(``{"trained": 256, "evaluated": [...]}``), which nas-report's figure of a metric against the length
+and the W&B chart read.
+
+Refused before training, in one line: a task with no other length, a length the task cannot make,
+learned positions (``model.positions=learned``, GPT-2's table) past ``model.max_len`` (they were
+never trained), and ``run_test=false``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig
+
+from nas_cli.errors import UserError
+from tasks.scores import split_key
+
+
+def requested(cfg: DictConfig) -> list[int]:
+    """The lengths ``eval_lengths`` asks for, in increasing order, each once ([] when unset)."""
+    raw = cfg.get("eval_lengths")
+    return sorted({int(v) for v in raw}) if raw else []
+
+
+def check_eval_lengths(cfg: DictConfig, task) -> None:
+    """Refuse, before the run directory is made, an ``eval_lengths`` this run cannot evaluate."""
+    raw = cfg.get("eval_lengths")
+    if raw is None:
+        return
+    shown = "[" + ",".join(str(v) for v in raw) + "]" if isinstance(raw, (list, ListConfig)) else str(raw)
+    if not isinstance(raw, (list, ListConfig)) or not raw or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in raw):
+        raise UserError(f"eval_lengths={shown} must be a list of positive lengths in tokens "
+                        "(e.g. eval_lengths=[256,512,1024]), or null for none")
+    if task is None:
+        return
+    if task.trained_length() is None:
+        raise UserError(f"eval_lengths={shown}: task '{task.name}' has no evaluation at other lengths (it is defined "
+                        "for language models over text windows, task=wikitext2 or wikitext103, and for the generated "
+                        "task=mqar and task=selective_copy); leave eval_lengths out")
+    if not cfg.get("run_test", True):
+        raise UserError(f"eval_lengths={shown} evaluates the test split at each length: it needs run_test=true")
+    for length in requested(cfg):
+        try:
+            task.check_length(length)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+    model = cfg.get("model") or {}
+    longest, max_len = max(requested(cfg)), model.get("max_len")
+    if model.get("positions") == "learned" and isinstance(max_len, int) and longest > max_len:
+        raise UserError(f"eval_lengths={shown} reaches {longest} tokens, but model.positions=learned has "
+                        f"model.max_len={max_len} positions and the ones past the training length are never trained: "
+                        f"evaluate up to {max_len}, or train with positions that extend (model.positions=rope, "
+                        "sinusoidal or none)")
+
+
+def test_at_lengths(trainer, module, task, lengths: list[int], ckpt_path: str | None) -> dict[str, float]:
+    """The test metrics at each of ``lengths`` (the tested weights, ``ckpt_path``), as
+    ``{"test/<metric>@<length>": value}``. Each evaluation is split ``test@<length>`` for the
+    progress lines, the loggers' keys and the per-item outputs (the trained length's stay ``test``)."""
+    out: dict[str, float] = {}
+    for length in lengths:
+        module.test_split = f"test@{length}"
+        try:
+            metrics = trainer.test(module, dataloaders=task.length_loader("test", length), ckpt_path=ckpt_path,
+                                   verbose=False, weights_only=True)[0]
+        finally:
+            module.test_split = "test"
+        prefix = f"test@{length}/"
+        out.update({f"test/{k.removeprefix(prefix)}@{length}": float(v) for k, v in metrics.items()
+                    if k.startswith(prefix)})
+    return out
+
+
+def declared_at_lengths(declared: dict[str, list], test: dict[str, Any]) -> dict[str, list]:
+    """summary.json's ``metrics`` with each per-length key of ``test`` declared as its metric is
+    (title "<title> @<length>", the same better direction and format)."""
+    from tasks.scores import declare, spec
+
+    declare(declared)
+    out = dict(declared)
+    for key in test:
+        parts = split_key(key)
+        if parts:
+            base = spec(parts[0])
+            out[key] = [f"{base.title} @{parts[1]}", base.higher_is_better, base.fmt]
+    return out
+
+
+def lengths_record(task, lengths: list[int]) -> dict[str, Any] | None:
+    """summary.json's ``lengths``: the trained length and the ones evaluated (None without eval_lengths)."""
+    return {"trained": int(task.trained_length()), "evaluated": list(lengths)} if lengths else None
