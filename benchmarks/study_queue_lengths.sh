@@ -12,7 +12,7 @@ COMMON=(seed=1,2,3 hydra/launcher=joblib hydra.launcher.n_jobs=2 progress_bar=fa
 ROPE=attention=unas,dnas,hnas,sigmoid,softpick,gated,differential,selective
 sweep() { echo "== $(date -u +%FT%TZ) $*"; nas-run -m "$@" "${COMMON[@]}" || echo "== sweep exited $?"; }
 mqar() {  # seq_len, pairs
-    local cell=(experiment=mqar_cpu task.seq_len=$1 task.num_kv_pairs=$2 model.d_model=32,64)
+    local cell=(experiment=mqar_cpu task.seq_len=$1 task.num_kv_pairs=$2 model.d_model=64,128)
     sweep "${cell[@]}" $ROPE hydra.sweep.dir=benchmarks/study/mqar$1_rope
     sweep "${cell[@]}" attention=unas model.positions=sinusoidal,alibi,none hydra.sweep.dir=benchmarks/study/mqar$1_unas
     sweep "${cell[@]}" attention=forgetting,stickbreaking model.positions=none hydra.sweep.dir=benchmarks/study/mqar$1_none

@@ -3,6 +3,7 @@
     nas-eval outputs/runs/multi30k/unas-h4/<time>                 # best checkpoint, test split
     nas-eval <run dir> --average-last 5 --beam 5 --lenpen 0.6      # average the last 5 periodic checkpoints
     nas-eval <run dir> --ckpt a.ckpt --ckpt b.ckpt --split valid   # average exactly these
+    nas-eval <run dir> --eval-lengths 512,1024,2048                # also at other lengths (length generalization)
 
 The model and task are rebuilt from the run's saved config (``.hydra/config.yaml``);
 ``--set key=value`` overrides it (e.g. a new ``task.path``). Writes the metrics (and the
@@ -29,6 +30,8 @@ def main(argv=None) -> None:
     ap.add_argument("--split", default="test", choices=["valid", "test"])
     ap.add_argument("--beam", type=int, help="beam size (1 = greedy); default: the task's")
     ap.add_argument("--lenpen", type=float, help="length penalty; default: the task's")
+    ap.add_argument("--eval-lengths", metavar="L1,L2", help="also evaluate at these lengths in tokens (length "
+                    "generalization, as nas-run's eval_lengths): metrics <split>/<metric>@<length>")
     ap.add_argument("--name", help="output name under <run dir>/eval/ (default from the options)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override the saved config")
     args = ap.parse_args(argv)

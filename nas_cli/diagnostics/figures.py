@@ -62,8 +62,9 @@ def _margins(fig, left: float, right: float, bottom: float, top: float, rows: in
 
 
 def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: Sequence[tuple[str, bool | None]],
-                    data: dict[str, dict[str, list[tuple[int, float, float]]]], title: str) -> bytes:
-    """CODA Fig. 3 style: one panel per metric, x = heads (log2 axis), one line per series.
+                    data: dict[str, dict[str, list[tuple[int, float, float]]]], title: str, xlabel: str = "heads") -> bytes:
+    """CODA Fig. 3 style: one panel per metric, x = heads (log2 axis), one line per series; with
+    ``xlabel`` another power-of-2 axis (the evaluated length, ``eval_lengths``).
 
     ``panels``: [(metric title, higher is better; None for a number with no better direction)]; ``data[metric title][series]`` =
     [(heads, mean, std)] (std drawn as error bars). ``series`` fixes the line order/colours.
@@ -81,7 +82,7 @@ def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: S
         ax.set_xticks(heads)
         ax.set_xticklabels([str(h) for h in heads])
         ax.minorticks_off()
-        ax.set_xlabel("heads")
+        ax.set_xlabel(xlabel)
         ax.set_title(name if higher is None else f"{name} ({'higher' if higher else 'lower'} is better)", fontsize=9)
         _honest_ylim(ax, [p for pts in data.get(name, {}).values() for p in pts])
     handles, labels = axes[0][0].get_legend_handles_labels()

@@ -213,6 +213,10 @@ def check_positions(cfg: DictConfig) -> None:
     if value not in POSITIONS:
         raise UserError(f"model.positions={value} is not valid: it must be one of {', '.join(POSITIONS)} (e.g. "
                         "model.positions=sinusoidal)")
+    if value == "alibi" and "task" in cfg and not is_language_model(cfg):
+        raise UserError(f"model.positions=alibi is defined for a causal language model's self-attention (Press et al. "
+                        f"2022), not for task={cfg.task.get('name')}'s encoder and cross-attention: use "
+                        "model.positions=rope or sinusoidal")
 
 
 def is_language_model(cfg: DictConfig) -> bool:

@@ -86,6 +86,7 @@ def evaluate(args) -> dict:
     from nas_cli.pipeline.lit import count_parameters
     from nas_cli.pipeline.progress import progress_callback
     from nas_cli.pipeline.resolvers import register_resolvers
+    from nas_cli.pipeline.lengths import lengths_record, test_at_lengths
     from nas_cli.pipeline.run import build_module, build_task
     from nas_cli.pipeline.trainer import set_threads
 
@@ -95,6 +96,7 @@ def evaluate(args) -> dict:
     ckpts = _checkpoints(args, run_dir)
     check_fingerprints(cfg, ckpts)
     task = build_task(cfg)
+    lengths = eval_lengths(cfg, task, getattr(args, "eval_lengths", None))
     _set_decoding(task, args.beam, args.lenpen)
     module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model))
     module.load_state_dict(average_checkpoints(ckpts))
@@ -105,10 +107,13 @@ def evaluate(args) -> dict:
                          enable_model_summary=False, enable_checkpointing=False)
     loader = task.test_dataloader() if args.split == "test" else task.val_dataloader()
     metrics = trainer.test(module, dataloaders=loader, verbose=False)[0]
+    metrics.update(test_at_lengths(trainer, module, task, lengths, None, args.split))
     name = args.name or f"{args.split}" + (f"-avg{len(ckpts)}" if len(ckpts) > 1 else "") + \
-        (f"-beam{args.beam}" if args.beam else "") + (f"-lenpen{args.lenpen}" if args.lenpen is not None else "")
+        (f"-beam{args.beam}" if args.beam else "") + (f"-lenpen{args.lenpen}" if args.lenpen is not None else "") + \
+        ("-at" + "-".join(map(str, lengths)) if lengths else "")
     result = {"split": args.split, "checkpoints": [str(p) for p in ckpts], "metrics": metrics,
-              "decoding": task.decoding, "bleu_signature": task.bleu_signature, "threads": torch.get_num_threads()}
+              "decoding": task.decoding, "bleu_signature": task.bleu_signature, "threads": torch.get_num_threads(),
+              "lengths": lengths_record(task, lengths)}
     result["files"] = [str(p) for p in _write(run_dir / "eval", name, result, module.items.get(args.split),
                                               module.decoded.get(args.split, []))]
     return result
@@ -215,3 +220,24 @@ def _set_decoding(task, beam: int | None, lenpen: float | None) -> None:
         task.decoding["beam"] = task.valid_beam = beam
     if lenpen is not None:
         task.decoding["lenpen"] = lenpen
+
+
+def eval_lengths(cfg, task, given: str | None) -> list[int]:
+    """``--eval-lengths 512,1024``: the lengths to evaluate at besides the trained one, checked as
+    nas-run checks its ``eval_lengths`` (nas_cli/pipeline/lengths.py); [] when not given."""
+    from omegaconf import OmegaConf, open_dict
+
+    from nas_cli.pipeline.lengths import check_eval_lengths, requested
+
+    if not given:
+        return []
+    try:
+        values = [int(v) for v in str(given).split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"--eval-lengths {given}: give lengths in tokens separated by commas (e.g. "
+                        "--eval-lengths 512,1024)") from None
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    with open_dict(cfg):
+        cfg.eval_lengths, cfg.run_test = values, True
+    check_eval_lengths(cfg, task)
+    return requested(cfg)

@@ -62,20 +62,23 @@ def check_eval_lengths(cfg: DictConfig, task) -> None:
                         "sinusoidal or none)")
 
 
-def test_at_lengths(trainer, module, task, lengths: list[int], ckpt_path: str | None) -> dict[str, float]:
-    """The test metrics at each of ``lengths`` (the tested weights, ``ckpt_path``), as
-    ``{"test/<metric>@<length>": value}``. Each evaluation is split ``test@<length>`` for the
-    progress lines, the loggers' keys and the per-item outputs (the trained length's stay ``test``)."""
+def test_at_lengths(trainer, module, task, lengths: list[int], ckpt_path: str | None,
+                    split: str = "test") -> dict[str, float]:
+    """The metrics of ``split`` at each of ``lengths`` (the tested weights: ``ckpt_path``, or the
+    module's own with None), as ``{"test/<metric>@<length>": value}``. Each evaluation is split
+    ``test@<length>`` for the progress lines, the loggers' keys and the per-item outputs (the trained
+    length's stay ``test``)."""
     out: dict[str, float] = {}
+    before = module.test_split
     for length in lengths:
-        module.test_split = f"test@{length}"
+        module.test_split = f"{split}@{length}"
         try:
-            metrics = trainer.test(module, dataloaders=task.length_loader("test", length), ckpt_path=ckpt_path,
-                                   verbose=False, weights_only=True)[0]
+            metrics = trainer.test(module, dataloaders=task.length_loader(split, length), ckpt_path=ckpt_path,
+                                   verbose=False, **({"weights_only": True} if ckpt_path else {}))[0]
         finally:
-            module.test_split = "test"
-        prefix = f"test@{length}/"
-        out.update({f"test/{k.removeprefix(prefix)}@{length}": float(v) for k, v in metrics.items()
+            module.test_split = before
+        prefix = f"{split}@{length}/"
+        out.update({f"{split}/{k.removeprefix(prefix)}@{length}": float(v) for k, v in metrics.items()
                     if k.startswith(prefix)})
     return out
 

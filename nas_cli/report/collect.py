@@ -337,7 +337,8 @@ def eval_variants(run: Run) -> list[Run]:
         if not data or data.get("split") != "test" or not isinstance(data.get("metrics"), dict):
             continue
         summary = {**run.summary, "test": data["metrics"], "tested": {"checkpoint": ",".join(
-            Path(c).name for c in data.get("checkpoints", [])) or "?", "step": None}}
+            Path(c).name for c in data.get("checkpoints", [])) or "?", "step": None},
+            "lengths": data.get("lengths")}
         out.append(Run(path=run.path, summary=summary, config=run.config, diagnostics=run.diagnostics,
                        latest=run.latest, variant=f"eval:{path.stem}", source=run.source,
                        items_path=path.with_name(f"{path.stem}.items.json")))

@@ -102,6 +102,39 @@ def metric_vs_heads(groups: Sequence[Group], task: str) -> bytes | None:
                                    f"{task}: metric vs number of heads (error bars: 95% CI over seeds, Student t)")
 
 
+def metric_vs_length(groups: Sequence[Group], task: str) -> bytes | None:
+    """Length generalization (``eval_lengths``): one panel per test metric evaluated at other lengths,
+    x = the length (the trained one and each evaluated one), one line per scheme, mean ± 95% CI."""
+    from tasks.scores import spec, split_key
+
+    gs = [g for g in groups if g.common(lambda r: r.task) == task]
+    data: dict[str, dict[str, list]] = {}
+    panels: dict[str, tuple[str, bool | None]] = {}
+    for g in gs:
+        trained = {((r.summary or {}).get("lengths") or {}).get("trained") for r in g.runs} - {None}
+        at = next(iter(trained)) if len(trained) == 1 else None  # the trained length, the runs agreeing
+        keys = {k for r in g.runs for k in ((r.summary or {}).get("test") or {})}
+        for key in sorted(keys):
+            parts = split_key(key)
+            if not parts or parts[0].split("/")[-1] in ("loss", "token_acc"):
+                continue
+            base = spec(parts[0])
+            panels[base.key] = (base.title, base.higher_is_better)
+            points = [(parts[1], key)] + ([(at, parts[0])] if at is not None else [])
+            for length, name in points:
+                st = g.stat(name)
+                if st:
+                    data.setdefault(base.title, {}).setdefault(g.series, []).append((length, st[0], st[1]))
+    if not data:
+        return None
+    for title in data:
+        for series in data[title]:
+            data[title][series] = sorted(set(data[title][series]))
+    return figures.metric_vs_heads(sorted({g.series for g in gs}), list(panels.values()), data,
+                                   f"{task}: metric vs evaluated length (error bars: 95% CI over seeds, Student t)",
+                                   xlabel="length (tokens)")
+
+
 def _layer_entries(run: Run, loc: str) -> list[dict]:
     return (((run.latest or {}).get("locations") or {}).get(loc) or {}).get("layers") or []
 
@@ -231,6 +264,10 @@ def _figure_sections(groups: Sequence[Group]) -> list[str]:
             for png in [metric_vs_heads(groups, task)] if png]
     if figs:
         parts += ["<h2>Metric vs number of heads</h2>", f'<div class="figs">{"".join(figs)}</div>']
+    figs = [_img(png, f"{task} metric vs length") for task in sorted({g.common(lambda r: r.task) for g in groups})
+            for png in [metric_vs_length(groups, task)] if png]
+    if figs:
+        parts += ["<h2>Metric vs evaluated length</h2>", f'<div class="figs">{"".join(figs)}</div>']
     rows = {loc: figure_rows(groups, loc) for loc in LOCATIONS}
     for cls in metric_classes(groups):  # each diagnostic's own section (JSD heat maps, Fig. 1 histograms, ...)
         drawn = [(caption, png) for loc in LOCATIONS for caption, png in cls.report_figures(rows[loc], loc)]

@@ -31,13 +31,16 @@ def positions_for(scheme) -> str:
     return "none" if build_core(scheme).requires_no_input_positions else "sinusoidal"
 
 
-@pytest.mark.parametrize("norm_first,positions", [(True, "sinusoidal"), (False, "sinusoidal"), (True, "rope")])
+@pytest.mark.parametrize("norm_first,positions", [(True, "sinusoidal"), (False, "sinusoidal"), (True, "rope"),
+                                                 (True, "alibi")])
 def test_lm_causal_no_leak(scheme, norm_first, positions):
-    if positions == "rope" and positions_for(scheme) == "none":
+    if positions in ("rope", "alibi") and positions_for(scheme) == "none":
         pytest.skip(f"{scheme} places positions itself (model.positions=none)")
+    if positions == "alibi" and not factory(scheme)("decoder", 0, True).takes_alibi:
+        pytest.skip(f"{scheme} takes no score bias (refused with model.positions=alibi)")
     torch.manual_seed(0)
     lm = DecoderOnlyLM(20, factory(scheme), decoder_layers=2, norm_first=norm_first,
-                       **{**SIZES, "positions": positions if positions == "rope" else positions_for(scheme)}).eval()
+                       **{**SIZES, "positions": positions if positions in ("rope", "alibi") else positions_for(scheme)}).eval()
     ids = torch.randint(3, 20, (2, 10))
     t = 4
     changed = ids.clone()
