@@ -44,6 +44,7 @@ from nas_cli.report.table import Group
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below
+from study_baselines import LENGTHS, MQAR, baselines_section  # noqa: E402
 from study_claims import CLAIM_ROWS, claims_section  # noqa: E402,F401
 from study_common import (ADDITIVE, ADDITIVE_SWEEPS, LM_HF_SWEEPS, CSV_NAME, FIG1_CUT, HEADS, HEADS_SWEEPS, LM_METRICS,
                           LM_SWEEPS, MT_METRICS, MT_SWEEPS, NAMES, RESULTS, ROOT, STUDY, ci_text, study_groups, p_text,
@@ -122,12 +123,13 @@ def heads_figure(groups: list[Group]) -> bytes | None:
 def fig1(mt_root, figures: Path) -> list[str]:
     """Ding et al. Fig. 1 as measured here: the histogram of log column mass under UNAS and DNAS,
     with the -log Sk floor, per location (all layers, heads and seeds of the 4-head runs)."""
-    from nas_cli.report.html import log_mass_overlays
+    from nas_cli.diagnostics.metrics import ExplainedAway
+    from nas_cli.report.html import figure_rows
 
     groups = [grp for grp in study_groups(mt_root, 4) if grp.common(lambda r: r.scheme) in ("unas", "dnas")]
     written = []
     for loc in ("encoder", "decoder", "cross"):
-        for _title, png in log_mass_overlays(groups, loc)[:1]:
+        for _title, png in ExplainedAway.report_figures(figure_rows(groups, loc), loc)[:1]:
             (figures / f"fig1_{loc}.png").write_bytes(png)
             written.append(f"fig1_{loc}.png")
     return written
@@ -206,6 +208,9 @@ def results_section(roots: list[tuple[list[str], list[str]]]) -> str | None:
             continue
         finished = [d for d in found if any(r.finished for r in find_runs([d]))]
         code, out, err = _nas_report([*finished, *options, "--format", "markdown"])
+        if code != 0 and ("no other group" in err or "no group matches" in err):  # a sweep still under way
+            lines += [f"### {names}", "", f"Not compared yet ({err.strip().removeprefix('nas-report: error: ')}).", ""]
+            continue
         if code != 0:
             print(err, file=sys.stderr)
             return None
@@ -253,7 +258,11 @@ def generate(study: Path, out: Path, figures: Path | None, csv_path: Path | None
                                (at(ADDITIVE_SWEEPS), ["--baseline", f"scheme={ADDITIVE['two']}", "--metrics",
                                                       "bleu,step_variation:cross"]),
                                (at(LM_SWEEPS), [*unas, LM_METRICS]),
-                               (at(LM_HF_SWEEPS), [*unas, LM_METRICS])])
+                               (at(LM_HF_SWEEPS), [*unas, LM_METRICS]),
+                               *[(at(names), ["--baseline", "scheme=unas,model.positions=rope", "--metrics",
+                                              "query_acc"]) for names in MQAR.values()],
+                               (at(LENGTHS), ["--baseline", "scheme=unas,model.positions=rope", "--metrics",
+                                              "ppl,ppl@512,ppl@1024,ppl@2048,sink_rate"])])
     if results is None:
         return 1
     if figures is not None:
@@ -262,10 +271,12 @@ def generate(study: Path, out: Path, figures: Path | None, csv_path: Path | None
     write_markdown(out, claims_section(at(MT_SWEEPS), at(LM_SWEEPS), at(ADDITIVE_SWEEPS), at(HEADS_SWEEPS),
                                        at(LM_HF_SWEEPS)))
     write_markdown(out, heads_section(at(HEADS_SWEEPS), figures))
+    write_markdown(out, baselines_section(study))
     write_markdown(out, results + "\n")
     if csv_path is not None:
         csv_path.parent.mkdir(parents=True, exist_ok=True)
-        csv_path.write_text(runs_csv(at(sorted({*MT_SWEEPS, *HEADS_SWEEPS, *ADDITIVE_SWEEPS, *LM_SWEEPS, *LM_HF_SWEEPS}))))
+        csv_path.write_text(runs_csv(at(sorted({*MT_SWEEPS, *HEADS_SWEEPS, *ADDITIVE_SWEEPS, *LM_SWEEPS, *LM_HF_SWEEPS,
+                                                 *LENGTHS, *(n for names in MQAR.values() for n in names)}))))
     return 0
 
 

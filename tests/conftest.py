@@ -1,5 +1,6 @@
 import os
 from pathlib import Path
+from types import MappingProxyType
 
 # Triton's CPU interpreter for the kernels of attention.impl=triton (tests/attention/test_attention_triton.py):
 # it must be set before Triton is first imported, which defines its own library functions then
@@ -49,8 +50,32 @@ def pytest_sessionfinish(session, exitstatus):
 SHARED_SWEEPS = {"compare_sweep", "sweep", "seed_sweep", "report", "readme_sweep"}
 
 
+#: the test files of the slow kinds, marked ``slow``: ``python -m pytest -n auto -m "not slow"`` is the loop
+#: of minutes a developer runs while working, the README's command (and .ci/run) runs them all
+#: (docs/testing.md says what each costs)
+SLOW = MappingProxyType({
+    "test_slurm": "a real SLURM cluster",
+    "test_ray": "a real Ray cluster",
+    "test_scale": "kill and resume, stop signals, DDP and sweeps of real processes",
+    "test_hardening": "killed, stopped and resumed runs",
+    "test_runs_intact": "runs killed at every phase",
+    "test_stop_in_evaluation": "stops during long evaluations",
+    "test_sequential_sweep": "seed=auto sweeps, killed and continued",
+    "test_parallel_sweep": "parallel sweeps of real processes",
+    "test_triton_compile": "compiling the Triton kernels",
+    "test_attention_triton": "the Triton kernels in Triton's interpreter",
+    "test_calibration": "calibration simulations",
+    "test_readme_compare": "the README's grid and comparison as written",
+    "test_extending": "the extension walk-throughs as written",
+    "test_packaging": "building and installing the wheel",
+    "test_debug_fast": "debug=fast on every preset",
+})
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if SHARED_SWEEPS & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        if item.module.__name__.rpartition(".")[2] in SLOW:
+            item.add_marker(pytest.mark.slow)
