@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                                                      "difference of DELTA (in the metric's units) with 80%% power, "
                                                      "at the spread observed so far; DELTA for every metric, or "
                                                      "metric=DELTA[,...] (bleu=0.5,ppl=0.2)")
+    p.add_argument("--equivalence", metavar="MARGIN", help="also test equivalence (TOST over seeds, Holm): "
+                   "'equivalent within ±MARGIN' or 'not shown equivalent' per comparison; MARGIN for every metric, "
+                   "or metric=MARGIN[,...] (bleu=0.5,ppl=2), in the metric's units")
     p.add_argument("--wandb", nargs="?", const="offline", choices=("offline", "online"), metavar="MODE",
                    help="also log this comparison as a W&B run (job type report) in the runs' W&B group: every "
                         "table (verdicts, per-seed detail, detectable differences), the figures and the HTML page; "
@@ -175,14 +178,19 @@ def _compare(args, groups):
 
     wanted = wanted_metrics(args)
     metrics = metrics_for(groups, wanted) if (args.baseline or wanted) else []
-    if args.detect and not args.baseline:
-        raise CompareError("--detect plans seeds for a comparison: add --baseline, e.g. --baseline scheme=unas")
+    for option in ("detect", "equivalence"):
+        if getattr(args, option) and not args.baseline:
+            raise CompareError(f"--{option} is about a comparison: add --baseline, e.g. --baseline scheme=unas")
     if not args.baseline:
         return metrics, None, {}, []
+    from nas_cli.report.equivalence import parse_margins
+
     baseline = select_baselines(groups, args.baseline)
     detect = parse_detect(args.detect, metrics)
+    margins = parse_margins(args.equivalence, metrics, CompareError)
     compared = compare_groups(groups, baseline, metrics, samples=max(10, args.samples),
-                              trials=10 * max(10, args.samples), item_tests=not args.no_item_tests, detect=detect)
+                              trials=10 * max(10, args.samples), item_tests=not args.no_item_tests, detect=detect,
+                              equivalence=margins)
     verdicts = (verdict_table(compared), method_note(compared), baseline)
     marked = {(id(r.group), r.comparison.metric): r.comparison.direction() != 0 for r in compared}
     return metrics, verdicts, marked, compared

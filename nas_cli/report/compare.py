@@ -220,7 +220,8 @@ def parse_detect(text: str | None, metrics: Sequence[str]) -> dict[str, float]:
 
 def compare_groups(groups: Sequence[Group], baseline: Group | Baselines, metrics: Sequence[str],
                    samples: int = item_stats.BOOTSTRAP_SAMPLES, trials: int = item_stats.AR_TRIALS,
-                   item_tests: bool = True, detect: dict[str, float] | None = None) -> list[Row]:
+                   item_tests: bool = True, detect: dict[str, float] | None = None,
+                   equivalence: dict[str, float] | None = None) -> list[Row]:
     """Every other group against ``baseline``, per metric (in the order asked for): the verdict
     over seeds (:func:`~nas_cli.report.stats.compare_seeds`, paired by seed; Welch's t when the
     groups share fewer than 2 seeds), Holm-adjusted over the groups; and, for the test metrics
@@ -250,6 +251,10 @@ def compare_groups(groups: Sequence[Group], baseline: Group | Baselines, metrics
                 c.items = _item_level(m, _pairs(base, g), items, cache, samples, trials)
             found.append(Row(g, c, higher_is_better(m), base))
         rows.extend(_holm(found))
+        if m in (equivalence or {}):  # TOST at the margin, Holm over the same groups
+            from nas_cli.report.equivalence import attach
+
+            attach([r.comparison for r in found], equivalence[m])
     return rows
 
 

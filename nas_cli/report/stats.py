@@ -164,6 +164,7 @@ class Comparison:
     outlier: object | None = None  # paired: the seed whose difference is an outlier (nas_cli.report.robust)
     without_outlier: tuple | None = None  # (difference, p) of the paired t-test without that seed
     signflip_p: float | None = None  # paired, from 6 seeds: the exact sign-flip test's p
+    equivalence: object | None = None  # --equivalence: the TOST verdict (nas_cli.report.equivalence)
 
     @property
     def n(self) -> int:

@@ -35,15 +35,18 @@ def verdict_table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     """Question (a), one row per system and metric: the verdict over seeds (with the baseline
     group's label beside the system where the systems have different baselines)."""
     planning = any(r.comparison.detect for r in rows)
+    equivalence = any(r.comparison.equivalence is not None for r in rows)
     several = _several(rows)
     head = ["system", *(["against"] if several else []), "metric", "seeds", "baseline", "system mean",
-            "difference [95% CI]", "p", "p (Holm)", "verdict", "detectable (80%)"] + (["seeds for ±detect"] if planning else [])
+            "difference [95% CI]", "p", "p (Holm)", "verdict", "detectable (80%)"] + \
+        (["seeds for ±detect"] if planning else []) + (["equivalence (TOST, Holm)"] if equivalence else [])
     out = []
     for r in rows:
         c = r.comparison
+        tost = ([c.equivalence.verdict() if c.equivalence is not None else "-"] if equivalence else [])
         if c.undefined:  # no numbers by design: the verdict column says why
             out.append([*_system(r, several), metric_name(c.metric), *["-"] * 6, c.verdict(r.higher_is_better), "-"]
-                       + (["-"] if planning else []))
+                       + (["-"] if planning else []) + tost)
             continue
         det = c.detectable()
         row = [*_system(r, several), metric_name(c.metric), _seeds(c), _num(c.base_mean), _num(c.sys_mean),
@@ -53,7 +56,7 @@ def verdict_table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
         if planning:
             need = c.needed()
             row.append("-" if c.detect is None else f"±{c.detect:g}: " + ("?" if need is None else str(need)))
-        out.append(row)
+        out.append(row + tost)
     return head, out
 
 
@@ -74,8 +77,16 @@ def verdict_records(rows: Sequence[Row]) -> list[dict]:
                     "outlier_seed": c.outlier["seed"] if c.outlier else None,
                     "outlier_p": c.outlier["p"] if c.outlier else None,
                     "p_without_outlier": c.without_outlier[1] if c.without_outlier else None,
-                    "p_signflip": c.signflip_p})
+                    "p_signflip": c.signflip_p, **_equivalence_record(c.equivalence)})
     return out
+
+
+def _equivalence_record(e) -> dict:
+    """--equivalence's fields of a record (absent without it)."""
+    if e is None:
+        return {}
+    return {"equivalence_margin": e.margin, "p_tost": _nan(e.p), "p_tost_holm": _nan(e.p_adj),
+            "equivalent": e.equivalent, "equivalence": e.verdict()}
 
 
 def cautions(rows: Sequence[Row]) -> list[str]:
@@ -146,7 +157,11 @@ def method_note(rows: Sequence[Row]) -> str:
             "observed spread (an estimate from few seeds: treat it as rough)."
             + (" seeds for ±detect: how many paired seeds would detect the --detect difference with 80% power at the "
                "observed spread (the same estimate, planned for the difference you name)."
-               if any(getattr(r.comparison, "detect", None) is not None for r in rows) else ""))
+               if any(getattr(r.comparison, "detect", None) is not None for r in rows) else "")
+            + (" equivalence: two one-sided t-tests (TOST) on the same differences, equivalent within ±margin when "
+               "both reject at 5% after Holm over the groups (the 90% interval inside the margin); 'not shown "
+               "equivalent' is no evidence of a difference."
+               if any(r.comparison.equivalence is not None for r in rows) else ""))
 
 
 ITEM_NOTE = ("On this test set, per trained model (supporting detail, not a verdict over seeds): each paired seed's "
