@@ -87,7 +87,7 @@ def table(result: dict) -> str:
              f"{result['seed_sd']}, run sd {result['run_sd']} (so the paired difference's sd is "
              f"{math.sqrt(2) * result['run_sd']:.2f}), two systems against one baseline (Holm over both). "
              "'at the margin': the true difference is exactly +margin or -margin, where calling it equivalent is "
-             "the error TOST keeps at or below 5%; '0' and 'margin/2': the power.", "",
+             "the error TOST keeps at or below 5% (± two standard errors of the simulation); '0' and 'margin/2': the power. The Holm step over two systems makes the error at small n smaller than 5%.", "",
              "| margin | seeds | called equivalent at the margin (error, <= 5%) | at margin/2 | at 0 (power) |",
              "|---:|---:|---:|---:|---:|"]
     for c in result["cells"]:
