@@ -69,7 +69,12 @@ SLOW = MappingProxyType({
     "test_extending": "the extension walk-throughs as written",
     "test_packaging": "building and installing the wheel",
     "test_debug_fast": "debug=fast on every preset",
+    "test_study_page": "the study page regenerated from the committed runs",
+    "test_eval_speed": "a benchmark script run end to end",
 })
+#: fixtures of the slow kinds: the report tests' shared sweeps (trained once per test run) and a fresh
+#: torch.compile cache (compiling kernels)
+SLOW_FIXTURES = SHARED_SWEEPS | {"fresh_dynamo"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
@@ -77,5 +82,5 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SHARED_SWEEPS & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-        if item.module.__name__.rpartition(".")[2] in SLOW:
+        if item.module.__name__.rpartition(".")[2] in SLOW or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

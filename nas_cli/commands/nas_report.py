@@ -178,9 +178,10 @@ def _compare(args, groups):
 
     wanted = wanted_metrics(args)
     metrics = metrics_for(groups, wanted) if (args.baseline or wanted) else []
-    for option in ("detect", "equivalence"):
-        if getattr(args, option) and not args.baseline:
-            raise CompareError(f"--{option} is about a comparison: add --baseline, e.g. --baseline scheme=unas")
+    if args.detect and not args.baseline:
+        raise CompareError("--detect plans seeds for a comparison: add --baseline, e.g. --baseline scheme=unas")
+    if args.equivalence and not args.baseline:
+        raise CompareError("--equivalence tests a comparison: add --baseline, e.g. --baseline scheme=unas")
     if not args.baseline:
         return metrics, None, {}, []
     from nas_cli.report.equivalence import parse_margins

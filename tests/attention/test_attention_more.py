@@ -409,6 +409,7 @@ SMALL = ["debug=fast", "diagnostics.plots=never", "trainer.max_steps=4", "run_te
          "task.val_size=16", "task.test_size=16", "task.batch_size=8"]  # the figures: tests/diagnostics
 
 
+@pytest.mark.slow  # a multirun sweep of every scheme
 def test_every_new_scheme_runs_in_a_multirun(tmp_path, monkeypatch):
     from helpers import nas_run
 

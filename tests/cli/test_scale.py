@@ -407,7 +407,9 @@ def test_a_run_started_with_the_signal_ignored_keeps_ignoring_it(tmp_path, sig):
     assert proc.poll() is None, proc.stderr.read()[-3000:]  # still training
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM and "stopped: SIGTERM during training" in err, err[-3000:]
+    # the stop lands in training or in one of its validations (every 80 steps): either is a stop of the run
+    assert proc.returncode == 128 + signal.SIGTERM and re.search(r"stopped: SIGTERM during (training|validation)",
+                                                                 err), err[-3000:]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1])

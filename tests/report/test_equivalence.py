@@ -87,7 +87,7 @@ def test_nas_report_gives_each_comparison_its_equivalence_verdict_with_holm(tmp_
     text = run_command([script("nas-report"), str(tmp_path), "--baseline", "scheme=unas", "--equivalence", "bleu=0.5",
                         "--format", "markdown"], cwd=tmp_path)
     assert "equivalence (TOST, Holm)" in text.stdout and "two one-sided t-tests (TOST)" in text.stdout
-    for argv, message in ((["--equivalence", "0.5"], "--equivalence is about a comparison: add --baseline"),
+    for argv, message in ((["--equivalence", "0.5"], "--equivalence tests a comparison: add --baseline"),
                           (["--baseline", "scheme=unas", "--equivalence", "bleu=x"], "expected a margin")):
         bad = run_command([script("nas-report"), str(tmp_path), *argv], cwd=tmp_path)
         assert bad.returncode == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -96,6 +96,7 @@ def test_learned_positions_up_to_max_len_and_positions_that_extend_are_accepted(
         check_config(compose_cfg("task=mqar", "eval_lengths=[1024]", f"model.positions={positions}", "model.max_len=64"))
 
 
+@pytest.mark.slow  # a sweep of four runs
 def test_a_run_reports_each_length_in_its_summary_table_wandb_nas_report_and_nas_eval(tmp_path):
     out = nas_run("task=mqar", "debug=fast", "eval_lengths=[128,256]", "model.positions=sinusoidal",
                   "model.max_len=64", "seed=1,2", "attention=unas,sigmoid", "-m",
@@ -134,6 +135,7 @@ def test_a_run_reports_each_length_in_its_summary_table_wandb_nas_report_and_nas
     assert "test/query_acc@96" in result["metrics"] and result["lengths"] == {"trained": 64, "evaluated": [96]}
 
 
+@pytest.mark.slow  # a real corpus, trained and tested at three lengths
 @pytest.mark.skipif(not WIKITEXT2.is_dir(), reason="../shared/data/wikitext-2 not present")
 def test_wikitext2_trained_at_one_length_and_tested_at_others_as_the_docs_show(tmp_path):
     """The command of docs/tasks.md, as written (the repository's root as working directory)."""

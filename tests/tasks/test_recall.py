@@ -70,6 +70,7 @@ def test_splits_are_seeded_and_apart_and_bad_options_say_which():
         SelectiveCopy(seq_len=40, num_tokens=30)
 
 
+@pytest.mark.slow  # trained runs, Hugging Face models among them
 @pytest.mark.parametrize("task,metric", [("mqar", "query_acc"), ("selective_copy", "copy_acc")])
 @pytest.mark.parametrize("model", ["tiny", "hf_llama"])
 def test_each_trains_to_a_summary_with_its_accuracy(task, metric, model, tmp_path):
