@@ -120,7 +120,7 @@ def run_side(side: str, model: str, path: str, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     cfg = _config(model, path)
-    from nas_cli.pipeline.run import build_task
+    from nas_cli.pipeline.parts import build_task
 
     task = build_task(cfg)
     loader = task.val_dataloader()
@@ -129,7 +129,7 @@ def run_side(side: str, model: str, path: str, threads: int) -> dict:
         import pytorch_lightning as pl
 
         from nas_cli.model.plan import AttentionPlan
-        from nas_cli.pipeline.run import build_module
+        from nas_cli.pipeline.parts import build_module
 
         module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model))
         trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,

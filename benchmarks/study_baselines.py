@@ -11,7 +11,7 @@ from nas_cli.report.collect import find_runs
 from nas_cli.report.compare import compare_groups
 from nas_cli.report.table import Group, group_runs
 
-from study_common import p_text, study_roots
+from study_common import ci_text, p_text, study_roots
 
 HEADING = "## Today's baselines: MQAR and length generalization (generated)"
 #: MQAR's cells (task.seq_len, its sweeps) and the length sweeps, under benchmarks/study/
@@ -40,16 +40,6 @@ def _groups(study: Path, names) -> dict[tuple, Group]:
     return {_key(g): g for g in group_runs(runs)} if runs else {}
 
 
-def _cell(g: Group | None, name: str, fmt: str, scale: float = 1.0) -> str:
-    if g is None:
-        return "not run"
-    st = g.stat(name)
-    if st is None:
-        return "-"
-    m, half, n = st
-    return f"{fmt.format(m * scale)} ± {fmt.format(half * scale)} (n={n})" if n > 1 else f"{fmt.format(m * scale)} (n=1)"
-
-
 def _compare(base: Group | None, systems: list[Group | None], metric: str, margin: float | None = None):
     """nas-report's rows of ``systems`` against ``base`` on ``metric`` (Holm over the systems; with
     ``margin``, its equivalence verdict too), or None."""
@@ -75,7 +65,7 @@ def mqar_table(study: Path) -> list[str]:
     head = "| scheme (positions) | " + " | ".join(f"seq {s}, d_model {d}" for s, d in cells) + " |"
     lines = [head, "|---|" + "---|" * len(cells)]
     for scheme, positions in CONFIGS:
-        row = [_cell(groups[s].get((scheme, positions, d, s)), "test/query_acc", "{:.1f}", 100) for s, d in cells]
+        row = [ci_text(groups[s].get((scheme, positions, d, s)), "test/query_acc", "{:.1f}", 100) for s, d in cells]
         lines.append(f"| {scheme} ({positions}) | " + " | ".join(row) + " |")
     return lines
 
@@ -87,7 +77,7 @@ def lengths_table(study: Path) -> list[str]:
              "|---|" + "---|" * (len(TESTED) + 1)]
     for scheme, positions in CONFIGS:
         g = next((v for k, v in groups.items() if k[:2] == (scheme, positions)), None)
-        row = [_cell(g, n, "{:.1f}") for n in names] + [_cell(g, "sink_rate", "{:.2f}")]
+        row = [ci_text(g, n, "{:.1f}") for n in names] + [ci_text(g, "sink_rate", "{:.2f}")]
         lines.append(f"| {scheme} ({positions}) | " + " | ".join(row) + " |")
     return lines
 
@@ -130,7 +120,7 @@ def claims(study: Path) -> list[str]:
         words, verdict = "not run", "undecided"
     row("gated, softpick and sigmoid attention have no attention sinks where softmax has them (Qiu et al. 2025; Zuhri "
         "et al. 2025; Gu et al. 2024: the share of heads whose mean first-key weight is > 0.3)",
-        f"sink rate, WikiText-2, UNAS (rope) {_cell(base, 'sink_rate', '{:.2f}')}; difference from it: {words}",
+        f"sink rate, WikiText-2, UNAS (rope) {ci_text(base, 'sink_rate', '{:.2f}')}; difference from it: {words}",
         verdict)
     # extrapolation
     for n in (1024, 2048):

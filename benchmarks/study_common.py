@@ -34,14 +34,15 @@ FIG1_CUT = -20.0
 CSV_NAME = "runs.csv"
 
 
-def ci_text(group: Group | None, name: str, fmt: str = "{:.2f}") -> str:
+def ci_text(group: Group | None, name: str, fmt: str = "{:.2f}", scale: float = 1.0) -> str:
+    """``mean ± half-width (n=...)`` of ``name`` over the group's runs, times ``scale`` (100: a share in %)."""
     if group is None:
         return "not run"
     st = group.stat(name)
     if st is None:
         return "-"
     m, half, n = st
-    return f"{fmt.format(m)} ± {fmt.format(half)} (n={n})" if n > 1 else f"{fmt.format(m)} (n=1)"
+    return f"{fmt.format(m * scale)} ± {fmt.format(half * scale)} (n={n})" if n > 1 else f"{fmt.format(m * scale)} (n=1)"
 
 
 def diff_text(row, fmt: str = "{:+.2f}", holm: bool = True) -> str:

@@ -188,7 +188,7 @@ def _compare(args, groups):
 
     baseline = select_baselines(groups, args.baseline)
     detect = parse_detect(args.detect, metrics)
-    margins = parse_margins(args.equivalence, metrics, CompareError)
+    margins = parse_margins(args.equivalence, metrics)
     compared = compare_groups(groups, baseline, metrics, samples=max(10, args.samples),
                               trials=10 * max(10, args.samples), item_tests=not args.no_item_tests, detect=detect,
                               equivalence=margins)

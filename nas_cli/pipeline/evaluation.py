@@ -87,7 +87,7 @@ def evaluate(args) -> dict:
     from nas_cli.pipeline.progress import progress_callback
     from nas_cli.pipeline.resolvers import register_resolvers
     from nas_cli.pipeline.lengths import lengths_record, test_at_lengths
-    from nas_cli.pipeline.run import build_module, build_task
+    from nas_cli.pipeline.parts import build_module, build_task
     from nas_cli.pipeline.trainer import set_threads
 
     register_resolvers()  # the saved config's ${nas.*} interpolations

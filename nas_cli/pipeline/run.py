@@ -14,22 +14,19 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from nas_cli.attention import SchemeError
-from tasks.scores import declaration
 from nas_cli.infra.checkpoints import (PeriodicCheckpoint, checkpoint_io, tested_checkpoint,
                                       unreadable_checkpoint)
 from nas_cli.errors import Refused, SignalStop, Stopped, UserError, record, say
-from nas_cli.errors import unwrap as _unwrap
 from nas_cli.infra.atomic import remove_stale_temporaries
 from nas_cli.infra.config_identity import config_id
 from nas_cli.pipeline.lengths import requested, test_at_lengths
-from nas_cli.pipeline.lit import NasLitModule, count_parameters
+from nas_cli.pipeline.lit import count_parameters
+from nas_cli.pipeline.parts import build_module, build_task
 from nas_cli.pipeline.sections import CheckpointOptions
 from nas_cli.infra.loggers import finish_logger, make_logger, wandb_run_id
 from nas_cli.infra.wandb_offline import carry_history
@@ -49,44 +46,6 @@ from nas_cli.infra.atomic import atomic_write_json, atomic_write_text
 from nas_cli.infra.rundir import ITEMS_FILE, continuing
 from nas_cli.infra.distributed import StepSeed, shard_and_resume
 from nas_cli.infra.validate_at_end import ValidateAtEnd
-
-
-def build_task(cfg: DictConfig, task=None):
-    """The task of ``cfg`` with its data set up for training: ``task`` as the pre-run check built it
-    (the job trains with the task it checked), else built here."""
-    try:
-        if task is None:
-            task = instantiate(cfg.task, _convert_="all")
-            declaration(task.metrics)  # a malformed metrics declaration is refused before any data is read
-        task.setup("fit")
-        return task
-    except UserError:
-        raise
-    except (ValueError, TypeError, InstantiationException, OSError) as err:
-        raise UserError(f"task '{cfg.task.get('name', '?')}': {_unwrap(err)}") from err
-
-
-def check_lengths(task, model_max_len: int) -> None:
-    """Refuse, before training, evaluation sources longer than the model's positions (they
-    would stop the run at its first validation)."""
-    ids = task.ids
-    if not isinstance(ids, dict):
-        return
-    for split in ("valid", "test"):
-        if split in ids and ids[split][0]:
-            longest = max(len(s) for s in ids[split][0])
-            if longest > model_max_len:
-                raise UserError(f"the longest {split} source has {longest} tokens, more than model.max_len="
-                                f"{model_max_len} positions: raise model.max_len (e.g. model.max_len={longest + 64}) "
-                                f"or lower task.max_len to {model_max_len} (longer evaluation sources are cut to it)")
-
-
-def build_module(cfg: DictConfig, task, cores: Cores) -> NasLitModule:
-    check_lengths(task, int(cfg.model.max_len))
-    try:
-        return NasLitModule(cfg.model, cores, cfg.optim, task, log_learned_every=cfg.log_learned_every)
-    except (SchemeError, ValueError, InstantiationException) as err:
-        raise UserError(_unwrap(err)) from err
 
 
 def _warn(message: str) -> None:

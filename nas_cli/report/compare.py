@@ -196,25 +196,33 @@ class Row:
 
 def parse_detect(text: str | None, metrics: Sequence[str]) -> dict[str, float]:
     """``--detect 0.5`` (every metric) or ``--detect bleu=1,ppl=0.2``: the differences to plan for."""
+    return per_metric("--detect", text, metrics, "a number (0.5) or metric=number[,...] (bleu=1,ppl=0.2)",
+                      "a difference to detect must be positive")
+
+
+def per_metric(option: str, text: str | None, metrics: Sequence[str], expected: str, positive: str,
+               hint: str = "") -> dict[str, float]:
+    """An option of one positive number for every metric or ``metric=number[,...]``: {metric: number},
+    refused in one line naming ``option`` (``expected``: what it takes; ``positive``: why it must be > 0)."""
     if not text:
         return {}
     out: dict[str, float] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, eq, value = part.rpartition("=")
         try:
-            delta = float(value)
+            number = float(value)
         except ValueError:
-            raise CompareError(f"--detect {text}: expected a number (0.5) or metric=number[,...] (bleu=1,ppl=0.2)")
+            raise CompareError(f"{option} {text}: expected {expected}")
         if not eq:
-            out.update({m: delta for m in metrics})
+            out.update({m: number for m in metrics})
             continue
         key = name if name in metrics or name.startswith("test/") else f"test/{name}"
         if key not in metrics:
-            raise CompareError(f"--detect {name}: not among the compared metrics "
-                               f"({', '.join(metric_name(m) for m in metrics)})")
-        out[key] = delta
+            raise CompareError(f"{option} {name}: not among the compared metrics "
+                               f"({', '.join(metric_name(m) for m in metrics)}){hint}")
+        out[key] = number
     if any(not (d > 0) for d in out.values()):
-        raise CompareError(f"--detect {text}: a difference to detect must be positive")
+        raise CompareError(f"{option} {text}: {positive}")
     return out
 
 

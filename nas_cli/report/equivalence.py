@@ -80,27 +80,10 @@ def attach(comparisons: Sequence, margin: float) -> None:
         c.equivalence = e
 
 
-def parse_margins(text: str | None, metrics: Sequence[str], error: type[Exception]) -> dict[str, float]:
+def parse_margins(text: str | None, metrics: Sequence[str]) -> dict[str, float]:
     """``--equivalence 0.5`` (every metric) or ``--equivalence bleu=0.5,ppl=2``: {metric: margin}."""
-    from nas_cli.report.compare import metric_name
+    from nas_cli.report.compare import per_metric
 
-    if not text:
-        return {}
-    out: dict[str, float] = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        name, eq, value = part.rpartition("=")
-        try:
-            margin = float(value)
-        except ValueError:
-            raise error(f"--equivalence {text}: expected a margin (0.5) or metric=margin[,...] (bleu=0.5,ppl=2)")
-        if not eq:
-            out.update({m: margin for m in metrics})
-            continue
-        key = name if name in metrics or name.startswith("test/") else f"test/{name}"
-        if key not in metrics:
-            raise error(f"--equivalence {name}: not among the compared metrics "
-                        f"({', '.join(metric_name(m) for m in metrics)}); add it to --metrics")
-        out[key] = margin
-    if any(not (m > 0) for m in out.values()):
-        raise error(f"--equivalence {text}: a margin must be positive (the largest difference that counts as none)")
-    return out
+    return per_metric("--equivalence", text, metrics, "a margin (0.5) or metric=margin[,...] (bleu=0.5,ppl=2)",
+                      "a margin must be positive (the largest difference that counts as none)",
+                      "; add it to --metrics")

@@ -11,7 +11,8 @@ from datafiles import write_parallel
 from helpers import compose_cfg
 from nas_cli.model.plan import AttentionPlan
 from nas_cli.pipeline.evaluation import evaluate
-from nas_cli.pipeline.run import build_task, train
+from nas_cli.pipeline.parts import build_task
+from nas_cli.pipeline.run import train
 
 
 def _args(run, **kw):

@@ -23,7 +23,7 @@ from nas_cli.diagnostics.locations import location_scalars
 from nas_cli.model.choices import CONF_DIR
 from nas_cli.infra.resume import fault_tolerance_state
 from datafiles import write_lm, write_parallel
-from nas_cli.pipeline.run import build_module, build_task
+from nas_cli.pipeline.parts import build_module, build_task
 from nas_cli.infra.distributed import shard_and_resume
 from nas_cli.infra.wandb_offline import read_run
 from nas_cli.model.plan import AttentionPlan

@@ -12,7 +12,8 @@ import torch
 
 from nas_cli.diagnostics import explained_away_stats, head_jsd_per_sample
 from nas_cli.diagnostics.callback import DiagnosticsCallback
-from nas_cli.pipeline.run import build_module, build_task, train
+from nas_cli.pipeline.parts import build_module, build_task
+from nas_cli.pipeline.run import train
 from nas_cli.model.plan import AttentionPlan
 from helpers import compose_cfg
 

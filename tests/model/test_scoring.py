@@ -14,7 +14,7 @@ from datafiles import write_lm, write_parallel
 from helpers import compose_cfg
 from nas_cli.model.plan import AttentionPlan
 from nas_cli.model.scoring import score_positions
-from nas_cli.pipeline.run import build_module, build_task
+from nas_cli.pipeline.parts import build_module, build_task
 
 REL = 1e-6
 
