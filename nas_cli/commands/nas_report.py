@@ -172,7 +172,8 @@ def _load(args):
 def _compare(args, groups):
     """The metrics asked for and, with --baseline, every group against it: (metrics, (verdict
     table, method note, baseline) or None, {(group, metric): significant}, the comparison rows)."""
-    from nas_cli.report.compare import CompareError, compare_groups, metrics_for, parse_detect, select_baselines
+    from nas_cli.report.compare import (CompareError, compare_groups, metrics_for, parse_detect, parse_margins,
+                                        select_baselines)
     from nas_cli.report.sections import wanted_metrics
     from nas_cli.report.verdicts import method_note, verdict_table
 
@@ -184,8 +185,6 @@ def _compare(args, groups):
         raise CompareError("--equivalence tests a comparison: add --baseline, e.g. --baseline scheme=unas")
     if not args.baseline:
         return metrics, None, {}, []
-    from nas_cli.report.equivalence import parse_margins
-
     baseline = select_baselines(groups, args.baseline)
     detect = parse_detect(args.detect, metrics)
     margins = parse_margins(args.equivalence, metrics)

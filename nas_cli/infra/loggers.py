@@ -201,37 +201,9 @@ def finish_logger(logger, summary: dict, job_dir: Path) -> None:
             # is logged at N - 1 within a launch); summary.json's best_val.step is N, the checkpoint's step
             run.summary["best/step"] = best.get("logged_step")
             run.summary["best/optimizer_step"] = best["step"]
-        if summary.get("lengths"):
-            log_length_charts(run, summary)
         summary["wandb_run_id"] = run.id
         summary["wandb_dir"] = os.path.relpath(run.dir, job_dir)
         run.finish()
     else:
         logger.finalize("success")
 
-
-def length_curves(summary: dict) -> dict[str, list[tuple[int, float]]]:
-    """{test metric: [(length, value), ...] in increasing length} of a run evaluated at other lengths
-    (``eval_lengths``): the trained length's value (``test/<metric>``) and each ``test/<metric>@<length>``."""
-    from tasks.scores import split_key
-
-    test, trained = summary.get("test") or {}, (summary.get("lengths") or {}).get("trained")
-    curves: dict[str, dict[int, float]] = {}
-    for key, value in test.items():
-        parts = split_key(key)
-        if parts:
-            curves.setdefault(parts[0], {})[parts[1]] = float(value)
-    for base, points in curves.items():
-        if trained is not None and base in test:
-            points.setdefault(int(trained), float(test[base]))
-    return {base: sorted(points.items()) for base, points in curves.items()}
-
-
-def log_length_charts(run, summary: dict) -> None:
-    """One W&B line chart per test metric against the evaluated length (``lengths/<metric>``)."""
-    import wandb
-
-    for base, points in length_curves(summary).items():
-        name = base.removeprefix("test/")
-        table = wandb.Table(data=[[length, value] for length, value in points], columns=["length", name])
-        run.log({f"lengths/{name}": wandb.plot.line(table, "length", name, title=f"{name} against the length")})

@@ -101,3 +101,34 @@ def declared_at_lengths(declared: dict[str, list], test: dict[str, Any]) -> dict
 def lengths_record(task, lengths: list[int]) -> dict[str, Any] | None:
     """summary.json's ``lengths``: the trained length and the ones evaluated (None without eval_lengths)."""
     return {"trained": int(task.trained_length()), "evaluated": list(lengths)} if lengths else None
+
+
+def length_curves(summary: dict) -> dict[str, list[tuple[int, float]]]:
+    """{test metric: [(length, value), ...] in increasing length} of a run evaluated at other lengths
+    (``eval_lengths``): the trained length's value (``test/<metric>``) and each ``test/<metric>@<length>``."""
+    test, trained = summary.get("test") or {}, (summary.get("lengths") or {}).get("trained")
+    curves: dict[str, dict[int, float]] = {}
+    for key, value in test.items():
+        parts = split_key(key)
+        if parts:
+            curves.setdefault(parts[0], {})[parts[1]] = float(value)
+    for base, points in curves.items():
+        if trained is not None and base in test:
+            points.setdefault(int(trained), float(test[base]))
+    return {base: sorted(points.items()) for base, points in curves.items()}
+
+
+def log_length_charts(logger, summary: dict) -> None:
+    """One W&B line chart per test metric against the evaluated length (``lengths/<metric>``), in the
+    run's W&B run (none without W&B or without ``eval_lengths``)."""
+    from nas_cli.infra.loggers import wandb_run_id
+
+    if not summary.get("lengths") or not logger or not wandb_run_id(logger):
+        return
+    import wandb
+
+    run = logger.experiment
+    for base, points in length_curves(summary).items():
+        name = base.removeprefix("test/")
+        table = wandb.Table(data=[[length, value] for length, value in points], columns=["length", name])
+        run.log({f"lengths/{name}": wandb.plot.line(table, "length", name, title=f"{name} against the length")})

@@ -24,7 +24,7 @@ from nas_cli.infra.checkpoints import (PeriodicCheckpoint, checkpoint_io, tested
 from nas_cli.errors import Refused, SignalStop, Stopped, UserError, record, say
 from nas_cli.infra.atomic import remove_stale_temporaries
 from nas_cli.infra.config_identity import config_id
-from nas_cli.pipeline.lengths import requested, test_at_lengths
+from nas_cli.pipeline.lengths import log_length_charts, requested, test_at_lengths
 from nas_cli.pipeline.lit import count_parameters
 from nas_cli.pipeline.parts import build_module, build_task
 from nas_cli.pipeline.sections import CheckpointOptions
@@ -151,6 +151,7 @@ def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_
     if "test" in module.items:
         atomic_write_json(run_dir / ITEMS_FILE, module.items["test"], indent=None)
     summary = run_summary(cfg, job, trainer, ckpt, module, task, tested, test, fit_seconds, train_tokens)
+    log_length_charts(logger, summary)  # before the W&B run is closed
     finish_logger(logger, summary, run_dir)
     keep_summary(run_dir, job.kept)  # a finished run trained longer: finished until now, with its earlier summary
     atomic_write_json(run_dir / "summary.json", summary)

@@ -200,6 +200,14 @@ def parse_detect(text: str | None, metrics: Sequence[str]) -> dict[str, float]:
                       "a difference to detect must be positive")
 
 
+def parse_margins(text: str | None, metrics: Sequence[str]) -> dict[str, float]:
+    """``--equivalence 0.5`` (every metric) or ``--equivalence bleu=0.5,ppl=2``: {metric: margin}
+    (nas_cli/report/equivalence.py tests them)."""
+    return per_metric("--equivalence", text, metrics, "a margin (0.5) or metric=margin[,...] (bleu=0.5,ppl=2)",
+                      "a margin must be positive (the largest difference that counts as none)",
+                      "; add it to --metrics")
+
+
 def per_metric(option: str, text: str | None, metrics: Sequence[str], expected: str, positive: str,
                hint: str = "") -> dict[str, float]:
     """An option of one positive number for every metric or ``metric=number[,...]``: {metric: number},

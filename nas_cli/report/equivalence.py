@@ -78,12 +78,3 @@ def attach(comparisons: Sequence, margin: float) -> None:
         e.p_adj = None if math.isnan(p) else p
     for c, e in zip(comparisons, found):
         c.equivalence = e
-
-
-def parse_margins(text: str | None, metrics: Sequence[str]) -> dict[str, float]:
-    """``--equivalence 0.5`` (every metric) or ``--equivalence bleu=0.5,ppl=2``: {metric: margin}."""
-    from nas_cli.report.compare import per_metric
-
-    return per_metric("--equivalence", text, metrics, "a margin (0.5) or metric=margin[,...] (bleu=0.5,ppl=2)",
-                      "a margin must be positive (the largest difference that counts as none)",
-                      "; add it to --metrics")

@@ -9,8 +9,8 @@ import pytest
 from scipy import stats
 
 from helpers import run_command, script
-from nas_cli.report.compare import CompareError
-from nas_cli.report.equivalence import parse_margins, tost, tost_p
+from nas_cli.report.compare import CompareError, parse_margins
+from nas_cli.report.equivalence import tost, tost_p
 from nas_cli.report.stats import compare_seeds
 
 
