@@ -71,6 +71,10 @@ def test_the_readme_grid_and_both_report_lines_run_as_written(readme_sweep):
                          sweep="grid")
     assert detect.returncode == 0, detect.stderr
     assert "seeds for ±detect" in detect.stdout and "±0.5" in detect.stdout
+    equivalence = _run_readme("nas-report outputs/sweeps/<sweep> --baseline scheme=unas --equivalence bleu=1",
+                              readme_sweep, sweep="grid")
+    assert equivalence.returncode == 0, equivalence.stderr
+    assert "equivalence (TOST, Holm)" in equivalence.stdout and "equivalent within ±1" in equivalence.stdout
     tables = _run_readme("nas-report outputs/sweeps/<sweep> --baseline scheme=unas --out tables", readme_sweep,
                          sweep="grid")
     assert tables.returncode == 0, tables.stderr
