@@ -82,5 +82,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SHARED_SWEEPS & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-        if item.module.__name__.rpartition(".")[2] in SLOW or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if item.module.__name__.rpartition(".")[2] in SLOW or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) \
+                or _off_the_matrix_edges(item):
             item.add_marker(pytest.mark.slow)
+
+
+#: the task x scheme matrix of tests/cli/test_config.py: the quick loop keeps its edges, every scheme on
+#: one seq2seq and one language-model task and every task with UNAS; the rest of the matrix is slow
+MATRIX = ("test_every_task_and_scheme_composes_and_runs_a_batch", ("reverse", "copy_lm"), "unas")
+
+
+def _off_the_matrix_edges(item) -> bool:
+    name, tasks, scheme = MATRIX
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return (getattr(item, "originalname", None) == name and params.get("task_name") not in tasks
+            and params.get("scheme") != scheme)
