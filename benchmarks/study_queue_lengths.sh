@@ -8,7 +8,7 @@
 # train them. Order: MQAR at seq_len 64, WikiText-2, MQAR at seq_len 128.
 set -u
 export OMP_NUM_THREADS=1
-COMMON=(seed=1,2,3 hydra/launcher=joblib hydra.launcher.n_jobs=2 progress_bar=false)
+COMMON=(seed=1,2,3 hydra/launcher=joblib hydra.launcher.n_jobs=${STUDY_JOBS:-2} progress_bar=false)
 ROPE=attention=unas,dnas,hnas,sigmoid,softpick,gated,differential,selective
 sweep() { echo "== $(date -u +%FT%TZ) $*"; nas-run -m "$@" "${COMMON[@]}" || echo "== sweep exited $?"; }
 mqar() {  # seq_len, pairs
