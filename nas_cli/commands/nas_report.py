@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--equivalence", metavar="MARGIN", help="also test equivalence (TOST over seeds, Holm): "
                    "'equivalent within ±MARGIN' or 'not shown equivalent' per comparison; MARGIN for every metric, "
                    "or metric=MARGIN[,...] (bleu=0.5,ppl=2), in the metric's units")
+    p.add_argument("--tune", metavar="KEYS", help="a tuned comparison: each scheme at its own value of these swept "
+                   "options (optim.lr[,...]), chosen per cell by the best mean validation value, the verdicts on the "
+                   "test metrics at the chosen values; default: the tune=[...] the sweep ran with")
+    p.add_argument("--tuning-seeds", metavar="SEEDS", help="with --tune: these seeds only choose and the other seeds "
+                   "give the verdicts (held-apart tuning seeds); default: the sweep's tune_seeds, else the verdict "
+                   "seeds also choose (same-seed selection, docs/comparing.md#tuned-sweeps)")
     p.add_argument("--wandb", nargs="?", const="offline", choices=("offline", "online"), metavar="MODE",
                    help="also log this comparison as a W&B run (job type report) in the runs' W&B group: every "
                         "table (verdicts, per-seed detail, detectable differences), the figures and the HTML page; "
@@ -90,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nas_cli.report.compare import CompareError
     from nas_cli.report.formats import FORMATS
     from nas_cli.report.output import csv_table, print_report, write_out
-    from nas_cli.report.sections import notes as report_notes, runs_section, unfinished_section, verdict_sections
+    from nas_cli.report.sections import (notes as report_notes, runs_section, tuning_section, unfinished_section,
+                                         verdict_sections)
     from nas_cli.report.table import BadField
 
     try:
@@ -98,13 +105,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise _Fail(f"--format {args.format}: unknown; use one of {', '.join(FORMATS)}")
         _check_tables(args)
         runs, groups, by = _load(args)
-        metrics, verdicts, marked, compared = _compare(args, groups)
+        tuning = _tune(args, runs, groups, by)
+        metrics, verdicts, marked, compared = _compare(args, tuning.groups if tuning else groups, tuning)
         sections = [*runs_section(args, runs, groups, by, metrics, verdicts, marked),
-                    *verdict_sections(verdicts, compared), *_sequential_sections(args.paths),
-                    *unfinished_section(runs)]
+                    *tuning_section(tuning, verdicts), *verdict_sections(verdicts, compared),
+                    *_sequential_sections(args.paths), *unfinished_section(runs)]
     except (_Fail, BadField, CompareError, UserError, FileNotFoundError) as err:
         return _fail(str(err))
-    notes = report_notes(groups, compared, verdicts[2] if verdicts else None, args.paths)
+    notes = report_notes(groups, compared, verdicts[2] if verdicts else None, args.paths, tuning)
     console = Console() if sys.stdout.isatty() else Console(width=200)
     try:
         table = csv_table(args, sections) if args.format == "csv" else None
@@ -169,9 +177,27 @@ def _load(args):
     return runs, group_runs(runs, by), by
 
 
-def _compare(args, groups):
+def _tune(args, runs, groups, by):
+    """--tune (or the sweep's tune=[...]): each cell's chosen values and the groups the verdicts compare;
+    None when nothing is tuned."""
+    from nas_cli.report import tuning
+
+    keys = [k.strip() for k in args.tune.split(",") if k.strip()] if args.tune else tuning.from_runs(runs)[0]
+    seeds = tuning.parse_seeds(args.tuning_seeds) if args.tuning_seeds else tuning.from_runs(runs)[1]
+    if args.tuning_seeds and not keys:
+        raise _Fail("--tuning-seeds chooses the tuned values of --tune: add --tune, e.g. --tune optim.lr")
+    if not keys:
+        return None
+    if by is not None:
+        raise _Fail("--tune chooses among the groups of runs that differ only by seed: leave out --group-by")
+    return tuning.tune(groups, keys, seeds)
+
+
+def _compare(args, groups, tuning=None):
     """The metrics asked for and, with --baseline, every group against it: (metrics, (verdict
-    table, method note, baseline) or None, {(group, metric): significant}, the comparison rows)."""
+    table, method note, baseline) or None, {(group, metric): significant}, the comparison rows).
+    A tuned comparison (``tuning``) compares each cell's chosen group; its † marks go to the
+    chosen group's row of the runs table, and the method note names the protocol."""
     from nas_cli.report.compare import (CompareError, compare_groups, metrics_for, parse_detect, parse_margins,
                                         select_baselines)
     from nas_cli.report.sections import wanted_metrics
@@ -191,8 +217,9 @@ def _compare(args, groups):
     compared = compare_groups(groups, baseline, metrics, samples=max(10, args.samples),
                               trials=10 * max(10, args.samples), item_tests=not args.no_item_tests, detect=detect,
                               equivalence=margins)
-    verdicts = (verdict_table(compared), method_note(compared), baseline)
-    marked = {(id(r.group), r.comparison.metric): r.comparison.direction() != 0 for r in compared}
+    note = method_note(compared) + (f" {tuning.describe()[0].upper()}{tuning.describe()[1:]}." if tuning else "")
+    verdicts = (verdict_table(compared), note, baseline)
+    marked = {(id(r.group.origin or r.group), r.comparison.metric): r.comparison.direction() != 0 for r in compared}
     return metrics, verdicts, marked, compared
 
 

@@ -15,6 +15,7 @@ from rich.table import Table
 from nas_cli.errors import UserError, fail, print_table, say
 from nas_cli.infra.launchers import ENDED_FILE, install, install_optuna
 from nas_cli.infra.rundir import acquire, continuing, read_failed, release
+from nas_cli.pipeline.launch_checks import tuned_options
 from nas_cli.model.locations import name_from_choices
 from nas_cli.sweeps.continuation import (SWEEP_CONTINUE_ENV, keep_finished_configs, keep_sweep_record, restore_all,
                                          same_sweep, sweep_overrides)
@@ -58,22 +59,41 @@ def compare_command(root: Path, summaries: list[dict]) -> str:
     return f"nas-report {root} --baseline scheme={base}"
 
 
-def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, dict]] = ()) -> Table:
+def summary_table(summaries: list[dict], title: str, failed: list[tuple[Path, dict]] = (),
+                  options: dict[str, list[str]] | None = None) -> Table:
+    """The result table; ``options``: a column per option whose values tell rows apart (a tuned sweep's
+    tuned options), one value per summary."""
+    options = options or {}
     lines = [f"failed: {d}: {f.get('reason', '?')}" for d, f in failed]  # the run files: a line of their own
     table = Table(title=title, caption="\n".join(lines), caption_justify="left")
     metrics = _metric_columns(summaries)
     sweep = len(summaries) + len(failed) > 1  # a sweep's rows: the seed tells apart the seeds of one config
-    for col in ("task", "scheme", "heads", *(["seed"] if sweep else []), "params", *[head for _, head, _ in metrics],
-                "tokens/s"):
+    for col in ("task", "scheme", "heads", *options, *(["seed"] if sweep else []), "params",
+                *[head for _, head, _ in metrics], "tokens/s"):
         table.add_column(col, no_wrap=True)
-    for s in summaries:
+    for i, s in enumerate(summaries):
         test = s.get("test", {})
         cells = [_cell(test.get(key), digits) for key, _, digits in metrics]
-        table.add_row(s["task"], s["scheme"], str(s["heads"]), *([str(s.get("seed", "-"))] if sweep else []),
-                      _fmt(s["parameters"]), *cells, _fmt(s.get("tokens_per_s"), 0))
+        table.add_row(s["task"], s["scheme"], str(s["heads"]), *[values[i] for values in options.values()],
+                      *([str(s.get("seed", "-"))] if sweep else []), _fmt(s["parameters"]), *cells,
+                      _fmt(s.get("tokens_per_s"), 0))
     for d, _ in failed:
-        table.add_row(d.name, "[bold red]failed[/]", *["-"] * (len(metrics) + 3 + sweep))
+        table.add_row(d.name, "[bold red]failed[/]", *["-"] * (len(metrics) + 3 + sweep + len(options)))
     return table
+
+
+def _option_values(root: Path, summaries: list[dict], keys: list[str]) -> dict[str, list[str]]:
+    """Each job's value of each of ``keys``, from its saved config (``-`` where it cannot be read)."""
+    out: dict[str, list[str]] = {k: [] for k in keys}
+    for s in summaries:
+        try:
+            cfg = OmegaConf.load(root / Path(s["run_dir"]).name / ".hydra" / "config.yaml")
+        except (OSError, ValueError):
+            cfg = None
+        for k in keys:
+            value = OmegaConf.select(cfg, k, default=None) if cfg is not None else None
+            out[k].append("-" if value is None else str(value))
+    return out
 
 
 class SweepSummary(Callback):
@@ -88,10 +108,12 @@ class SweepSummary(Callback):
         failed += _ended_before_start(root)
         restore_all(root, config.hydra.output_subdir)
         release(root)
+        tuned = tuned_options(config.get("tune"))
         if rows:
-            rows.sort(key=lambda s: (s["task"], s["scheme"], s["heads"]))
+            rows.sort(key=lambda s: (s["task"], s["scheme"], s["heads"], *_option_values(root, [s], tuned).values(),
+                                     s.get("seed") or 0))
         if rows or failed:
-            print_table(summary_table(rows, f"nas-run sweep {root}", failed))
+            print_table(summary_table(rows, f"nas-run sweep {root}", failed, _option_values(root, rows, tuned)))
             # a line of its own, never wrapped: the sweep's folder (a folder per job in it) and how to compare them
             print(f"run files: {root}/ (one folder per job); compare them: {compare_command(root, rows)}", flush=True)
         if failed:
@@ -133,7 +155,7 @@ class RunGuard(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from nas_cli.pipeline.checks import check_config
-        from nas_cli.pipeline.launch_checks import check_launcher
+        from nas_cli.pipeline.launch_checks import check_launcher, check_tune
         from nas_cli.pipeline.sweep_launcher import parallel_default
 
         name_from_choices(config, config.hydra.runtime.choices)  # for the check's words; each job names its own
@@ -143,6 +165,7 @@ class RunGuard(Callback):
         install_optuna()  # sweep=optuna launched again: new trials in new job directories
         try:
             check_launcher(config)
+            check_tune(config)
             checked = check_config(_with_a_seed(config))
             _say_notes(checked)
             parallel_default(config, checked.parameters)  # on the CPU: the jobs several at a time
@@ -172,8 +195,10 @@ def _say_jobs(config: DictConfig, root: Path) -> None:
     overrides = OverridesParser.create().parse_overrides([str(x) for x in config.hydra.overrides.task])
     swept = [o.input_line for o in overrides if o.is_sweep_override() or str(o.value()) == "auto"]
     fixed = [o.input_line for o in overrides if o.input_line not in swept]
-    say(f"nas-run: sweep {root}: {' x '.join(swept) or 'one job'}" + (f" (each job: {' '.join(fixed)})" if fixed else ""),
-        log=False)
+    from rich.markup import escape
+
+    line = f"nas-run: sweep {root}: {' x '.join(swept) or 'one job'}" + (f" (each job: {' '.join(fixed)})" if fixed else "")
+    say(escape(line), log=False)  # values such as tune=[optim.lr] are text, not markup
     for name in LAUNCHER_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 

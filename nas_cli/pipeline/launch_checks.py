@@ -63,3 +63,50 @@ def _slurm_unreachable(timeout_s: float = 15.0) -> str | None:
     lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
     fatal = [ln for ln in lines if "fatal" in ln] or lines
     return fatal[-1] if fatal else f"sinfo exited with {proc.returncode}"
+
+
+def tuned_options(value) -> list[str]:
+    """``tune=`` as a list of option names (``tune=optim.lr`` and ``tune=[optim.lr]`` alike)."""
+    if value is None:
+        return []
+    return [str(value)] if isinstance(value, str) else [str(v) for v in value]
+
+
+def check_tune(cfg: DictConfig) -> None:
+    """A tuned sweep (``tune=[optim.lr]``): every tuned option is swept over at least two values, the seeds
+    are listed (not ``seed=auto``), and held-apart ``tune_seeds`` are among them with two or more left
+    for the verdicts. One line before the sweep directory is made."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys = tuned_options(cfg.get("tune"))
+    held = cfg.get("tune_seeds")
+    if not keys:
+        if held:
+            raise UserError(f"tune_seeds={_shown(held)} chooses the values of tuned options: add tune=[optim.lr] "
+                            "(the swept options to tune)")
+        return
+    overrides = OverridesParser.create().parse_overrides([str(x) for x in cfg.hydra.overrides.task])
+    swept = {o.get_key_element().lstrip("+~"): [str(v) for v in o.sweep_iterator()]
+             for o in overrides if o.is_sweep_override()}
+    for key in keys:
+        if len(swept.get(key, [])) < 2:
+            raise UserError(f"tune=[{','.join(keys)}]: {key} is not swept over two or more values in this sweep; "
+                            f"give it the values to choose from, e.g. {key}=1e-3,2e-3 (or leave it out of tune)")
+    if str(cfg.get("seed")) == "auto":
+        raise UserError("tune=[...] with seed=auto: a tuned sweep needs its seeds listed (seed=1,2,3); "
+                        "seed=auto chooses its seeds per configuration")
+    if held:
+        held = [int(s) for s in ([held] if isinstance(held, (int, str)) else held)]
+        seeds = [int(s) for s in swept.get("seed", [cfg.get("seed")])]
+        missing = [s for s in held if s not in seeds]
+        if missing:
+            raise UserError(f"tune_seeds={_shown(held)}: seed {missing[0]} is not among the sweep's seeds "
+                            f"({','.join(map(str, seeds))}); list it in seed=... too")
+        if len([s for s in seeds if s not in held]) < 2:
+            raise UserError(f"tune_seeds={_shown(held)} leaves fewer than 2 verdict seeds of "
+                            f"seed={','.join(map(str, seeds))}; add seeds (a verdict over seeds needs 2)")
+
+
+def _shown(value) -> str:
+    return "[" + ",".join(map(str, value)) + "]" if isinstance(value, (list, tuple)) or hasattr(value, "__iter__") \
+        and not isinstance(value, str) else str(value)

@@ -101,8 +101,9 @@ def as_float(x):
 
 
 def _best_val(task, ckpt, module) -> dict[str, Any]:
-    """The best validation: its value, the optimizer step of its checkpoint, and the step its values were
-    logged at (``logged_step``: the W&B history row and metrics.csv row holding it)."""
+    """The best validation: its value, its direction (``mode``: min or max, what a tuned comparison
+    chooses by), the optimizer step of its checkpoint, and the step its values were logged at
+    (``logged_step``: the W&B history row and metrics.csv row holding it)."""
     step = checkpoint_step(ckpt.best_model_path or None)
-    return {"metric": task.monitor, "value": as_float(ckpt.best_model_score), "step": step,
+    return {"metric": task.monitor, "mode": task.monitor_mode, "value": as_float(ckpt.best_model_score), "step": step,
             "logged_step": module.val_logged_at.get(step) if step is not None else None}

@@ -46,6 +46,25 @@ def runs_section(args, runs, groups, by, metrics, verdicts, marked) -> list[tupl
     return [("runs", args.title, head, rows, caption, group_records(groups))]
 
 
+def tuning_section(tuning, verdicts) -> list[tuple]:
+    """A tuned comparison's choices: every cell's grid with its validation values per seed, the chosen
+    value, the margin to the runner-up and the warnings (nas_cli.report.tuning)."""
+    from nas_cli.report.tuning import table
+
+    if tuning is None:
+        return []
+    head, rows, records = table(tuning, baseline_of(verdicts[2] if verdicts else None))
+    title = f"tuning ({tuning.protocol}): each cell's {', '.join(tuning.keys)}, chosen by validation"
+    return [("tuning", title, head, rows, tuning.describe(), records)]
+
+
+def baseline_of(baseline) -> dict:
+    """{id of a tuned system's chosen group: its baseline group} (the tuning warnings)."""
+    if baseline is None:
+        return {}
+    return {id(system.origin): base for system, base in baseline.pairs if system.origin is not None}
+
+
 def verdict_sections(verdicts, compared) -> list[tuple]:
     """The verdicts over seeds and, as supporting detail, each paired seed's test-set comparison."""
     from nas_cli.report.verdicts import ITEM_NOTE, item_records, item_table, verdict_records
@@ -74,10 +93,10 @@ def unfinished_section(runs) -> list[tuple]:
     return [("unfinished", title, head, rows, "", [dict(zip(head, r)) for r in rows])]
 
 
-def notes(groups, compared, baseline=None, paths: Sequence[str] = ()) -> list[str]:
+def notes(groups, compared, baseline=None, paths: Sequence[str] = (), tuning=None) -> list[str]:
     """One line each: PATHs given twice (or one inside another), systems without a baseline at their
     settings, verdicts that lean on the t-test's assumption, replicates counted once, runs without
-    per-item outputs."""
+    per-item outputs, a tuned comparison's warnings."""
     from nas_cli.report.collect import overlapping_paths
     from nas_cli.report.table import code_versions_note
 
@@ -111,6 +130,10 @@ def notes(groups, compared, baseline=None, paths: Sequence[str] = ()) -> list[st
         if missing:
             out.append(f"{len(missing)} run(s) have no per-item test outputs (test_items.json), so no test-set detail: "
                        f"{', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else ""))
+    if tuning is not None:
+        from nas_cli.report.tuning import notes as tuning_notes
+
+        out += tuning_notes(tuning, baseline_of(baseline))
     return out
 
 
@@ -126,7 +149,7 @@ def _mark(head, rows, groups, marked, baseline):
             title = metric_title(metric, runs)
             if gid == id(g) and sig and title in head:
                 row[head.index(title)] += " †"
-        if baseline is not None and any(g is b for b in baseline.groups) and "scheme" in head:
+        if baseline is not None and any(g is b or g is b.origin for b in baseline.groups) and "scheme" in head:
             row[head.index("scheme")] += " (baseline)"
         out.append(row)
     return out

@@ -69,6 +69,8 @@ class Group:
     distinct: dict[str, Any] = field(default_factory=dict)  # config keys that tell apart look-alike rows
     repeats: list = field(default_factory=list)  # (set-aside run, the run it repeats): one replicate, kept once
     fields: dict[str, Any] = field(default_factory=dict)  # --group-by fields other than task, scheme, heads
+    tuned: dict[str, Any] = field(default_factory=dict)  # a tuned cell's chosen values (nas_cli.report.tuning)
+    origin: Group | None = None  # a tuned cell: the group of its chosen values, on every seed
 
     @property
     def n(self) -> int:
@@ -105,7 +107,8 @@ class Group:
 
     @property
     def label(self) -> str:
-        extra = " ".join(f"{k}={v}" for k, v in {**self.fields, **self.distinct}.items())
+        extra = " ".join([*(f"{k}={v}" for k, v in {**self.fields, **self.distinct}.items()),
+                          *(f"{k}={v} (tuned)" for k, v in self.tuned.items())])
         variant = self.common(lambda r: r.variant)
         return (f"{self.common(lambda r: r.scheme)} h{self.common(lambda r: r.heads)}" + (f" {extra}" if extra else "")
                 + (f" [{variant}]" if variant != "-" else ""))

@@ -47,7 +47,7 @@ def report_id(where: dict[str, Any]) -> str:
 def table_records(key: str, head, rows, records) -> tuple[list[str], list[list[Any]]]:
     """A nas-report table as W&B table columns and rows: the comparison and test-set tables are
     their records (``--format json``'s rows: numbers as numbers), the others their cells as shown."""
-    if key in ("comparison", "test_set") and records:
+    if key in ("comparison", "test_set", "tuning") and records:
         columns: list[str] = []
         for r in records:
             columns += [k for k in r if k not in columns and not isinstance(r[k], dict)]
