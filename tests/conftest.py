@@ -71,6 +71,8 @@ SLOW = MappingProxyType({
     "test_debug_fast": "debug=fast on every preset",
     "test_study_page": "the study page regenerated from the committed runs",
     "test_eval_speed": "a benchmark script run end to end",
+    "test_tuned_sweep": "a tuned sweep trained and continued",
+    "test_tuning_calibration": "calibration simulations of the tuning protocols",
 })
 #: fixtures of the slow kinds: the report tests' shared sweeps (trained once per test run) and a fresh
 #: torch.compile cache (compiling kernels)

@@ -190,7 +190,12 @@ def _tune(args, runs, groups, by):
         return None
     if by is not None:
         raise _Fail("--tune chooses among the groups of runs that differ only by seed: leave out --group-by")
-    return tuning.tune(groups, keys, seeds)
+    tuned = tuning.tune(groups, keys, seeds)
+    if not any(c.chosen for c in tuned.cells):
+        held = f" with --tuning-seeds {','.join(map(str, seeds))}" if seeds else ""
+        raise _Fail(f"--tune {','.join(keys)}{held}: no cell can choose ({tuned.cells[0].label}: "
+                    f"{tuned.cells[0].why_not}); the verdicts need seeds that take no part in the choice")
+    return tuned
 
 
 def _compare(args, groups, tuning=None):
