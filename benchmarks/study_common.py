@@ -21,6 +21,8 @@ LM_METRICS = "ppl,jsd,min_margin"
 #: the sweeps of each part of the page (directories under benchmarks/study/)
 MT_SWEEPS = ("multi30k", "multi30k_zheng", "multi30k_tsai", "multi30k_sinkhorn")
 HEADS_SWEEPS = ("multi30k", "multi30k_heads")
+#: the Multi30k comparison retuned: the shared rate's sweep (2e-3) and the other rates (benchmarks/study_queue_tuned.sh)
+TUNED_SWEEPS = ("multi30k", "multi30k_tuned")
 ADDITIVE_SWEEPS = ("multi30k_additive",)
 LM_SWEEPS = ("wikitext2",)
 #: UNAS vs causal DNAS with model=hf_llama (benchmarks/study_queue_hf.sh)

@@ -46,7 +46,7 @@ from nas_cli.report.table import Group
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below
 from study_baselines import LENGTHS, MQAR, baselines_section  # noqa: E402
 from study_claims import CLAIM_ROWS, claims_section  # noqa: E402,F401
-from study_common import (ADDITIVE, ADDITIVE_SWEEPS, LM_HF_SWEEPS, CSV_NAME, FIG1_CUT, HEADS, HEADS_SWEEPS, LM_METRICS,
+from study_common import (ADDITIVE, ADDITIVE_SWEEPS, LM_HF_SWEEPS, CSV_NAME, FIG1_CUT, HEADS, HEADS_SWEEPS, LM_METRICS, TUNED_SWEEPS,
                           LM_SWEEPS, MT_METRICS, MT_SWEEPS, NAMES, RESULTS, ROOT, STUDY, ci_text, study_groups, p_text,
                           study_roots, below_cut, heads_trend)  # noqa: E402
 
@@ -207,6 +207,10 @@ def results_section(roots: list[tuple[list[str], list[str]]]) -> str | None:
             lines += [f"### {names}", "", "No finished run yet.", ""]
             continue
         finished = [d for d in found if any(r.finished for r in find_runs([d]))]
+        if "--tune" in options and len(finished) < len(dirs):  # a tuned block needs its other values run
+            lines += [f"### {names} (`{' '.join(options)}`)", "", "Not run yet: the sweep of the other values "
+                      "(benchmarks/study_queue_tuned.sh) has no finished run.", ""]
+            continue
         code, out, err = _nas_report([*finished, *options, "--format", "markdown"])
         if code != 0 and ("no other group" in err or "no group matches" in err):  # a sweep still under way
             lines += [f"### {names}", "", f"Not compared yet ({err.strip().removeprefix('nas-report: error: ')}).", ""]
@@ -254,6 +258,7 @@ def generate(study: Path, out: Path, figures: Path | None, csv_path: Path | None
 
     unas = ["--baseline", "scheme=unas", "--metrics"]
     results = results_section([(at(MT_SWEEPS), [*unas, MT_METRICS]),
+                               (at(TUNED_SWEEPS), [*unas, MT_METRICS, "--tune", "optim.lr"]),
                                (at(("multi30k_heads",)), ["--metrics", "bleu,jsd"]),
                                (at(ADDITIVE_SWEEPS), ["--baseline", f"scheme={ADDITIVE['two']}", "--metrics",
                                                       "bleu,step_variation:cross"]),
@@ -275,7 +280,7 @@ def generate(study: Path, out: Path, figures: Path | None, csv_path: Path | None
     write_markdown(out, results + "\n")
     if csv_path is not None:
         csv_path.parent.mkdir(parents=True, exist_ok=True)
-        csv_path.write_text(runs_csv(at(sorted({*MT_SWEEPS, *HEADS_SWEEPS, *ADDITIVE_SWEEPS, *LM_SWEEPS, *LM_HF_SWEEPS,
+        csv_path.write_text(runs_csv(at(sorted({*MT_SWEEPS, *TUNED_SWEEPS, *HEADS_SWEEPS, *ADDITIVE_SWEEPS, *LM_SWEEPS, *LM_HF_SWEEPS,
                                                  *LENGTHS, *(n for names in MQAR.values() for n in names)}))))
     return 0
 

@@ -18,8 +18,8 @@ from typing import Any
 IGNORED_KEYS = ("seed", "tune", "tune_seeds", "progress_bar", "progress_lines", "log_learned_every", "logger", "diagnostics", "run_test", "checkpoint", "threads")
 #: keys added after runs were made, left out at their default (null) so that those runs keep their id;
 #: set, they split a group (smaller training batches train another model; with a batch limit,
-#: smaller evaluation batches score other items)
-NULL_BY_DEFAULT = ("train_batch_items", "eval_batch_items")
+#: smaller evaluation batches score other items; other test lengths give other test metrics)
+NULL_BY_DEFAULT = ("train_batch_items", "eval_batch_items", "eval_lengths")
 
 
 def ignored(key: str) -> bool:

@@ -75,3 +75,11 @@ def test_a_batch_cap_below_one_is_refused_in_one_line(tmp_path):
     proc = nas_run("task=reverse", "model=tiny", "eval_batch_items=0", "hydra.run.dir=run", cwd=tmp_path)
     assert proc.returncode == 2 and "eval_batch_items=0" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_eval_lengths_and_the_tuning_options_leave_a_configs_identity_as_runs_before_them_had_it():
+    base = OmegaConf.to_container(compose_cfg("task=copy_lm"), resolve=True)
+    without = {k: v for k, v in base.items() if k not in ("eval_lengths", "tune", "tune_seeds")}
+    assert config_id(base) == config_id(without)  # the study's runs made before them share a group with new ones
+    assert config_id({**base, "eval_lengths": [256]}) != config_id(base)
+    assert config_id({**base, "tune": ["optim.lr"], "tune_seeds": [9]}) == config_id(base)  # how a report reads them
