@@ -14,6 +14,7 @@ from rich.table import Table
 
 from nas_cli.errors import UserError, fail, print_table, say
 from nas_cli.infra.launchers import ENDED_FILE, install, install_optuna
+from nas_cli.infra.process import PROCESS
 from nas_cli.infra.rundir import acquire, continuing, read_failed, release
 from nas_cli.pipeline.launch_checks import tuned_options
 from nas_cli.model.locations import name_from_choices
@@ -144,7 +145,10 @@ class RunGuard(Callback):
         run_dir = Path(str(config.hydra.run.dir))
         started_run(run_dir)
         try:
-            _say_notes(check_config(config))
+            kept = PROCESS.checked_for(config)  # nas-run resume= checked the saved config before Hydra
+            checked = kept[0] if kept else check_config(config)
+            PROCESS.keep_checked(config, checked, trainer=bool(kept and kept[1]))  # for the job: checked once
+            _say_notes(checked)
             if (run_dir / "summary.json").is_file() and not continuing(run_dir):
                 raise UserError(f"{run_dir} already holds a finished run (summary.json); nothing was overwritten: "
                                 "choose another hydra.run.dir, or train it longer with nas-run resume=<dir> "

@@ -182,6 +182,7 @@ def check_resumed_values(run_dir: Path, overrides: list[str]) -> None:
     dot-list cannot read are left to the job, which checks again."""
     from omegaconf import OmegaConf
 
+    from nas_cli.infra.process import PROCESS
     from nas_cli.pipeline.checks import check_config
     from nas_cli.pipeline.resolvers import register_resolvers
     from nas_cli.pipeline.trainer import check_trainer
@@ -193,5 +194,6 @@ def check_resumed_values(run_dir: Path, overrides: list[str]) -> None:
         cfg.merge_with(OmegaConf.from_dotlist(plain))
     except Exception:  # noqa: BLE001 - Hydra's grammar, not OmegaConf's: the job's own check answers
         return
-    check_config(cfg)
+    checked = check_config(cfg)
     check_trainer(cfg)
+    PROCESS.keep_checked(cfg, checked, trainer=True)  # the run's checks, made once: here

@@ -26,6 +26,7 @@ from nas_cli.errors import Refused, Stopped, UserError, fail, print_table, quiet
 from nas_cli.infra import ray_train
 from nas_cli.infra.redaction import redact
 from nas_cli.infra.atomic import atomic_write_text
+from nas_cli.infra.process import PROCESS
 from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release, remove_empty_parents
 from nas_cli.model.locations import name_from_choices
 from nas_cli.pipeline.callbacks import job_line, summary_table
@@ -143,31 +144,24 @@ def _finished_before(run_dir: Path) -> float:
 
 def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
     """Check and train. A refusal leaves the directory as it was; a failure is recorded in
-    failed.json (a sweep goes on with its other jobs: NaN); a stop says how to continue."""
-    from nas_cli.pipeline.checks import check_config  # heavy imports after Hydra has parsed the command line
-    from nas_cli.pipeline.trainer import check_trainer
+    failed.json (a sweep goes on with its other jobs: NaN); a stop says how to continue. The one place
+    where a job's failure becomes its outcome: a line, failed.json, the exit code."""
+    from nas_cli.pipeline.run import train  # heavy imports after Hydra has parsed the command line
 
-    checking = False
     kept = {p: (p.read_bytes() if p.is_file() else None)  # what a refused resume must leave as it was
             for p in (run_dir / ".hydra" / "resumes.yaml", run_dir / "failed.json")}
     log = run_dir / "nas_run.log"  # the job's log, opened by Hydra: a refusal's lines are cut off again
     logged = log.stat().st_size if log.is_file() else None
+    checking = True  # a refusal of a value: a single run leaves no directory behind
     try:
-        checking = True  # a refusal of a value: a single run leaves no directory behind
-        try:
-            checked = check_config(cfg)  # again: a sweep's own values (model.heads=four,8) are only known per job
-            check_trainer(cfg)  # Lightning's own refusals (precision, accelerator, unknown options), before any data
-        except UserError as err:
-            if continuing(run_dir):  # a resumed run refused before it ran: left as it was, untouched
-                raise Refused(str(err)) from None
-            raise
-        if continuing(run_dir):
-            record_resume(run_dir, list(hc.overrides.task))
-        clear_failed(run_dir)
-        for note in checked.notes:  # said on the terminal by the check before Hydra started
-            record(f"note: {note}")
+        checked = _checked(cfg, hc, run_dir)
         checking = False
-        summary = _train(cfg, checked, run_dir, group, multirun)
+        size = (checked.parameters, checked.exact) if checked.parameters is not None else None
+        job_type = "sweep" if multirun else "train"
+        if ray_train.on_ray(cfg):  # the same training in each Ray Train worker
+            summary = ray_train.fit(train, cfg, run_dir, checked.plan, run_dir, group, job_type=job_type, size=size)
+        else:
+            summary = train(cfg, checked.plan, run_dir, group, job_type=job_type, size=size, task=checked.task)
     except Refused as err:  # nothing ran: put back what this attempt touched, write nothing
         for path, data in kept.items():
             if data is None:
@@ -200,15 +194,29 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
     return summary
 
 
-def _train(cfg: DictConfig, checked, run_dir: Path, group: str, multirun: bool):
-    """Train the checked job here, or (trainer=ray_ddp) the same training in each Ray Train worker."""
-    from nas_cli.pipeline.run import train
+def _checked(cfg: DictConfig, hc, run_dir: Path):
+    """The job's checks, once each: its values (a single run's were checked before Hydra wrote anything,
+    by RunGuard; a sweep job's own values, model.heads=four,8, are only known here) and Lightning's own
+    refusals (precision, accelerator, unknown options), before any data. A resumed run refused here is
+    left as it was; one that passes records its overrides."""
+    from nas_cli.pipeline.checks import check_config  # heavy imports after Hydra has parsed the command line
+    from nas_cli.pipeline.trainer import check_trainer
 
-    size = (checked.parameters, checked.exact) if checked.parameters is not None else None
-    job_type = "sweep" if multirun else "train"
-    if ray_train.on_ray(cfg):
-        return ray_train.fit(train, cfg, run_dir, checked.plan, run_dir, group, job_type=job_type, size=size)
-    return train(cfg, checked.plan, run_dir, group, job_type=job_type, size=size, task=checked.task)
+    try:
+        kept = PROCESS.checked_for(cfg)
+        checked = kept[0] if kept else check_config(cfg)
+        if not (kept and kept[1]):
+            check_trainer(cfg)
+    except UserError as err:
+        if continuing(run_dir):  # a resumed run refused before it ran: left as it was, untouched
+            raise Refused(str(err)) from None
+        raise
+    if continuing(run_dir):
+        record_resume(run_dir, list(hc.overrides.task))
+    clear_failed(run_dir)
+    for note in checked.notes:  # said on the terminal by the check before Hydra started
+        record(f"note: {note}")
+    return checked
 
 
 def _cut_log(log: Path, size: int | None) -> None:

@@ -1,9 +1,12 @@
-"""One training job: composed config -> task, model, logger, trainer -> summary.
+"""One training job as a recipe of named steps (:func:`train`): prepare (plan, identity, checkpoint to
+continue from), task and data, model, logger, trainer, fit, test, summary.
 
-Called by the Hydra entry point in :mod:`nas_cli.commands.nas_run` once per job (also in multirun).
+Called once per job by :mod:`nas_cli.pipeline.job` (whose one wrapper turns a failure into its
+outcome), and for ``trainer=ray_ddp`` in each Ray Train worker (:mod:`nas_cli.infra.ray_train`).
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import sys
@@ -18,7 +21,6 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from nas_cli.attention import SchemeError
 from nas_cli.infra.checkpoints import (PeriodicCheckpoint, checkpoint_io, tested_checkpoint,
                                       unreadable_checkpoint)
 from nas_cli.errors import Refused, SignalStop, Stopped, UserError, record, say
@@ -30,13 +32,12 @@ from nas_cli.pipeline.parts import build_module, build_task
 from nas_cli.pipeline.sections import CheckpointOptions
 from nas_cli.infra.loggers import finish_logger, make_logger, wandb_run_id
 from nas_cli.infra.wandb_offline import carry_history
-from nas_cli.model.locations import job_locations
-from nas_cli.model.plan import AttentionPlan, Cores, canonical_config
+from nas_cli.model.plan import AttentionPlan, Cores
 from nas_cli.infra.launchers import in_sweep_job
 from nas_cli.pipeline.sweep_launcher import shares_terminal
 from nas_cli.pipeline.progress import progress_callback
 from nas_cli.pipeline.summary import as_float, run_summary
-from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, check_trainer, compile_model, data_dependent_refusal,
+from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, compile_model, data_dependent_refusal,
                       set_threads)
 from nas_cli.infra.fault_tolerance import FaultTolerance, Preempted, stop_signals
 from nas_cli.infra.resume import RunCheckpoint, config_fingerprint, keep_summary, kept_summary, pick_checkpoint
@@ -55,24 +56,51 @@ def _warn(message: str) -> None:
 
 def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str = "train",
           size: tuple[int, bool] | None = None, task=None) -> dict[str, Any] | None:
-    """Train and test one job with the attention ``plan`` built from ``cfg.attention`` (by the
-    pre-run check, ``checks.check_config``, or ``AttentionPlan.from_config``); returns the summary also written to ``run_dir/summary.json``
-    (None in the other processes of a multi-process run: only global rank 0 reports).
+    """One job, step by step: decide, build, log, train, test, report. ``plan``: the job's attention
+    plan, as the pre-run check built it (``checks.check_config``, or ``AttentionPlan.for_job``); returns
+    the summary also written to ``run_dir/summary.json`` (None in the other processes of a
+    multi-process run: only global rank 0 reports).
 
-    A run directory that holds checkpoints but no ``summary.json`` (a preempted, killed or
-    requeued run, or ``nas-run resume=<dir>``) is continued from its newest readable checkpoint,
-    in the same W&B run; ``nas-run resume=<finished run> trainer.max_steps=<more>`` trains a
-    finished run longer (its earlier summary is kept as ``summary.step<N>.json``).
-
-    SIGTERM, SIGUSR1 and SIGUSR2 stop the job with one line at any moment: during training
-    after saving ``last.ckpt`` (:class:`~nas_cli.infra.fault_tolerance.FaultTolerance`), before or after it
-    (startup, final test) at once, with the same resume hint. ``size``: (parameters, exact) from the
-    pre-run check, said once the run is under way (a refused resume says nothing else); ``task``:
-    the task the pre-run check built (None: built here)."""
+    A run directory that holds checkpoints but no ``summary.json`` (a preempted, killed or requeued
+    run, or ``nas-run resume=<dir>``) is continued from its newest readable checkpoint, in the same
+    W&B run; ``nas-run resume=<finished run> trainer.max_steps=<more>`` trains a finished run longer
+    (its earlier summary is kept as ``summary.step<N>.json``). A stop signal ends the job with one line
+    at any moment (:func:`_stops`). ``size``: (parameters, exact) from the pre-run check, said once the
+    run is under way; ``task``: the task the pre-run check built (None: built here)."""
     progress = Progress()
+    with stop_signals(), _stops(progress, run_dir):
+        job = _prepare(cfg, plan, run_dir, group, job_type)
+        _say_start(cfg, job, size)
+        task = build_task(cfg, task)
+        data = shard_and_resume(task, int(cfg.seed), cfg.get("train_batch_items"), cfg.get("eval_batch_items"))
+        module = build_module(cfg, task, job.cores)
+        set_threads(cfg, count_parameters(module.model))  # from the model's size (pipeline/trainer.py)
+        compiled = compile_model(module, cfg.get("compile", False))
+        logger, wandb_id = _start_logger(cfg, job, {"parameters": count_parameters(module.model),
+                                                    "code": code_version()})
+        job = replace(job, identity={**job.identity, "wandb_run_id": wandb_id or job.identity["wandb_run_id"]})
+        trainer, ckpt = _make_trainer(cfg, job, task, logger)
+        _fit(cfg, job, trainer, module, data, compiled, progress)
+        fit_seconds = module.fit_seconds_by_launch()  # this launch's training and, resumed, the earlier ones'
+        # tokens of all processes (a collective: every process runs it)
+        train_tokens = float(trainer.strategy.reduce(torch.tensor(float(module.train_tokens)), reduce_op="sum"))
+        best, tested = _choose_tested(cfg, job, trainer, ckpt, task)
+        test = _test(cfg, job, trainer, module, data, best, progress)
+        test = {**test, **_test_lengths(cfg, job, trainer, module, task, best)}
+        if not trainer.is_global_zero:
+            return None
+        summary = run_summary(cfg, job, trainer, ckpt, module, task, tested, test, fit_seconds, train_tokens)
+        _write_results(job, module, logger, summary)
+        return summary
+
+
+@contextlib.contextmanager
+def _stops(progress: "Progress", run_dir: Path):
+    """What a job's failures mean for its run directory: a bad value found while a continued run starts
+    up changed nothing of it (:class:`Refused`: left as it was); a stop signal outside training ends
+    the job with one line naming the phase and how to continue (:class:`Stopped`)."""
     try:
-        with stop_signals():
-            return _train(cfg, plan, run_dir, group, job_type, progress, size, task)
+        yield
     except Refused:
         raise
     except UserError as err:
@@ -115,52 +143,34 @@ def _estimated(parameters: int, vocab_size) -> str:
     return f"model: {parameters:,} parameters + the embeddings of the vocabulary the data give"
 
 
-def _train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str, progress: Progress,
-           size: tuple[int, bool] | None, checked_task=None) -> dict[str, Any] | None:
-    """One job, step by step: decide, build, log, train, test, report."""
-    job = _prepare(cfg, plan, run_dir, group, job_type)
+def _say_start(cfg: DictConfig, job: "_Job", size: tuple[int, bool] | None) -> None:
+    """The job's first lines: what it continues (and to what budget), and the model's size."""
     record(f"{'resumed from ' + job.resume[0].name if job.resume else 'started'}: {cfg.task.name}, {job.plan.tag}, "
            f"h{cfg.model.heads}, seed {cfg.seed}, config_id {job.config_id}, nas-run {describe(code_version())}")
     if job.resume and rank_zero_only.rank == 0:  # first: what this launch continues, and to what budget
-        say(f"nas-run: continuing {run_dir} from step {int(job.resume[1].get('global_step', 0))} "
-            f"({job.resume[0].relative_to(run_dir) if job.resume[0].is_relative_to(run_dir) else job.resume[0]}) "
+        say(f"nas-run: continuing {job.run_dir} from step {int(job.resume[1].get('global_step', 0))} "
+            f"({job.resume[0].relative_to(job.run_dir) if job.resume[0].is_relative_to(job.run_dir) else job.resume[0]}) "
             f"to trainer.max_steps={int(cfg.trainer.max_steps)}")
     if size is not None and rank_zero_only.rank == 0:
         line = f"model: {size[0]:,} parameters" if size[1] else _estimated(size[0], cfg.task.get("vocab_size"))
         if not in_sweep_job():  # a sweep's terminal: one line per finished job
             print(line, file=sys.stderr)
         record(line)
-    task = build_task(cfg, checked_task)
-    # the loaders as this process reads them
-    data = shard_and_resume(task, int(cfg.seed), cfg.get("train_batch_items"), cfg.get("eval_batch_items"))
-    module = build_module(cfg, task, job.cores)
-    set_threads(cfg, count_parameters(module.model))  # from the model's size (pipeline/trainer.py)
-    compiled = compile_model(module, cfg.get("compile", False))
-    logger, wandb_id = _start_logger(cfg, job, {"parameters": count_parameters(module.model), "code": code_version()})
-    job = replace(job, identity={**job.identity, "wandb_run_id": wandb_id or job.identity["wandb_run_id"]})
-    trainer, ckpt = _make_trainer(cfg, job, task, logger)
-    _fit(cfg, job, trainer, module, data, compiled, progress)
-    fit_seconds = module.fit_seconds_by_launch()  # this launch's training and, resumed, the earlier ones'
-    # tokens of all processes (a collective: every process runs it)
-    train_tokens = float(trainer.strategy.reduce(torch.tensor(float(module.train_tokens)), reduce_op="sum"))
-    best, tested = _choose_tested(cfg, job, trainer, ckpt, task)
-    test = _test(cfg, job, trainer, module, data, best, progress)
-    test = {**test, **_test_lengths(cfg, job, trainer, module, task, best)}
-    if not trainer.is_global_zero:
-        return None
+
+
+def _write_results(job: "_Job", module, logger, summary: dict[str, Any]) -> None:
+    """The finished run's files, summary.json last (its presence means the run finished)."""
     if "test" in module.items:
-        atomic_write_json(run_dir / ITEMS_FILE, module.items["test"], indent=None)
-    summary = run_summary(cfg, job, trainer, ckpt, module, task, tested, test, fit_seconds, train_tokens)
+        atomic_write_json(job.run_dir / ITEMS_FILE, module.items["test"], indent=None)
     log_length_charts(logger, summary)  # before the W&B run is closed
-    finish_logger(logger, summary, run_dir)
-    keep_summary(run_dir, job.kept)  # a finished run trained longer: finished until now, with its earlier summary
-    atomic_write_json(run_dir / "summary.json", summary)
-    (run_dir / WANDB_ID_FILE).unlink(missing_ok=True)
-    return summary
+    finish_logger(logger, summary, job.run_dir)
+    keep_summary(job.run_dir, job.kept)  # a finished run trained longer: finished until now, with its earlier summary
+    atomic_write_json(job.run_dir / "summary.json", summary)
+    (job.run_dir / WANDB_ID_FILE).unlink(missing_ok=True)
 
 
 def _prepare(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_type: str) -> _Job:
-    """Warnings, seeds, checks and threads; the plan; which checkpoint (if any) this run
+    """Warnings and seeds; the plan's cores and the job's identity; which checkpoint (if any) this run
     continues from, refused when it belongs to another configuration."""
     run_dir.mkdir(parents=True, exist_ok=True)
     # evaluation metrics are gathered over all processes by nas-run itself (scale.gather_eval)
@@ -168,15 +178,11 @@ def _prepare(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, jo
     # Lightning's own use of a torch pytree API that torch 2.13 deprecates: nothing a user can act on
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    check_trainer(cfg)
-    try:
-        plan = plan.restricted(job_locations(cfg))  # the locations this model has: what the run is labelled by
-    except SchemeError as err:
-        raise UserError(str(err)) from None
     cores = plan.model_cores(cfg.model)
     identity = {"config": config_fingerprint(cfg), "group": group, "job_type": job_type,
                 "wandb_run_id": _saved_wandb_id(run_dir),  # a run killed before its first checkpoint
-                "config_id": config_id(canonical_config(OmegaConf.to_container(cfg, resolve=True)))}
+                # the plan in place of the composed attention node (model.plan.canonical_config, as nas-report reads it)
+                "config_id": config_id({**OmegaConf.to_container(cfg, resolve=True), "attention": plan.identity()})}
     continued = continuing(run_dir) and (run_dir / "summary.json").is_file()
     resume = pick_checkpoint(run_dir, _warn) if continued or not (run_dir / "summary.json").exists() else None
     if resume is not None:  # the run's group, job type and W&B run id are the checkpoint's

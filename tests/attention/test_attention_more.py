@@ -445,5 +445,5 @@ def test_linear_kernel_divergence_stops_the_run_with_the_reason(tmp_path):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[*SMALL, "logger=none", "attention=kernel_linear", "optim.lr=inf"])
     with pytest.raises(KernelDiverged, match=r"attention kernel 'linear' \(encoder layer 0\).*Tsai"):
-        train(cfg, AttentionPlan.from_config(cfg.attention), tmp_path, group="t")
+        train(cfg, AttentionPlan.for_job(cfg), tmp_path, group="t")
     assert not (tmp_path / "summary.json").exists()

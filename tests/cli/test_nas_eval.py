@@ -30,7 +30,7 @@ def test_the_valid_split_is_scored_against_its_own_references_under_its_name(tmp
     from omegaconf import OmegaConf
 
     OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
-    assert train(cfg, AttentionPlan.from_config(cfg.attention), run, group="t") is not None
+    assert train(cfg, AttentionPlan.for_job(cfg), run, group="t") is not None
     result = evaluate(_args(run, split="valid", set=["threads=1"]))
     metrics = result["metrics"]
     assert {"valid/loss", "valid/bleu", "valid/ppl"} <= set(metrics) and not any(k.startswith("test/") for k in metrics)

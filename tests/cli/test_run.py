@@ -17,7 +17,7 @@ from helpers import compose_cfg
 def test_lm_task_trains_with_csv_logger(tmp_path):
     cfg = compose_cfg("task=copy_lm", "attention=dnas", "logger=csv", "debug=fast", "trainer.max_steps=40",
                       "optim.lr=3e-3")
-    summary = train(cfg, AttentionPlan.from_config(cfg.attention), tmp_path, group="t")
+    summary = train(cfg, AttentionPlan.for_job(cfg), tmp_path, group="t")
     rows = list(csv.DictReader(open(tmp_path / "csv" / "metrics.csv")))
     losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
     assert len(losses) >= 4 and losses[-1] < losses[0]  # it learns
@@ -28,7 +28,7 @@ def test_lm_task_trains_with_csv_logger(tmp_path):
 
 def test_public_config_drops_secrets():
     cfg = compose_cfg("+logger.api_key=abc123", "+logger.nested.token=xyz")
-    text = json.dumps(public_config(cfg, AttentionPlan.from_config(cfg.attention), "abc"))
+    text = json.dumps(public_config(cfg, AttentionPlan.for_job(cfg), "abc"))
     assert "abc123" not in text and "xyz" not in text and "nas-run" in text
 
 

@@ -25,7 +25,7 @@ def test_callback_numbers_match_a_direct_computation_on_the_model(tmp_path):
     cfg = compose_cfg("debug=fast", "attention=dnas", "attention.cross=additive_1layer")
     pl.seed_everything(0, verbose=False)
     task = build_task(cfg)
-    module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model))
+    module = build_module(cfg, task, AttentionPlan.for_job(cfg).model_cores(cfg.model))
     cb = DiagnosticsCallback(run_dir=tmp_path, batches=2)
     trainer = pl.Trainer(accelerator="cpu", max_steps=6, val_check_interval=6, check_val_every_n_epoch=None,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -70,7 +70,7 @@ def test_callback_numbers_match_a_direct_computation_on_the_model(tmp_path):
 def test_lm_every_second_validation_with_logger_none(tmp_path):
     cfg = compose_cfg("task=copy_lm", "attention=dnas", "logger=none", "debug=fast", "run_test=false",
                       "trainer.max_steps=15", "trainer.val_check_interval=5", "diagnostics.every_n_validations=2")
-    summary = train(cfg, AttentionPlan.from_config(cfg.attention), tmp_path, group="t")
+    summary = train(cfg, AttentionPlan.for_job(cfg), tmp_path, group="t")
     assert summary["steps"] == 15
     diag = tmp_path / "diagnostics"
     # validations at steps 5, 10 and 15; only the 1st and 3rd are analysed
@@ -110,7 +110,7 @@ def test_signed_weights_of_a_linear_kernel_read_null_with_a_note_not_a_crash(tmp
     """A linear kernel's weights can be negative (Tsai et al. 2019): JSD and log sum_i pi_ij are
     undefined for them. The run trains on; the JSON says null and why (it used to crash writing NaN)."""
     cfg = compose_cfg("debug=fast", "attention=kernel_linear", "logger=csv", "run_test=false", "trainer.max_steps=10")
-    summary = train(cfg, AttentionPlan.from_config(cfg.attention), tmp_path, group="t")
+    summary = train(cfg, AttentionPlan.for_job(cfg), tmp_path, group="t")
     assert summary["steps"] == 10
     diag = tmp_path / "diagnostics"
     latest = json.loads((diag / "latest.json").read_text())  # strict JSON: no NaN
@@ -124,6 +124,6 @@ def test_signed_weights_of_a_linear_kernel_read_null_with_a_note_not_a_crash(tmp
 
 def test_probability_weights_carry_no_note(tmp_path):
     cfg = compose_cfg("debug=fast", "attention=unas", "logger=none", "run_test=false", "trainer.max_steps=10")
-    train(cfg, AttentionPlan.from_config(cfg.attention), tmp_path, group="t")
+    train(cfg, AttentionPlan.for_job(cfg), tmp_path, group="t")
     final = json.loads((tmp_path / "diagnostics" / "summary.json").read_text())["locations"]
     assert all("note" not in v and v["jsd_mean"] > 0 for v in final.values())

@@ -22,7 +22,7 @@ BASE = ["debug=fast", "logger=csv", "trainer.max_steps=3", "trainer.log_every_n_
 def logged_losses(run_dir, *overrides) -> list[float]:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=BASE + list(overrides))
-    summary = train(cfg, AttentionPlan.from_config(cfg.attention), run_dir, group="t")
+    summary = train(cfg, AttentionPlan.for_job(cfg), run_dir, group="t")
     rows = list(csv.DictReader(open(run_dir / "csv" / "metrics.csv")))
     losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
     assert summary["steps"] == 3 and len(losses) == 3
@@ -96,7 +96,7 @@ def test_step_metrics_are_complete_on_every_logging_step(tmp_path):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["debug=fast", "logger=csv", "trainer.max_steps=6",
                                            "trainer.log_every_n_steps=2", "run_test=false"])
-    summary = train(cfg, AttentionPlan.from_config(cfg.attention), tmp_path, group="t")
+    summary = train(cfg, AttentionPlan.for_job(cfg), tmp_path, group="t")
     rows = [r for r in csv.DictReader(open(tmp_path / "csv" / "metrics.csv")) if r.get("train/loss")]
     assert [int(r["step"]) for r in rows] == [1, 3, 5]
     for r in rows:

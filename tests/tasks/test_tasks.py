@@ -40,7 +40,7 @@ def test_translation_local_end_to_end_and_nas_eval(tmp_path, cache):
                       "task.beam=3", "task.num_workers=0", "model=tiny", "attention=dnas", "logger=csv", "debug=fast",
                       "checkpoint.every_n_steps=5", "checkpoint.keep_last=3")
     run_dir = tmp_path / "run"
-    summary = train(cfg, AttentionPlan.from_config(cfg.attention), run_dir, group="t")
+    summary = train(cfg, AttentionPlan.for_job(cfg), run_dir, group="t")
     for key in ("test/bleu", "test/bleu_tok", "test/loss", "test/ppl"):
         assert key in summary["test"]
     assert summary["bleu_signature"].startswith("detok:none|nrefs:1|case:mixed|eff:no|tok:13a")  # raw text: scored as it is
@@ -84,7 +84,7 @@ def test_lm_local_and_disk_with_context_window(tmp_path, cache):
     data = write_lm(tmp_path / "lm")
     cfg = compose_cfg("task=wikitext2", f"task.path={data}", "task.tokens_per_sample=32", "task.context_window=24",
                       "model=tiny", "attention=hnas", "logger=csv", "debug=fast", "trainer.limit_test_batches=null")
-    summary = train(cfg, AttentionPlan.from_config(cfg.attention), tmp_path / "run", group="t")
+    summary = train(cfg, AttentionPlan.for_job(cfg), tmp_path / "run", group="t")
     from datasets import Dataset, DatasetDict
     lines = {s: (data / f"{s}.txt").read_text().splitlines() for s in ("train", "valid", "test")}
     DatasetDict({s: Dataset.from_dict({"text": v}) for s, v in lines.items()}).save_to_disk(tmp_path / "dd")
@@ -104,7 +104,7 @@ def test_gigaword_local_rouge(tmp_path, cache):
     data = write_parallel(tmp_path / "giga", src="article", tgt="title", n=(120, 20, 20))
     cfg = compose_cfg("task=gigaword", f"task.path={data}", "task.vocab_size=150", "task.max_tokens=512",
                       "task.beam=2", "task.num_workers=0", "model=tiny", "logger=none", "debug=fast")
-    summary = train(cfg, AttentionPlan.from_config(cfg.attention), tmp_path / "run", group="t")
+    summary = train(cfg, AttentionPlan.for_job(cfg), tmp_path / "run", group="t")
     assert {"test/rouge1", "test/rouge2", "test/rougeL"} <= set(summary["test"])
     task = SummarizationTask(path=str(data))
     scores = task.score(["the cat sat", "a dog"], ["the cat sat", "a red dog"])
@@ -295,12 +295,12 @@ def test_adaptive_softmax_lm_scores_the_same_distribution_it_trains(tmp_path, ca
     cfg = compose_cfg("task=wikitext2", f"task.path={data}", "task.tokens_per_sample=32", "task.context_window=24",
                       "model=tiny", "model.adaptive_softmax={cutoffs:[6,14],div_value:2}",
                       "optim.label_smoothing=0", "logger=none", "debug=fast", "trainer.limit_test_batches=null")
-    summary = train(cfg, AttentionPlan.from_config(cfg.attention), tmp_path / "run", group="t")
+    summary = train(cfg, AttentionPlan.for_job(cfg), tmp_path / "run", group="t")
     assert summary["test"]["test/ppl"] == pytest.approx(math.exp(summary["test"]["test/loss"]), rel=1e-4)
     from nas_cli.pipeline.lit import NasLitModule
     task = LanguageModelTask("w", path=str(data), tokens_per_sample=32, context_window=24)
     task.setup()
-    module = NasLitModule(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), cfg.optim, task).eval()
+    module = NasLitModule(cfg.model, AttentionPlan.for_job(cfg).model_cores(cfg.model), cfg.optim, task).eval()
     assert isinstance(module.model.generator, torch.nn.AdaptiveLogSoftmaxWithLoss)
     batch = next(iter(task.test_dataloader()))
     with torch.no_grad():
@@ -334,7 +334,7 @@ def test_adaptive_softmax_is_refused_for_translation(tmp_path, cache):
                       "model.adaptive_softmax={cutoffs:[50]}", "logger=none", "debug=fast")
     from nas_cli.errors import UserError
     with pytest.raises(UserError, match="adaptive_softmax is for language-model tasks"):
-        train(cfg, AttentionPlan.from_config(cfg.attention), tmp_path / "run", group="t")
+        train(cfg, AttentionPlan.for_job(cfg), tmp_path / "run", group="t")
 
 
 def test_windows_line_endings_bom_and_gzip_files_are_read_as_plain_text(tmp_path, capfd):
