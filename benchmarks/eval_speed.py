@@ -131,7 +131,7 @@ def run_side(side: str, model: str, path: str, threads: int) -> dict:
         from nas_cli.model.plan import AttentionPlan
         from nas_cli.pipeline.parts import build_module
 
-        module = build_module(cfg, task, AttentionPlan.for_job(cfg).model_cores(cfg.model))
+        module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model))
         trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                              enable_model_summary=False, enable_checkpointing=False)
         _peak_reset()

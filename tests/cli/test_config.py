@@ -71,7 +71,7 @@ def test_every_task_and_scheme_composes_and_runs_a_batch(task_name, scheme, tmp_
         task.setup("fit")
         _TASKS[task_name] = (task, next(iter(task.train_dataloader())))
     task, batch = _TASKS[task_name]
-    model = build_model(cfg.model, AttentionPlan.for_job(cfg).model_cores(cfg.model), task)
+    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), task)
     if task.kind == "lm":
         logits, _ = model(batch["ids"])
         assert logits.shape[:2] == batch["target"].shape
@@ -84,12 +84,12 @@ def test_every_task_and_scheme_composes_and_runs_a_batch(task_name, scheme, tmp_
 def test_one_scheme_everywhere_vs_per_location():
     cfg = compose_cfg("attention=dnas")
     assert placement(cfg.attention) == {"encoder": "dnas", "decoder": "dnas", "cross": "dnas"}
-    assert AttentionPlan.for_job(cfg).tag == "dnas"
+    assert AttentionPlan.from_config(cfg.attention).tag == "dnas"
     cfg = compose_cfg("attention=hnas", "attention.u_init=0.1", "attention.decoder=unas", "attention.cross=unas")
     assert placement(cfg.attention) == {"encoder": "hnas", "decoder": "unas", "cross": "unas"}
-    assert AttentionPlan.for_job(cfg).tag == "enc-hnas_dec-unas_cross-unas"
+    assert AttentionPlan.from_config(cfg.attention).tag == "enc-hnas_dec-unas_cross-unas"
     task = instantiate(cfg.task)
-    model = build_model(cfg.model, AttentionPlan.for_job(cfg).model_cores(cfg.model), task)
+    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), task)
     kinds = {type(m.self_attn.core).__name__ for m in model.encoder}
     assert kinds == {"HNAS"}
     assert all(abs(float(m.self_attn.core.u.mean()) - 0.1) < 1e-6 for m in model.encoder)
@@ -99,15 +99,15 @@ def test_one_scheme_everywhere_vs_per_location():
 
 def test_scheme_options_reach_the_core():
     cfg = compose_cfg("attention=sinkhorn", "attention.iterations=5")
-    model = build_model(cfg.model, AttentionPlan.for_job(cfg).model_cores(cfg.model), instantiate(cfg.task))
+    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), instantiate(cfg.task))
     assert model.encoder[0].self_attn.core.iterations == 5
     # a scheme named only at a location is composed by Hydra there: its defaults, and options
     # given for that location on the command line
     cfg = compose_cfg("attention=unas", "attention.cross=sinkhorn")
-    model = build_model(cfg.model, AttentionPlan.for_job(cfg).model_cores(cfg.model), instantiate(cfg.task))
+    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), instantiate(cfg.task))
     assert model.decoder[0].cross_attn.core.iterations == 3
     cfg = compose_cfg("attention=unas", "attention.cross=sinkhorn", "attention.cross.iterations=7")
-    model = build_model(cfg.model, AttentionPlan.for_job(cfg).model_cores(cfg.model), instantiate(cfg.task))
+    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), instantiate(cfg.task))
     assert model.decoder[0].cross_attn.core.iterations == 7
     assert type(model.encoder[0].self_attn.core).__name__ == "UNAS"
 
@@ -123,7 +123,7 @@ def test_model_presets_and_lm_model():
         cfg = compose_cfg(f"model={name}")
         assert cfg.model.d_model % cfg.model.heads == 0
     cfg = compose_cfg("task=copy_lm", "model.positions=learned", "model.norm_first=false")
-    model = build_model(cfg.model, AttentionPlan.for_job(cfg).model_cores(cfg.model), instantiate(cfg.task))
+    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), instantiate(cfg.task))
     assert type(model).__name__ == "DecoderOnlyLM"
 
 

@@ -69,7 +69,7 @@ def test_ddp_two_cpu_processes_one_wandb_run_metrics_equal_single_process(tmp_pa
     # diagnostics: rank 0 analysed the whole split's first batches, as one process would
     cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
     task = build_task(cfg)
-    module = build_module(cfg, task, AttentionPlan.for_job(cfg).model_cores(cfg.model))
+    module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model))
     module.load_state_dict(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
     cb = DiagnosticsCallback(run_dir=tmp_path / "single-diag", batches=2)
     cb._active = True
@@ -568,7 +568,7 @@ def test_every_epoch_sees_a_new_data_order_set_by_seed_and_epoch(tmp_path, kind)
         cfg = compose("config", overrides=[*_epoch_task_overrides(kind, tmp_path), "model=tiny", "seed=3"])
     task = build_task(cfg)
     data = shard_and_resume(task, int(cfg.seed))
-    module = build_module(cfg, task, AttentionPlan.for_job(cfg).model_cores(cfg.model))
+    module = build_module(cfg, task, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model))
     record = _RecordBatches()
     trainer = pl.Trainer(max_epochs=3, limit_val_batches=0, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[record],

@@ -63,7 +63,7 @@ def test_adaptive_softmax_over_the_librarys_hidden_states(family):
     cfg = compose_cfg(f"model={family}", "attention=dnas", "model.adaptive_softmax={cutoffs:[8,14],div_value:2}",
                       *[a for a in SMALL if a.startswith(("model.", "task="))])
     task = type("T", (), {"kind": "lm", "src_vocab_size": 20, "pad_id": 0})()
-    model = build_model(cfg.model, AttentionPlan.for_job(cfg).model_cores(cfg.model), task).double().eval()
+    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), task).double().eval()
     assert model.adaptive
     ids = torch.tensor([[3, 4, 5, 6, 7, 0], [7, 8, 9, 10, 11, 12]])
     logp, attn = model(ids, need_weights=True)
@@ -115,7 +115,7 @@ def test_diagnostics_read_the_registered_functions_weights():
 
     cfg = compose_cfg("model=hf_llama", "attention=dnas", *[a for a in SMALL if a.startswith(("model.", "task="))])
     task = type("T", (), {"kind": "lm", "src_vocab_size": 20, "pad_id": 0})()
-    model = build_model(cfg.model, AttentionPlan.for_job(cfg).model_cores(cfg.model), task).double().eval()
+    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), task).double().eval()
     ids = torch.tensor([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12]])
     captured = []
     layer = model.hf.model.layers[1].self_attn
@@ -173,7 +173,7 @@ def _pair(cross: str = "dnas"):
                       "model.heads=2")
     task = type("T", (), {"kind": "seq2seq", "src_vocab_size": 20, "tgt_vocab_size": 20, "pad_id": 0})()
     torch.manual_seed(0)
-    return build_model(cfg.model, AttentionPlan.for_job(cfg).model_cores(cfg.model), task).double().eval()
+    return build_model(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), task).double().eval()
 
 
 def test_hf_pair_never_lets_a_target_position_see_the_future():

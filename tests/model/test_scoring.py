@@ -23,7 +23,7 @@ def _module(tmp_path, *overrides):
     cfg = compose_cfg(*overrides, "logger=none", "diagnostics.enabled=false")
     pl.seed_everything(3, verbose=False)
     task = build_task(cfg)
-    return build_module(cfg, task, AttentionPlan.for_job(cfg).model_cores(cfg.model)).eval(), task
+    return build_module(cfg, task, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model)).eval(), task
 
 
 def _full_logits_reference(module, batch):
