@@ -39,8 +39,8 @@ def test_below_cut_reads_the_histograms(tmp_path):
 
 
 def _reading(page: str) -> str:
-    """The Reading's own statements: its prose, and of the first-round table only the last column
-    (what the re-run says now; the first two columns quote the withdrawn round)."""
+    """The Reading's own statements: its prose, and of a table only the last column (a table's first
+    columns name what its last column decides)."""
     text = page[page.index("## Reading"):page.index("## The claims, measured")]
     lines = []
     for line in text.splitlines():
