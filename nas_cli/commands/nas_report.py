@@ -9,6 +9,7 @@ prints one line on stderr and exits with status 2.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 import sys
 from typing import Sequence
@@ -31,6 +32,28 @@ def _parser() -> argparse.ArgumentParser:
                         "d_model, steps, source (the PATH a run was found under), placement.<location> or dotted "
                         "config keys (attention.u_init); 'run' = one row per run. Default: runs that differ only by seed share a row")
     p.add_argument("--title", default="nas-report", help="title of the table and the HTML page")
+    p.add_argument("--format", default="rich", metavar="FMT",
+                   help="rich (default), markdown, latex, json (everything), or csv (one tidy table: the comparison "
+                        "with --baseline, else the runs; --table picks another)")
+    p.add_argument("--table", metavar="NAME", help="the table --format csv writes: runs, tuning, comparison, "
+                                                   "test_set, sequential or unfinished")
+    p.add_argument("--out", metavar="DIR", help="also write every table as its own tidy CSV file, DIR/<table>.csv "
+                                                "(numbers in numeric columns: mean, ci_low, ci_high, sd, n; "
+                                                "difference, p, p_holm, direction)")
+    p.add_argument("--pivot", metavar="FIELD", help="spread the values of FIELD (scheme, heads, task) into columns, "
+                                                     "one table cell per metric: mean ± CI (†: differs from the "
+                                                     "baseline, p < 0.05 after Holm)")
+    p.add_argument("--wandb", nargs="?", const="offline", choices=("offline", "online"), metavar="MODE",
+                   help="also log this comparison as a W&B run (job type report) in the runs' W&B group: every "
+                        "table (verdicts, per-seed detail, detectable differences), the figures and the HTML page; "
+                        "offline (default: under PATH/nas-report/, for wandb sync) or online (the runs' project "
+                        "and entity); running it again replaces that report run")
+    _comparison_options(p)
+    return p
+
+
+def _comparison_options(p: argparse.ArgumentParser) -> None:
+    """The options of the comparison with a baseline: verdicts, metrics, planning, equivalence, tuning."""
     p.add_argument("--baseline", metavar="SELECTOR",
                    help="compare every other group with the baseline (field=value[,...], e.g. scheme=unas or "
                         "placement.encoder=unas,heads=4); a selector that matches several groups (scheme=unas on a "
@@ -43,17 +66,6 @@ def _parser() -> argparse.ArgumentParser:
                                                        "metric a task reports) and the numbers the runs' "
                                                        "diagnostics declare (a wrong name lists them), also as "
                                                        "<name>:<location>; every verdict is a paired t-test over seeds")
-    p.add_argument("--format", default="rich", metavar="FMT",
-                   help="rich (default), markdown, latex, json (everything), or csv (one tidy table: the comparison "
-                        "with --baseline, else the runs; --table picks another)")
-    p.add_argument("--table", metavar="NAME", help="the table --format csv writes: runs, comparison, test_set, "
-                                                   "sequential or unfinished")
-    p.add_argument("--out", metavar="DIR", help="also write every table as its own tidy CSV file, DIR/<table>.csv "
-                                                "(numbers in numeric columns: mean, ci_low, ci_high, sd, n; "
-                                                "difference, p, p_holm, direction)")
-    p.add_argument("--pivot", metavar="FIELD", help="spread the values of FIELD (scheme, heads, task) into columns, "
-                                                     "one table cell per metric: mean ± CI (†: differs from the "
-                                                     "baseline, p < 0.05 after Holm)")
     p.add_argument("--samples", type=int, default=1000, help="bootstrap resamples of the test items (default 1000; "
                                                               "approximate randomization: up to 10x as many trials)")
     p.add_argument("--detect", metavar="DELTA", help="plan seeds: how many seeds per scheme would detect a true "
@@ -69,14 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tuning-seeds", metavar="SEEDS", help="with --tune: these seeds only choose and the other seeds "
                    "give the verdicts (held-apart tuning seeds); default: the sweep's tune_seeds, else the verdict "
                    "seeds also choose (same-seed selection, docs/comparing.md#tuned-sweeps)")
-    p.add_argument("--wandb", nargs="?", const="offline", choices=("offline", "online"), metavar="MODE",
-                   help="also log this comparison as a W&B run (job type report) in the runs' W&B group: every "
-                        "table (verdicts, per-seed detail, detectable differences), the figures and the HTML page; "
-                        "offline (default: under PATH/nas-report/, for wandb sync) or online (the runs' project "
-                        "and entity); running it again replaces that report run")
     p.add_argument("--no-item-tests", action="store_true", help="skip the per-seed comparisons on the test items "
                                                                 "(question b); the verdicts over seeds are kept")
-    return p
 
 
 def _fail(msg: str) -> int:
@@ -88,49 +94,90 @@ class _Fail(Exception):
     """Bad input: one line on stderr, exit 2."""
 
 
+@dataclass
+class _Report:
+    """What nas-report found and decided: the runs and their groups, the verdicts, the sections it
+    prints and writes, and the notes under them."""
+
+    runs: list
+    groups: list
+    by: list | None
+    verdicts: tuple | None
+    compared: list
+    sections: list
+    notes: list
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from rich.console import Console
-
     from nas_cli.errors import UserError
     from nas_cli.report.compare import CompareError
-    from nas_cli.report.formats import FORMATS
-    from nas_cli.report.output import csv_table, print_report, write_out
-    from nas_cli.report.sections import (notes as report_notes, runs_section, tuning_section, unfinished_section,
-                                         verdict_sections)
     from nas_cli.report.table import BadField
 
     try:
-        if args.format not in FORMATS:
-            raise _Fail(f"--format {args.format}: unknown; use one of {', '.join(FORMATS)}")
-        _check_tables(args)
-        runs, groups, by = _load(args)
-        tuning = _tune(args, runs, groups, by)
-        metrics, verdicts, marked, compared = _compare(args, tuning.groups if tuning else groups, tuning)
-        sections = [*runs_section(args, runs, groups, by, metrics, verdicts, marked),
-                    *tuning_section(tuning, verdicts), *verdict_sections(verdicts, compared),
-                    *_sequential_sections(args.paths), *unfinished_section(runs)]
+        report = _build(args)
     except (_Fail, BadField, CompareError, UserError, FileNotFoundError) as err:
         return _fail(str(err))
+    return _print(args, report) or _page_outputs(args, report)
+
+
+def _build(args) -> _Report:
+    """Load the runs, choose each tuned cell's values, compare with the baseline, and lay out the sections."""
+    from nas_cli.report.formats import FORMATS
+    from nas_cli.report.sections import (notes as report_notes, runs_section, tuning_section, unfinished_section,
+                                         verdict_sections)
+
+    if args.format not in FORMATS:
+        raise _Fail(f"--format {args.format}: unknown; use one of {', '.join(FORMATS)}")
+    _check_tables(args)
+    runs, groups, by = _load(args)
+    tuning = _tune(args, runs, groups, by)
+    metrics, verdicts, marked, compared = _compare(args, tuning.groups if tuning else groups, tuning)
+    sections = [*runs_section(args, runs, groups, by, metrics, verdicts, marked),
+                *tuning_section(tuning, verdicts), *verdict_sections(verdicts, compared),
+                *_sequential_sections(args.paths), *unfinished_section(runs)]
     notes = report_notes(groups, compared, verdicts[2] if verdicts else None, args.paths, tuning)
+    return _Report(runs, groups, by, verdicts, compared, sections, notes)
+
+
+def _say(args, console):
+    """Where a line about a written file goes: the terminal's table, or stderr beside a machine format."""
+    return console.print if args.format == "rich" else (lambda m: print(m, file=sys.stderr))
+
+
+def _print(args, report: _Report) -> int:
+    """The report in the chosen format on stdout, and --out's CSV files; 0, or 2 when --out cannot be written."""
+    from rich.console import Console
+
+    from nas_cli.errors import UserError
+    from nas_cli.report.output import csv_table, print_report, write_out
+
     console = Console() if sys.stdout.isatty() else Console(width=200)
     try:
-        table = csv_table(args, sections) if args.format == "csv" else None
-        written = write_out(args.out, sections) if args.out else []
+        table = csv_table(args, report.sections) if args.format == "csv" else None
+        written = write_out(args.out, report.sections) if args.out else []
     except (UserError, OSError) as err:
         return _fail(str(err) if isinstance(err, UserError) else f"cannot write --out {args.out}: {err.strerror or err}")
-    print_report(args, sections, notes, console, groups, by, verdicts, table)
+    print_report(args, report.sections, report.notes, console, report.groups, report.by, report.verdicts, table)
     if written:
-        (console.print if args.format == "rich" else lambda m: print(m, file=sys.stderr))(
-            f"CSV tables: {', '.join(written)}")
-    say = console.print if args.format == "rich" else (lambda m: print(m, file=sys.stderr))
-    if args.html or args.wandb:
-        from nas_cli.report.verdicts import ITEM_NOTE, item_table
-        from nas_cli.report.html import render_html
+        _say(args, console)(f"CSV tables: {', '.join(written)}")
+    return 0
 
-        page = render_html(runs, groups, args.paths, title=args.title, by=by,
-                           verdicts=verdicts[:2] if verdicts else None,
-                           items=(item_table(compared), ITEM_NOTE) if compared else None, notes=notes)
+
+def _page_outputs(args, report: _Report) -> int:
+    """--html's page and --wandb's report run (the same page in it)."""
+    from rich.console import Console
+
+    if not (args.html or args.wandb):
+        return 0
+    from nas_cli.report.html import render_html
+    from nas_cli.report.verdicts import ITEM_NOTE, item_table
+
+    say = _say(args, Console() if sys.stdout.isatty() else Console(width=200))
+    verdicts, compared = report.verdicts, report.compared
+    page = render_html(report.runs, report.groups, args.paths, title=args.title, by=report.by,
+                       verdicts=verdicts[:2] if verdicts else None,
+                       items=(item_table(compared), ITEM_NOTE) if compared else None, notes=report.notes)
     if args.html:
         from nas_cli.infra.atomic import atomic_write_text
 
@@ -143,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from nas_cli.report.wandb_report import log_report
 
         try:
-            where = log_report(sections, notes, page, runs, groups, args.paths[0], args.wandb, args.title)
+            where = log_report(report.sections, report.notes, page, report.runs, report.groups, args.paths[0],
+                               args.wandb, args.title)
         except OSError as err:
             return _fail(f"--wandb: cannot write the W&B run under {args.paths[0]}: {err.strerror or err}")
         say(f"W&B report run: {where}" + (f" (upload: wandb sync {where})" if args.wandb == "offline" else ""))
