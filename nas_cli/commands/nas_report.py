@@ -175,9 +175,11 @@ def _page_outputs(args, report: _Report) -> int:
 
     say = _say(args, Console() if sys.stdout.isatty() else Console(width=200))
     verdicts, compared = report.verdicts, report.compared
+    tuning = next((sec[1:5] for sec in report.sections if sec[0] == "tuning"), None)
     page = render_html(report.runs, report.groups, args.paths, title=args.title, by=report.by,
                        verdicts=verdicts[:2] if verdicts else None,
-                       items=(item_table(compared), ITEM_NOTE) if compared else None, notes=report.notes)
+                       items=(item_table(compared), ITEM_NOTE) if compared else None, notes=report.notes,
+                       tuning=tuning)
     if args.html:
         from nas_cli.infra.atomic import atomic_write_text
 

@@ -214,14 +214,15 @@ def _diag_rows(groups: Sequence[Group]) -> tuple[list[str], list[list[str]]]:
 
 def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[str],
                 title: str = "nas-report", by: Sequence[str] | None = None, verdicts=None, items=None,
-                notes: Sequence[str] = ()) -> str:
+                notes: Sequence[str] = (), tuning=None) -> str:
+    """The page; ``tuning``: a tuned comparison's table as (title, head, rows, caption)."""
     grouping = "runs that differ only by seed" if by is None else f"runs with equal {', '.join(by)}"
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<p class="note">{len([r for r in runs if r.finished])} finished run(s) in {len(groups)} row(s) '
              f"from {html.escape(', '.join(map(str, sources)))}; generated "
              f"{_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}. <span id=\"status\"></span></p>"]
     if groups:
-        parts += _result_sections(groups, grouping, verdicts, items, notes) + _figure_sections(groups)
+        parts += _result_sections(groups, grouping, verdicts, items, notes, tuning) + _figure_sections(groups)
     uh, ur = unfinished_rows(runs)
     if ur:
         parts += ["<h2>Runs without results (failed, or unfinished: no summary.json)</h2>", _table(uh, ur)]
@@ -230,13 +231,19 @@ def render_html(runs: Sequence[Run], groups: Sequence[Group], sources: Sequence[
             f"<style>{CSS}</style></head>\n<body>\n{body}\n<script>{SCRIPT}</script>\n</body></html>\n")
 
 
-def _result_sections(groups: Sequence[Group], grouping: str, verdicts, items, notes: Sequence[str]) -> list[str]:
-    """The tables: results over seeds, the verdicts, the test-set detail, the diagnostics per location."""
+def _result_sections(groups: Sequence[Group], grouping: str, verdicts, items, notes: Sequence[str],
+                     tuning=None) -> list[str]:
+    """The tables: results over seeds, a tuned comparison's choices, the verdicts, the test-set detail, the
+    diagnostics per location."""
     head, rows = table_rows(groups)
     parts = ["<h2>Results</h2>", _table(head, rows),
              f'<p class="note">mean ± 95% CI (Student t) over {html.escape(grouping)} (n runs); JSD: head diversity '
              "(Zheng et al. 2021), mean over locations and layers; expl. away: fraction of keys with "
              "sum_i pi_ij &lt; eps (Ding et al. 2020), mean over locations.</p>"]
+    if tuning:
+        ttitle, th, tr, tcaption = tuning
+        parts += [f"<h2>{html.escape(ttitle[0].upper() + ttitle[1:])}</h2>", _table(th, tr),
+                  f'<p class="note">{html.escape(tcaption)}</p>']
     if verdicts:
         (vh, vr), note = verdicts
         parts += ["<h2>Across seeds (the verdict): against the baseline</h2>", _table(vh, vr),

@@ -138,6 +138,10 @@ def test_the_tuning_table_as_csv_and_markdown(tmp_path):
     assert {"cell", "optim.lr", "val_seed_1", "mean_val", "margin_to_runner_up", "at_edge", "protocol"} <= set(rows[0])
     md = _report(tmp_path, "--format", "markdown").stdout
     assert "| cell | optim.lr | val seed 1 | val seed 2 | val seed 3 | mean val | chosen |" in md
+    assert _report(tmp_path, "--html", str(tmp_path / "page.html")).returncode == 0
+    page = (tmp_path / "page.html").read_text()
+    assert "<h2>Tuning (same-seed selection): each cell&#x27;s optim.lr, chosen by validation</h2>" in page
+    assert page.index("<h2>Tuning") < page.index("<h2>Across seeds (the verdict)")
 
 
 @pytest.mark.parametrize("argv, message", [
