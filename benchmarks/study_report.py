@@ -207,10 +207,14 @@ def results_section(roots: list[tuple[list[str], list[str]]]) -> str | None:
             lines += [f"### {names}", "", "No finished run yet.", ""]
             continue
         finished = [d for d in found if any(r.finished for r in find_runs([d]))]
-        if "--tune" in options and len(finished) < len(dirs):  # a tuned block needs its other values run
-            lines += [f"### {names} (`{' '.join(options)}`)", "", "Not run yet: the sweep of the other values "
-                      "(benchmarks/study_queue_tuned.sh) has no finished run.", ""]
-            continue
+        if "--tune" in options:  # a tuned block chooses among every value: only once its sweeps are complete
+            short = [(Path(d).name, done, size) for d in dirs for done, size in [_progress(d)] if done < size]
+            if short:
+                said = "; ".join(f"`{n}` {done} of {size} runs finished" for n, done, size in short)
+                lines += [f"### {names} (`{' '.join(options)}`)", "", f"Not compared yet: {said} "
+                          "(benchmarks/study_queue_tuned.sh); each scheme chooses its rate once every value has "
+                          "run at every seed.", ""]
+                continue
         code, out, err = _nas_report([*finished, *options, "--format", "markdown"])
         if code != 0 and ("no other group" in err or "no group matches" in err):  # a sweep still under way
             lines += [f"### {names}", "", f"Not compared yet ({err.strip().removeprefix('nas-report: error: ')}).", ""]
@@ -221,6 +225,22 @@ def results_section(roots: list[tuple[list[str], list[str]]]) -> str | None:
         lines += [f"### {', '.join(f'`{Path(d).name}`' for d in finished)} (`{' '.join(options)}`)", "", out.strip().replace("**nas-report**\n\n", ""), "",
                   *durations(finished), ""]
     return "\n".join(lines)
+
+
+def _progress(sweep: str) -> tuple[int, int]:
+    """(finished runs, jobs of the sweep) of a sweep directory: its jobs are the product of the numbers of
+    values of its swept overrides (its multirun.yaml); (0, 1) when it has none yet."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from nas_cli.sweeps.continuation import sweep_overrides
+
+    overrides = sweep_overrides(Path(sweep)) if Path(sweep).is_dir() else None
+    if not overrides:
+        return 0, 1
+    size = 1
+    for o in OverridesParser.create().parse_overrides(overrides):
+        size *= len(list(o.sweep_iterator())) if o.is_sweep_override() else 1
+    return sum(r.finished for r in find_runs([sweep])), size
 
 
 def committed_copy(study: Path, dest: Path) -> Path:
