@@ -80,7 +80,7 @@ def _comparison_options(p: argparse.ArgumentParser) -> None:
                    "test metrics at the chosen values; default: the tune=[...] the sweep ran with")
     p.add_argument("--tuning-seeds", metavar="SEEDS", help="with --tune: these seeds only choose and the other seeds "
                    "give the verdicts (held-apart tuning seeds); default: the sweep's tune_seeds, else the verdict "
-                   "seeds also choose (same-seed selection, docs/comparing.md, "Tuned sweeps")")
+                   "seeds also choose (same-seed selection, docs/comparing.md, 'Tuned sweeps')")
     p.add_argument("--no-item-tests", action="store_true", help="skip the per-seed comparisons on the test items "
                                                                 "(question b); the verdicts over seeds are kept")
 
