@@ -72,6 +72,7 @@ SLOW = MappingProxyType({
     "test_study_page": "the study page regenerated from the committed runs",
     "test_eval_speed": "a benchmark script run end to end",
     "test_tuned_sweep": "a tuned sweep trained and continued",
+    "test_recipe": "the checks and the call depth counted in real runs: a single run, a resume and a sweep",
     "test_tuning_calibration": "calibration simulations of the tuning protocols",
 })
 #: fixtures of the slow kinds: the report tests' shared sweeps (trained once per test run) and a fresh
