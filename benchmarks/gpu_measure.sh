@@ -11,17 +11,17 @@
 #    end-to-end training steps of Transformer-base at WMT14 shapes (bf16-mixed).
 #
 # Environment: ONLY_TRITON=1 stops after the Triton kernels' checks and timings and the Hugging Face
-# step (step 0b: 10 minutes at most, the longest one command may run on the lent GPU, and what one 15-minute session holds with the machine's start); LONG=1 adds the 64k-context
+# step (step 0b: 10 minutes at most, for a GPU machine that allows one command 10 minutes, or 15 minutes with its start); LONG=1 adds the 64k-context
 # memory check (100 s at most) and the encoder kernels' EVEN gain (S = 4096 against 4095, 60 s; SKIP_HF=1 leaves out the Hugging Face step to make room); MULTI30K=<folder> also trains the study's Multi30k preset on the GPU beside the
 # checks; SKIP_NUMERICS=1 / SKIP_ATTENTION=1 leave out gpu-check's numerics / the attention-core
 # timings (e.g. when only the training path changed since they were measured).
 #
 # Each step writes its own JSON and text into OUT_DIR as it ends and is stopped by `timeout`
-# if it runs long, so a cut-short session keeps what finished. Exit status: the number of steps
+# if it runs long, so a run cut short keeps what finished. Exit status: the number of steps
 # that failed or timed out.
 # tests/bench/test_gpu_measure_script.py runs this script on the CPU with a stand-in for every program it
 # starts and puts each command line through that program's own checks (options, scheme and form names,
-# nas-run's overrides), so that an edit here cannot cost a GPU session a misspelled option.
+# nas-run's overrides), so that an edit here cannot cost a GPU run a misspelled option.
 set -u
 out=${1:?usage: benchmarks/gpu_measure.sh OUT_DIR [SECONDS_PER_STEP_SCALE]}
 scale=${2:-1}
@@ -103,9 +103,9 @@ step attention_triton_d128 60 nas-bench attention --device cuda --dtype bfloat16
 [ "${SKIP_HF:-0}" = 1 ] || step hf_step 100 python benchmarks/hf_step.py --device cuda --layers 8 --hidden 512 --heads 8 --seq 2048 --batch 4 \
     --bf16 --reps 10 --warmup 3 --tag "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
     --out "$out/hf_step.json" --markdown "$out/hf_step.md"
-# LONG=1: the longest context one DNAS layer trains at (issue #48's last target: B=1, H=8, d=64, S up to 64k;
+# LONG=1: the longest context one DNAS layer trains at (B=1, H=8, d=64, S up to 64k;
 # nas-bench attention records each case's peak memory, which must grow linearly in S), instead of hf_step
-# when one session cannot hold both
+# when one run's time cannot hold both
 if [ "${LONG:-0}" = 1 ]; then
     step attention_long 100 nas-bench attention --device cuda --dtype bfloat16 --batch 1 --heads 8 --d-head 64 \
         --causal both --lengths 16384,32768,65536 --schemes unas,dnas-triton --repeats 2 \

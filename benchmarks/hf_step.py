@@ -2,10 +2,9 @@
 library's own ``sdpa``, with ``use_cache=False`` and with the library's default call (``use_cache``
 from the config: True), on the CPU or a GPU.
 
-Before issue #48 a forward with ``use_cache=True`` ran every scheme's one-query ``step`` once per
-query in every layer (180x HF's ``sdpa`` for ``unas`` on an H200); now a cached prefill computes
-nothing (the state a continuation needs comes from one vectorized pass when one comes) and UNAS
-is the library's SDPA function. Each cell: the median of ``--reps`` timed steps (forward,
+A forward with ``use_cache=True`` computes no per-query ``step`` in a cached prefill (the state a
+continuation needs comes from one vectorized pass when one comes; one call per query and layer would
+be 180x HF's ``sdpa`` for ``unas`` on an H200), and UNAS is the library's SDPA function. Each cell: the median of ``--reps`` timed steps (forward,
 backward, optimizer step) after ``--warmup`` untimed ones, the same random batch; on CUDA with
 ``torch.cuda.synchronize``, bf16 autocast with ``--bf16``.
 

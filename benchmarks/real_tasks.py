@@ -108,11 +108,11 @@ def write(results: dict) -> None:
                 target, result = "test ppl <= 170 in <= 30 min", f"test ppl {r['test']['test/ppl']:.1f}"
             lines.append(f"| {key} | {target} | {result} | {r['fit_s'] / 60:.1f} min | {r['steps']} | "
                          f"{r['tokens_per_s']:.0f} | `{r['command']}` |")
-        lines += ["", "`*_epoch0_order`: trained before the data-order fix (issue #17), when every epoch replayed "
-                  "epoch 0's batch order; budget `trainer.max_time`. The rows without the suffix are from the "
-                  "fixed trainer with the same number of optimizer steps (`trainer.max_steps` = the old run's "
-                  "steps, `trainer.max_time=null`), so the two differ only in the data order; their training "
-                  "time is wall clock on a machine that was also running the test suite."]
+        lines += ["", "`*_epoch0_order`: trained by a trainer whose every epoch replayed epoch 0's batch order (the "
+                  "code of 2026-11-23); budget `trainer.max_time`. The rows without the suffix are from today's "
+                  "trainer, which draws a new order each epoch, with the same number of optimizer steps "
+                  "(`trainer.max_steps` = the other row's steps, `trainer.max_time=null`), so the two differ only in "
+                  "the data order; their training time is wall clock on a machine that was also running the test suite."]
         lines.append("")
     write_markdown(DOCS / "benchmarks.md", "\n".join(lines) + "\n")
 

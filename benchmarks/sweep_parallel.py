@@ -8,7 +8,7 @@
 Three launches of the same grid, each a real ``nas-run -m`` timed as a whole process (wall, and user +
 system CPU of it and its children):
 
-* ``default``: what ``nas-run -m`` does now (on the CPU: the jobs several at a time, one thread each);
+* ``default``: what ``nas-run -m`` does (on the CPU: the jobs several at a time, one thread each);
 * ``one at a time, 1 thread``: ``hydra/launcher=basic threads=1``: its wall is the sum of the jobs'
   single-thread times (and one start-up), so the ideal is that wall divided by the CPUs allowed;
 * ``one at a time, every CPU``: ``hydra/launcher=basic threads=<CPUs>``, the sequential launcher with

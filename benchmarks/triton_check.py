@@ -140,7 +140,7 @@ def main() -> int:
         # the second size (d_head 128 on a GPU) for DNAS's two forms only, and on a GPU in bf16 only (the
         # timed dtype): every size, form and dtype is a compilation on the GPU (Triton caches none between
         # machines; the prefix form's 24 took 158 s on a 2-core machine once its kernels had two loops
-        # each, 92 s without float32 and fp16 at d_head 128), and the session is short
+        # each, 92 s without float32 and fp16 at d_head 128), and a GPU machine's time may be short
         for i, (s, d) in enumerate(sizes if form in ("encoder", "prefix") else sizes[:1]):
             dtypes = (torch.float32, torch.bfloat16, torch.float16) if i == 0 or args.small else (torch.bfloat16,)
             rows += check(form, 2, 2 if args.small else 4, s, d, args.device, dtypes=dtypes)

@@ -1,6 +1,6 @@
 """Compile every Triton kernel of DNAS's fused forms for an NVIDIA GPU on a machine without one, and
-read the compiled code (issue #48): what the GPU session would otherwise find out first, at the cost of
-its minutes.
+read the compiled code: what a run on the GPU would otherwise find out first, at the cost of the GPU's
+time.
 
 Triton compiles for a CUDA target without a GPU (its wheel ships ``ptxas`` and ``cuobjdump``): the
 kernels' launch code runs as in training (forward, then backward) with CPU tensors, while a stand-in

@@ -68,6 +68,7 @@ SLOW = MappingProxyType({
     "test_readme_compare": "the README's grid and comparison as written",
     "test_extending": "the extension walk-throughs as written",
     "test_packaging": "building and installing the wheel",
+    "test_hf_docs": "the Hugging Face page's example as written",
     "test_debug_fast": "debug=fast on every preset",
     "test_study_page": "the study page regenerated from the committed runs",
     "test_eval_speed": "a benchmark script run end to end",
@@ -90,13 +91,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
-#: the task x scheme matrix of tests/cli/test_config.py: the quick loop keeps its edges, every scheme on
-#: one seq2seq and one language-model task and every task with UNAS; the rest of the matrix is slow
-MATRIX = ("test_every_task_and_scheme_composes_and_runs_a_batch", ("reverse", "copy_lm"), "unas")
+#: parametrized tests whose quick-loop share is the edges of their matrix (the rest is slow), by the
+#: parameters a quick case has: tests/cli/test_config.py keeps every scheme on one seq2seq and one
+#: language-model task and every task with UNAS; tests/cli/test_baselines_cli.py trains one of today's
+#: baselines (softpick: weights that need not sum to one, and a sink rate)
+EDGES = MappingProxyType({
+    "test_every_task_and_scheme_composes_and_runs_a_batch":
+        lambda p: p.get("task_name") in ("reverse", "copy_lm") or p.get("scheme") == "unas",
+    "test_each_scheme_trains_a_language_model_with_its_sink_rate": lambda p: p.get("scheme") == "softpick",
+})
 
 
 def _off_the_matrix_edges(item) -> bool:
-    name, tasks, scheme = MATRIX
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    return (getattr(item, "originalname", None) == name and params.get("task_name") not in tasks
-            and params.get("scheme") != scheme)
+    quick = EDGES.get(getattr(item, "originalname", None))
+    return quick is not None and not quick(getattr(getattr(item, "callspec", None), "params", {}))

@@ -110,11 +110,11 @@ def test_flex_gradients_equal_the_naive_formula_on_cuda():
         torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.slow  # compiles FlexAttention for seven shapes
 def test_flex_survives_a_loop_of_changing_shapes():
-    """Issue #30: after a few calls with different shapes, FlexAttention crashed inside
-    torch._dynamo ('NoneType' object is not subscriptable) when the same tensor was passed as
-    keys and values and score_mod was sometimes None. Every shape here must give the float64
-    formula's values, with or without padding, for DNAS, Sinkhorn-3 and HNAS."""
+    """Calls with changing shapes, the same tensor as keys and values, and score_mod sometimes None
+    (a case that can fail inside torch._dynamo with "'NoneType' object is not subscriptable"): every
+    shape gives the float64 formula's values, with or without padding, for DNAS, Sinkhorn-3 and HNAS."""
     g = torch.Generator().manual_seed(0)
     shapes = [(2, 7, 9), (3, 5, 6), (1, 130, 77), (3, 140, 140), (2, 16, 33), (4, 11, 11), (3, 140, 61)]
     cores = {s: build_core(s, impl="naive").double() for s in ("dnas", "sinkhorn", "hnas")}
@@ -131,7 +131,7 @@ def test_flex_survives_a_loop_of_changing_shapes():
 
 
 def test_impl_flex_is_refused_when_deterministic_and_says_once_where_it_falls_back(monkeypatch, capsys):
-    """Issue #30: deterministic training cannot take FlexAttention (atomics in its backward); where it
+    """Deterministic training cannot take FlexAttention (atomics in its backward); where it
     can train (CUDA: simulated here by saying it is available), the prefix-normalized locations
     keep the chunked path and the run says so in one note."""
     import nas_cli.attention.flex as flex
@@ -151,8 +151,8 @@ def test_impl_flex_is_refused_when_deterministic_and_says_once_where_it_falls_ba
 
 
 def test_flex_computes_in_the_autocast_dtype_with_autocast_off_inside():
-    # on an H200 (torch 2.11) the compiled FlexAttention call computed in float16 under bf16 autocast (a float16
-    # output with fp16's error under bf16-mixed); the precision is now explicit: inputs cast to the autocast
+    # on an H200 (torch 2.11) a compiled FlexAttention call under bf16 autocast computes in float16 (a float16
+    # output with fp16's error under bf16-mixed); so the precision is explicit: inputs cast to the autocast
     # dtype, the call itself without autocast. Here: bf16 autocast gives exactly the call on bf16 inputs.
     q, k, v = (t.float() for t in qkv(sq=7, sk=9))
     q_mask, k_mask = _masks(sq=7, sk=9)

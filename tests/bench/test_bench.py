@@ -60,6 +60,7 @@ def test_attention_bench_guard_records_too_slow_and_skips_longer(tmp_path):
     assert "too_slow" in md and "skipped" in md
 
 
+@pytest.mark.slow  # a benchmark case in a process of its own
 def test_attention_bench_isolated_case(tmp_path):
     """--isolate runs each case in a subprocess (python -m nas_cli.bench.attention) and reads its result back."""
     data, _ = run_bench(tmp_path, "--schemes", "unas", "--lengths", "32", "--isolate")

@@ -1,4 +1,4 @@
-"""Issue #21, the parts a CPU can check: ``nas-bench gpu-check`` (numerics of every scheme against
+"""The parts a CPU can check: ``nas-bench gpu-check`` (numerics of every scheme against
 a float64 reference, also under half-precision autocast) and its behaviour without CUDA."""
 import shutil
 import sys
@@ -34,8 +34,8 @@ def test_every_scheme_matches_float64_in_float32_on_the_cpu():
 
 
 def test_doubly_normalized_schemes_stay_finite_under_fp16_autocast():
-    """Found by gpu-check: under fp16 autocast the prefix (causal) and cross forms of DNAS, HNAS and
-    Sinkhorn gave NaN gradients (normalizers computed in fp16); scores are now normalized in float32."""
+    """Under fp16 autocast the prefix (causal) and cross forms of DNAS, HNAS and Sinkhorn normalize
+    their scores in float32: normalizers computed in fp16 give NaN gradients."""
     rows = gpucheck.check_numerics("cpu", ["fp16", "bf16"], schemes=["dnas", "hnas", "sinkhorn"], s=24, d=16)
     bad = [r for r in rows if not r["ok"]]
     assert not bad, bad[:3]
@@ -53,8 +53,8 @@ def test_gpu_check_cli_on_the_cpu_prints_a_table_and_fails_on_a_failure(tmp_path
 
 
 def test_training_rows_name_the_error_not_hydras_hint_and_cover_the_fused_paths(tmp_path):
-    """On an H200 the impl=triton training case failed with 'Set the environment variable
-    HYDRA_FULL_ERROR=1 ...' as its only reason; the row now shows the error above that hint."""
+    """A training case that fails shows the error above Hydra's 'Set the environment variable
+    HYDRA_FULL_ERROR=1 ...' hint, not the hint as its only reason."""
     stderr = ("Error executing job with overrides: ['attention=dnas']\nTraceback (most recent call last):\n"
               "AttributeError: 'Placed' object has no attribute 'name'\n\n"
               "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
@@ -64,9 +64,9 @@ def test_training_rows_name_the_error_not_hydras_hint_and_cover_the_fused_paths(
 
 
 def test_gpu_check_flags_a_scheme_that_computes_in_another_half_precision(monkeypatch):
-    # what gpu-check found on an H200: FlexAttention gave float16 under bf16 autocast, with errors that pass
-    # bf16's tolerance (fp16 is the more precise). The check now also compares the output's dtype with the
-    # autocast dtype. A core made to answer in float16 under bf16 autocast is flagged; the real one is not.
+    # a core that answers in float16 under bf16 autocast has errors that pass bf16's tolerance (fp16 is the
+    # more precise), so the check also compares the output's dtype with the autocast dtype. A core made to
+    # answer in float16 under bf16 autocast is flagged; the real one is not.
     from dataclasses import replace
 
     real = gpucheck.make_core

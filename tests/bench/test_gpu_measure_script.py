@@ -1,8 +1,8 @@
-"""benchmarks/gpu_measure.sh, the one script a GPU session runs (issue #48), without a GPU: bash runs the
+"""benchmarks/gpu_measure.sh, the one script that measures on a GPU, without a GPU: bash runs the
 script as written, with each program it starts replaced by a stand-in that records its command line and
 exits 0; each recorded command line is then put through the real program's own argument checks (its
 parser, its scheme and form names, nas-run's override check). A misspelled option or scheme would
-otherwise be found only on the lent GPU, minutes into a 15-minute session."""
+otherwise be found only on the GPU, minutes into a run whose time is short."""
 import os
 import shutil
 import subprocess
@@ -95,6 +95,7 @@ def _check(argv: list[str]) -> str:
      {"triton_check": 5, "hf_step": 1, "nas-bench attention": 5, "nas-bench gpu-check": 2, "nas-bench train": 1,
       "nas-run": 1}),
 ], ids=["everything", "only-triton", "long", "multi30k-no-warm"])
+@pytest.mark.slow  # a benchmark script run end to end
 def test_every_command_of_the_gpu_script_passes_its_programs_own_checks(tmp_path, env, expected):
     proc, calls, out = _recorded(tmp_path, **env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

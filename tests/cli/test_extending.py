@@ -97,8 +97,8 @@ def test_a_scheme_yaml_without_a_name_is_named_by_its_file_in_a_sweep_and_a_resu
 
 
 def test_an_option_a_user_scheme_does_not_have_stops_the_run(tmp_path):
-    """Issue #47 (1): a typo in the user scheme's YAML, or +attention.<typo>=, was trained with the default
-    and exited 0; now it is one line, exit 2, nothing made; nas-bench check-scheme refuses the YAML too."""
+    """A typo in the user scheme's YAML, or +attention.<typo>=, is one line, exit 2, nothing made (not a run
+    trained with the default); nas-bench check-scheme refuses the YAML too."""
     (tmp_path / "my_tempered.py").write_text(_block("`my_tempered.py`", "python"))
     (tmp_path / "my_conf" / "attention").mkdir(parents=True)
     guide_yaml = _block("`my_conf/attention/tempered.yaml`", "yaml")
@@ -134,8 +134,8 @@ def test_an_option_a_user_scheme_does_not_have_stops_the_run(tmp_path):
 
 
 def test_learned_values_are_logged_on_their_own_schedule(tmp_path):
-    """Issue #47 (7): a learned value reached the loggers only on steps where both log_learned_every and
-    Lightning's log_every_n_steps fell (a 3-step run logged none); now every log_learned_every steps."""
+    """A learned value reaches the loggers every log_learned_every steps, whatever Lightning's
+    log_every_n_steps (on steps where both fall, a 3-step run would log none)."""
     import pandas as pd
 
     run = tmp_path / "run"
@@ -289,7 +289,7 @@ def _report(*args, cwd: Path):
 
 
 def test_the_guides_task_with_its_own_metric(tmp_path):
-    """Issue #29: a new task with its own metric is 1 .py + 1 YAML from a folder outside the
+    """A new task with its own metric is 1 .py + 1 YAML from a folder outside the
     package (the guide's own files and commands), and its declared metric shows in nas-run's
     result table and in nas-report, titled as declared, with a verdict in its better direction."""
     (tmp_path / "my_task.py").write_text(_block("`my_task.py`", "python"))
@@ -358,7 +358,7 @@ def test_a_malformed_metrics_declaration_is_one_line_before_training(tmp_path):
 
 
 def test_a_user_schemes_learned_value_reaches_wandb_and_nas_report(tmp_path):
-    """Issue #29: a learnable per-head value of a user scheme (the guide's temperature) reaches
+    """A learnable per-head value of a user scheme (the guide's temperature) reaches
     W&B, summary.json, the diagnostics and nas-report with no edit to nas-run."""
     from nas_cli.infra.wandb_offline import read_run
 
@@ -392,9 +392,8 @@ def test_a_user_schemes_learned_value_reaches_wandb_and_nas_report(tmp_path):
 
 
 def test_a_user_language_model_task_is_sized_as_a_language_model(tmp_path, monkeypatch):
-    """Issue #29: two tests of "is this a language model" disagreed (the class's kind, and the
-    _target_ ending in LanguageModelTask), so a user's LM task was sized as seq2seq (with
-    cross-attention). Now there is one, the class's kind."""
+    """One test of "is this a language model", the class's kind (not the _target_ ending in
+    LanguageModelTask): a user's LM task is sized as a language model, without cross-attention."""
     from helpers import compose_cfg
     from nas_cli.pipeline.checks import check_config, is_language_model
 

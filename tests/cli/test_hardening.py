@@ -1,4 +1,4 @@
-"""Issue #17: what a fault-injection trial found, each with a test that failed before the fix.
+"""Faults injected into real runs, and what each must leave: a run that continues, or one line.
 
 Faults are real: SIGKILL / SIGUSR1 / SIGUSR2 sent by the nas-run process to itself at a precise
 moment (tests/faults.py), two real processes in one directory, a real file-size limit."""
@@ -356,7 +356,7 @@ def _bad_data(tmp_path: Path, kind: str) -> str:
     (["-m", "seed=1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs=0 is not valid"),
 ], ids=["seed-1", "seed-2^32", "empty-run-dir", "non-ascii", "path-file", "path-binary", "path-empty", "n_jobs-0"])
 def test_the_last_bad_inputs_are_one_line_and_leave_nothing(tmp_path, args, needle):
-    """Issue #46: inputs that ended in a traceback, a run directory with failed.json, or exit 0."""
+    """Inputs that a careless check would end in a traceback, a run directory with failed.json, or exit 0."""
     for kind in ("file", "binary", "empty"):
         args = [a.replace(f"<{kind}>", _bad_data(tmp_path, kind)) if f"<{kind}>" in a else a for a in args]
     before = {p for p in tmp_path.rglob("*")}
@@ -504,7 +504,7 @@ def test_max_steps_lifts_the_epoch_limit_and_resuming_trains_exactly_the_steps_a
 
 
 def test_an_unwritable_run_directory_is_one_line(tmp_path):
-    """Issue #34 (6): hydra.run.dir that cannot be made gave Hydra's traceback; now one line, exit 2."""
+    """A hydra.run.dir that cannot be made is one line and exit 2, not Hydra's traceback."""
     line = one_line_error(nas_run("debug=fast", "hydra.run.dir=/proc/x/run", cwd=tmp_path))
     assert "hydra.run.dir=/proc/x/run: cannot create or write the directory" in line
     blocked = tmp_path / "file"
@@ -621,9 +621,9 @@ def _take(run_dir, results, start):
 
 
 def test_two_takers_of_one_stale_lock_never_both_own_the_run(tmp_path):
-    """Issue #34 (8): processes that find the same stale lock (a requeued SLURM job and a re-run
-    command) could both remove it and each create their own. The takeover is now one at a time:
-    of eight racing processes exactly one owns the directory."""
+    """Processes that find the same stale lock (a requeued SLURM job and a re-run command) must not
+    both remove it and each create their own: the takeover is one at a time, and of eight racing
+    processes exactly one owns the directory."""
     import multiprocessing as mp
 
     from nas_cli.infra.rundir import LOCK_NAME, _me

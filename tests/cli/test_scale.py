@@ -310,10 +310,9 @@ def test_sigterm_saves_last_checkpoint_and_exits_with_a_resume_hint(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "ctrl-c", "hangup"])
 def test_a_stop_signal_to_the_whole_process_group_with_dataloader_workers_still_saves(tmp_path, sig):
     # what a SLURM time limit, `timeout`, `kill -TERM -<group>` and Ctrl-C in a terminal do: the
-    # DataLoader workers get the signal too. A worker killed by SIGTERM made the run fail ("DataLoader
-    # worker ... is killed by signal") before it could save; Ctrl-C ended the run with exit 1 and no
-    # word, losing the steps since the last periodic checkpoint. The workers now leave the stop to the
-    # training process, which saves and says how to continue
+    # DataLoader workers get the signal too. Were a worker to die of it, the run would fail ("DataLoader
+    # worker ... is killed by signal") before it could save, losing the steps since the last periodic
+    # checkpoint. The workers leave the stop to the training process, which saves and says how to continue
     run = tmp_path / "group"
     proc = start_group(tmp_path, *LONG, "logger=csv", "task.num_workers=2", f"hydra.run.dir={run}")
     wait_for(run / "checkpoints" / "last.ckpt", proc)
@@ -331,10 +330,9 @@ def test_a_stop_signal_to_the_whole_process_group_with_dataloader_workers_still_
 @pytest.mark.parametrize("sig,to", [(signal.SIGTERM, "group"), (signal.SIGTERM, "process"), (signal.SIGINT, "group")],
                          ids=["SIGTERM-group", "SIGTERM-process", "ctrl-c-group"])
 def test_a_stopped_joblib_sweep_saves_every_job_and_says_how_to_continue_in_one_line(tmp_path, sig, to):
-    # the sweep's own process waits in joblib: Ctrl-C printed a KeyboardInterrupt traceback there, and
-    # SIGTERM ended it without a word, leaving joblib's worker processes behind. Stopping it ends joblib's
-    # workers at once: signalled alone (`kill <pid>`, not its group), the jobs lost their steps since the
-    # last periodic checkpoint. It now passes the stop to them and waits until each has saved
+    # the sweep's own process waits in joblib, where Ctrl-C would print a KeyboardInterrupt traceback and
+    # SIGTERM end it without a word, leaving joblib's worker processes behind. Signalled alone (`kill <pid>`,
+    # not its group), it passes the stop to the jobs and waits until each has saved: no steps lost
     sweep = tmp_path / "sweep"
     proc = start_group(tmp_path, "-m", *LONG, "logger=csv", "task.num_workers=1", "hydra/launcher=joblib",
                        "hydra.launcher.n_jobs=2", "attention=unas,dnas", "seed=1,2", f"hydra.sweep.dir={sweep}")

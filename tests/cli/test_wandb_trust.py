@@ -60,6 +60,7 @@ def test_two_spellings_of_one_model_are_one_setup():
     assert _identity("model.encoder_layers=0", "attention.decoder=hnas", "attention.cross=hnas")[0] == "hnas"
 
 
+@pytest.mark.slow  # a run stopped and resumed
 def test_resumed_offline_run_is_one_whole_history_and_records_the_code(tmp_path):
     run = tmp_path / "r"
     first = nas_run("debug=fast", "trainer.max_steps=30", f"hydra.run.dir={run}", cwd=tmp_path)

@@ -20,6 +20,7 @@ def _env(**extra):
 
 @pytest.mark.parametrize("args", [("atention=dnas",), ("--cfg", "job", "debug=fast", "attention=hnas"),
                                   ("task.path=/nope", "task=wikitext2")])
+@pytest.mark.slow  # the installed script in plain processes, 5-10 s of imports each
 def test_a_forked_command_prints_and_exits_as_the_installed_script(tmp_path, args):
     forked = zygote.run([NAS_RUN, *args], cwd=tmp_path, env=_env(), timeout=120)
     real = subprocess.run([NAS_RUN, *args], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)

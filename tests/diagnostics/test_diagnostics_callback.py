@@ -108,7 +108,7 @@ def test_repro_explained_away_trains_both_schemes_on_the_same_data(tmp_path):
 
 def test_signed_weights_of_a_linear_kernel_read_null_with_a_note_not_a_crash(tmp_path):
     """A linear kernel's weights can be negative (Tsai et al. 2019): JSD and log sum_i pi_ij are
-    undefined for them. The run trains on; the JSON says null and why (it used to crash writing NaN)."""
+    undefined for them. The run trains on; the JSON says null and why (never NaN)."""
     cfg = compose_cfg("debug=fast", "attention=kernel_linear", "logger=csv", "run_test=false", "trainer.max_steps=10")
     summary = train(cfg, AttentionPlan.for_job(cfg), tmp_path, group="t")
     assert summary["steps"] == 10

@@ -15,6 +15,7 @@ SMALL = ["task=copy_lm", "model.d_model=32", "model.ffn=64", "model.decoder_laye
          "progress_bar=false"]
 
 
+@pytest.mark.slow  # a run stopped and resumed
 def test_nas_run_trains_hf_llama_with_diagnostics_in_wandb_and_resumes(tmp_path):
     from nas_cli.infra.wandb_offline import read_run
 

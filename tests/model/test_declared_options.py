@@ -137,8 +137,8 @@ def test_a_scheme_option_declares_its_range_in_its_annotation(tmp_path, monkeypa
 
 def test_the_diagnostics_section_is_the_callbacks_options_and_a_typo_is_refused():
     """A key of the diagnostics section that the callback does not take (from an experiment's YAML; the
-    command line refuses ``+diagnostics.<typo>=`` before Hydra starts) was ignored with a warning; now
-    it is one line with the closest name. Every packaged experiment's diagnostics section passes."""
+    command line refuses ``+diagnostics.<typo>=`` before Hydra starts) is one line with the closest
+    name, not a warning. Every packaged experiment's diagnostics section passes."""
     from nas_cli.pipeline.checks import check_declared
 
     with pytest.raises(UserError, match=r"^diagnostics.bacthes=3: the diagnostics section has no option 'bacthes' "

@@ -1,4 +1,4 @@
-"""Issue #35: nas-report's verdict holds the 5% it claims at the numbers of seeds researchers run.
+"""nas-report's verdict holds the 5% it claims at the numbers of seeds researchers run.
 
 Simulated sweeps with no true difference (per-item test outputs per seed, with a seed effect and
 item difficulty, scored as runs score them) go through nas-report's own comparison; the share

@@ -1,4 +1,4 @@
-"""Issue #46: the README's grid-and-compare runs as written (at small sizes): the grid over schemes,
+"""The README's grid-and-compare runs as written (at small sizes): the grid over schemes,
 heads and seeds, then both ``nas-report ... --baseline scheme=unas`` lines and the ``nas-eval``
 line; the baseline is read as ``seed=auto`` reads it (each configuration against the baseline
 scheme at the same number of heads)."""

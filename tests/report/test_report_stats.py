@@ -1,4 +1,4 @@
-"""Issue #19: the statistics behind nas-report's comparisons, checked against independent
+"""The statistics behind nas-report's comparisons, checked against independent
 references (scipy, sacreBLEU's own PairedTest, a hand-computed Holm example), and the
 comparison end to end: a real sweep, then ``nas-report --baseline ... --format latex --pivot``."""
 import io
@@ -608,8 +608,8 @@ STUDY = Path(__file__).resolve().parents[2] / "benchmarks" / "study"
 
 @pytest.mark.skipif(not (STUDY / "sort").is_dir(), reason="the committed sort sweep (benchmarks/aa_check.py) is absent")
 def test_the_3_seed_sort_sweep_gets_the_verdicts_of_a_paired_t_test_over_seeds(tmp_path):
-    """Issue #35: on this real sweep the old report called 6 of 6 comparisons 'better'. The verdict is
-    now scipy's paired t-test over the runs' own numbers, Holm over the two schemes, nothing else."""
+    """On this real sweep the verdict is scipy's paired t-test over the runs' own numbers, Holm over the
+    two schemes, nothing else (a test that pooled items instead calls 6 of 6 comparisons 'better')."""
     proc = report(STUDY / "sort", "--baseline", "scheme=unas", "--metrics", "exact_match,bleu,ppl", "--format",
                   "json", "--no-item-tests", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -642,10 +642,9 @@ def test_a_a_on_trained_runs_gets_no_verdict(tmp_path):
 
 
 def test_a_metric_undefined_by_design_is_not_compared_and_the_rest_is(tmp_path):
-    # the study's linear-kernel runs (Tsai et al.: signed weights) have no head JSD: nas-report refused the whole
-    # comparison ("--metrics jsd: run ... has no such value"), which stopped the study page. Now that group's JSD
-    # row says why it is not compared, and every other row is as before; a metric missing for another reason
-    # is still refused with one line
+    # linear-kernel runs (Tsai et al.: signed weights) have no head JSD by design: that group's JSD row says why
+    # it is not compared, and every other row is compared (the study page needs them); a metric missing for
+    # another reason is refused with one line
     sweep = tmp_path / "sw"
     proc = nas_run("-m", "debug=fast", "progress_bar=false", "logger=csv", "attention=unas,kernel_linear,kernel_rbf",
                    "seed=1,2", "trainer.max_steps=6", "diagnostics.plots=never", f"hydra.sweep.dir={sweep}",

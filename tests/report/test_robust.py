@@ -1,4 +1,4 @@
-"""Issue #46: the checks beside the verdict's t-test (nas_cli/report/robust.py): the outlier flag's
+"""The checks beside the verdict's t-test (nas_cli/report/robust.py): the outlier flag's
 false-flag rate with normal differences and its catch of a planted diverged seed, the exact
 sign-flip p against an enumeration of every sign pattern, and both reaching nas-report's notes."""
 import itertools

@@ -52,6 +52,7 @@ def test_the_vectorized_rule_is_the_sweeps_rule():
             assert (seq.CODES[got.decision], got.n) == (code[i], stop[i])
 
 
+@pytest.mark.slow  # a calibration simulation
 @pytest.mark.parametrize("max_seeds", [5, 10])
 def test_no_true_difference_is_declared_at_most_alpha_of_the_time(max_seeds):
     # the calibration's score model (benchmarks/calibration.py): each run scored from its own test items;
@@ -87,6 +88,7 @@ def _reference_power(d: np.ndarray, looks, c) -> tuple[float, float]:
     return right / len(d), float(np.mean(used))
 
 
+@pytest.mark.slow  # a power simulation
 @pytest.mark.parametrize("effect", [0.5, 1.0, 2.0])
 def test_power_and_seeds_used_against_a_fixed_n_design(effect):
     rng = np.random.default_rng(int(effect * 10))

@@ -105,7 +105,7 @@ def _stale_numbers(reading: str, sources: str) -> list[str]:
 def test_the_readings_numbers_are_the_generated_ones():
     """The Reading is written by hand, so a Holm family that grew with a new sweep, or a re-run,
     leaves its numbers behind the generated tables; each interval and p it gives must be one the
-    generated sections (or docs/speed.md, for the GPU runs) give now."""
+    generated sections (or docs/speed.md, for the GPU runs) give."""
     page = (ROOT / "docs" / "study.md").read_text()
     sources = page[page.index("## The claims, measured"):] + (ROOT / "docs" / "speed.md").read_text()
     assert _stale_numbers(_reading(page), sources) == []

@@ -36,6 +36,7 @@ def test_a_seed_with_one_setting_has_no_slope_and_one_slope_no_test():
     assert math.isnan(c.p) and c.n == 1 and not c.testable
 
 
+@pytest.mark.slow  # a calibration simulation
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_no_true_trend_is_called_one_in_5_percent_of_sweeps(n):
     """Null: each seed has its own level and its own slope around a mean slope of 0, plus noise

@@ -149,6 +149,7 @@ def test_wikitext2_trained_at_one_length_and_tested_at_others_as_the_docs_show(t
     assert "test ppl @1024" in out.stdout
 
 
+@pytest.mark.slow  # the README's line as written
 def test_the_readme_line_runs_as_written(tmp_path):
     line, = [ln for ln in (ROOT / "README.md").read_text().splitlines() if "eval_lengths=" in ln and
              ln.startswith("nas-run ")]

@@ -338,7 +338,7 @@ def test_adaptive_softmax_is_refused_for_translation(tmp_path, cache):
 
 
 def test_windows_line_endings_bom_and_gzip_files_are_read_as_plain_text(tmp_path, capfd):
-    """Issue #18: CRLF and a UTF-8 BOM are normalized (one note each file), .gz splits are read."""
+    """CRLF and a UTF-8 BOM are normalized (one note each file), .gz splits are read."""
     import gzip
 
     clean = write_parallel(tmp_path / "clean")
@@ -366,7 +366,8 @@ def test_windows_line_endings_bom_and_gzip_files_are_read_as_plain_text(tmp_path
 
 
 def test_sources_longer_than_the_model_refused_before_training_and_decoding_capped(tmp_path):
-    """Issue #18: a long evaluation source once crashed the first validation after minutes of training."""
+    """An evaluation source longer than the model takes is refused before training (not at the first
+    validation, minutes in), and decoding is capped at the model's length."""
     data = write_parallel(tmp_path / "mt")
     long = " ".join(["groß rot blau klein"] * 20) + "."
     (data / "test.de").write_text((data / "test.de").read_text() + long + "\n")
