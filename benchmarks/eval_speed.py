@@ -56,7 +56,7 @@ def _config(model: str, path: str):
     from hydra import compose, initialize_config_dir
 
     from nas_cli.model.choices import CONF_DIR
-    from nas_cli.pipeline.resolvers import register_resolvers
+    from nas_cli.pipeline.launch.resolvers import register_resolvers
 
     register_resolvers()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

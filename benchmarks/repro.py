@@ -97,8 +97,8 @@ def run_explained_away(out: str | Path, steps: int = 500, seed: int = 1, heads: 
     from hydra.utils import get_class
 
     from nas_cli.model.plan import location_alias
-    from nas_cli.pipeline.checks import check_config
-    from nas_cli.pipeline.resolvers import register_resolvers
+    from nas_cli.pipeline.checks.config import check_config
+    from nas_cli.pipeline.launch.resolvers import register_resolvers
     from nas_cli.model.choices import CONF_DIR
     from nas_cli.pipeline.run import train
 

@@ -34,7 +34,7 @@ def scheme(request):
 
 
 # the configs' ${nas.*} resolvers, registered as every entry point does (no import side effect)
-from nas_cli.pipeline.resolvers import register_resolvers  # noqa: E402
+from nas_cli.pipeline.launch.resolvers import register_resolvers  # noqa: E402
 
 register_resolvers()
 

@@ -1,7 +1,7 @@
 """``nas-run``: compose the config, run the job(s), print the result.
 
 The command parses and dispatches: what it does to its arguments before Hydra is
-:mod:`nas_cli.pipeline.command_line`, one job is :mod:`nas_cli.pipeline.job`, and a stop signal
+:mod:`nas_cli.pipeline.launch.command_line`, one job is :mod:`nas_cli.pipeline.job`, and a stop signal
 to this process is :mod:`nas_cli.sweeps.supervision`'s. The config folder ships with the package,
 so it works from any working directory.
 """
@@ -15,9 +15,9 @@ from omegaconf import DictConfig
 
 from nas_cli.errors import UserError, fail, quiet_libraries
 from nas_cli.model.choices import CONF_PACKAGE
-from nas_cli.pipeline.command_line import hydra_argv
+from nas_cli.pipeline.launch.command_line import hydra_argv
 from nas_cli.pipeline.job import run_job
-from nas_cli.pipeline.resolvers import register_resolvers
+from nas_cli.pipeline.launch.resolvers import register_resolvers
 from nas_cli.sweeps.supervision import supervise
 
 #: Lightning's hint on a machine with SLURM's client tools ("The `srun` command is available on your

@@ -16,8 +16,8 @@ find without being handed anything is here:
 * ``held``: the run and sweep directories whose lock this process holds
   (:mod:`nas_cli.infra.rundir`), released at exit;
 * ``checked``: a single run's pre-run check, handed on so that each check runs once per job: from
-  ``nas-run resume=``'s check of the saved config (:mod:`nas_cli.pipeline.command_line`) to Hydra's
-  callback that checks before Hydra writes anything (:class:`nas_cli.pipeline.callbacks.RunGuard`), and
+  ``nas-run resume=``'s check of the saved config (:mod:`nas_cli.pipeline.launch.command_line`) to Hydra's
+  callback that checks before Hydra writes anything (:class:`nas_cli.pipeline.launch.callbacks.RunGuard`), and
   from there to the job (:mod:`nas_cli.pipeline.job`): Hydra hands a task function its config and
   nothing else.
 """

@@ -1,13 +1,15 @@
-"""One run, from the command line to its summary:
+"""One run, from the command line to its summary, in the order a run goes:
 
-* ``overrides``: command-line typos caught before Hydra; ``resolvers``: the config's own
-  interpolations (``${nas.tag:...}``);
-* ``checks``: every option checked against what reads it, before anything is made;
-* ``command_line``: what ``nas-run`` does to its arguments before Hydra parses them (``-m`` anywhere,
-  ``seed=auto``, ``resume=``, a continued sweep's order);
-* ``callbacks``: Hydra's callbacks (the pre-run check and lock; the sweep's result table);
-* ``job``: one job of ``nas-run``: its directory, training, and what a failure leaves behind;
-* ``run``: training and testing one configuration (``train``), writing ``summary.json``;
-* ``lit``: the Lightning module around the model; ``trainer``: the Lightning trainer's options;
+* :mod:`~nas_cli.pipeline.launch`: what ``nas-run`` does around its jobs: the command line before
+  Hydra parses it, Hydra's config groups, resolvers and callbacks (the check and lock before Hydra
+  writes anything; the sweep's result table), and the sweep's launcher;
+* :mod:`~nas_cli.pipeline.checks`: a job's values checked against what reads them, and the model's
+  size, before anything is made;
+* ``job``: one job (Hydra's task function): its directory, and the one place a failure becomes its
+  outcome; ``run``: the job's recipe of named steps (``train``), from the plan to ``summary.json``;
+* the steps' parts: ``parts`` (task and module from the config), ``lit`` (the Lightning module),
+  ``trainer`` (the Lightning trainer's options), ``progress`` (what a run shows), ``lengths`` (the test
+  at other lengths), ``summary`` (what ``summary.json`` records); ``sections``: where each option is
+  declared (its type and range), read by the checks and by the steps;
 * ``evaluation``: a finished run's checkpoints (averaged or not) scored on a split (``nas-eval``).
 """

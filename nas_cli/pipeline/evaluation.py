@@ -85,7 +85,7 @@ def evaluate(args) -> dict:
     from nas_cli.model.plan import AttentionPlan
     from nas_cli.pipeline.lit import count_parameters
     from nas_cli.pipeline.progress import progress_callback
-    from nas_cli.pipeline.resolvers import register_resolvers
+    from nas_cli.pipeline.launch.resolvers import register_resolvers
     from nas_cli.pipeline.lengths import lengths_record, test_at_lengths
     from nas_cli.pipeline.parts import build_module, build_task
     from nas_cli.pipeline.trainer import set_threads

@@ -29,7 +29,7 @@ from nas_cli.infra.atomic import atomic_write_text
 from nas_cli.infra.process import PROCESS
 from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release, remove_empty_parents
 from nas_cli.model.locations import name_from_choices
-from nas_cli.pipeline.callbacks import job_line, summary_table
+from nas_cli.pipeline.launch.callbacks import job_line, summary_table
 from nas_cli.infra.launchers import spawns_processes
 from nas_cli.sweeps.continuation import SWEEP_CONTINUE_ENV, restore_finished_configs, restore_sweep_record
 from nas_cli.sweeps.supervision import STOPPING
@@ -199,7 +199,7 @@ def _checked(cfg: DictConfig, hc, run_dir: Path):
     by RunGuard; a sweep job's own values, model.heads=four,8, are only known here) and Lightning's own
     refusals (precision, accelerator, unknown options), before any data. A resumed run refused here is
     left as it was; one that passes records its overrides."""
-    from nas_cli.pipeline.checks import check_config  # heavy imports after Hydra has parsed the command line
+    from nas_cli.pipeline.checks.config import check_config  # heavy imports after Hydra has parsed the command line
     from nas_cli.pipeline.trainer import check_trainer
 
     try:

@@ -34,7 +34,7 @@ from nas_cli.infra.loggers import finish_logger, make_logger, wandb_run_id
 from nas_cli.infra.wandb_offline import carry_history
 from nas_cli.model.plan import AttentionPlan, Cores
 from nas_cli.infra.launchers import in_sweep_job
-from nas_cli.pipeline.sweep_launcher import shares_terminal
+from nas_cli.pipeline.launch.sweep_launcher import shares_terminal
 from nas_cli.pipeline.progress import progress_callback
 from nas_cli.pipeline.summary import as_float, run_summary
 from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, compile_model, data_dependent_refusal,

@@ -10,7 +10,7 @@ An option's type and range are the annotation of the parameter that takes it
 - the run's own sections, which no single constructor takes whole, as the dataclasses below; the
   code that uses one builds it from the config (``OptimOptions.of(cfg.optim)``).
 
-The pre-flight (nas_cli/pipeline/checks.py) reads these annotations through :func:`sections`, so a
+The pre-flight (nas_cli/pipeline/checks/config.py) reads these annotations through :func:`sections`, so a
 range changes in one place. The defaults stay in the YAML (conf/config.yaml), the one place a user
 reads them.
 """
@@ -88,7 +88,7 @@ class TrainerLimits(_Section):
 def sections(cfg: DictConfig) -> list[tuple[str, type]]:
     """(config prefix, the class whose constructor's annotations declare that section's options) for
     ``cfg``; a task or plug-in class that cannot be imported is left out (its refusal is
-    :func:`~nas_cli.pipeline.checks.check_declared`'s)."""
+    :func:`~nas_cli.pipeline.checks.config.check_declared`'s)."""
     from nas_cli.diagnostics.callback import DiagnosticsCallback
     from nas_cli.infra.options import import_target
     from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer

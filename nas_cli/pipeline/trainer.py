@@ -40,7 +40,7 @@ def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
 
 
 #: the threads each job of a sweep that runs its jobs several at a time trains with (set by the sweep's
-#: process, nas_cli/pipeline/sweep_launcher.py; read by its jobs)
+#: process, nas_cli/pipeline/launch/sweep_launcher.py; read by its jobs)
 JOB_THREADS_ENV = "NAS_RUN_JOB_THREADS"
 
 #: a CPU run of a model with fewer parameters uses one thread: for these sizes a second thread buys
@@ -62,7 +62,7 @@ def cpus_allowed() -> int:
 
 def choose_threads(cfg: DictConfig, parameters: int, on_cpu: bool) -> tuple[int, str]:
     """(threads, why): ``threads=N`` as given; else a parallel sweep's share (its jobs' threads, as the
-    sweep chose them: :mod:`~nas_cli.pipeline.sweep_launcher`); else ``OMP_NUM_THREADS``; else, training on the CPU, one
+    sweep chose them: :mod:`~nas_cli.pipeline.launch.sweep_launcher`); else ``OMP_NUM_THREADS``; else, training on the CPU, one
     thread below :data:`ONE_THREAD_BELOW` parameters; else every CPU the process may use."""
     if cfg.get("threads") is not None:
         return int(cfg.threads), "threads="

@@ -3,7 +3,7 @@
 The command that made a sweep directory, repeated (its overrides in any order, with or without
 logging-only keys), continues it: its jobs keep their numbers and directories, finished jobs are
 skipped with their saved configs kept as they were, unfinished ones resume from their checkpoints.
-A sweep of other overrides is refused before anything is written (``pipeline.callbacks.RunGuard``).
+A sweep of other overrides is refused before anything is written (``pipeline.launch.callbacks.RunGuard``).
 """
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ def test_impl_auto_takes_a_fused_path_only_on_cuda_from_the_threshold_and_never_
 
 
 def test_training_with_impl_flex_on_the_cpu_is_refused_before_anything_runs():
-    from nas_cli.pipeline.checks import check_config
+    from nas_cli.pipeline.checks.config import check_config
     from nas_cli.errors import UserError
 
     cfg = compose_cfg("attention=dnas", "attention.impl=flex", "trainer.accelerator=cpu")
@@ -135,7 +135,7 @@ def test_impl_flex_is_refused_when_deterministic_and_says_once_where_it_falls_ba
     can train (CUDA: simulated here by saying it is available), the prefix-normalized locations
     keep the chunked path and the run says so in one note."""
     import nas_cli.attention.flex as flex
-    from nas_cli.pipeline.checks import check_config
+    from nas_cli.pipeline.checks.config import check_config
     from nas_cli.errors import UserError
 
     with pytest.raises(UserError, match=r"attention.impl=flex \(encoder, decoder, cross\) is not deterministic.*"

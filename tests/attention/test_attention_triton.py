@@ -305,7 +305,7 @@ def test_impl_triton_for_every_location_passes_the_checks_and_names_the_chunked_
     crashed in the pre-run check (an AttributeError) instead of saying which locations keep the
     chunked path; only the decoder-level spelling had been run. The check returns the note; the check
     before Hydra says it and the job's check records it in the run's log (said once)."""
-    from nas_cli.pipeline.checks import check_config
+    from nas_cli.pipeline.checks.config import check_config
 
     def notes(*overrides):
         return check_config(compose_cfg(*overrides, "trainer.accelerator=cpu")).notes

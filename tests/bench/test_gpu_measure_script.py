@@ -76,7 +76,7 @@ def _check(argv: list[str]) -> str:
         return "hf_step"
     if name == "nas-run":
         from nas_cli.model.choices import CONF_DIR
-        from nas_cli.pipeline.overrides import check_overrides
+        from nas_cli.pipeline.launch.overrides import check_overrides
 
         check_overrides(args, CONF_DIR)  # a UserError ends the test: an unknown key, group or choice
         return "nas-run"

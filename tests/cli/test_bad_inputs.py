@@ -282,7 +282,7 @@ def test_the_progress_bar_states_the_budget_it_has():
 def test_every_lightning_trainer_argument_is_accepted_as_written(tmp_path):
     """trainer.<name>= for an argument of Lightning's Trainer that no preset sets (Hydra would answer
     'not in struct'): composed as an addition, in a new run and in a resume."""
-    from nas_cli.pipeline.overrides import lightning_arguments
+    from nas_cli.pipeline.launch.overrides import lightning_arguments
 
     assert {"limit_val_batches", "limit_test_batches", "overfit_batches", "max_time"} <= set(lightning_arguments())
     proc = run_command([BIN / R, "trainer.limit_val_batches=0", "trainer.overfit_batches=3", "--cfg", "job"],

@@ -395,7 +395,7 @@ def test_a_user_language_model_task_is_sized_as_a_language_model(tmp_path, monke
     """One test of "is this a language model", the class's kind (not the _target_ ending in
     LanguageModelTask): a user's LM task is sized as a language model, without cross-attention."""
     from helpers import compose_cfg
-    from nas_cli.pipeline.checks import check_config, is_language_model
+    from nas_cli.pipeline.checks.config import check_config, is_language_model
 
     (tmp_path / "my_lm.py").write_text("from tasks.language_model import LanguageModelTask\n\n\n"
                                        "class Corpus(LanguageModelTask):\n    pass\n")

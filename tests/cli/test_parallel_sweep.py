@@ -1,4 +1,4 @@
-"""A sweep on the CPU runs its jobs several at a time by default (nas_cli/pipeline/sweep_launcher.py):
+"""A sweep on the CPU runs its jobs several at a time by default (nas_cli/pipeline/launch/sweep_launcher.py):
 as many as the CPUs allow for one job's threads, with Hydra's joblib launcher; the user can still
 choose one job at a time, and a job that takes a whole device keeps the sequential launcher."""
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _config(tmp_path, overrides: list[str], swept: list[str], hydra: list[str] =
     from hydra.core.global_hydra import GlobalHydra
 
     from nas_cli.model.choices import CONF_DIR
-    from nas_cli.pipeline.resolvers import register_resolvers
+    from nas_cli.pipeline.launch.resolvers import register_resolvers
 
     register_resolvers()
     GlobalHydra.instance().clear()
@@ -94,9 +94,9 @@ def _config(tmp_path, overrides: list[str], swept: list[str], hydra: list[str] =
     ([], ["seed=1,2"], ["hydra/sweeper=basic"], 2),  # Hydra's own sweeper named: still the default launcher
 ])
 def test_how_many_jobs_at_a_time(tmp_path, monkeypatch, overrides, swept, hydra, expected):
-    import nas_cli.pipeline.sizing as sizing
+    import nas_cli.pipeline.checks.sizing as sizing
     import nas_cli.pipeline.trainer as trainer
-    from nas_cli.pipeline.sweep_launcher import parallel_default
+    from nas_cli.pipeline.launch.sweep_launcher import parallel_default
     from nas_cli.pipeline.trainer import JOB_THREADS_ENV
 
     monkeypatch.setattr(trainer, "cpus_allowed", lambda: 8)
@@ -121,9 +121,9 @@ def test_how_many_jobs_at_a_time(tmp_path, monkeypatch, overrides, swept, hydra,
 
 def test_no_more_jobs_at_a_time_than_the_memory_holds(tmp_path, monkeypatch):
     """1 GiB per worker beside its model's weights, gradients and Adam state (16 bytes a parameter)."""
-    import nas_cli.pipeline.sizing as sizing
+    import nas_cli.pipeline.checks.sizing as sizing
     import nas_cli.pipeline.trainer as trainer
-    from nas_cli.pipeline.sweep_launcher import parallel_default
+    from nas_cli.pipeline.launch.sweep_launcher import parallel_default
     from nas_cli.pipeline.trainer import JOB_THREADS_ENV
 
     monkeypatch.setattr(trainer, "cpus_allowed", lambda: 8)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from helpers import NAS_RUN, compose_cfg, nas_run, run_command
-from nas_cli.pipeline.checks import check_config
+from nas_cli.pipeline.checks.config import check_config
 from nas_cli.pipeline.lit import count_parameters
 from nas_cli.pipeline.parts import build_module, build_task
 

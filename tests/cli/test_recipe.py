@@ -17,7 +17,8 @@ def note(**what):
     with open(out, "a") as f:
         f.write(json.dumps(what) + "\n")
 
-from nas_cli.pipeline import checks, trainer
+from nas_cli.pipeline import trainer
+from nas_cli.pipeline.checks import config as checks
 import pytorch_lightning as pl
 before_config, before_trainer, before_fit = checks.check_config, trainer.check_trainer, pl.Trainer.fit
 

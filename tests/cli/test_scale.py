@@ -109,7 +109,7 @@ def test_threads_follow_the_model_size_slurm_and_omp(monkeypatch):
 
 
 def test_multirun_flag_is_moved_to_the_front():
-    from nas_cli.pipeline.command_line import multirun_first
+    from nas_cli.pipeline.launch.command_line import multirun_first
 
     assert multirun_first(["trainer=ddp", "hydra/launcher=slurm", "-m", "seed=1,2,3"]) == [
         "-m", "trainer=ddp", "hydra/launcher=slurm", "seed=1,2,3"]

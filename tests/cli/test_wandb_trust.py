@@ -19,7 +19,7 @@ from nas_cli.infra.version import code_version, describe
 from nas_cli.infra.wandb_offline import SUPERSEDED, offline_folders, read_run
 from nas_cli.model.plan import AttentionPlan, canonical_config
 from nas_cli.pipeline.lit import grad_norm
-from nas_cli.pipeline.resolvers import scheme_tag
+from nas_cli.pipeline.launch.resolvers import scheme_tag
 
 NAS_RUN = str(Path(sys.executable).parent / "nas-run")
 

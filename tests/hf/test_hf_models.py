@@ -87,7 +87,7 @@ def test_adaptive_softmax_over_the_librarys_hidden_states(family):
 ])
 def test_bad_combinations_are_refused_before_anything_is_made(args, words):
     """The checks nas-run runs on the composed config before any data, model or W&B run exists."""
-    from nas_cli.pipeline.checks import check_attention
+    from nas_cli.pipeline.checks.config import check_attention
     from nas_cli.errors import UserError
 
     model = [] if any(a.startswith("model=") for a in args) else ["model=hf_llama"]

@@ -77,7 +77,7 @@ def test_each_scheme_with_alibi_equals_its_scores_plus_the_bias(scheme, weights)
 
 
 def test_alibi_is_refused_where_no_score_bias_reaches_and_outside_a_causal_language_model():
-    from nas_cli.pipeline.checks import check_config
+    from nas_cli.pipeline.checks.config import check_config
 
     for scheme in ("dnas", "selective", "differential", "forgetting"):
         overrides = (["attention=unas", f"attention.decoder={scheme}"] if scheme in ("selective", "forgetting")

@@ -12,7 +12,7 @@ from helpers import compose_cfg
 from nas_cli.errors import UserError
 from nas_cli.infra.options import Count, Fraction, NonNegativeNumber, PositiveInt, PositiveNumber, type_problem
 from nas_cli.pipeline import sections as sec
-from nas_cli.pipeline.checks import check_config
+from nas_cli.pipeline.checks.config import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ def _declared(cfg) -> dict[str, list[type]]:
     return out
 
 
-def test_every_checked_option_is_declared_by_what_takes_it_and_checks_py_keeps_no_table():
+def test_every_checked_option_is_declared_by_what_takes_it_and_the_checks_keep_no_table():
     found: dict[str, list[type]] = {}
     for overrides in [(), ("task=iwslt14",), ("task=wikitext2",)]:
         found.update(_declared(compose_cfg(*overrides)))
@@ -45,7 +45,7 @@ def test_every_checked_option_is_declared_by_what_takes_it_and_checks_py_keeps_n
     assert found["task.tokens_per_sample"][0].__name__ == "LanguageModelTask"
     assert {c.__name__ for c in found["model.heads"]} == {"Seq2SeqTransformer", "DecoderOnlyLM"}
     assert found["optim.lr"] == [sec.OptimOptions] and found["seed"] == [sec.RunOptions]
-    text = (ROOT / "nas_cli" / "pipeline" / "checks.py").read_text()
+    text = (ROOT / "nas_cli" / "pipeline" / "checks" / "config.py").read_text()
     assert "RULES" not in text and "lambda v" not in text
 
 
@@ -139,7 +139,7 @@ def test_the_diagnostics_section_is_the_callbacks_options_and_a_typo_is_refused(
     """A key of the diagnostics section that the callback does not take (from an experiment's YAML; the
     command line refuses ``+diagnostics.<typo>=`` before Hydra starts) is one line with the closest
     name, not a warning. Every packaged experiment's diagnostics section passes."""
-    from nas_cli.pipeline.checks import check_declared
+    from nas_cli.pipeline.checks.config import check_declared
 
     with pytest.raises(UserError, match=r"^diagnostics.bacthes=3: the diagnostics section has no option 'bacthes' "
                                         r"\(did you mean diagnostics.batches\?\)"):

@@ -217,7 +217,7 @@ def test_rotary_positions_equal_the_complex_rotation_and_depend_on_distance_only
 def test_rope_adds_no_input_positions_and_is_refused_with_a_scheme_that_places_its_own():
     from helpers import compose_cfg
     from nas_cli.errors import UserError
-    from nas_cli.pipeline.checks import check_attention
+    from nas_cli.pipeline.checks.config import check_attention
 
     lm = DecoderOnlyLM(20, factory("unas"), decoder_layers=1, **{**SIZES, "positions": "rope"})
     assert lm.embed.positions is None and all(layer.self_attn.rotary for layer in lm.layers)

@@ -81,7 +81,7 @@ def test_selective_copy_at_a_longer_length_copies_proportionally_more_tokens():
     (["task=mqar", "eval_lengths=[20000]"], "at 20000 tokens the task would be"),
 ])
 def test_what_cannot_be_evaluated_is_refused_before_training_in_one_line(overrides, message):
-    from nas_cli.pipeline.checks import check_config
+    from nas_cli.pipeline.checks.config import check_config
 
     with pytest.raises(UserError, match=message) as err:
         check_config(compose_cfg(*overrides))
@@ -89,7 +89,7 @@ def test_what_cannot_be_evaluated_is_refused_before_training_in_one_line(overrid
 
 
 def test_learned_positions_up_to_max_len_and_positions_that_extend_are_accepted():
-    from nas_cli.pipeline.checks import check_config
+    from nas_cli.pipeline.checks.config import check_config
 
     check_config(compose_cfg("task=mqar", "eval_lengths=[128]", "model.positions=learned", "model.max_len=128"))
     for positions in ("sinusoidal", "rope", "alibi", "none"):

@@ -195,7 +195,7 @@ def test_without_network_the_hub_fails_at_once(monkeypatch, tmp_path):
 def test_the_console_table_shows_each_tasks_own_metrics():
     from rich.console import Console
 
-    from nas_cli.pipeline.callbacks import summary_table
+    from nas_cli.pipeline.launch.callbacks import summary_table
 
     base = {"scheme": "unas", "heads": 4, "parameters": 10, "tokens_per_s": 1.0, "run_dir": "x"}
     rows = [{**base, "task": "gigaword", "test": {"test/rouge1": 30.5, "test/rouge2": 12.0, "test/rougeL": 28.1,

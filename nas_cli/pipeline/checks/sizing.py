@@ -1,6 +1,6 @@
 """The model's size before anything is made: its parameters counted on a copy built on the meta
 device, and whether its training state fits this machine's memory (part of the pre-run checks,
-:mod:`nas_cli.pipeline.checks`)."""
+:mod:`nas_cli.pipeline.checks.config`)."""
 from __future__ import annotations
 
 import os

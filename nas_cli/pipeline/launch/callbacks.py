@@ -16,7 +16,7 @@ from nas_cli.errors import UserError, fail, print_table, say
 from nas_cli.infra.launchers import ENDED_FILE, install, install_optuna
 from nas_cli.infra.process import PROCESS
 from nas_cli.infra.rundir import acquire, continuing, read_failed, release
-from nas_cli.pipeline.launch_checks import tuned_options
+from nas_cli.pipeline.launch.sweep_checks import tuned_options
 from nas_cli.model.locations import name_from_choices
 from nas_cli.sweeps.continuation import (SWEEP_CONTINUE_ENV, keep_finished_configs, keep_sweep_record, restore_all,
                                          same_sweep, sweep_overrides)
@@ -139,7 +139,7 @@ class RunGuard(Callback):
     directory (a lock: a second process in the same directory is refused)."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        from nas_cli.pipeline.checks import check_config  # torch and the schemes: once Hydra has parsed
+        from nas_cli.pipeline.checks.config import check_config  # torch and the schemes: once Hydra has parsed
 
         name_from_choices(config, config.hydra.runtime.choices)  # the config Hydra saves and the job runs
         run_dir = Path(str(config.hydra.run.dir))
@@ -158,9 +158,9 @@ class RunGuard(Callback):
             fail(str(err))
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from nas_cli.pipeline.checks import check_config
-        from nas_cli.pipeline.launch_checks import check_launcher, check_tune
-        from nas_cli.pipeline.sweep_launcher import parallel_default
+        from nas_cli.pipeline.checks.config import check_config
+        from nas_cli.pipeline.launch.sweep_checks import check_launcher, check_tune
+        from nas_cli.pipeline.launch.sweep_launcher import parallel_default
 
         name_from_choices(config, config.hydra.runtime.choices)  # for the check's words; each job names its own
         root = Path(str(config.hydra.sweep.dir))

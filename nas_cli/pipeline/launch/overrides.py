@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from nas_cli.errors import UserError
-from nas_cli.pipeline.hydra_groups import check_hydra_groups
+from nas_cli.pipeline.launch.hydra_groups import check_hydra_groups
 from nas_cli.model.plan import LOCATIONS
 
 

@@ -70,7 +70,7 @@ WORKER_BYTES = 2 ** 30
 
 def _memory_fits(parameters: int) -> float:
     """How many jobs of ``parameters`` parameters this machine's available memory holds at once."""
-    from nas_cli.pipeline.sizing import BYTES_PER_PARAM_TRAINING, available_memory
+    from nas_cli.pipeline.checks.sizing import BYTES_PER_PARAM_TRAINING, available_memory
 
     have = available_memory()
     return have // (WORKER_BYTES + parameters * BYTES_PER_PARAM_TRAINING) if have else math.inf

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nas_cli.errors import UserError
 from nas_cli.model.plan import AttentionPlan
-from nas_cli.pipeline.sizing import check_memory, model_parameters
+from nas_cli.pipeline.checks.sizing import check_memory, model_parameters
 
 
 def _is_int(v: Any) -> bool:
@@ -63,7 +63,7 @@ def check_config(cfg: DictConfig) -> Checked:
     plan = check_attention(cfg)
     check_declared(cfg)
     task = check_task_data(cfg)
-    size = model_parameters(cfg, plan, task)  # nas_cli/pipeline/sizing.py
+    size = model_parameters(cfg, plan, task)  # nas_cli/pipeline/checks/sizing.py
     if size is not None:
         check_memory(cfg, size[0])
     notes = fused_notes(plan) if plan is not None else ()

@@ -15,7 +15,7 @@ from nas_cli.errors import UserError
 from nas_cli.infra.rundir import CONTINUE_ENV
 from nas_cli.model.choices import CONF_DIR
 from nas_cli.model.plan import location_alias
-from nas_cli.pipeline.overrides import check_overrides, check_resume_overrides
+from nas_cli.pipeline.launch.overrides import check_overrides, check_resume_overrides
 from nas_cli.sweeps.continuation import saved_sweep_order
 
 
@@ -183,8 +183,8 @@ def check_resumed_values(run_dir: Path, overrides: list[str]) -> None:
     from omegaconf import OmegaConf
 
     from nas_cli.infra.process import PROCESS
-    from nas_cli.pipeline.checks import check_config
-    from nas_cli.pipeline.resolvers import register_resolvers
+    from nas_cli.pipeline.checks.config import check_config
+    from nas_cli.pipeline.launch.resolvers import register_resolvers
     from nas_cli.pipeline.trainer import check_trainer
 
     register_resolvers()
