@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from nas_cli.report import stats
-from nas_cli.sweeps.sequential import draw, recompute, table_rows
+from nas_cli.sweeps.sequential import recompute
+from nas_cli.sweeps.sequential_view import draw, table_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = {"real": ROOT / "benchmarks" / "study" / "sequential_sort" / "real",

@@ -202,7 +202,8 @@ def _page_outputs(args, report: _Report) -> int:
 
 def _sequential_sections(paths) -> list[tuple]:
     """A seed=auto sweep among the PATHs: its looks and decisions, recomputed from its runs."""
-    from nas_cli.sweeps.sequential import recompute, table_rows as sequential_rows
+    from nas_cli.sweeps.sequential import recompute
+    from nas_cli.sweeps.sequential_view import table_rows as sequential_rows
 
     out = []
     for path in paths:

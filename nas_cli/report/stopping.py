@@ -209,12 +209,45 @@ def _look(d: np.ndarray, c: float, alpha: float, delta: float | None, final: boo
     return Look(n, mean, sd, t, c, low, high, alpha, decision)
 
 
-def decide(pairs: dict[str, tuple[str, Sequence[float], Sequence[float]]], design_looks: Sequence[int],
+@dataclass(frozen=True)
+class Chosen:
+    """A tuned cell's numbers for :func:`decide` (``seed=auto`` with ``tune=[...]``): for each candidate value
+    of the tuned options, in grid order, its validation and its test numbers in seed order. At a look at
+    n seeds the cell is the candidate with the best mean validation number over those n seeds (a tie: the
+    first in grid order), re-chosen at every look on the verdict's own seeds, and its test numbers are the
+    ones compared; the test numbers never take part in the choice. The calibration of this protocol is
+    ``python benchmarks/tuning_calibration.py`` (docs/tuning.json, ``sequential``)."""
+
+    validation: tuple[tuple[float, ...], ...]
+    test: tuple[tuple[float, ...], ...]
+    higher_is_better: bool
+
+    def __len__(self) -> int:
+        """The seeds every candidate has both numbers of."""
+        return min(min(len(v), len(t)) for v, t in zip(self.validation, self.test))
+
+    def pick(self, n: int) -> int:
+        """The index of the candidate chosen on the first ``n`` seeds."""
+        means = [sum(v[:n]) / n for v in self.validation]
+        best = max(means) if self.higher_is_better else min(means)
+        return means.index(best)
+
+    def first(self, n: int) -> tuple[float, ...]:
+        return tuple(self.test[self.pick(n)][:n])
+
+
+def _first(values: "Sequence[float] | Chosen", n: int) -> Sequence[float]:
+    """The first ``n`` values of one side of a comparison: of a list, or of a tuned cell's choice on those seeds."""
+    return values.first(n) if isinstance(values, Chosen) else values[:n]
+
+
+def decide(pairs: dict[str, tuple[str, "Sequence[float] | Chosen", "Sequence[float] | Chosen"]],
+           design_looks: Sequence[int],
            alpha: float = 0.05, spending: str = "obf", delta: float | None = None) -> dict[str, Comparison]:
     """Replay every look that the data reach and return each comparison's state.
 
     ``pairs``: name -> (baseline name, baseline values, system values), the values in seed order
-    (value i of both is seed i). A comparison is looked at, at look n, when both lists have n
+    (value i of both is seed i), or a tuned cell's :class:`Chosen` (the candidate chosen at each look). A comparison is looked at, at look n, when both lists have n
     values; the replay stops at the first look some open comparison cannot reach yet (its next
     round has not run). Holm's shares of alpha carry through the looks (see the module text)."""
     design_looks = tuple(int(n) for n in design_looks)
@@ -233,7 +266,7 @@ def decide(pairs: dict[str, tuple[str, Sequence[float], Sequence[float]]], desig
             newly = []
             for name in pending:
                 _, b, s = pairs[name]
-                d = np.asarray(s[:n], dtype=np.float64) - np.asarray(b[:n], dtype=np.float64)
+                d = np.asarray(_first(s, n), dtype=np.float64) - np.asarray(_first(b, n), dtype=np.float64)
                 look = _look(d, c, share, delta, final)
                 comp = out[name]
                 if comp.looks and comp.looks[-1].n == n:

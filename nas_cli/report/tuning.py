@@ -55,7 +55,7 @@ class Cell:
             for k, v in c.values.items():
                 if v not in out.setdefault(k, []):
                     out[k].append(v)
-        return {k: sorted(v, key=_order) for k, v in out.items()}
+        return {k: sorted(v, key=grid_order) for k, v in out.items()}
 
 
 @dataclass
@@ -86,7 +86,8 @@ class Tuning:
                 "the verdicts compare the test metrics at the chosen values")
 
 
-def _order(v):
+def grid_order(v):
+    """The sort key of a tuned option's value: numbers by size, then the rest by name."""
     try:
         return (0, float(v), "")
     except (TypeError, ValueError):
@@ -110,8 +111,15 @@ def higher_is_better(group: Group) -> bool:
         mode = ((r.summary or {}).get("best_val") or {}).get("mode")
         if mode in ("min", "max"):
             return mode == "max"
-    name = str(group.runs[0].best_val_metric or "")
-    return not any(w in name for w in ("loss", "ppl", "perplexity"))
+    return validation_higher(None, group.runs[0].best_val_metric)
+
+
+def validation_higher(mode: str | None, metric: str | None) -> bool:
+    """Whether a higher validation value is better: ``mode`` (summary.json's ``best_val.mode``) where
+    recorded, else from the metric's name (a loss or perplexity is lower-is-better)."""
+    if mode in ("min", "max"):
+        return mode == "max"
+    return not any(w in str(metric or "") for w in ("loss", "ppl", "perplexity"))
 
 
 def tune(groups: Sequence[Group], keys: Sequence[str], tuning_seeds: Sequence[int] = ()) -> Tuning:
@@ -152,7 +160,7 @@ def tune(groups: Sequence[Group], keys: Sequence[str], tuning_seeds: Sequence[in
 
 
 def _choose(members: list[tuple[dict, Group]], tuning_seeds: list[int]) -> Cell:
-    members.sort(key=lambda m: tuple(_order(m[0][k]) for k in sorted(m[0])))
+    members.sort(key=lambda m: tuple(grid_order(m[0][k]) for k in sorted(m[0])))
     higher = higher_is_better(members[0][1])
     metric = str(members[0][1].runs[0].best_val_metric or "best validation")
     candidates = []

@@ -102,14 +102,56 @@ def grid(axes: list[tuple[str, list[str]]], fixed: list[str]) -> list[Config]:
     return out
 
 
-def parse_baseline(text: str | None, axes: list[tuple[str, list[str]]]) -> tuple[str, str]:
-    """``attention=unas`` or ``attention:unas``; default: the first value of the first axis."""
+def tuned_options(value) -> list[str]:
+    """``tune=`` as a list of option names (``tune=optim.lr`` and ``tune=[optim.lr]`` alike)."""
+    if value is None:
+        return []
+    return [str(value)] if isinstance(value, str) else [str(v) for v in value]
+
+
+@dataclass
+class Cell:
+    """The configurations equal in everything but the tuned options (``tune=[...]``): one side of a
+    comparison, at the candidate its validation numbers choose. Without ``tune`` each configuration is
+    a cell of its own."""
+
+    index: int
+    configs: list[int]  # the candidates' configuration indices, in the tuned values' grid order
+    values: dict[str, str]  # the swept axes' values but the tuned ones
+    label: str
+
+
+def cells(configs: list[Config], tuned: Sequence[str]) -> list[Cell]:
+    from nas_cli.report.tuning import grid_order
+
+    out: dict[tuple, Cell] = {}
+    for c in configs:
+        rest = {k: v for k, v in c.values.items() if k not in tuned}
+        key = tuple(sorted(rest.items()))
+        if key not in out:
+            out[key] = Cell(len(out), [], rest, " ".join(f"{k}={v}" for k, v in rest.items()))
+        out[key].configs.append(c.index)
+    for cell in out.values():
+        cell.configs.sort(key=lambda i: tuple(grid_order(configs[i].values[k]) for k in tuned))
+    return list(out.values())
+
+
+def parse_baseline(text: str | None, axes: list[tuple[str, list[str]]], tuned: Sequence[str] = ()) -> tuple[str, str]:
+    """``attention=unas`` or ``attention:unas``; default: the first value of the first axis that is not tuned."""
+    compared = [a for a in axes if a[0] not in tuned]
+    if not compared:
+        raise UserError(f"seed=auto with tune=[{','.join(tuned)}] compares configurations: sweep an option besides "
+                        "the tuned ones, e.g. attention=unas,dnas")
     if text is None or str(text).strip() in ("", "null"):
-        return axes[0][0], axes[0][1][0]
+        return compared[0][0], compared[0][1][0]
     parts = re.split(r"[=:]", str(text), maxsplit=1)
     if len(parts) != 2:
         raise UserError(f"hydra.sweeper.baseline={text}: expected <swept option>:<value>, e.g. attention:unas")
     key, value = parts[0].strip(), parts[1].strip()
+    if key in tuned:
+        raise UserError(f"hydra.sweeper.baseline={text}: {key} is tuned (tune=[{','.join(tuned)}]): each "
+                        f"configuration chooses its own value; name another swept option, e.g. "
+                        f"{compared[0][0]}:{compared[0][1][0]}")
     found = dict(axes)
     if key not in found:
         raise UserError(f"hydra.sweeper.baseline={text}: {key} is not swept; the swept options are "
@@ -120,8 +162,8 @@ def parse_baseline(text: str | None, axes: list[tuple[str, list[str]]]) -> tuple
     return key, value
 
 
-def pair_up(configs: list[Config], baseline: tuple[str, str]) -> dict[int, int]:
-    """system config index -> its baseline config index (same values on every other axis)."""
+def pair_up(configs: "list[Config] | list[Cell]", baseline: tuple[str, str]) -> dict[int, int]:
+    """system config (or cell) index -> its baseline's index (same values on every other axis)."""
     key, value = baseline
     by_values = {tuple(sorted(c.values.items())): c.index for c in configs}
     out = {}

@@ -25,7 +25,6 @@ configured launcher (basic, joblib, SLURM through submitit).
 """
 from __future__ import annotations
 
-from types import MappingProxyType
 import json
 import math
 from dataclasses import asdict
@@ -35,22 +34,24 @@ from typing import Any
 from nas_cli.errors import UserError, console, fail, say
 from nas_cli.infra.rundir import remove_unstarted_sweep
 from nas_cli.report import stopping as seq
-from nas_cli.sweeps.design import (Config, Options, default_metric, grid, job_dir, job_number,
-                                pair_up, parse_arguments, parse_baseline, subdir_override)
+from nas_cli.sweeps.sequential_view import DECISION_WORDS, finite_or_none, draw, look_line, method_text, rich_table
+from nas_cli.sweeps.design import (Cell, Config, Options, cells, default_metric, grid, job_dir, job_number,
+                                   pair_up, parse_arguments, parse_baseline, subdir_override, tuned_options)
 
 STATE_FILE = "sequential.json"
 FIGURE_FILE = "sequential.png"
-DECISION_WORDS = MappingProxyType({seq.HIGHER: "higher", seq.LOWER: "lower", seq.EQUIVALENT: "no difference larger than delta",
-                  seq.CONTINUE: "continue", seq.UNDECIDED: "undecided"})
 
 
 class SequentialSweep:
     """The rounds of one ``seed=auto`` sweep (driven by the Hydra sweeper)."""
 
     def __init__(self, options: Options, root: Path, configs: list[Config], baseline: tuple[str, str],
-                 subdir_pattern: str):
+                 subdir_pattern: str, tuned: list[str] | None = None):
         self.options, self.root, self.configs, self.baseline = options, root, configs, baseline
-        self.pairs = pair_up(configs, baseline)
+        self.tuned = list(tuned or [])  # tune=[...]: each cell's candidate chosen at every look
+        self.cells: list[Cell] = cells(configs, self.tuned)
+        self.pairs = pair_up(self.cells, baseline)  # system cell -> baseline cell
+        self.last_sides: dict = {}
         self.subdir_pattern = subdir_pattern
         self.metric: str | None = options.metric
         if self.metric and not self.metric.startswith("test/"):
@@ -69,15 +70,25 @@ class SequentialSweep:
         except (OSError, ValueError):
             return None
 
-    def values(self) -> dict[int, list[float]]:
-        """Each configuration's metric, seed by seed, up to its first seed not finished."""
-        out: dict[int, list[float]] = {}
+    def finished(self) -> dict[int, list[dict]]:
+        """Each configuration's summaries, seed by seed, up to its first seed not finished."""
+        out: dict[int, list[dict]] = {}
         for c in self.configs:
-            vals = []
+            out[c.index] = []
             for j in range(self.options.max_seeds):
                 s = self.summary(c.index, j)
                 if s is None:
                     break
+                out[c.index].append(s)
+        return out
+
+    def values(self, finished: dict[int, list[dict]] | None = None) -> dict[int, list[float]]:
+        """Each configuration's metric, seed by seed, up to its first seed not finished."""
+        finished = self.finished() if finished is None else finished
+        out: dict[int, list[float]] = {}
+        for c in self.configs:
+            out[c.index] = []
+            for j, s in enumerate(finished[c.index]):
                 if self.metric is None:
                     self.metric = default_metric(s)
                 v = (s.get("test") or {}).get(self.metric)
@@ -86,28 +97,62 @@ class SequentialSweep:
                     have = ", ".join(sorted(k.removeprefix("test/") for k in (s.get("test") or {})))
                     raise UserError(f"hydra.sweeper.metric={self.metric}: run {run} has no such value (it reports: "
                                     f"{have or 'no test metrics'})")
-                vals.append(float(v))
-            out[c.index] = vals
+                out[c.index].append(float(v))
         return out
 
-    def decide(self) -> dict[str, seq.Comparison]:
-        vals = self.values()
-        pairs = {self.configs[s].label: (self.configs[b].label, vals[b], vals[s]) for s, b in self.pairs.items()}
+    def _chosen(self, cell: Cell, finished: dict[int, list[dict]], tests: dict[int, list[float]]) -> seq.Chosen:
+        """A tuned cell's candidates: their best validation values (summary.json's ``best_val``) and test values."""
+        from nas_cli.report.tuning import validation_higher
+
+        validation, higher = [], True
+        for i in cell.configs:
+            vals = []
+            for j, s in enumerate(finished[i]):
+                best = s.get("best_val") or {}
+                v = best.get("value")
+                if v is None or not math.isfinite(float(v)):
+                    run = job_dir(self.root, job_number(i, j, len(self.configs)))
+                    raise UserError(f"tune=[{','.join(self.tuned)}]: run {run} has no validation value to choose "
+                                    "by (no validation ran); make it validate (trainer.val_check_interval <= "
+                                    "trainer.max_steps)")
+                higher = validation_higher(best.get("mode"), best.get("metric"))
+                vals.append(float(v))
+            validation.append(tuple(vals))
+        return seq.Chosen(tuple(validation), tuple(tuple(tests[i]) for i in cell.configs), higher)
+
+    def sides(self) -> dict[int, "list[float] | seq.Chosen"]:
+        """Each cell's numbers for the comparisons: a configuration's test values, or a tuned cell's candidates."""
+        finished = self.finished()
+        tests = self.values(finished)
+        return {cell.index: self._chosen(cell, finished, tests) if len(cell.configs) > 1 else tests[cell.configs[0]]
+                for cell in self.cells}
+
+    def decide(self, sides: dict | None = None) -> dict[str, seq.Comparison]:
+        sides = self.sides() if sides is None else sides
+        self.last_sides = sides  # what records() names each tuned cell's choice from
+        pairs = {self.cells[s].label: (self.cells[b].label, sides[b], sides[s]) for s, b in self.pairs.items()}
         return seq.decide(pairs, self.options.looks, float(self.options.alpha), self.options.spending,
                           None if self.options.delta is None else float(self.options.delta))
+
+    def chosen_label(self, cell: Cell, side, n: int) -> str:
+        """A cell's name at a look: a tuned cell names the candidate chosen on ``n`` seeds."""
+        if not isinstance(side, seq.Chosen) or n < 1:
+            return cell.label
+        values = self.configs[cell.configs[side.pick(n)]].values
+        return f"{cell.label} ({', '.join(f'{k}={values[k]}' for k in self.tuned)}, tuned)"
 
     def next_jobs(self, state: dict[str, seq.Comparison]) -> list[tuple[int, int]]:
         """(config, seed index) of the next round: the open comparisons' configurations up to the next look."""
         done = {name: comp.n for name, comp in state.items()}
         wanted: dict[int, int] = {}
         for s, b in self.pairs.items():
-            comp = state[self.configs[s].label]
+            comp = state[self.cells[s].label]
             if not comp.open:
                 continue
             n = next((n for n in self.options.looks if n > done[comp.name]), None)
             if n is None:
                 continue
-            for c in (s, b):
+            for c in (*self.cells[s].configs, *self.cells[b].configs):  # every candidate of a tuned cell
                 wanted[c] = max(wanted.get(c, 0), n)
         return [(c, j) for j in range(max(wanted.values(), default=0)) for c in sorted(wanted)
                 if j < wanted[c] and self.summary(c, j) is None]
@@ -123,17 +168,27 @@ class SequentialSweep:
                           for j in range(self.options.max_seeds)
                           if job_dir(self.root, job_number(c.index, j, n_configs)) is not None}
                 for c in self.configs}
-        return {"method": method_text(self.options), "design": {**asdict(self.options), "looks": list(self.options.looks),
-                                                                "baseline": f"{self.baseline[0]}={self.baseline[1]}"},
+        return {"method": method_text(self.options, self.tuned),
+                "design": {**asdict(self.options), "looks": list(self.options.looks),
+                           "baseline": f"{self.baseline[0]}={self.baseline[1]}", "tune": self.tuned},
                 "metric": self.metric,
                 "configs": [{"label": c.label, "overrides": c.overrides, "values": c.values, "runs": runs[c.label]}
                             for c in self.configs],
                 "comparisons": [{"system": name, "baseline": comp.baseline, "decision": comp.decision,
-                                 "looks": [asdict(lk) | {"low": _num(lk.low), "high": _num(lk.high),
-                                                         "boundary": _num(lk.boundary), "t": _num(lk.t)}
+                                 **self._chosen_names(name, comp),
+                                 "looks": [asdict(lk) | {"low": finite_or_none(lk.low), "high": finite_or_none(lk.high),
+                                                         "boundary": finite_or_none(lk.boundary), "t": finite_or_none(lk.t)}
                                            for lk in comp.looks]}
                                 for name, comp in state.items()],
                 "finished": all(not comp.open for comp in state.values())}
+
+    def _chosen_names(self, name: str, comp: seq.Comparison) -> dict[str, str]:
+        """A tuned comparison's two sides as chosen at its last look (nothing for an untuned one)."""
+        if not self.tuned:
+            return {}
+        by_label = {cell.label: cell for cell in self.cells}
+        return {f"{side}_chosen": self.chosen_label(by_label[label], self.last_sides.get(by_label[label].index), comp.n)
+                for side, label in (("system", name), ("baseline", comp.baseline))}
 
     def save(self, state: dict[str, seq.Comparison]) -> dict[str, Any]:
         from nas_cli.infra.atomic import atomic_write_json
@@ -161,107 +216,12 @@ def recompute(root: Path) -> dict[str, Any] | None:
         options = Options(**{f.name: design[f.name] for f in fields(Options) if f.name in design})
         configs = [Config(i, c["overrides"], c["values"], c["label"]) for i, c in enumerate(rec["configs"])]
         key, _, value = str(design["baseline"]).partition("=")
-        sweep = SequentialSweep(options, Path(root), configs, (key, value), "")
+        sweep = SequentialSweep(options, Path(root), configs, (key, value), "", list(design.get("tune") or []))
         sweep.metric = rec.get("metric")
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UserError(f"{path}: not a readable sequential-sweep record ({err}); run the sweep's command again "
                         "to rewrite it") from None
     return sweep.records(sweep.decide())
-
-
-def _num(x: float) -> float | None:
-    return None if x is None or not math.isfinite(x) else x
-
-
-def method_text(o: Options) -> str:
-    looks = ", ".join(map(str, o.looks))
-    return (f"Group-sequential paired t-test over seeds: looks at {looks} paired seeds; "
-            f"{'O' + chr(39) + 'Brien-Fleming' if o.spending == 'obf' else 'Pocock'}-type alpha spending "
-            f"(Lan-DeMets), alpha={o.alpha:g} two-sided, boundaries for the t statistic (exact under normal "
-            "seed-level differences); Holm across the comparisons, carried through the looks; the interval is the "
-            f"repeated confidence interval at this look (it holds at every look at once)"
-            + (f"; a comparison whose interval lies within +-{o.delta:g} ends 'no difference larger than delta'"
-               if o.delta is not None else "") + ".")
-
-
-def table_rows(rec: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    head = ["system", "baseline", "n", "difference", "sequential interval", "|t|", "boundary", "decision"]
-    rows = []
-    for comp in rec["comparisons"]:
-        lk = comp["looks"][-1] if comp["looks"] else None
-        if lk is None:
-            rows.append([comp["system"], comp["baseline"], "0", "-", "-", "-", "-", "waiting for runs"])
-            continue
-        low, high = lk["low"], lk["high"]
-        interval = "(no interval)" if low is None or high is None else f"[{low:+.3g}, {high:+.3g}]"
-        word = DECISION_WORDS.get(comp["decision"], comp["decision"])
-        if comp["decision"] == seq.UNDECIDED:
-            word = f"undecided at n={lk['n']}"
-        elif comp["decision"] == seq.EQUIVALENT:
-            word = f"no difference larger than {rec['design']['delta']:g}"
-        t = lk["t"]
-        rows.append([comp["system"], comp["baseline"], str(lk["n"]), f"{lk['mean']:+.4g}", interval,
-                     "-" if t is None else f"{abs(t):.2f}", "inf" if lk["boundary"] is None else f"{lk['boundary']:.3g}",
-                     word])
-    return head, rows
-
-
-def rich_table(rec: dict[str, Any], title: str):
-    from rich.table import Table
-
-    head, rows = table_rows(rec)
-    table = Table(title=title, caption=rec["method"], caption_justify="left")
-    widest = min(40, max([len(r[0]) for r in rows] + [6]))
-    for h in head:
-        table.add_column(h, no_wrap=h not in ("decision", "sequential interval"),
-                         min_width=widest if h == "system" else None)
-    for r in rows:
-        table.add_row(*r)
-    return table
-
-
-def draw(rec: dict[str, Any], path: Path) -> None:
-    """Each comparison's mean difference and sequential interval against the number of seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    comps = [c for c in rec["comparisons"] if c["looks"]]
-    if not comps:
-        return
-    fig, axes = plt.subplots(1, len(comps), figsize=(3.6 * len(comps), 3.2), squeeze=False)
-    for ax, comp in zip(axes[0], comps):
-        ns = [lk["n"] for lk in comp["looks"]]
-        means = [lk["mean"] for lk in comp["looks"]]
-        lows = [lk["low"] if lk["low"] is not None else float("nan") for lk in comp["looks"]]
-        highs = [lk["high"] if lk["high"] is not None else float("nan") for lk in comp["looks"]]
-        ax.axhline(0, color="grey", lw=0.8)
-        delta = rec["design"].get("delta")
-        if delta:
-            ax.axhspan(-delta, delta, color="tab:green", alpha=0.12, lw=0)
-        ax.plot(ns, means, "o-", color="tab:blue")
-        finite = [(n, lo, hi) for n, lo, hi in zip(ns, lows, highs) if math.isfinite(lo) and math.isfinite(hi)]
-        # the scale of the last looks (the first ones at 2-3 seeds are orders of magnitude wider):
-        # intervals beyond it are drawn to the edge with an arrow
-        recent = [abs(v) for _, lo, hi in finite[-1:] for v in (lo, hi)] + [abs(m) for m in means]
-        lim = 1.3 * max(recent + [2 * (delta or 0), 1e-9])
-        for n, lo, hi in finite:
-            ax.plot([n, n], [max(lo, -lim), min(hi, lim)], color="tab:blue", lw=2, alpha=0.6)
-            if hi > lim:
-                ax.plot([n], [lim], marker="^", color="tab:blue", alpha=0.6)
-            if lo < -lim:
-                ax.plot([n], [-lim], marker="v", color="tab:blue", alpha=0.6)
-        ax.set_ylim(-lim, lim)
-        ax.set_xlim(rec["design"]["min_seeds"] - 0.5, rec["design"]["max_seeds"] + 0.5)
-        word = (f"no difference > {delta:g}" if comp["decision"] == seq.EQUIVALENT
-                else DECISION_WORDS.get(comp["decision"], comp["decision"]))
-        ax.set_title(f"{comp['system']}\n- {comp['baseline']}: {word}", fontsize=8)
-        ax.set_xlabel("paired seeds")
-        ax.set_ylabel(f"difference in {rec['metric']}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
@@ -329,9 +289,10 @@ def _start(sweeper, arguments: list[str], root: Path):
         parser = OverridesParser.create(config_loader=sweeper.hydra_context.config_loader)
         axes, fixed = parse_arguments(arguments, parser)
         configs = grid(axes, fixed)
-        baseline = parse_baseline(options.baseline, axes)
+        tuned = tuned_options(sweeper.config.get("tune"))
+        baseline = parse_baseline(options.baseline, axes, tuned)
         pattern = str(OmegaConf.to_container(sweeper.config.hydra.sweep, resolve=False)["subdir"])
-        sweep = SequentialSweep(options, root, configs, baseline, pattern)
+        sweep = SequentialSweep(options, root, configs, baseline, pattern, tuned)
         if not sweep.pairs:
             raise UserError("seed=auto: no configuration to compare with the baseline")
         return options, configs, sweep, sweep.decide()
@@ -356,12 +317,6 @@ def _launch_round(sweeper, sweep, options, configs, jobs, returns: list) -> list
             say(f"[bold yellow]nas-run: {len(jobs)} job(s) of this round failed: running them again (a failed "
                     "job is never counted as a seed)[/]")
     return jobs
-
-
-def look_line(state: dict[str, seq.Comparison], n: int, metric: str) -> str:
-    """One look of the sweep in one line: each comparison's decision so far."""
-    said = "; ".join(f"{name}: {DECISION_WORDS[c.decision]}" for name, c in sorted(state.items()))
-    return f"nas-run: look at n={n} seeds ({metric}): {said}"
 
 
 def _progress(state: dict[str, seq.Comparison]) -> tuple:

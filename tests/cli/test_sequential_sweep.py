@@ -107,3 +107,37 @@ def test_bad_sequential_options_get_one_line(tmp_path):
         assert proc.returncode == 2, (args, proc.stderr[-1500:])
         assert words in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr[-1500:])
         assert not (tmp_path / "bad").exists(), args  # nothing left behind
+
+
+def test_a_tuned_sequential_sweep_chooses_each_schemes_rate_at_every_look(tmp_path):
+    # seed=auto with tune=[optim.lr]: every rate of every scheme gets each round's seed; the look compares
+    # the test numbers of the rate each scheme's validation numbers choose on that look's seeds
+    root = tmp_path / "tuned"
+    proc = nas_run("-m", "attention=unas,dnas", "optim.lr=1e-3,3e-3", "seed=auto", "tune=[optim.lr]", "debug=fast",
+                   "progress_bar=false", "diagnostics.plots=never", "logger=csv", "hydra.sweeper.max_seeds=3",
+                   "hydra.sweeper.metric=ppl", f"hydra.sweep.dir={root}", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = json.loads((root / "sequential.json").read_text())
+    assert state["design"]["tune"] == ["optim.lr"]
+    (comp,) = state["comparisons"]
+    assert (comp["system"], comp["baseline"]) == ("attention=dnas", "attention=unas")
+    n = comp["looks"][-1]["n"]
+    done = list(_summaries(root).values())
+    assert sorted((s["scheme"], s["seed"]) for s in done) == sorted(
+        (s, k) for s in ("unas", "dnas") for k in range(1, n + 1) for _ in range(2))  # both rates at every seed
+    runs = {}
+    for path in root.glob("*/summary.json"):
+        s, overrides = json.loads(path.read_text()), (path.parent / ".hydra" / "overrides.yaml").read_text()
+        runs[(s["scheme"], "0.001" if "optim.lr=0.001" in overrides else "0.003", s["seed"])] = s
+    chosen = {}
+    sign = 1 if done[0]["best_val"]["mode"] == "min" else -1
+    for scheme in ("unas", "dnas"):  # the rate with the best mean validation value over the n seeds (a tie: 0.001)
+        mean = {r: np.mean([runs[(scheme, r, k)]["best_val"]["value"] for k in range(1, n + 1)])
+                for r in ("0.001", "0.003")}
+        chosen[scheme] = min(mean, key=lambda r: (sign * mean[r], r != "0.001"))
+    assert comp["system_chosen"] == f"attention=dnas (optim.lr={chosen['dnas']}, tuned)"
+    assert comp["baseline_chosen"] == f"attention=unas (optim.lr={chosen['unas']}, tuned)"
+    d = [runs[("dnas", chosen["dnas"], k)]["test"]["test/ppl"] - runs[("unas", chosen["unas"], k)]["test"]["test/ppl"]
+         for k in range(1, n + 1)]
+    assert comp["looks"][-1]["mean"] == pytest.approx(float(np.mean(d)))
+    assert f"optim.lr={chosen['dnas']}, tuned" in proc.stdout + proc.stderr

@@ -174,6 +174,13 @@ def test_held_apart_seeds_that_leave_no_verdict_seed_are_said(tmp_path):
      "tune_seeds=[1] leaves fewer than 2 verdict seeds of seed=1,2"),
     (["attention=unas,dnas", "seed=1,2", "tune_seeds=[1]"], "tune_seeds=[1] chooses the values of tuned options: add "
                                                              "tune=[optim.lr]"),
+    (["attention=unas,dnas", "optim.lr=1e-3,2e-3", "seed=auto", "tune=[optim.lr]", "tune_seeds=[1]"],
+     "tune_seeds=[1] with seed=auto: a sequential sweep chooses each value on the seeds of every look"),
+    (["optim.lr=1e-3,2e-3", "seed=auto", "tune=[optim.lr]"],
+     "seed=auto with tune=[optim.lr] compares configurations: sweep an option besides the tuned ones"),
+    (["attention=unas,dnas", "optim.lr=1e-3,2e-3", "seed=auto", "tune=[optim.lr]", "hydra.sweeper.baseline=optim.lr:1e-3"],
+     "hydra.sweeper.baseline=optim.lr:1e-3: optim.lr is tuned (tune=[optim.lr]): each configuration chooses its own "
+     "value"),
 ])
 def test_a_tuned_sweep_is_refused_before_anything_is_made(tmp_path, argv, message):
     from helpers import nas_run

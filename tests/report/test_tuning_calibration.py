@@ -28,3 +28,29 @@ def test_the_shared_rate_calls_schemes_with_other_best_rates_different():
     rng = np.random.default_rng(7)
     assert cal.formula_rate(2, "shared", 5, 8000, rng) > 0.15
     assert cal.nas_report_rate(2, "shared", 5, 400, rng) > 0.12
+
+
+seqcal = load_benchmark("tuning_sequential_calibration")
+
+
+@pytest.mark.parametrize("case", [1, 2, 3])
+def test_seed_auto_rechoosing_at_every_look_holds_five_percent(case):
+    # benchmarks/tuning_sequential_calibration.py: seed=auto with tune=[...] at the default design (2..10 seeds)
+    rng = np.random.default_rng(10 + case)
+    assert seqcal.formula_rate(case, (2, 10), "every look", 8000, rng) <= _limit(8000)
+    assert seqcal.sweeper_rate(case, (2, 10), 1500, rng) <= _limit(1500)
+
+
+def test_a_choice_kept_from_the_first_look_is_not_calibrated():
+    rng = np.random.default_rng(21)
+    assert seqcal.formula_rate(1, (2, 10), "first look, kept", 8000, rng) > 0.09
+
+
+def test_the_committed_sequential_calibration_holds_in_every_cell():
+    import json
+    from pathlib import Path
+
+    result = json.loads((Path(__file__).resolve().parents[2] / "docs" / "tuning_sequential.json").read_text())
+    every = [c for c in result["cells"] if c["choice"] == "every look"]
+    assert len(every) == 9
+    assert all(c["rate"] <= _limit(c["sweeps"]) and c["sweeper_rate"] <= _limit(c["sweeper_sweeps"]) for c in every)

@@ -16,7 +16,7 @@ from nas_cli.errors import UserError, fail, print_table, say
 from nas_cli.infra.launchers import ENDED_FILE, install, install_optuna
 from nas_cli.infra.process import PROCESS
 from nas_cli.infra.rundir import acquire, continuing, read_failed, release
-from nas_cli.pipeline.launch.sweep_checks import tuned_options
+from nas_cli.sweeps.design import tuned_options
 from nas_cli.model.locations import name_from_choices
 from nas_cli.sweeps.continuation import (SWEEP_CONTINUE_ENV, keep_finished_configs, keep_sweep_record, restore_all,
                                          same_sweep, sweep_overrides)

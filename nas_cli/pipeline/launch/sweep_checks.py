@@ -8,6 +8,7 @@ import os
 from omegaconf import DictConfig
 
 from nas_cli.errors import UserError
+from nas_cli.sweeps.design import tuned_options
 
 
 def check_launcher(cfg: DictConfig) -> None:
@@ -65,17 +66,10 @@ def _slurm_unreachable(timeout_s: float = 15.0) -> str | None:
     return fatal[-1] if fatal else f"sinfo exited with {proc.returncode}"
 
 
-def tuned_options(value) -> list[str]:
-    """``tune=`` as a list of option names (``tune=optim.lr`` and ``tune=[optim.lr]`` alike)."""
-    if value is None:
-        return []
-    return [str(value)] if isinstance(value, str) else [str(v) for v in value]
-
-
 def check_tune(cfg: DictConfig) -> None:
-    """A tuned sweep (``tune=[optim.lr]``): every tuned option is swept over at least two values, the seeds
-    are listed (not ``seed=auto``), and held-apart ``tune_seeds`` are among them with two or more left
-    for the verdicts. One line before the sweep directory is made."""
+    """A tuned sweep (``tune=[optim.lr]``): every tuned option is swept over at least two values, and
+    held-apart ``tune_seeds`` are among the listed seeds (not ``seed=auto``, which chooses at every look)
+    with two or more left for the verdicts. One line before the sweep directory is made."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     keys = tuned_options(cfg.get("tune"))
@@ -92,9 +86,10 @@ def check_tune(cfg: DictConfig) -> None:
         if len(swept.get(key, [])) < 2:
             raise UserError(f"tune=[{','.join(keys)}]: {key} is not swept over two or more values in this sweep; "
                             f"give it the values to choose from, e.g. {key}=1e-3,2e-3 (or leave it out of tune)")
-    if str(cfg.get("seed")) == "auto":
-        raise UserError("tune=[...] with seed=auto: a tuned sweep needs its seeds listed (seed=1,2,3); "
-                        "seed=auto chooses its seeds per configuration")
+    if held and str(cfg.get("seed")) == "auto":
+        raise UserError(f"tune_seeds={_shown(held)} with seed=auto: a sequential sweep chooses each value on the "
+                        "seeds of every look (same-seed selection); leave tune_seeds out, or list the seeds "
+                        "(seed=1,2,3,4)")
     if held:
         held = [int(s) for s in ([held] if isinstance(held, (int, str)) else held)]
         seeds = [int(s) for s in swept.get("seed", [cfg.get("seed")])]
