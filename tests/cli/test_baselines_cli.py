@@ -64,6 +64,7 @@ def test_paired_heads_refuse_an_odd_number_in_one_line(tmp_path):
     assert proc.returncode == 2 and "model.heads=1 must be even" in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.slow  # a four-run sweep through nas-report
 def test_nas_report_compares_sink_rates_and_names_what_does_not_apply(tmp_path):
     sweep = tmp_path / "sweep"
     proc = nas_run("-m", "attention=unas,differential", "task=copy_lm", "debug=fast", "seed=1,2",

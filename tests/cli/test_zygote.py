@@ -71,6 +71,7 @@ def test_a_forked_command_sees_its_own_environment_and_pythonpath(tmp_path):
     assert without.returncode != 0 and "mine" in without.stderr
 
 
+@pytest.mark.slow  # a run killed at its timeout
 def test_a_timeout_ends_the_command_and_its_process_group(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         zygote.run([NAS_RUN, "debug=fast", "trainer.max_steps=100000", "trainer.max_epochs=null", "task.num_workers=1"],

@@ -641,6 +641,7 @@ def test_a_a_on_trained_runs_gets_no_verdict(tmp_path):
     assert all(r["verdict"].startswith("no significant difference (n=3") for r in rows)
 
 
+@pytest.mark.slow  # a six-run sweep through nas-report
 def test_a_metric_undefined_by_design_is_not_compared_and_the_rest_is(tmp_path):
     # linear-kernel runs (Tsai et al.: signed weights) have no head JSD by design: that group's JSD row says why
     # it is not compared, and every other row is compared (the study page needs them); a metric missing for
