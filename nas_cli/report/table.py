@@ -329,8 +329,11 @@ def rich_table(groups: Sequence[Group], title: str = "nas-report", by: Sequence[
                                                if any(g.n > 1 for g in groups) else "")) + \
         "JSD: head diversity (mean over locations and layers); expl. away: keys with sum_i pi_ij < eps"
     table = Table(title=title, caption=caption, caption_justify="left")
-    for h in head:
-        table.add_column(h, no_wrap=h not in ("config",))
+    for i, h in enumerate(head):
+        # the one column that wraps keeps its longest word: squeezed by a wide table, it would vanish and leave
+        # look-alike rows (two learning rates of one scheme) without what tells them apart
+        words = [w for row in rows for w in str(row[i]).split()] if h == "config" else []
+        table.add_column(h, no_wrap=h != "config", min_width=min(30, max(map(len, words + [h]))) if words else None)
     for row in rows:  # cells are text, not markup: '[eval:test-beam5]' must show
         table.add_row(*map(escape, row))
     return table

@@ -188,3 +188,25 @@ def test_a_tuned_sweep_is_refused_before_anything_is_made(tmp_path, argv, messag
     out = nas_run("-m", *argv, "debug=fast", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert message in out.stderr and not (tmp_path / "sweep").exists()
+
+
+def test_the_config_column_keeps_its_values_in_a_wide_table():
+    # rows of one scheme at two learning rates differ only in the config column, the one column that wraps:
+    # squeezed to nothing by a table wider than nas-report's console (200 columns written to a file), it would
+    # leave two look-alike rows
+    import io
+
+    from rich.console import Console
+
+    from nas_cli.report.table import rich_table
+
+    # the columns and cells of a tuned seed=auto sweep's runs table (reverse, debug=fast)
+    head = ["task", "scheme", "heads", "config", "n", "params", "best val/exact_match", "exact match", "BLEU",
+            "test ppl", "JSD", "expl. away", "sink rate", "tokens/s", "seeds", "code"]
+    rows = [["reverse", "dnas", "4", f"optim.lr={lr}", "3", "234,944", "0 ± 0", "0.0 ± 0.0%", "0.16 ± 0.36",
+             "30.981 ± 11.301", "0.043 ± 0.006", "0.0 ± 0.0%", "31.9 ± 6.0%", "3,441 ± 368", "1,2,3",
+             "0.1.0+35a2d94.dirty"] for lr in ("0.001", "0.003")]
+    console = Console(width=200, file=io.StringIO(), record=True)
+    console.print(rich_table([], rows=(head, rows)))
+    text = console.export_text()
+    assert "optim.lr=0.001" in text and "optim.lr=0.003" in text
