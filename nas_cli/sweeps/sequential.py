@@ -104,7 +104,9 @@ class SequentialSweep:
         """A tuned cell's candidates: their best validation values (summary.json's ``best_val``) and test values."""
         from nas_cli.report.tuning import validation_higher
 
-        validation, higher = [], True
+        first = (finished[cell.configs[0]] or [{}])[0].get("best_val") or {}
+        higher = validation_higher(first.get("mode"), first.get("metric"))  # one task: one direction
+        validation = []
         for i in cell.configs:
             vals = []
             for j, s in enumerate(finished[i]):
@@ -115,7 +117,6 @@ class SequentialSweep:
                     raise UserError(f"tune=[{','.join(self.tuned)}]: run {run} has no validation value to choose "
                                     "by (no validation ran); make it validate (trainer.val_check_interval <= "
                                     "trainer.max_steps)")
-                higher = validation_higher(best.get("mode"), best.get("metric"))
                 vals.append(float(v))
             validation.append(tuple(vals))
         return seq.Chosen(tuple(validation), tuple(tuple(tests[i]) for i in cell.configs), higher)
@@ -127,8 +128,8 @@ class SequentialSweep:
         return {cell.index: self._chosen(cell, finished, tests) if len(cell.configs) > 1 else tests[cell.configs[0]]
                 for cell in self.cells}
 
-    def decide(self, sides: dict | None = None) -> dict[str, seq.Comparison]:
-        sides = self.sides() if sides is None else sides
+    def decide(self) -> dict[str, seq.Comparison]:
+        sides = self.sides()
         self.last_sides = sides  # what records() names each tuned cell's choice from
         pairs = {self.cells[s].label: (self.cells[b].label, sides[b], sides[s]) for s, b in self.pairs.items()}
         return seq.decide(pairs, self.options.looks, float(self.options.alpha), self.options.spending,
