@@ -14,9 +14,10 @@ from nas_cli.model.choices import CONF_DIR
 from nas_cli.model.plan import AttentionPlan
 from nas_cli.pipeline.run import train
 
-# three steps, every step logged; dropout off so the runs are deterministic
+# three steps, every step logged; dropout off so the runs are deterministic; no validation (compile=true
+# would compile the greedy decoder's graphs too: twice the time, and nothing these tests look at)
 BASE = ["debug=fast", "logger=csv", "trainer.max_steps=3", "trainer.log_every_n_steps=1", "run_test=false",
-        "model.dropout=0", "diagnostics.plots=never"]
+        "model.dropout=0", "diagnostics.plots=never", "trainer.limit_val_batches=0"]
 
 
 def logged_losses(run_dir, *overrides) -> list[float]:
@@ -60,7 +61,7 @@ def test_compile_aot_eager_matches_eager(fp32_losses, tmp_path, fresh_dynamo):
     assert losses[0] == pytest.approx(fp32_losses[0], abs=1e-4)
 
 
-@pytest.mark.slow  # inductor generates and compiles C++: ~80 s with a cold cache on 2 busy cores, ~10 s warm
+@pytest.mark.slow  # inductor generates and compiles C++ for the training step: ~60 s with a cold cache on 2 busy cores
 def test_compile_true_matches_eager(fp32_losses, tmp_path, fresh_dynamo):
     if not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
         pytest.skip("compile=true (inductor) needs a C++ compiler on CPU and none is on PATH")
