@@ -30,7 +30,7 @@ pytestmark = pytest.mark.xdist_group("ray")  # one worker: one cluster at a time
 RAY = ("-m", "hydra/launcher=ray", "hydra.launcher.ray.init.address=auto")
 TINY = ("task=reverse", "model=tiny", "progress_bar=false")
 #: the budget of the trainer=ray_ddp test: a stop after the first validation (step 25) lands well before it
-STEPS = 150
+STEPS = 100
 
 
 @pytest.fixture(scope="module")
