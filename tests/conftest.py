@@ -39,6 +39,15 @@ from nas_cli.pipeline.launch.resolvers import register_resolvers  # noqa: E402
 register_resolvers()
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker more than the CPUs this process may use. A worker often waits (on a SLURM or
+    Ray cluster, a command it signals, a stop it times) while the others compute; docs/testing.md has the
+    measurement. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still sets the number, as with pytest-xdist alone."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    return len(os.sched_getaffinity(0)) + 1
+
+
 def pytest_sessionfinish(session, exitstatus):
     import zygote  # tests/zygote.py: the server that forks the tests' nas-run processes, if one started
 
