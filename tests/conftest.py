@@ -16,7 +16,7 @@ os.environ.setdefault("WANDB_DISABLE_GIT", "true")
 # The tests use tiny tensors: one intra-op thread is faster than two (and much faster on a
 # busy 2-core machine); subprocesses (the nas-run CLI) inherit the setting.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# The suite already runs one test process per core: the sweeps of its tests run their jobs one after
+# The suite already runs a test process per core (and one more): the sweeps of its tests run their jobs one after
 # another (tests/cli/test_parallel_sweep.py removes this to test the default, several at a time).
 os.environ.setdefault("NAS_RUN_SWEEP_JOBS", "1")
 torch.set_num_threads(1)
