@@ -98,6 +98,9 @@ def pytest_collection_modifyitems(config, items):
         if item.module.__name__.rpartition(".")[2] in SLOW or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) \
                 or _off_the_matrix_edges(item):
             item.add_marker(pytest.mark.slow)
+    # the slow tests first: xdist hands out the tests one at a time in this order (after the groups, the
+    # largest first), so a long test never starts while the others are finishing; the quick tests fill the end
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 #: parametrized tests whose quick-loop share is the edges of their matrix (the rest is slow), by the
