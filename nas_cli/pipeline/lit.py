@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from functools import partial
 
 import pytorch_lightning as pl
 import torch
@@ -18,7 +19,7 @@ from nas_cli.errors import NonFiniteLoss, UserError, record
 from nas_cli.model.losses import label_smoothed_nll
 from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer
 from nas_cli.model.plan import Cores
-from nas_cli.model.scoring import Scores, score_log_probs, score_positions, scored
+from nas_cli.model.scoring import Scores, adaptive_greedy, score_log_probs, score_positions, scored
 from nas_cli.infra.distributed import gather_eval
 from nas_cli.pipeline.sections import OptimOptions
 from tasks.base import EMPTY_WARNING
@@ -176,7 +177,7 @@ class NasLitModule(pl.LightningModule):
         logp = self.model.target_log_prob(h.float(), tgt)
         n = torch.tensor(tgt.numel(), device=tgt.device).clamp(min=1)
         nll_sum = -logp.sum()
-        correct = (self.model.generator.predict(h.float()) == tgt).sum() if accuracy else None
+        correct = (adaptive_greedy(self.model.generator, h.float()) == tgt).sum() if accuracy else None
         return nll_sum / n, nll_sum.detach(), n, correct
 
     def eval_scores(self, batch) -> Scores:
@@ -187,7 +188,7 @@ class NasLitModule(pl.LightningModule):
         hidden, target = self._hidden_and_target(batch)
         if getattr(self.model, "adaptive", False):
             return score_log_probs(hidden, target, self.task.pad_id, self.model.target_log_prob,
-                                   self.model.generator.predict)
+                                   partial(adaptive_greedy, self.model.generator))
         return score_positions(hidden, target, self.task.pad_id, self.model.output_logits)
 
     @staticmethod

@@ -126,3 +126,24 @@ def test_the_output_layer_sees_only_the_scored_positions_in_chunks():
     assert int(chunked.correct) == int(whole.correct)
     reference = F.cross_entropy(head(hidden).transpose(1, 2), target, ignore_index=pad, reduction="none").sum(-1)
     assert whole.row_nll.tolist() == pytest.approx(reference.tolist(), rel=1e-6)
+
+
+@pytest.mark.parametrize("cutoffs,favour,chunk", [([6, 14], 0.0, 4), ([6, 14], 3.0, 4), ([50, 200, 900], 4.0, 1 << 20),
+                                                  ([2000, 10000], 5.0, 1 << 20), ([2000, 10000], 5.0, 1)])
+def test_adaptive_greedy_gives_the_tokens_of_the_full_argmax(cutoffs, favour, chunk):
+    """The greedy words of an adaptive softmax without its (N, vocab) log-probabilities equal PyTorch's
+    own ``predict`` (an argmax over the full log-probabilities) and an argmax over ``log_prob``, also where
+    the head favours its clusters (most words then come from the tails), in chunks of one position or many."""
+    from nas_cli.model.scoring import adaptive_greedy
+
+    torch.manual_seed(0)
+    vocab, d = cutoffs[-1] * 3, 32
+    layer = torch.nn.AdaptiveLogSoftmaxWithLoss(d, vocab, cutoffs, div_value=2.0)
+    h = torch.randn(300, d)
+    with torch.no_grad():  # raise the clusters' logits along the mean hidden state
+        layer.head.weight[cutoffs[0]:] += favour * h.mean(0) / h.mean(0).norm() ** 2
+        reference, full = layer.predict(h), layer.log_prob(h).argmax(dim=1)
+    tokens = adaptive_greedy(layer, h, chunk_elements=chunk)
+    assert torch.equal(tokens, reference) and torch.equal(tokens, full)
+    if favour >= 3.0:
+        assert (tokens >= cutoffs[0]).float().mean() > 0.2  # the tails were searched, not only the head
