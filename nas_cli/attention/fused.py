@@ -42,6 +42,43 @@ def _scores_reference(s, allowed, prefix, u):
     return uu * dnas + (1 - uu) * unas
 
 
+
+def _masked(s: torch.Tensor, allowed):
+    """The mask (None where every pair is allowed), the scores with -inf where not allowed, and the
+    rows that allow no key ((..., Sq, 1), None where every row allows one)."""
+    if allowed is not None and bool(allowed.all()):
+        allowed = None
+    if allowed is None:
+        return None, s, None
+    row_any = allowed.any(dim=-1, keepdim=True)
+    return allowed, s.masked_fill(~allowed, NEG_INF), None if bool(row_any.all()) else ~row_any
+
+
+def _column_normalized(s: torch.Tensor, sm: torch.Tensor, allowed, prefix: bool):
+    """The column step l = s - c and what the backward needs of it: (l, e, T, fallback). The prefix form
+    anchors each column at its first allowed score (e = exp(s - a), T its running sum down the column);
+    where the anchored form would overflow, the reference formula instead (fallback: True)."""
+    e = t = None
+    if prefix:
+        shape = (*s.shape[:-2], 1, s.size(-1))
+        if allowed is None:
+            anchor = sm[..., :1, :]
+        else:
+            first = allowed.to(torch.uint8).argmax(dim=-2, keepdim=True)
+            anchor = sm.gather(-2, first.expand(shape))
+        anchor = torch.where(torch.isfinite(anchor), anchor, torch.zeros_like(anchor))
+        e = sm - anchor
+        if bool(e.max() > ANCHOR_LIMIT):
+            return doubly_normalized_logits(s, allowed, prefix), None, None, True
+        e.exp_()
+        t = torch.cumsum(e, dim=-2).clamp_min_(1e-30)
+        return sm - torch.log(t).add_(anchor), e, t, False  # s - c, -inf where not allowed
+    c = torch.logsumexp(sm, dim=-2, keepdim=True)
+    logits = sm - c
+    if not bool(torch.isfinite(c).all()):  # an empty column: -inf - -inf
+        logits = torch.nan_to_num_(logits, nan=NEG_INF, posinf=NEG_INF)
+    return logits, e, t, False
+
 def _row_softmax(logits, row_empty):
     p = torch.softmax(logits, dim=-1)
     if row_empty is not None:  # rows without an allowed key: zeros, not NaN
@@ -67,54 +104,17 @@ class _DoublyNormalized(torch.autograd.Function):
     def forward(ctx, q, k, v, u, allowed, prefix, dropout_p, training):
         ctx.scale = 1.0 / math.sqrt(q.size(-1))
         s = torch.matmul(q, k.transpose(-1, -2)).mul_(ctx.scale)  # scaled_scores(q, k)
-        if allowed is not None and bool(allowed.all()):
-            allowed = None
-        sm = s if allowed is None else s.masked_fill(~allowed, NEG_INF)
-        row_empty = None
-        if allowed is not None:
-            row_any = allowed.any(dim=-1, keepdim=True)
-            if not bool(row_any.all()):
-                row_empty = ~row_any
-        ctx.fallback = False
-        e = t = None
-        if prefix:
-            sk = s.size(-1)
-            shape = (*s.shape[:-2], 1, sk)
-            if allowed is None:
-                anchor = sm[..., :1, :]
-            else:
-                first = allowed.to(torch.uint8).argmax(dim=-2, keepdim=True)
-                anchor = sm.gather(-2, first.expand(shape))
-            anchor = torch.where(torch.isfinite(anchor), anchor, torch.zeros_like(anchor))
-            e = sm - anchor
-            if bool(e.max() > ANCHOR_LIMIT):
-                ctx.fallback = True
-            else:
-                e.exp_()
-                t = torch.cumsum(e, dim=-2).clamp_min_(1e-30)
-                logits = sm - torch.log(t).add_(anchor)  # s - c, -inf where not allowed
-        if ctx.fallback:
-            logits = doubly_normalized_logits(s, allowed, prefix)
-        elif not prefix:
-            c = torch.logsumexp(sm, dim=-2, keepdim=True)
-            logits = sm - c
-            if not bool(torch.isfinite(c).all()):  # an empty column: -inf - -inf
-                logits = torch.nan_to_num_(logits, nan=NEG_INF, posinf=NEG_INF)
+        allowed, sm, row_empty = _masked(s, allowed)
+        logits, e, t, ctx.fallback = _column_normalized(s, sm, allowed, prefix)
         p_d = _row_softmax(logits, row_empty)
-        p_u = None
-        if u is not None:
-            p_u = _row_softmax(sm, row_empty)
-            uu = u.to(s.dtype)[None, :, None, None]
-            w = p_d * uu + p_u * (1 - uu)
-        else:
-            w = p_d
+        p_u = _row_softmax(sm, row_empty) if u is not None else None
+        uu = None if u is None else u.to(s.dtype)[None, :, None, None]  # HNAS: W = u P_dnas + (1 - u) P_unas
+        w = p_d if u is None else p_d * uu + p_u * (1 - uu)
         noise = None
-        if training and dropout_p > 0.0:
+        if training and dropout_p > 0.0:  # drawn as torch.nn.functional.dropout draws it on CPU
             noise = torch.empty_like(w).bernoulli_(1 - dropout_p)
             noise.div_(1 - dropout_p)
-            dropped = w * noise
-        else:
-            dropped = w
+        dropped = w * noise if noise is not None else w
         out = torch.matmul(dropped, v)
         ctx.prefix, ctx.has_u = prefix, u is not None
         ctx.allowed = allowed
