@@ -87,10 +87,8 @@ def _trainer_argument(o, key: str) -> bool:
 
 
 def check_overrides(args: list[str], conf_dir: Path) -> list[str]:
-    from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
 
     if any(a.startswith(("--config", "-cp", "-cn", "-cd", "resume=")) for a in args):
         return []  # another config source: resume= (check_resume_overrides), --config-path (Hydra checks it)
@@ -115,23 +113,36 @@ def check_overrides(args: list[str], conf_dir: Path) -> list[str]:
         if o.package and key not in groups:
             continue
         if key in groups:
-            options = [p.stem for d in dirs for p in (d / key).glob("*.yaml")]  # the package's and the user's
-            values = [v for v in _values(o) if v != "null"]
-            shown = o.package if key == "attention" and str(o.package).startswith("attention.") else \
-                key + (f"@{o.package}" if o.package else "")  # as typed: attention.decoder=<scheme>
-            for value in values:
-                if value not in options:
-                    raise UserError(f"{shown}={value}: no such choice{_close(value, options)} (choices: "
-                                    f"{', '.join(sorted(options))})")
-            if values:
-                chosen.append(f"{key}{'@' + o.package if o.package else ''}={values[0]}")
+            chosen += _group_choice(o, key, dirs)
         else:
             keys.append((o, key, text))
-    if not keys:
-        return []
+    return _check_keys(keys, conf_dir, searchpath, chosen, groups) if keys else []
+
+
+def _group_choice(o, key: str, dirs: list[Path]) -> list[str]:
+    """A config group's value(s) checked against its options (the package's and the user's): one line
+    naming the closest where one is not; the first value as the composition's override."""
+    options = [p.stem for d in dirs for p in (d / key).glob("*.yaml")]
+    values = [v for v in _values(o) if v != "null"]
+    shown = o.package if key == "attention" and str(o.package).startswith("attention.") else \
+        key + (f"@{o.package}" if o.package else "")  # as typed: attention.decoder=<scheme>
+    for value in values:
+        if value not in options:
+            raise UserError(f"{shown}={value}: no such choice{_close(value, options)} (choices: "
+                            f"{', '.join(sorted(options))})")
+    return [f"{key}{'@' + o.package if o.package else ''}={values[0]}"] if values else []
+
+
+def _check_keys(keys: list, conf_dir: Path, searchpath: list[str], chosen: list[str], groups: set[str]) -> list[str]:
+    """Each key=value override checked against the config composed with the chosen groups: one line for
+    an unknown key; returns the trainer.<Lightning argument> overrides that no preset sets (Hydra needs
+    them written +trainer.<name>=)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         cfg = compose("config", overrides=[*(a.lstrip("+") for a in searchpath), *chosen])
-    added = []  # trainer.<Lightning argument> no preset sets: Hydra needs it written +trainer.<name>=
+    added = []
     for o, key, text in keys:
         if OmegaConf.select(cfg, key, default=_MISSING, throw_on_resolution_failure=False) is _MISSING:
             if key.startswith("trainer.") and _trainer_argument(o, key):
