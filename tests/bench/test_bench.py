@@ -226,3 +226,24 @@ def test_threads_bench_reports_medians_ranges_and_ratios_paired_by_round():
     said = reading(rows)
     assert "CPU per step 1.27x its quiet" in said  # 140 / 110
     assert "`threads=1` 1.00x, the median over 3 round(s) (per round 0.25x-2.00x)" in said  # 2.0, 1.0, 0.25
+
+
+def test_adaptive_greedy_bench_checks_the_tokens_and_writes_its_table(tmp_path):
+    """benchmarks/adaptive_greedy.py: a row per share of tail words (rising with the head's favour), both
+    timings, the table in its own section of the markdown; it leaves torch's thread count as it found it."""
+    from nas_cli.bench import adaptive_greedy
+
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "benchmarks.md"
+    threads = torch.get_num_threads()
+    try:
+        assert adaptive_greedy.main(["--repeats", "1", "--out", str(out_json), "--markdown", str(out_md)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [r["favour"] for r in rows] == [0.0, 2.0, 5.0]
+    shares = [r["tail_share"] for r in rows]
+    assert shares == sorted(shares) and shares[-1] > 0.2
+    assert all(r["predict_s"] > 0 and r["greedy_s"] > 0 for r in rows)
+    md = out_md.read_text()
+    assert "## The adaptive softmax's greedy words (benchmarks/adaptive_greedy.py)" in md
+    assert len([line for line in md.splitlines() if line.startswith("| ") and line.endswith("x |")]) == 3
