@@ -42,7 +42,6 @@ def _scores_reference(s, allowed, prefix, u):
     return uu * dnas + (1 - uu) * unas
 
 
-
 def _masked(s: torch.Tensor, allowed):
     """The mask (None where every pair is allowed), the scores with -inf where not allowed, and the
     rows that allow no key ((..., Sq, 1), None where every row allows one)."""
@@ -79,6 +78,7 @@ def _column_normalized(s: torch.Tensor, sm: torch.Tensor, allowed, prefix: bool)
         logits = torch.nan_to_num_(logits, nan=NEG_INF, posinf=NEG_INF)
     return logits, e, t, False
 
+
 def _row_softmax(logits, row_empty):
     p = torch.softmax(logits, dim=-1)
     if row_empty is not None:  # rows without an allowed key: zeros, not NaN
@@ -107,9 +107,11 @@ class _DoublyNormalized(torch.autograd.Function):
         allowed, sm, row_empty = _masked(s, allowed)
         logits, e, t, ctx.fallback = _column_normalized(s, sm, allowed, prefix)
         p_d = _row_softmax(logits, row_empty)
-        p_u = _row_softmax(sm, row_empty) if u is not None else None
-        uu = None if u is None else u.to(s.dtype)[None, :, None, None]  # HNAS: W = u P_dnas + (1 - u) P_unas
-        w = p_d if u is None else p_d * uu + p_u * (1 - uu)
+        p_u, w = None, p_d
+        if u is not None:  # HNAS: W = u P_dnas + (1 - u) P_unas
+            p_u = _row_softmax(sm, row_empty)
+            uu = u.to(s.dtype)[None, :, None, None]
+            w = p_d * uu + p_u * (1 - uu)
         noise = None
         if training and dropout_p > 0.0:  # drawn as torch.nn.functional.dropout draws it on CPU
             noise = torch.empty_like(w).bernoulli_(1 - dropout_p)
