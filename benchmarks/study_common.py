@@ -252,3 +252,19 @@ def heads_missing(heads_by_seed: dict) -> str:
     gaps = [f"s{seed} without {'/'.join(str(h) for h in every if h not in hs)} heads"
             for seed, hs in sorted(heads_by_seed.items()) if len(hs) < len(every)]
     return ", ".join(gaps)
+
+
+def sweep_progress(sweep: str) -> tuple[int, int]:
+    """(finished runs, jobs of the sweep) of a sweep directory: its jobs are the product of the numbers of
+    values of its swept overrides (its multirun.yaml); (0, 1) when it has none yet."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from nas_cli.sweeps.continuation import sweep_overrides
+
+    overrides = sweep_overrides(Path(sweep)) if Path(sweep).is_dir() else None
+    if not overrides:
+        return 0, 1
+    size = 1
+    for o in OverridesParser.create().parse_overrides(overrides):
+        size *= len(list(o.sweep_iterator())) if o.is_sweep_override() else 1
+    return sum(r.finished for r in find_runs([sweep])), size

@@ -46,9 +46,10 @@ from nas_cli.report.table import Group
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below
 from study_baselines import LENGTHS, MQAR, baselines_section  # noqa: E402
 from study_claims import CLAIM_ROWS, claims_section  # noqa: E402,F401
+from study_tuned import tuned_section  # noqa: E402
 from study_common import (ADDITIVE, ADDITIVE_SWEEPS, LM_HF_SWEEPS, CSV_NAME, FIG1_CUT, HEADS, HEADS_SWEEPS, LM_METRICS, TUNED_SWEEPS,
                           LM_SWEEPS, MT_METRICS, MT_SWEEPS, NAMES, RESULTS, ROOT, STUDY, ci_text, study_groups, p_text,
-                          study_roots, below_cut, heads_trend)  # noqa: E402
+                          study_roots, below_cut, heads_trend, sweep_progress)  # noqa: E402
 
 
 def heads_section(root, figures: Path | None) -> str:
@@ -208,7 +209,7 @@ def results_section(roots: list[tuple[list[str], list[str]]]) -> str | None:
             continue
         finished = [d for d in found if any(r.finished for r in find_runs([d]))]
         if "--tune" in options:  # a tuned block chooses among every value: only once its sweeps are complete
-            short = [(Path(d).name, done, size) for d in dirs for done, size in [_progress(d)] if done < size]
+            short = [(Path(d).name, done, size) for d in dirs for done, size in [sweep_progress(d)] if done < size]
             if short:
                 said = "; ".join(f"`{n}` {done} of {size} runs finished" for n, done, size in short)
                 lines += [f"### {names} (`{' '.join(options)}`)", "", f"Not compared yet: {said} "
@@ -225,22 +226,6 @@ def results_section(roots: list[tuple[list[str], list[str]]]) -> str | None:
         lines += [f"### {', '.join(f'`{Path(d).name}`' for d in finished)} (`{' '.join(options)}`)", "", out.strip().replace("**nas-report**\n\n", ""), "",
                   *durations(finished), ""]
     return "\n".join(lines)
-
-
-def _progress(sweep: str) -> tuple[int, int]:
-    """(finished runs, jobs of the sweep) of a sweep directory: its jobs are the product of the numbers of
-    values of its swept overrides (its multirun.yaml); (0, 1) when it has none yet."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from nas_cli.sweeps.continuation import sweep_overrides
-
-    overrides = sweep_overrides(Path(sweep)) if Path(sweep).is_dir() else None
-    if not overrides:
-        return 0, 1
-    size = 1
-    for o in OverridesParser.create().parse_overrides(overrides):
-        size *= len(list(o.sweep_iterator())) if o.is_sweep_override() else 1
-    return sum(r.finished for r in find_runs([sweep])), size
 
 
 def committed_copy(study: Path, dest: Path) -> Path:
@@ -296,6 +281,7 @@ def generate(study: Path, out: Path, figures: Path | None, csv_path: Path | None
     write_markdown(out, claims_section(at(MT_SWEEPS), at(LM_SWEEPS), at(ADDITIVE_SWEEPS), at(HEADS_SWEEPS),
                                        at(LM_HF_SWEEPS)))
     write_markdown(out, heads_section(at(HEADS_SWEEPS), figures))
+    write_markdown(out, tuned_section(at(TUNED_SWEEPS)))
     write_markdown(out, baselines_section(study))
     write_markdown(out, results + "\n")
     if csv_path is not None:
