@@ -67,8 +67,14 @@ def _study(tmp_path: Path, skip: tuple | None = None) -> list[str]:
     return [str(shared), str(tuned)]
 
 
-def test_each_scheme_is_compared_at_its_own_rate_beside_the_shared_one_and_a_change_is_said(mod, tmp_path):
-    text = mod.tuned_section(_study(tmp_path))
+@pytest.fixture(scope="module")
+def complete(mod, tmp_path_factory) -> str:
+    """The section of a finished study: every scheme at every rate and seed."""
+    return mod.tuned_section(_study(tmp_path_factory.mktemp("study")))
+
+
+def test_each_scheme_is_compared_at_its_own_rate_beside_the_shared_one_and_a_change_is_said(complete):
+    text = complete
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()
             if line.startswith("| ") and "val BLEU at" not in line and not line.startswith("| scheme")}
     assert rows["DNAS"].split(" | ")[4] == "4e-3"  # chosen by validation
@@ -85,10 +91,9 @@ def test_each_scheme_is_compared_at_its_own_rate_beside_the_shared_one_and_a_cha
             "with each scheme at its own rate: the claim is not shown at either." in text)
 
 
-def test_the_difference_at_each_ones_rate_is_the_paired_mean_of_the_chosen_runs(mod, tmp_path):
+def test_the_difference_at_each_ones_rate_is_the_paired_mean_of_the_chosen_runs(complete):
     """The independent arithmetic: DNAS at 4e-3 minus UNAS at 2e-3, seed by seed, in test BLEU."""
-    text = mod.tuned_section(_study(tmp_path))
-    dnas = next(line for line in text.splitlines() if line.startswith("| DNAS (4e-3) | BLEU |"))
+    dnas = next(line for line in complete.splitlines() if line.startswith("| DNAS (4e-3) | BLEU |"))
     diffs = [BLEU["dnas"][4e-3] + shift + wobble * 2 - (BLEU["unas"][2e-3] + shift)
              for shift, wobble in JITTER.values()]
     assert dnas.split(" | ")[6].startswith(f"{sum(diffs) / 3:+.2f} [")
