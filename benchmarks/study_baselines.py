@@ -11,7 +11,7 @@ from nas_cli.report.collect import find_runs
 from nas_cli.report.compare import compare_groups
 from nas_cli.report.table import Group, group_runs
 
-from study_common import ci_text, p_text, study_roots
+from study_common import ci_text, p_text, study_roots, under_way
 
 HEADING = "## Today's baselines: MQAR and length generalization (generated)"
 #: MQAR's cells (task.seq_len, its sweeps) and the length sweeps, under benchmarks/study/
@@ -47,7 +47,7 @@ def _compare(base: Group | None, systems: list[Group | None], metric: str, margi
     if base is None or not present or base.n < 2 or any(g.n < 2 for g in present):
         return None
     key = metric if metric.startswith("test/") or ":" in metric or "sink" in metric else f"test/{metric}"
-    return compare_groups([base, *present], base, [metric], samples=200, trials=1000, item_tests=False,
+    return compare_groups([base, *present], base, [key], samples=200, trials=1000, item_tests=False,
                           equivalence={key: margin} if margin else None)
 
 
@@ -86,62 +86,98 @@ def _lm(groups: dict, scheme: str, positions: str) -> Group | None:
     return next((v for k, v in groups.items() if k[:2] == (scheme, positions)), None)
 
 
+#: what each paper reports, beside the measurement (the papers' own scales)
+PAPER = {
+    "sigmoid": "equal loss and downstream scores from 85M to 1B parameters (Ramapuram et al. 2025)",
+    "sinks": "softpick: 0% sink rate at 340M and 1.8B (Zuhri et al. 2025); sigmoid attention: no sink up to 1B "
+             "(Gu et al. 2024); gated: the sink mitigated at 1.7B dense and 15B MoE (Qiu et al. 2025)",
+    "extrapolation": "perplexity kept past the training length where softmax with rotary positions rises (Lin et al. "
+                     "2025: FoX; Tan et al. 2025: stick-breaking)",
+    "differential": "a 6.8B model's validation loss equals an 11B Transformer's (62% of its parameters; Ye et al. 2025)",
+    "mqar": "attention near 100% query accuracy at every width and sequence length of Figure 2 (Arora et al. 2024)",
+}
+
+
+def _decided(verdict: str, needed: dict[str, Group | None]) -> str:
+    """A claim's verdict once every group it needs has every seed: 'undecided' while one has no run,
+    'not decided yet' (with the verdict on the runs so far) while one has fewer seeds than planned."""
+    missing = [name for name, g in needed.items() if g is None]
+    if missing:
+        return f"undecided: not run yet ({', '.join(missing)})"
+    return under_way(verdict, needed)
+
+
 def claims(study: Path) -> list[str]:
     lm = _groups(study, LENGTHS)
     base = _lm(lm, "unas", "rope")
-    out = ["| claim (paper) | measured here | verdict |", "|---|---|---|"]
+    out = ["| claim (paper) | paper's number | measured here | verdict |", "|---|---|---|---|"]
 
-    def row(claim, measured, verdict):
-        out.append(f"| {claim} | {measured} | {verdict} |")
+    def row(claim, paper, measured, verdict):
+        out.append(f"| {claim} | {PAPER[paper]} | {measured} | {verdict} |")
 
     # sigmoid matches softmax: an equivalence verdict at a margin fixed before any run finished
-    r = _compare(base, [_lm(lm, "sigmoid", "rope")], "test/ppl", MATCH_MARGIN)
+    sig = _lm(lm, "sigmoid", "rope")
+    r = _compare(base, [sig], "test/ppl", MATCH_MARGIN)
     if r is None:
         verdict = "undecided"
-    elif r[0].comparison.direction() != 0:
-        verdict = "differs: sigmoid " + ("worse" if r[0].comparison.diff > 0 else "better")
-    else:
-        verdict = ("holds: " if r[0].comparison.equivalence.equivalent else "undecided: ") + \
-            r[0].comparison.equivalence.verdict()
-    row("sigmoid attention (b = -log n) matches softmax (Ramapuram et al. 2025: equal loss and downstream scores "
-        f"from 85M to 1B parameters); here: equivalent within ±{MATCH_MARGIN:g} test ppl (TOST)",
-        f"WikiText-2 ppl at 256, sigmoid - UNAS (rope): {_diff(r[0])}" if r else "not run", verdict)
+    else:  # the claim is the equivalence; a significant difference inside the margin does not refute it
+        c = r[0].comparison
+        side = ("worse" if c.diff > 0 else "better") if c.direction() != 0 else None
+        if c.equivalence.equivalent:
+            verdict = "holds: " + c.equivalence.verdict() + (f" (sigmoid significantly {side}, inside the margin)"
+                                                             if side else "")
+        else:
+            verdict = f"differs: sigmoid {side}" if side else "undecided: " + c.equivalence.verdict()
+    row(f"sigmoid attention (b = -log n) matches softmax; here: equivalent within ±{MATCH_MARGIN:g} test ppl (TOST)",
+        "sigmoid", f"WikiText-2 ppl at 256, sigmoid - UNAS (rope): {_diff(r[0])}" if r else "not run",
+        _decided(verdict, {"UNAS (rope)": base, "sigmoid": sig}))
     # sinks
     names = ("gated", "softpick", "sigmoid")
-    r = _compare(base, [_lm(lm, n, "rope") for n in names], "sink_rate")
+    systems = {n: _lm(lm, n, "rope") for n in names}
+    r = _compare(base, list(systems.values()), "sink_rate")
     softmax_sinks = base.stat("sink_rate") if base is not None else None
     if r:
-        words = "; ".join(f"{n}: {_diff(x)}" for n, x in zip(names, r))
+        ran = [n for n in names if systems[n] is not None]
+        words = "; ".join(f"{n}: {_diff(x)}" for n, x in zip(ran, r))
         lower = all(x.comparison.diff < 0 and x.comparison.direction() != 0 for x in r)
         verdict = ("holds: every one has fewer sinks" if lower and softmax_sinks and softmax_sinks[0] > 0 else
                    "not shown: " + ("softmax has no sinks here" if not softmax_sinks or softmax_sinks[0] == 0
                                     else "not every difference is significant"))
     else:
         words, verdict = "not run", "undecided"
-    row("gated, softpick and sigmoid attention have no attention sinks where softmax has them (Qiu et al. 2025; Zuhri "
-        "et al. 2025; Gu et al. 2024: the share of heads whose mean first-key weight is > 0.3)",
+    row("gated, softpick and sigmoid attention have no attention sinks where softmax has them (sink rate: the share "
+        "of heads whose mean first-key weight is > 0.3, Gu et al. 2024)", "sinks",
         f"sink rate, WikiText-2, UNAS (rope) {ci_text(base, 'sink_rate', '{:.2f}')}; difference from it: {words}",
-        verdict)
+        _decided(verdict, {"UNAS (rope)": base, **systems}))
     # extrapolation
     for n in (1024, 2048):
         names = ("forgetting", "stickbreaking")
-        r = _compare(base, [_lm(lm, s, "none") for s in names], f"ppl@{n}")
+        systems = {s: _lm(lm, s, "none") for s in names}
+        r = _compare(base, list(systems.values()), f"ppl@{n}")
         if r:
-            words = "; ".join(f"{s}: {_diff(x)}" for s, x in zip(names, r))
+            ran = [s for s in names if systems[s] is not None]
+            words = "; ".join(f"{s}: {_diff(x)}" for s, x in zip(ran, r))
             better = all(x.comparison.diff < 0 and x.comparison.direction() != 0 for x in r)
             verdict = "holds at this length" if better else "not shown at this length"
         else:
             words, verdict = "not run", "undecided"
-        row(f"forgetting and stick-breaking attention (no positions) extrapolate better than softmax with rotary positions "
-            f"(Lin et al. 2025, Tan et al. 2025): test ppl at {n} after training at 256", words, verdict)
+        row(f"forgetting and stick-breaking attention (no positions) extrapolate better than softmax with rotary "
+            f"positions: test ppl at {n} after training at 256", "extrapolation", words,
+            _decided(verdict, {"UNAS (rope)": base, **systems}))
     # differential
-    r = _compare(base, [_lm(lm, "differential", "rope")], "ppl")
-    row("differential attention has a lower loss at equal size (Ye et al. 2025: the loss of a Transformer 1.6-1.9x its "
-        "size)", f"WikiText-2 ppl at 256, differential - UNAS (rope): {_diff(r[0])}" if r else "not run",
-        "undecided" if r is None else ("holds" if r[0].comparison.diff < 0 and r[0].comparison.direction() != 0
-                                       else "not shown"))
-    # MQAR
-    solved, missing = [], []
+    diff = _lm(lm, "differential", "rope")
+    r = _compare(base, [diff], "ppl")
+    row("differential attention has a lower loss at equal size", "differential",
+        f"WikiText-2 ppl at 256, differential - UNAS (rope): {_diff(r[0])}" if r else "not run",
+        _decided("undecided" if r is None else ("holds" if r[0].comparison.diff < 0 and r[0].comparison.direction() != 0
+                                               else "not shown"), {"UNAS (rope)": base, "differential": diff}))
+    out.append(_mqar_claim(study))
+    return out
+
+
+def _mqar_claim(study: Path) -> str:
+    """Attention solves MQAR at every width: UNAS (rope) at every cell, every seed >= SOLVED."""
+    solved, missing, short = [], [], {}
     for s, names in MQAR.items():
         groups = _groups(study, names)
         for d in (64, 128):
@@ -151,14 +187,16 @@ def claims(study: Path) -> list[str]:
                 continue
             accs = g.values("test/query_acc")
             solved.append((f"seq {s}, d {d}", min(accs) >= SOLVED, min(accs), g.n))
+            short[f"seq {s}, d {d}"] = g
     words = "; ".join(f"{c}: lowest seed {a:.1%} (n={n})" for c, _, a, n in solved) or "not run"
     verdict = ("undecided" if not solved else "holds at every cell run" if all(ok for _, ok, _, _ in solved)
                else "not at this budget: " + ", ".join(c for c, ok, _, _ in solved if not ok))
     if missing and solved:
         verdict += f" (not run yet: {', '.join(missing)})"
-    row(f"attention solves MQAR at every width (Arora et al. 2024, Figure 2; solved: every seed >= {SOLVED:.0%} "
-        "query accuracy)", f"UNAS (rope): {words}", verdict)
-    return out
+    elif solved:
+        verdict = under_way(verdict, short)
+    return (f"| attention solves MQAR at every width (solved: every seed >= {SOLVED:.0%} query accuracy) | "
+            f"{PAPER['mqar']} | UNAS (rope): {words} | {verdict} |")
 
 
 def baselines_section(study: Path) -> str:

@@ -1,0 +1,111 @@
+"""docs/study.md's third-round claims (benchmarks/study_baselines.py) on simulated sweep directories: each
+claim decided from nas-report's verdicts when every scheme has every seed, and left undecided (with the
+verdict on the runs so far) while a scheme is missing or short of seeds."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import load_benchmark
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+SEEDS = (1, 2, 3)
+#: a seed's shift, shared by every scheme (the paired differences stay tight)
+SHIFT = {1: 0.0, 2: 3.0, 3: -2.0}
+
+
+@pytest.fixture(scope="module")
+def mod():
+    sys.path.insert(0, str(BENCH))  # study_baselines imports its sibling study_common
+    try:
+        yield load_benchmark("study_baselines")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _run(sweep: Path, scheme: str, positions: str, seed: int, test: dict, sink: float | None = None,
+         d_model: int = 128, seq_len: int | None = None) -> None:
+    d = sweep / f"{scheme}-{positions}-{d_model}-{seq_len}-{seed}"
+    (d / ".hydra").mkdir(parents=True)
+    task = {"name": "mqar" if seq_len else "wikitext2", **({"seq_len": seq_len} if seq_len else {})}
+    config = {"task": task, "attention": scheme, "seed": seed, "model": {"positions": positions, "d_model": d_model}}
+    (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (d / "summary.json").write_text(json.dumps({"task": task["name"], "scheme": scheme, "heads": 4, "seed": seed,
+                                                "test": test}))
+    if sink is not None:
+        (d / "diagnostics").mkdir()
+        (d / "diagnostics" / "summary.json").write_text(json.dumps({
+            "reported": [{"name": "sink_rate", "title": "sink rate", "format": "pct"}],
+            "locations": {"decoder": {"sink_rate": sink}}}))
+
+
+#: WikiText-2 at 256 and each longer length, and the sink rate, per (scheme, positions) at seed 1
+LM = {("unas", "rope"): (200.0, 230.0, 260.0, 300.0, 0.50),
+      ("sigmoid", "rope"): (201.0, 231.0, 262.0, 303.0, 0.0),
+      ("gated", "rope"): (199.0, 228.0, 258.0, 299.0, 0.0),
+      ("softpick", "rope"): (204.0, 236.0, 266.0, 307.0, 0.0),
+      ("differential", "rope"): (190.0, 220.0, 250.0, 290.0, 0.25),
+      ("forgetting", "none"): (205.0, 210.0, 215.0, 320.0, 0.25),
+      ("stickbreaking", "none"): (207.0, 212.0, 218.0, 318.0, 0.25)}
+
+
+def _lengths(study: Path, skip=()) -> None:
+    for (scheme, positions), (p256, p512, p1024, p2048, sink) in LM.items():
+        sweep = study / ("wikitext2_lengths_none" if positions == "none" else "wikitext2_lengths_rope")
+        for i, seed in enumerate(SEEDS):
+            if (scheme, seed) in skip:
+                continue
+            wobble = 0.3 * ((i + len(scheme)) % 3 - 1)  # a little spread in every paired difference
+            ppl = [x + SHIFT[seed] + (wobble if scheme != "unas" else 0.0) for x in (p256, p512, p1024, p2048)]
+            test = {"test/ppl": ppl[0], "test/ppl@512": ppl[1], "test/ppl@1024": ppl[2], "test/ppl@2048": ppl[3]}
+            _run(sweep, scheme, positions, seed, test, sink=max(0.0, sink + (0.03 * (i - 1) if sink else 0.0)))
+
+
+def _mqar(study: Path, accs: dict) -> None:
+    for (seq, d), acc in accs.items():
+        for i, seed in enumerate(SEEDS):
+            _run(study / f"mqar{seq}_rope", "unas", "rope", seed, {"test/query_acc": acc[i]}, d_model=d, seq_len=seq)
+
+
+SOLVED = {(64, 64): (0.999, 0.995, 1.0), (64, 128): (1.0, 1.0, 0.998), (128, 64): (0.993, 0.999, 1.0),
+          (128, 128): (1.0, 0.997, 0.999)}
+
+
+def _verdicts(mod, study: Path) -> dict[str, str]:
+    rows = [line.strip("|").split(" | ") for line in mod.claims(study)[2:]]
+    assert all(len(r) == 4 for r in rows)
+    return {r[0].strip(): r[3].strip() for r in rows}
+
+
+def _find(verdicts: dict, start: str) -> str:
+    return next(v for k, v in verdicts.items() if k.startswith(start))
+
+
+def test_every_claim_is_decided_when_every_scheme_has_every_seed(mod, tmp_path):
+    _lengths(tmp_path)
+    _mqar(tmp_path, SOLVED)
+    v = _verdicts(mod, tmp_path)
+    assert _find(v, "sigmoid attention").startswith("holds: equivalent within")  # +1 to +4 ppl inside ±5
+    assert _find(v, "gated, softpick and sigmoid") == "holds: every one has fewer sinks"
+    extrapolation = [val for k, val in v.items() if k.startswith("forgetting")]
+    assert extrapolation == ["holds at this length", "not shown at this length"]  # better at 1024, worse at 2048
+    assert _find(v, "differential") == "holds"
+    assert _find(v, "attention solves MQAR") == "holds at every cell run"
+
+
+def test_a_cell_below_the_bar_refutes_mqar(mod, tmp_path):
+    _mqar(tmp_path, {**SOLVED, (64, 64): (0.999, 0.41, 1.0)})
+    assert _find(_verdicts(mod, tmp_path), "attention solves MQAR") == "not at this budget: seq 64, d 64"
+
+
+def test_a_claim_with_a_scheme_short_of_seeds_or_missing_is_not_decided(mod, tmp_path):
+    _lengths(tmp_path, skip={("softpick", 3), ("differential", 1), ("differential", 2), ("differential", 3)})
+    v = _verdicts(mod, tmp_path)
+    sinks = _find(v, "gated, softpick and sigmoid")
+    assert sinks.startswith("not decided yet: the sweep is under way (softpick 2 of 3 seeds; on the runs so far:")
+    assert _find(v, "differential") == "undecided: not run yet (differential)"
+    assert _find(v, "sigmoid attention").startswith("holds")  # its own schemes have every seed
