@@ -199,7 +199,64 @@ def _mqar_claim(study: Path) -> str:
             f"{PAPER['mqar']} | UNAS (rope): {words} | {verdict} |")
 
 
-def baselines_section(study: Path) -> str:
+def _label(scheme: str, positions: str) -> str:
+    return f"{scheme} ({positions})"
+
+
+def lengths_figure(study: Path) -> bytes | None:
+    """WikiText-2 test perplexity against the tested length, one line per scheme (mean ± 95% CI)."""
+    from nas_cli.diagnostics import figures as figs
+
+    groups, panel = _groups(study, LENGTHS), "test ppl"
+    data: dict = {}
+    for scheme, positions in CONFIGS:
+        g = _lm(groups, scheme, positions)
+        for n, name in zip(TESTED, ["test/ppl"] + [f"test/ppl@{n}" for n in TESTED[1:]]):
+            st = g.stat(name) if g is not None else None
+            if st:
+                data.setdefault(panel, {}).setdefault(_label(scheme, positions), []).append((n, st[0], st[1]))
+    if not data:
+        return None
+    return figs.metric_vs_heads([_label(*c) for c in CONFIGS], [(panel, False)], data,
+                                "WikiText-2 trained at 256 tokens: mean ± 95% CI over seeds (Student t)",
+                                xlabel="tested length (tokens)")
+
+
+def mqar_figure(study: Path) -> bytes | None:
+    """MQAR test query accuracy against d_model, one panel per sequence length, one line per scheme."""
+    from nas_cli.diagnostics import figures as figs
+
+    data: dict = {}
+    for s, names in MQAR.items():
+        groups = _groups(study, names)
+        for scheme, positions in CONFIGS:
+            for d in (64, 128):
+                g = groups.get((scheme, positions, d, s))
+                st = g.stat("test/query_acc") if g is not None else None
+                if st:
+                    data.setdefault(f"seq {s}: query accuracy (%)", {}).setdefault(_label(scheme, positions), []).append(
+                        (d, 100 * st[0], 100 * st[1]))
+    if not data:
+        return None
+    return figs.metric_vs_heads([_label(*c) for c in CONFIGS], [(t, True) for t in data], data,
+                                "MQAR: mean ± 95% CI over seeds (Student t)", xlabel="d_model")
+
+
+def _figures(study: Path, figures: Path | None) -> list[str]:
+    """The section's figure links (where a figure has data), and the PNGs written into ``figures``."""
+    links = []
+    for name, draw, alt in (("mqar.png", mqar_figure, "MQAR query accuracy against d_model"),
+                            ("lengths.png", lengths_figure, "WikiText-2 test perplexity against the tested length")):
+        png = draw(study)
+        if png is None:
+            continue
+        links.append(f"![{alt}](study/{name})")
+        if figures is not None:
+            (figures / name).write_bytes(png)
+    return links
+
+
+def baselines_section(study: Path, figures: Path | None = None) -> str:
     lines = [HEADING, "",
              "Written by `python benchmarks/study_report.py` from the runs of `benchmarks/study_queue_lengths.sh` "
              "finished so far (mean ± 95% CI over seeds; verdicts: nas-report's paired t-test over seeds, Holm over the "
@@ -210,5 +267,6 @@ def baselines_section(study: Path) -> str:
              "the schemes compare after the same short training, not what they reach.", "",
              "### The claims", "", *claims(study), "",
              "### MQAR: test query accuracy (%)", "", *mqar_table(study), "",
-             "### WikiText-2: test perplexity at each length after training at 256 tokens", "", *lengths_table(study), ""]
+             "### WikiText-2: test perplexity at each length after training at 256 tokens", "", *lengths_table(study), "",
+             *[line for link in _figures(study, figures) for line in (link, "")]]
     return "\n".join(lines)

@@ -282,7 +282,7 @@ def generate(study: Path, out: Path, figures: Path | None, csv_path: Path | None
                                        at(LM_HF_SWEEPS)))
     write_markdown(out, heads_section(at(HEADS_SWEEPS), figures))
     write_markdown(out, tuned_section(at(TUNED_SWEEPS)))
-    write_markdown(out, baselines_section(study))
+    write_markdown(out, baselines_section(study, figures))
     write_markdown(out, results + "\n")
     if csv_path is not None:
         csv_path.parent.mkdir(parents=True, exist_ok=True)

@@ -70,14 +70,16 @@ def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: S
     [(heads, mean, std)] (std drawn as error bars). ``series`` fixes the line order/colours.
     """
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(max(4.2 * len(panels), 6.0), 3.4), squeeze=False)
+    plotted = max(4.2 * len(panels), 5.0)
+    legend = 0.7 + 0.065 * max((len(str(s)) for s in series), default=0)  # inches: the longest label fits
+    fig, axes = plt.subplots(1, len(panels), figsize=(plotted + legend, 3.4), squeeze=False)
     heads = sorted({h for d in data.values() for pts in d.values() for h, _, _ in pts})
     for ax, (name, higher) in zip(axes[0], panels):
         for k, s in enumerate(series):
             pts = sorted(data.get(name, {}).get(s, []))
             if pts:
-                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
-                            capsize=3, color=COLOURS[k % len(COLOURS)], label=s)
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], capsize=3,
+                            color=COLOURS[k % len(COLOURS)], label=s, **_line_style(k))
         ax.set_xscale("log", base=2)
         ax.set_xticks(heads)
         ax.set_xticklabels([str(h) for h in heads])
@@ -87,10 +89,18 @@ def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: S
         _honest_ylim(ax, [p for pts in data.get(name, {}).values() for p in pts])
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 0.82, 1))
+    split = plotted / (plotted + legend)
+    fig.tight_layout(rect=(0, 0, split, 1))
     if handles:  # one legend for all panels, outside the axes
-        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.83, 0.5), fontsize=7, frameon=False)
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(split, 0.5), fontsize=7, frameon=False)
     return _png(fig)
+
+
+def _line_style(k: int) -> dict:
+    """The k-th series' line and marker: past the colours, the same colours again, dashed with squares,
+    then dotted with triangles, so that no two series of one figure look alike."""
+    style = k // len(COLOURS) % 3
+    return {"linestyle": ("-", "--", ":")[style], "marker": ("o", "s", "^")[style]}
 
 
 def _honest_ylim(ax, points) -> None:

@@ -109,3 +109,23 @@ def test_a_claim_with_a_scheme_short_of_seeds_or_missing_is_not_decided(mod, tmp
     assert sinks.startswith("not decided yet: the sweep is under way (softpick 2 of 3 seeds; on the runs so far:")
     assert _find(v, "differential") == "undecided: not run yet (differential)"
     assert _find(v, "sigmoid attention").startswith("holds")  # its own schemes have every seed
+
+
+def test_the_section_draws_both_figures_and_links_them_only_where_there_is_data(mod, tmp_path):
+    study, figures = tmp_path / "study", tmp_path / "figures"
+    figures.mkdir()
+    assert "![" not in mod.baselines_section(study, figures) and not list(figures.iterdir())
+    _lengths(study)
+    _mqar(study, SOLVED)
+    text = mod.baselines_section(study, figures)
+    assert "![MQAR query accuracy against d_model](study/mqar.png)" in text
+    assert "![WikiText-2 test perplexity against the tested length](study/lengths.png)" in text
+    for name in ("mqar.png", "lengths.png"):
+        assert (figures / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_thirteen_lines_of_one_figure_all_look_different():
+    from nas_cli.diagnostics.figures import COLOURS, _line_style
+
+    looks = {(COLOURS[k % len(COLOURS)], _line_style(k)["linestyle"], _line_style(k)["marker"]) for k in range(13)}
+    assert len(looks) == 13
