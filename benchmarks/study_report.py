@@ -139,7 +139,9 @@ def fig1(mt_root, figures: Path) -> list[str]:
 def runs_csv(roots: list[str]) -> str:
     """Every finished study run's own numbers: the per-seed values behind each cell of the page."""
     cols = ["sweep", "run", "task", "scheme", "heads", "seed", "steps", "test_bleu", "test_ppl", "jsd",
-            "min_margin", "explained_away", f"share_below_{FIG1_CUT:g}", "step_variation_cross"]
+            "min_margin", "explained_away", f"share_below_{FIG1_CUT:g}", "step_variation_cross",
+            "positions", "d_model", "seq_len", "test_query_acc", "test_ppl_512", "test_ppl_1024", "test_ppl_2048",
+            "sink_rate"]
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(cols)
@@ -149,10 +151,19 @@ def runs_csv(roots: list[str]) -> str:
     def f(v):
         return "" if v is None else repr(round(float(v), 10))
 
+    def known(r, name):  # a diagnostic the run did not compute is an empty cell
+        try:
+            return r.value(name)
+        except KeyError:
+            return None
+
     for r in runs:
         w.writerow([r.path.parent.name, r.path.name, r.task, r.scheme, r.heads, r.seed, r.value("steps"),
                     f(r.value("test/bleu")), f(r.value("test/ppl")), f(r.value("jsd")), f(r.value("min_margin")),
-                    f(r.value("explained_away")), f(below_cut(r)), f(r.value("step_variation:cross"))])
+                    f(r.value("explained_away")), f(below_cut(r)), f(r.value("step_variation:cross")),
+                    r._cfg("model.positions", ""), r._cfg("model.d_model", ""), r._cfg("task.seq_len", ""),
+                    f(r.value("test/query_acc")), *(f(r.value(f"test/ppl@{n}")) for n in (512, 1024, 2048)),
+                    f(known(r, "sink_rate"))])
     return out.getvalue()
 
 
