@@ -259,8 +259,8 @@ def _figures(study: Path, figures: Path | None) -> list[str]:
 def baselines_section(study: Path, figures: Path | None = None) -> str:
     lines = [HEADING, "",
              "Written by `python benchmarks/study_report.py` from the runs of `benchmarks/study_queue_lengths.sh` "
-             "finished so far (mean ± 95% CI over seeds; verdicts: nas-report's paired t-test over seeds, Holm over the "
-             "schemes of a claim). The budget: MQAR `experiment=mqar_cpu` (1,500 steps, vocabulary 512, 2 layers, 2 "
+             "finished so far (mean ± 95% CI over seeds, each run's own numbers in [study/runs.csv](study/runs.csv); "
+             "verdicts: nas-report's paired t-test over seeds, Holm over the schemes of a claim). The budget: MQAR `experiment=mqar_cpu` (1,500 steps, vocabulary 512, 2 layers, 2 "
              "heads) at two cells of Zoology's Figure 2 grid and two widths; WikiText-2 `experiment=wikitext2_lengths` "
              "(800 steps of 16 x 256 tokens, d_model 128, 2 layers, 4 heads; tested on the first 24 batches of the test "
              "split at each length), 3 seeds each. At this budget a model is far from converged: the numbers say how "
