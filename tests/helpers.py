@@ -116,11 +116,17 @@ def nas_run(*args, cwd, timeout=300):
 
 
 def load_benchmark(name: str):
-    """A script of benchmarks/ (not a package) as a module, e.g. load_benchmark("calibration")."""
+    """A script of benchmarks/ (not a package) as a module, e.g. load_benchmark("calibration"); the
+    scripts beside it importable while it loads (``from study_common import ...``)."""
     import importlib.util
+    import sys
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    sys.path.insert(0, str(folder))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(folder))
     return mod

@@ -4,7 +4,6 @@ verdict on the runs so far) while a scheme is missing or short of seeds."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ import yaml
 
 from helpers import load_benchmark
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 SEEDS = (1, 2, 3)
 #: a seed's shift, shared by every scheme (the paired differences stay tight)
 SHIFT = {1: 0.0, 2: 3.0, 3: -2.0}
@@ -20,11 +18,7 @@ SHIFT = {1: 0.0, 2: 3.0, 3: -2.0}
 
 @pytest.fixture(scope="module")
 def mod():
-    sys.path.insert(0, str(BENCH))  # study_baselines imports its sibling study_common
-    try:
-        yield load_benchmark("study_baselines")
-    finally:
-        sys.path.remove(str(BENCH))
+    return load_benchmark("study_baselines")
 
 
 def _run(sweep: Path, scheme: str, positions: str, seed: int, test: dict, sink: float | None = None,

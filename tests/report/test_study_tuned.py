@@ -4,7 +4,6 @@ by side, a changed verdict said so, and no comparison while the retuned sweep is
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,17 +11,12 @@ import yaml
 
 from helpers import load_benchmark
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 SCHEMES = ("unas", "dnas", "hnas", "coda")
 
 
 @pytest.fixture(scope="module")
 def mod():
-    sys.path.insert(0, str(BENCH))  # study_tuned imports its sibling study_common
-    try:
-        yield load_benchmark("study_tuned")
-    finally:
-        sys.path.remove(str(BENCH))
+    return load_benchmark("study_tuned")
 
 
 def _sweep(root: Path, overrides: list[str]) -> None:
