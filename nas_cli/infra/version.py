@@ -33,16 +33,31 @@ def _git(root: Path, *args: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> dict[str, Any]:
-    """``{"version", "commit", "dirty"}``; commit and dirty are None unless the imported package is
-    the ``nas_cli`` folder of a git checkout's top level (an editable install, a source tree): a
-    wheel installed inside some other repository (a virtual environment in a checkout) has none."""
-    root = Path(__file__).resolve().parents[2]
+    """``{"version", "commit", "dirty"}``: imported from the ``nas_cli`` folder of a git checkout's top
+    level (an editable install, a source tree), the checkout's commit and whether tracked files have
+    changes; installed (a wheel), the commit its build recorded (``_build.json``, written by setup.py);
+    else None for both (a build outside a checkout). A wheel installed inside some other repository (a
+    virtual environment in a checkout) reports its build's commit, never that repository's."""
+    package = Path(__file__).resolve().parents[1]
+    root = package.parent
     top = _git(root, "rev-parse", "--show-toplevel")
-    commit = status = None
     if top and Path(top).resolve() == root:
         commit = _git(root, "rev-parse", "HEAD")
         status = _git(root, "status", "--porcelain", "--untracked-files=no")
-    return {"version": package_version(), "commit": commit, "dirty": None if status is None else bool(status)}
+        return {"version": package_version(), "commit": commit, "dirty": None if status is None else bool(status)}
+    built = _built(package)
+    return {"version": package_version(), "commit": built.get("commit"), "dirty": built.get("dirty")}
+
+
+def _built(package: Path) -> dict[str, Any]:
+    """What the build recorded (setup.py's ``_build.json``), or {} without one."""
+    import json
+
+    try:
+        data = json.loads((package / "_build.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def describe(code: dict[str, Any] | None) -> str:

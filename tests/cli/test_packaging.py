@@ -78,6 +78,9 @@ def test_installed_wheel_trains_from_an_empty_directory(wheel, tmp_path):
 
     data = json.loads(summary.read_text())
     assert data["steps"] == 20 and data["placement"]["decoder"] == "my_unas"
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    if head.returncode == 0:  # built from a checkout: the run records the commit the wheel was built from
+        assert data["code"]["commit"] == head.stdout.strip() and isinstance(data["code"]["dirty"], bool)
 
 
 def test_the_tests_find_each_command_by_name_in_a_checkout_named_nas_run(tmp_path, monkeypatch):
