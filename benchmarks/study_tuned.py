@@ -118,6 +118,10 @@ def _side_by_side(cells: dict, at_shared, at_own) -> list[str]:
             out.append(f"| {NAMES[s]} ({own}) | {name} | {ci_text(b.baseline, metric)} | {ci_text(b.group, metric)} | "
                        f"{diff_text(a)} | {before} | {diff_text(b)} | {after} | {changed} |")
     out += ["", f"UNAS's own rate: {unas}."]
+    if all(float(cell.chosen.values[KEY]) == SHARED for cell in cells.values() if cell.chosen is not None):
+        out[-1] += (f" Every scheme's own rate is the shared {_rate(SHARED)}: the retuned comparison compares the "
+                    "same runs as the shared-rate one, so its verdicts are those at the shared rate (with this "
+                    "section's Holm family).")
     claims = []
     for s, claim in CLAIMS.items():
         a, b = find.get(("shared", s, "test/bleu")), find.get(("own", s, "test/bleu"))

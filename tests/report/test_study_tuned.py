@@ -46,7 +46,8 @@ BLEU = {"unas": {1e-3: 32.0, 2e-3: 35.0, 4e-3: 33.0}, "dnas": {1e-3: 30.0, 2e-3:
 JITTER = {1: (0.0, 0.05), 2: (0.4, -0.05), 3: (-0.3, 0.02)}
 
 
-def _study(tmp_path: Path, skip: tuple | None = None) -> list[str]:
+def _study(tmp_path: Path, skip: tuple | None = None, val: dict | None = None) -> list[str]:
+    val = val or VAL
     shared, tuned = tmp_path / "multi30k", tmp_path / "multi30k_tuned"
     _sweep(shared, ["seed=1,2,3", "attention=unas,dnas,hnas,coda"])
     _sweep(tuned, ["seed=1,2,3", "attention=unas,dnas,hnas,coda", "optim.lr=1e-3,4e-3"])
@@ -56,7 +57,7 @@ def _study(tmp_path: Path, skip: tuple | None = None) -> list[str]:
                 if (scheme, lr, seed) == skip:
                     continue
                 w = wobble * (i + 1) if scheme != "unas" else 0.0
-                _run(shared if lr == 2e-3 else tuned, scheme, lr, seed, VAL[scheme][lr] + shift,
+                _run(shared if lr == 2e-3 else tuned, scheme, lr, seed, val[scheme][lr] + shift,
                      BLEU[scheme][lr] + shift + w, 9.0 - 0.01 * BLEU[scheme][lr] + w)
     return [str(shared), str(tuned)]
 
@@ -97,3 +98,10 @@ def test_no_comparison_while_the_retuned_sweep_is_unfinished(mod, tmp_path):
     text = mod.tuned_section(_study(tmp_path, skip=("coda", 4e-3, 3)))
     assert "Not compared yet: `multi30k_tuned` 23 of 24 runs finished" in text
     assert "| DNAS" not in text and "Changed verdicts" not in text
+
+
+def test_when_every_scheme_keeps_the_shared_rate_the_section_says_the_runs_are_the_same(mod, tmp_path):
+    val = {**VAL, "dnas": {1e-3: 26.0, 2e-3: 31.5, 4e-3: 28.0}}
+    text = mod.tuned_section(_study(tmp_path, val=val))
+    assert "Every scheme's own rate is the shared 2e-3" in text
+    assert "No verdict changes when each scheme runs at its own rate." in text
