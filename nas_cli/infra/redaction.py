@@ -80,15 +80,24 @@ def _redact_text(text: str) -> str:
             i = m.end()
 
 
-def redact(node):
+#: Hydra's own text in its saved files (hydra.yaml, multirun.yaml), never a user's value: its help
+#: templates, whose ``key=value`` is an example of the command line
+_HYDRA_TEXT = (("hydra", "help"), ("hydra", "hydra_help"))
+#: Hydra's own keys whose names look secret and hold none: override_dirname's list of key names
+_HYDRA_KEYS = {("hydra", "job", "config", "override_dirname"): ("exclude_keys",)}
+
+
+def redact(node, path: tuple = ()):
     """A config tree (dict/list/str) with secret keys dropped at any depth and secret values in
-    strings (Hydra's override lists, recorded command lines) masked as ``key=***``."""
+    strings (Hydra's override lists, recorded command lines) masked as ``key=***``; Hydra's own help
+    text and its ``exclude_keys`` are kept as they are (``path``: the keys above ``node``)."""
     if isinstance(node, dict):
-        return {k: redact(v) for k, v in node.items() if not is_secret(k)}
+        kept = _HYDRA_KEYS.get(path, ())
+        return {k: redact(v, (*path, str(k))) for k, v in node.items() if k in kept or not is_secret(k)}
     if isinstance(node, (list, tuple)):
-        return [redact(v) for v in node]
+        return [redact(v, path) for v in node]
     if isinstance(node, str):
-        return _redact_text(node)
+        return node if path[:2] in _HYDRA_TEXT else _redact_text(node)
     return node
 
 

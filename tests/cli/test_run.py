@@ -32,6 +32,25 @@ def test_public_config_drops_secrets():
     assert "abc123" not in text and "xyz" not in text and "nas-run" in text
 
 
+def test_hydra_files_keep_their_help_text_and_exclude_keys_while_secrets_go():
+    """A saved hydra.yaml / multirun.yaml: Hydra's help template shows ``key=value`` as an example and
+    override_dirname's ``exclude_keys`` lists key names; neither is a secret. A user's override is."""
+    from nas_cli.infra.redaction import redact
+
+    saved = {"hydra": {"help": {"template": "nas-run [key=value ...]"},
+                       "hydra_help": {"template": "Hydra: key=value"},
+                       "job": {"config": {"override_dirname": {"exclude_keys": ["seed"]}}},
+                       "overrides": {"task": ["+logger.api_key=abc123", "seed=1"]}},
+             "logger": {"api_key": "abc123", "keys": ["a"]}}
+    clean = redact(saved)
+    assert clean["hydra"]["help"]["template"] == "nas-run [key=value ...]"
+    assert clean["hydra"]["hydra_help"]["template"] == "Hydra: key=value"
+    assert clean["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"] == ["seed"]
+    assert clean["hydra"]["overrides"]["task"] == ["+logger.api_key=***", "seed=1"]
+    assert clean["logger"] == {}  # a user's secret keys, dropped as before
+    assert redact({"logger": {"exclude_keys": "x"}}) == {"logger": {}}  # kept only where Hydra puts it
+
+
 class Unpicklable:
     def __reduce__(self):
         raise RuntimeError("disk full (simulated by an object that cannot be saved)")
