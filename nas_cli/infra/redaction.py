@@ -7,6 +7,7 @@ import contextlib
 import re
 import sys
 from pathlib import Path
+from types import MappingProxyType
 from typing import Iterator
 
 from omegaconf import OmegaConf
@@ -84,7 +85,7 @@ def _redact_text(text: str) -> str:
 #: templates, whose ``key=value`` is an example of the command line
 _HYDRA_TEXT = (("hydra", "help"), ("hydra", "hydra_help"))
 #: Hydra's own keys whose names look secret and hold none: override_dirname's list of key names
-_HYDRA_KEYS = {("hydra", "job", "config", "override_dirname"): ("exclude_keys",)}
+_HYDRA_KEYS = MappingProxyType({("hydra", "job", "config", "override_dirname"): ("exclude_keys",)})
 
 
 def redact(node, path: tuple = ()):
