@@ -4,14 +4,13 @@ nas-report's (``compare_groups``: a paired t-test over the seeds, Holm over the 
 a claim with a run missing says so. Called by ``study_report.py``."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from nas_cli.report.collect import find_runs
 from nas_cli.report.compare import compare_groups
 from nas_cli.report.table import Group, group_runs
 
-from study_common import ci_text, p_text, study_roots, under_way
+from study_common import ci_text, diff_text, study_roots, under_way
 
 HEADING = "## Today's baselines: MQAR and length generalization (generated)"
 #: MQAR's cells (task.seq_len, its sweeps) and the length sweeps, under benchmarks/study/
@@ -51,12 +50,12 @@ def _compare(base: Group | None, systems: list[Group | None], metric: str, margi
                           equivalence={key: margin} if margin else None)
 
 
-def _diff(row, fmt: str = "{:+.2f}") -> str:
-    c = row.comparison
-    if math.isnan(c.low):
-        return f"{fmt.format(c.diff)} (n={len(c.seeds)}, no interval)"
-    p = p_text(c.p_adj if c.p_adj is not None else c.p)
-    return f"{fmt.format(c.diff)} [{fmt.format(c.low)}, {fmt.format(c.high)}], p(Holm){p if p.startswith('<') else '=' + p}"
+def _mqar_cell(g: Group | None) -> str:
+    """Mean ± 95% CI of the query accuracy (%), and in how many seeds it is solved (>= SOLVED): the
+    outcome is close to all or nothing per seed, which a mean and its interval hide."""
+    text = ci_text(g, "test/query_acc", "{:.1f}", 100)
+    accs = g.values("test/query_acc") if g is not None else []
+    return f"{text}; solved {sum(a >= SOLVED for a in accs)} of {len(accs)}" if accs else text
 
 
 def mqar_table(study: Path) -> list[str]:
@@ -65,7 +64,7 @@ def mqar_table(study: Path) -> list[str]:
     head = "| scheme (positions) | " + " | ".join(f"seq {s}, d_model {d}" for s, d in cells) + " |"
     lines = [head, "|---|" + "---|" * len(cells)]
     for scheme, positions in CONFIGS:
-        row = [ci_text(groups[s].get((scheme, positions, d, s)), "test/query_acc", "{:.1f}", 100) for s, d in cells]
+        row = [_mqar_cell(groups[s].get((scheme, positions, d, s))) for s, d in cells]
         lines.append(f"| {scheme} ({positions}) | " + " | ".join(row) + " |")
     return lines
 
@@ -129,7 +128,7 @@ def claims(study: Path) -> list[str]:
         else:
             verdict = f"differs: sigmoid {side}" if side else "undecided: " + c.equivalence.verdict()
     row(f"sigmoid attention (b = -log n) matches softmax; here: equivalent within ±{MATCH_MARGIN:g} test ppl (TOST)",
-        "sigmoid", f"WikiText-2 ppl at 256, sigmoid - UNAS (rope): {_diff(r[0])}" if r else "not run",
+        "sigmoid", f"WikiText-2 ppl at 256, sigmoid - UNAS (rope): {diff_text(r[0])}" if r else "not run",
         _decided(verdict, {"UNAS (rope)": base, "sigmoid": sig}))
     # sinks
     names = ("gated", "softpick", "sigmoid")
@@ -138,7 +137,7 @@ def claims(study: Path) -> list[str]:
     softmax_sinks = base.stat("sink_rate") if base is not None else None
     if r:
         ran = [n for n in names if systems[n] is not None]
-        words = "; ".join(f"{n}: {_diff(x)}" for n, x in zip(ran, r))
+        words = "; ".join(f"{n}: {diff_text(x)}" for n, x in zip(ran, r))
         lower = all(x.comparison.diff < 0 and x.comparison.direction() != 0 for x in r)
         verdict = ("holds: every one has fewer sinks" if lower and softmax_sinks and softmax_sinks[0] > 0 else
                    "not shown: " + ("softmax has no sinks here" if not softmax_sinks or softmax_sinks[0] == 0
@@ -156,7 +155,7 @@ def claims(study: Path) -> list[str]:
         r = _compare(base, list(systems.values()), f"ppl@{n}")
         if r:
             ran = [s for s in names if systems[s] is not None]
-            words = "; ".join(f"{s}: {_diff(x)}" for s, x in zip(ran, r))
+            words = "; ".join(f"{s}: {diff_text(x)}" for s, x in zip(ran, r))
             better = all(x.comparison.diff < 0 and x.comparison.direction() != 0 for x in r)
             verdict = "holds at this length" if better else "not shown at this length"
         else:
@@ -168,7 +167,7 @@ def claims(study: Path) -> list[str]:
     diff = _lm(lm, "differential", "rope")
     r = _compare(base, [diff], "ppl")
     row("differential attention has a lower loss at equal size", "differential",
-        f"WikiText-2 ppl at 256, differential - UNAS (rope): {_diff(r[0])}" if r else "not run",
+        f"WikiText-2 ppl at 256, differential - UNAS (rope): {diff_text(r[0])}" if r else "not run",
         _decided("undecided" if r is None else ("holds" if r[0].comparison.diff < 0 and r[0].comparison.direction() != 0
                                                else "not shown"), {"UNAS (rope)": base, "differential": diff}))
     out.append(_mqar_claim(study))
@@ -266,7 +265,9 @@ def baselines_section(study: Path, figures: Path | None = None) -> str:
              "split at each length), 3 seeds each. At this budget a model is far from converged: the numbers say how "
              "the schemes compare after the same short training, not what they reach.", "",
              "### The claims", "", *claims(study), "",
-             "### MQAR: test query accuracy (%)", "", *mqar_table(study), "",
+             "### MQAR: test query accuracy (%)", "",
+             f"Mean ± 95% CI over seeds, and the seeds in which MQAR is solved (test query accuracy >= {SOLVED:.0%}).",
+             "", *mqar_table(study), "",
              "### WikiText-2: test perplexity at each length after training at 256 tokens", "", *lengths_table(study), "",
              *[line for link in _figures(study, figures) for line in (link, "")]]
     return "\n".join(lines)

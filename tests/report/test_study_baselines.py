@@ -96,6 +96,15 @@ def test_a_cell_below_the_bar_refutes_mqar(mod, tmp_path):
     assert _find(_verdicts(mod, tmp_path), "attention solves MQAR") == "not at this budget: seq 64, d 64"
 
 
+def test_each_mqar_cell_counts_the_seeds_that_solve_it(mod, tmp_path):
+    _mqar(tmp_path, {**SOLVED, (64, 64): (0.999, 0.41, 0.989)})  # 0.989 is just below the bar
+    row = next(line for line in mod.mqar_table(tmp_path) if line.startswith("| unas (rope) |"))
+    cells = [c.strip() for c in row.strip("|").split("|")][1:]
+    assert cells[0].endswith("(n=3); solved 1 of 3") and cells[0].startswith("79.9 ± ")  # mean of 99.9, 41, 98.9
+    assert [c.rsplit("; ", 1)[1] for c in cells[1:]] == ["solved 3 of 3"] * 3
+    assert next(line for line in mod.mqar_table(tmp_path) if line.startswith("| gated (rope) |")).count("not run") == 4
+
+
 def test_a_claim_with_a_scheme_short_of_seeds_or_missing_is_not_decided(mod, tmp_path):
     _lengths(tmp_path, skip={("softpick", 3), ("differential", 1), ("differential", 2), ("differential", 3)})
     v = _verdicts(mod, tmp_path)
