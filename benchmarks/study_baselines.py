@@ -4,10 +4,12 @@ nas-report's (``compare_groups``: a paired t-test over the seeds, Holm over the 
 a claim with a run missing says so. Called by ``study_report.py``."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from nas_cli.report.collect import find_runs
 from nas_cli.report.compare import compare_groups
+from nas_cli.report.stats import t_interval
 from nas_cli.report.table import Group, group_runs
 
 from study_common import ci_text, diff_text, study_roots, under_way
@@ -17,6 +19,8 @@ HEADING = "## Today's baselines: MQAR and length generalization (generated)"
 MQAR = {64: ("mqar64_rope", "mqar64_unas", "mqar64_none"), 128: ("mqar128_rope", "mqar128_unas", "mqar128_none")}
 LENGTHS = ("wikitext2_lengths_rope", "wikitext2_lengths_unas", "wikitext2_lengths_none")
 TESTED = (256, 512, 1024, 2048)
+#: WikiText-2's training length (experiment=wikitext2_lengths), the window its diagnostics see
+TRAIN_LENGTH = TESTED[0]
 #: the rows of the tables, in order: (scheme, model.positions)
 CONFIGS = (("unas", "rope"), ("unas", "sinusoidal"), ("unas", "alibi"), ("unas", "none"), ("dnas", "rope"),
            ("hnas", "rope"), ("sigmoid", "rope"), ("softpick", "rope"), ("gated", "rope"), ("differential", "rope"),
@@ -85,6 +89,45 @@ def _lm(groups: dict, scheme: str, positions: str) -> Group | None:
     return next((v for k, v in groups.items() if k[:2] == (scheme, positions)), None)
 
 
+def first_key_weight(g: Group | None) -> tuple[float, float, int] | None:
+    """Each run's mean weight on the first key over every head and layer of its last diagnostics
+    (``first_key_weight`` in diagnostics/latest.json, the number the sink rate thresholds), and
+    (mean, half-width of the 95% t interval, n) over the runs; None where no run has it."""
+    per_run = []
+    for r in g.runs if g is not None else ():
+        path = Path(r.path) / "diagnostics" / "latest.json"
+        if not path.is_file():
+            continue
+        layers = [layer for loc in json.loads(path.read_text()).get("locations", {}).values()
+                  for layer in loc.get("layers", [])]
+        heads = [w for layer in layers for w in layer.get("first_key_weight", [])]
+        if heads:
+            per_run.append(sum(heads) / len(heads))
+    got = t_interval(per_run)
+    if got is None:
+        return None
+    mean, low, _, n = got
+    return mean, (mean - low if n > 1 else 0.0), n
+
+
+def uniform_first_key_weight(seq_len: int) -> float:
+    """The first key's mean weight under uniform causal attention over a window of ``seq_len``:
+    query i (0-based) gives it 1/(i+1), so the mean is the harmonic number H_n over n."""
+    return sum(1.0 / (i + 1) for i in range(seq_len)) / seq_len
+
+
+def _first_key_text(groups: dict[str, Group | None]) -> str:
+    parts = []
+    for name, g in groups.items():
+        st = first_key_weight(g)
+        if st is not None:
+            parts.append(f"{name} {st[0]:.3f} ± {st[1]:.3f} (n={st[2]})" if st[2] > 1 else f"{name} {st[0]:.3f} (n=1)")
+    if not parts:
+        return ""
+    return (f"; mean weight on the first key (every head): {', '.join(parts)}; uniform causal attention over "
+            f"{TRAIN_LENGTH} tokens: {uniform_first_key_weight(TRAIN_LENGTH):.3f}")
+
+
 #: what each paper reports, beside the measurement (the papers' own scales)
 PAPER = {
     "sigmoid": "equal loss and downstream scores from 85M to 1B parameters (Ramapuram et al. 2025)",
@@ -146,7 +189,8 @@ def claims(study: Path) -> list[str]:
         words, verdict = "not run", "undecided"
     row("gated, softpick and sigmoid attention have no attention sinks where softmax has them (sink rate: the share "
         "of heads whose mean first-key weight is > 0.3, Gu et al. 2024)", "sinks",
-        f"sink rate, WikiText-2, UNAS (rope) {ci_text(base, 'sink_rate', '{:.2f}')}; difference from it: {words}",
+        f"sink rate, WikiText-2, UNAS (rope) {ci_text(base, 'sink_rate', '{:.2f}')}; difference from it: {words}"
+        + _first_key_text({"UNAS (rope)": base, **systems}),
         _decided(verdict, {"UNAS (rope)": base, **systems}))
     # extrapolation
     for n in (1024, 2048):

@@ -105,6 +105,25 @@ def test_each_mqar_cell_counts_the_seeds_that_solve_it(mod, tmp_path):
     assert next(line for line in mod.mqar_table(tmp_path) if line.startswith("| gated (rope) |")).count("not run") == 4
 
 
+def test_the_sinks_claim_reports_the_first_key_weight_beside_uniform_attention(mod, tmp_path):
+    from scipy.special import digamma
+
+    _lengths(tmp_path)
+    first = {1: ([0.02, 0.01], [0.03, 0.02]), 2: ([0.04, 0.02], [0.02, 0.02]), 3: ([0.01, 0.01], [0.01, 0.01])}
+    for seed, (layer0, layer1) in first.items():  # UNAS (rope)'s runs: per-run means 0.02, 0.025, 0.01
+        run = tmp_path / "wikitext2_lengths_rope" / f"unas-rope-128-None-{seed}"
+        latest = {"locations": {"decoder": {"layers": [{"first_key_weight": layer0}, {"first_key_weight": layer1}]}}}
+        (run / "diagnostics" / "latest.json").write_text(json.dumps(latest))
+    st = mod.first_key_weight(mod._lm(mod._groups(tmp_path, mod.LENGTHS), "unas", "rope"))
+    assert st[0] == pytest.approx(0.055 / 3) and st[2] == 3
+    assert st[1] == pytest.approx(4.302653 * 0.0076376 / 3 ** 0.5, rel=1e-4)  # t(0.975, 2) x sd / sqrt(3)
+    n = 256  # uniform causal attention: the harmonic number over n, H_n = digamma(n + 1) + Euler's gamma
+    assert mod.uniform_first_key_weight(n) == pytest.approx((digamma(n + 1) + 0.5772156649015329) / n)
+    row = next(line for line in mod.claims(tmp_path) if line.startswith("| gated, softpick and sigmoid"))
+    assert "mean weight on the first key (every head): UNAS (rope) 0.018 ± 0.019 (n=3);" in row
+    assert "uniform causal attention over 256 tokens: 0.024" in row
+
+
 def test_a_claim_with_a_scheme_short_of_seeds_or_missing_is_not_decided(mod, tmp_path):
     _lengths(tmp_path, skip={("softpick", 3), ("differential", 1), ("differential", 2), ("differential", 3)})
     v = _verdicts(mod, tmp_path)
