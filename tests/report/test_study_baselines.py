@@ -47,8 +47,8 @@ LM = {("unas", "rope"): (200.0, 230.0, 260.0, 300.0, 0.50),
       ("stickbreaking", "none"): (207.0, 212.0, 218.0, 318.0, 0.25)}
 
 
-def _lengths(study: Path, skip=()) -> None:
-    for (scheme, positions), (p256, p512, p1024, p2048, sink) in LM.items():
+def _lengths(study: Path, skip=(), lm: dict = LM) -> None:
+    for (scheme, positions), (p256, p512, p1024, p2048, sink) in lm.items():
         sweep = study / ("wikitext2_lengths_none" if positions == "none" else "wikitext2_lengths_rope")
         for i, seed in enumerate(SEEDS):
             if (scheme, seed) in skip:
@@ -89,6 +89,12 @@ def test_every_claim_is_decided_when_every_scheme_has_every_seed(mod, tmp_path):
     assert extrapolation == ["holds at this length", "not shown at this length"]  # better at 1024, worse at 2048
     assert _find(v, "differential") == "holds"
     assert _find(v, "attention solves MQAR") == "holds at every cell run"
+
+
+def test_the_sinks_claim_is_undecided_where_softmax_has_no_sinks(mod, tmp_path):
+    _lengths(tmp_path, lm={**LM, ("unas", "rope"): (*LM[("unas", "rope")][:4], 0.0)})
+    assert (_find(_verdicts(mod, tmp_path), "gated, softpick and sigmoid")
+            == "undecided: softmax has no sinks at this budget, so there is none to remove")
 
 
 def test_a_cell_below_the_bar_refutes_mqar(mod, tmp_path):
