@@ -171,7 +171,7 @@ def claims(study: Path) -> list[str]:
         else:
             verdict = f"differs: sigmoid {side}" if side else "undecided: " + c.equivalence.verdict()
     row(f"sigmoid attention (b = -log n) matches softmax; here: equivalent within ±{MATCH_MARGIN:g} test ppl (TOST)",
-        "sigmoid", f"WikiText-2 ppl at 256, sigmoid - UNAS (rope): {diff_text(r[0])}" if r else "not run",
+        "sigmoid", f"WikiText-2 ppl at 256, sigmoid - UNAS (rope): {diff_text(r[0], holm=False)}" if r else "not run",
         _decided(verdict, {"UNAS (rope)": base, "sigmoid": sig}))
     # sinks
     names = ("gated", "softpick", "sigmoid")
@@ -212,7 +212,7 @@ def claims(study: Path) -> list[str]:
     diff = _lm(lm, "differential", "rope")
     r = _compare(base, [diff], "ppl")
     row("differential attention has a lower loss at equal size", "differential",
-        f"WikiText-2 ppl at 256, differential - UNAS (rope): {diff_text(r[0])}" if r else "not run",
+        f"WikiText-2 ppl at 256, differential - UNAS (rope): {diff_text(r[0], holm=False)}" if r else "not run",
         _decided("undecided" if r is None else ("holds" if r[0].comparison.diff < 0 and r[0].comparison.direction() != 0
                                                else "not shown"), {"UNAS (rope)": base, "differential": diff}))
     out.append(_mqar_claim(study))
@@ -304,7 +304,7 @@ def baselines_section(study: Path, figures: Path | None = None) -> str:
     lines = [HEADING, "",
              "Written by `python benchmarks/study_report.py` from the runs of `benchmarks/study_queue_lengths.sh` "
              "finished so far (mean ± 95% CI over seeds, each run's own numbers in [study/runs.csv](study/runs.csv); "
-             "verdicts: nas-report's paired t-test over seeds, Holm over the schemes of a claim). The budget: MQAR `experiment=mqar_cpu` (1,500 steps, vocabulary 512, 2 layers, 2 "
+             "verdicts: nas-report's paired t-test over seeds, Holm over the schemes of a claim, marked p(Holm); a claim about one scheme: its own paired test, marked p). The budget: MQAR `experiment=mqar_cpu` (1,500 steps, vocabulary 512, 2 layers, 2 "
              "heads) at two cells of Zoology's Figure 2 grid and two widths; WikiText-2 `experiment=wikitext2_lengths` "
              "(800 steps of 16 x 256 tokens, d_model 128, 2 layers, 4 heads; tested on the first 24 batches of the test "
              "split at each length), 3 seeds each. At this budget a model is far from converged: the numbers say how "

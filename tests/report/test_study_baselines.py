@@ -89,6 +89,10 @@ def test_every_claim_is_decided_when_every_scheme_has_every_seed(mod, tmp_path):
     assert extrapolation == ["holds at this length", "not shown at this length"]  # better at 1024, worse at 2048
     assert _find(v, "differential") == "holds"
     assert _find(v, "attention solves MQAR") == "holds at every cell run"
+    measured = {r.strip("|").split(" | ")[0].strip(): r.strip("|").split(" | ")[2] for r in mod.claims(tmp_path)[2:]}
+    one_scheme = [m for k, m in measured.items() if k.startswith(("sigmoid attention", "differential"))]
+    assert len(one_scheme) == 2 and all("], p" in m and "Holm" not in m for m in one_scheme)  # a single paired test
+    assert "p(Holm)" in _find(measured, "gated, softpick and sigmoid")  # three schemes: Holm over them
 
 
 def test_the_sinks_claim_is_undecided_where_softmax_has_no_sinks(mod, tmp_path):
