@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import sys
 import shutil
 import signal
 import threading
@@ -40,6 +38,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig
 
 from nas_cli.errors import Stopped, UserError, say
+from nas_cli.infra.ray_output import quiet_ray_output, runtime_env
 
 #: the strategy name of trainer=ray_ddp (conf/trainer/ray_ddp.yaml)
 STRATEGY = "ray_ddp"
@@ -129,36 +128,6 @@ def fit(train: Callable[..., Any], cfg: DictConfig, run_dir: Path, *args, **kwar
     return json.loads(summary.read_text()) if summary.is_file() else None
 
 
-#: a line of Ray's C++ core's own log that a worker forwards ("[<time> E <pid> <tid>] core_worker.cc:2465: ..."):
-#: notes on Ray's internals (an actor's restart policy) that come in runs that succeed; they stay in Ray's
-#: session logs (/tmp/ray/session_latest/logs)
-RAY_CORE_LOG = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,.]+ [DIWEF] \d+ \d+\] [\w./]+\.(cc|h):\d+:")
-
-
-def quiet_ray_output() -> None:
-    """A ray_ddp run's output as nas-run's own: its workers' lines and Ray Train's (where each worker runs),
-    without colour codes where stdout is not a terminal, without the lines of Ray's C++ core's log
-    (:data:`RAY_CORE_LOG`), and without Ray's note that token authentication is on (said on every start)."""
-    import logging
-
-    from ray._private import worker as ray_worker
-
-    if not sys.stdout.isatty():
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # Ray reads it per line
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    shown = ray_worker.print_worker_logs
-    if getattr(shown, "nas_run_filter", False):
-        return
-
-    def without_core_log(data, print_file, ignore_prefix: bool = False):
-        lines = [ln for ln in data.get("lines", []) if not RAY_CORE_LOG.match(ln)]
-        if lines:
-            shown({**data, "lines": lines}, print_file, ignore_prefix)
-
-    without_core_log.nas_run_filter = True
-    ray_worker.print_worker_logs = without_core_log
-
-
 def _connect() -> None:
     """The Ray the workers run on: the one ``RAY_ADDRESS`` names, else one started here, with its
     dashboard, whose state API Ray Train's placement-group cleaner asks every few seconds."""
@@ -170,7 +139,7 @@ def _connect() -> None:
     if not ray.is_initialized():
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(address=os.environ.get("RAY_ADDRESS") or "local", logging_level="WARNING",
-                 runtime_env={"env_vars": forwarded_env()})
+                 runtime_env=runtime_env(forwarded_env()))
 
 
 def _worker_loop(train: Callable[..., Any], cfg: DictConfig, run_dir: Path, shared: Path, launched_from: str,

@@ -321,12 +321,12 @@ def test_a_ray_ddp_runs_output_leaves_out_rays_core_log_and_colour_codes(monkeyp
     log dropped, the rest kept, and no colour codes where stdout is not a terminal."""
     from ray._private import worker as ray_worker
 
-    from nas_cli.infra import ray_train
+    from nas_cli.infra import ray_output
 
     monkeypatch.setattr(ray_worker, "print_worker_logs", ray_worker.print_worker_logs)
     monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)
-    monkeypatch.setattr(ray_train.sys.stdout, "isatty", lambda: False, raising=False)
-    ray_train.quiet_ray_output()
+    monkeypatch.setattr(ray_output.sys.stdout, "isatty", lambda: False, raising=False)
+    ray_output.quiet_ray_output()
     import sys
 
     data = {"pid": "4242", "ip": "1", "localhost": "1", "actor_name": "TrainController", "is_err": True,
@@ -335,3 +335,56 @@ def test_a_ray_ddp_runs_output_leaves_out_rays_core_log_and_colour_codes(monkeyp
     ray_worker.print_worker_logs(data, sys.stderr)
     err = capsys.readouterr().err
     assert "core_worker.cc" not in err and "node_rank=1" in err and "\x1b" not in err, err
+
+
+def test_ray_trains_timeout_warning_on_a_busy_machine_is_one_line_after_ray_trains_own_logging(capsys):
+    """In Ray Train's controller, a resource request to the autoscaling coordinator that times out on a busy
+    machine is logged as a warning with the traceback of the timeout (which failed the stop test on a loaded
+    2-core machine). With the run's setup hook run first (as Ray runs it in each process) and Ray Train's
+    own logging configuration applied after it, the real client's warning is one line naming the timeout, no
+    traceback; the warning itself is kept. The hook is what the run's runtime_env names."""
+    import logging
+    import logging.config
+
+    import ray.exceptions
+    from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as client_module
+
+    from nas_cli.infra import ray_output
+
+    env = ray_output.runtime_env({"NAS_RUN_X": "1"})
+    assert env["env_vars"] == {"NAS_RUN_X": "1"}
+    module, _, name = env["worker_process_setup_hook"].rpartition(".")
+    getattr(__import__(module, fromlist=[name]), name)()  # as Ray's load_and_execute_setup_hook_module does
+
+    own = logging.getLogger(client_module.__name__)
+    ray_train_logger = logging.getLogger("ray.train")
+    kept = ray_train_logger.level, ray_train_logger.propagate, ray_train_logger.handlers[:]
+    try:
+        ray_output.quiet_worker()  # a second run adds nothing
+        assert [type(f) for f in own.filters] == [ray_output.OneLineWarning]
+        # Ray Train's dictConfig on the "ray.train" logger, as in its controller (LoggingManager), after the hook
+        logging.config.dictConfig({"version": 1, "disable_existing_loggers": False,
+                                   "handlers": {"console": {"class": "logging.StreamHandler",
+                                                            "stream": "ext://sys.stderr"}},
+                                   "loggers": {"ray.train": {"level": "DEBUG", "handlers": ["console"],
+                                                             "propagate": False}}})
+        client = client_module.TrainAutoscalingCoordinatorClient("train-test")
+
+        class Slow:
+            class request_resources:  # noqa: N801 - the actor method Ray Train calls
+                @staticmethod
+                def remote(**kwargs):
+                    raise ray.exceptions.GetTimeoutError("Get timed out: some object(s) not ready.")
+
+        client.__dict__["_autoscaling_coordinator"] = Slow()
+        from ray.train import ScalingConfig
+
+        client.send_resource_request(ScalingConfig(num_workers=2), 2)
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "Traceback" not in err, err
+        assert "Failed to send resource request for train-test" in lines[0], err
+        assert "GetTimeoutError: Get timed out" in lines[0], err
+    finally:
+        ray_train_logger.setLevel(kept[0])
+        ray_train_logger.propagate, ray_train_logger.handlers[:] = kept[1], kept[2]
