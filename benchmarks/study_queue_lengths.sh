@@ -5,7 +5,8 @@
 # with nas-run installed from a wheel into an environment of its own (PATH=<env>/bin:$PATH).
 # Positions: the schemes with rotary positions (model.positions=rope); UNAS also with sinusoidal,
 # ALiBi and no positions; forgetting and stick-breaking attention without positions, as their papers
-# train them. Order: MQAR at seq_len 64, WikiText-2, MQAR at seq_len 128.
+# train them. Order: MQAR at seq_len 64, WikiText-2 (the extrapolation claim's schemes before UNAS's other
+# positions), MQAR at seq_len 128.
 set -u
 export OMP_NUM_THREADS=1
 COMMON=(seed=1,2,3 hydra/launcher=joblib hydra.launcher.n_jobs=${STUDY_JOBS:-2} progress_bar=false)
@@ -20,8 +21,8 @@ mqar() {  # seq_len, pairs
 wikitext() {
     local cell=(experiment=wikitext2_lengths task.path=../shared/data/wikitext-2 trainer.deterministic=true)
     sweep "${cell[@]}" $ROPE hydra.sweep.dir=benchmarks/study/wikitext2_lengths_rope
-    sweep "${cell[@]}" attention=unas model.positions=sinusoidal,alibi,none hydra.sweep.dir=benchmarks/study/wikitext2_lengths_unas
     sweep "${cell[@]}" attention=forgetting,stickbreaking model.positions=none hydra.sweep.dir=benchmarks/study/wikitext2_lengths_none
+    sweep "${cell[@]}" attention=unas model.positions=sinusoidal,alibi,none hydra.sweep.dir=benchmarks/study/wikitext2_lengths_unas
 }
 mqar 64 4
 wikitext
