@@ -45,7 +45,8 @@ def _groups(study: Path, names) -> dict[tuple, Group]:
 
 def _compare(base: Group | None, systems: list[Group | None], metric: str, margin: float | None = None):
     """nas-report's rows of ``systems`` against ``base`` on ``metric`` (Holm over the systems; with
-    ``margin``, its equivalence verdict too), or None."""
+    ``margin``, its equivalence verdict too), or None. Every system must have 2 seeds or more
+    (:func:`_testable` leaves out those that do not yet)."""
     present = [g for g in systems if g is not None]
     if base is None or not present or base.n < 2 or any(g.n < 2 for g in present):
         return None
@@ -140,6 +141,13 @@ PAPER = {
 }
 
 
+def _testable(systems: dict[str, Group | None]) -> tuple[dict[str, Group], str]:
+    """The systems with 2 seeds or more (a paired test needs them), and words for those run on one seed so far."""
+    tested = {n: g for n, g in systems.items() if g is not None and g.n >= 2}
+    short = [n for n, g in systems.items() if g is not None and g.n < 2]
+    return tested, "".join(f"; {n}: 1 seed so far, no test" for n in short)
+
+
 def _decided(verdict: str, needed: dict[str, Group | None]) -> str:
     """A claim's verdict once every group it needs has every seed: 'undecided' while one has no run,
     'not decided yet' (with the verdict on the runs so far) while one has fewer seeds than planned."""
@@ -176,11 +184,11 @@ def claims(study: Path) -> list[str]:
     # sinks
     names = ("gated", "softpick", "sigmoid")
     systems = {n: _lm(lm, n, "rope") for n in names}
-    r = _compare(base, list(systems.values()), "sink_rate")
+    tested, short = _testable(systems)
+    r = _compare(base, list(tested.values()), "sink_rate")
     softmax_sinks = base.stat("sink_rate") if base is not None else None
     if r:
-        ran = [n for n in names if systems[n] is not None]
-        words = "; ".join(f"{n}: {diff_text(x)}" for n, x in zip(ran, r))
+        words = "; ".join(f"{n}: {diff_text(x)}" for n, x in zip(tested, r)) + short
         lower = all(x.comparison.diff < 0 and x.comparison.direction() != 0 for x in r)
         if not softmax_sinks or softmax_sinks[0] == 0:  # nothing to remove: the claim cannot be tested here
             verdict = "undecided: softmax has no sinks at this budget, so there is none to remove"
@@ -197,12 +205,14 @@ def claims(study: Path) -> list[str]:
     for n in (1024, 2048):
         names = ("forgetting", "stickbreaking")
         systems = {s: _lm(lm, s, "none") for s in names}
-        r = _compare(base, list(systems.values()), f"ppl@{n}")
+        tested, short = _testable(systems)
+        r = _compare(base, list(tested.values()), f"ppl@{n}")
         if r:
-            ran = [s for s in names if systems[s] is not None]
-            words = "; ".join(f"{s}: {diff_text(x)}" for s, x in zip(ran, r))
+            words = "; ".join(f"{s}: {diff_text(x)}" for s, x in zip(tested, r)) + short
             better = all(x.comparison.diff < 0 and x.comparison.direction() != 0 for x in r)
             verdict = "holds at this length" if better else "not shown at this length"
+            if short:
+                verdict += f" for {', '.join(tested)} (the others not tested yet)"
         else:
             words, verdict = "not run", "undecided"
         row(f"forgetting and stick-breaking attention (no positions) extrapolate better than softmax with rotary "

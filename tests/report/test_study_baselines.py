@@ -143,6 +143,26 @@ def test_a_claim_with_a_scheme_short_of_seeds_or_missing_is_not_decided(mod, tmp
     assert _find(v, "sigmoid attention").startswith("holds")  # its own schemes have every seed
 
 
+def test_a_scheme_on_one_seed_so_far_is_named_and_the_others_are_still_tested(mod, tmp_path):
+    """Mid-sweep: stick-breaking attention has one seed, forgetting attention all three. The extrapolation
+    rows test forgetting attention (Holm over it alone) and name stick-breaking as untested, not "not run";
+    the claim stays not decided."""
+    _lengths(tmp_path, skip={("stickbreaking", 2), ("stickbreaking", 3)})
+    rows = [line for line in mod.claims(tmp_path) if line.startswith("| forgetting and stick-breaking")]
+    assert len(rows) == 2
+    for row in rows:
+        measured, verdict = (c.strip() for c in row.strip("|").split(" | ")[2:4])
+        assert measured.startswith("forgetting: ") and "p(Holm)" in measured, measured
+        assert measured.endswith("; stickbreaking: 1 seed so far, no test"), measured
+        assert verdict.startswith("not decided yet: the sweep is under way (stickbreaking 1 of 3 seeds"), verdict
+        assert verdict.endswith(" for forgetting (the others not tested yet))"), verdict
+    full = tmp_path / "full"
+    _lengths(full, skip={("stickbreaking", s) for s in SEEDS})  # forgetting alone: the same test and numbers
+    alone = [line for line in mod.claims(full) if line.startswith("| forgetting and stick-breaking")]
+    assert [r.strip("|").split(" | ")[2] for r in alone] == [
+        r.strip("|").split(" | ")[2].removesuffix("; stickbreaking: 1 seed so far, no test") for r in rows]
+
+
 def test_the_section_draws_both_figures_and_links_them_only_where_there_is_data(mod, tmp_path):
     study, figures = tmp_path / "study", tmp_path / "figures"
     figures.mkdir()
