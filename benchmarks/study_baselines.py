@@ -25,6 +25,9 @@ TRAIN_LENGTH = TESTED[0]
 CONFIGS = (("unas", "rope"), ("unas", "sinusoidal"), ("unas", "alibi"), ("unas", "none"), ("dnas", "rope"),
            ("hnas", "rope"), ("sigmoid", "rope"), ("softpick", "rope"), ("gated", "rope"), ("differential", "rope"),
            ("selective", "rope"), ("forgetting", "none"), ("stickbreaking", "none"))
+#: the lengths figure draws a second panel without the schemes whose mean perplexity passes this
+#: many times the lowest
+BLOWN_UP = 3.0
 #: MQAR counts as solved at a cell when every seed's test query accuracy is at least this
 SOLVED = 0.99
 #: "matches": equivalent within this many points of test perplexity (WikiText-2 at 256 tokens), fixed
@@ -257,8 +260,20 @@ def _label(scheme: str, positions: str) -> str:
     return f"{scheme} ({positions})"
 
 
+def without_blown_up(panel: str, lines: dict[str, list]) -> dict[str, dict[str, list]]:
+    """A second panel, ``"<panel> without <names>"``, of the lines whose means all stay within
+    ``BLOWN_UP`` times the lowest mean; none when no line or every line blows up."""
+    lowest = min(m for pts in lines.values() for _, m, _ in pts)
+    off = [s for s, pts in lines.items() if max(m for _, m, _ in pts) > BLOWN_UP * lowest]
+    if not off or len(off) == len(lines):
+        return {}
+    return {f"{panel} without {', '.join(off)}": {s: pts for s, pts in lines.items() if s not in off}}
+
+
 def lengths_figure(study: Path) -> bytes | None:
-    """WikiText-2 test perplexity against the tested length, one line per scheme (mean ± 95% CI)."""
+    """WikiText-2 test perplexity against the tested length, one line per scheme (mean ± 95% CI).
+    A scheme whose perplexity blows up (past ``BLOWN_UP`` times the lowest mean) squeezes the others
+    into one band even on a log axis, so a second panel shows them without it, and names it."""
     from nas_cli.diagnostics import figures as figs
 
     groups, panel = _groups(study, LENGTHS), "test ppl"
@@ -271,7 +286,8 @@ def lengths_figure(study: Path) -> bytes | None:
                 data.setdefault(panel, {}).setdefault(_label(scheme, positions), []).append((n, st[0], st[1]))
     if not data:
         return None
-    return figs.metric_vs_heads([_label(*c) for c in CONFIGS], [(panel, False)], data,
+    data.update(without_blown_up(panel, data[panel]))
+    return figs.metric_vs_heads([_label(*c) for c in CONFIGS], [(name, False) for name in data], data,
                                 "WikiText-2 trained at 256 tokens: mean ± 95% CI over seeds (Student t)",
                                 xlabel="tested length (tokens)")
 
@@ -293,7 +309,8 @@ def mqar_figure(study: Path) -> bytes | None:
     if not data:
         return None
     return figs.metric_vs_heads([_label(*c) for c in CONFIGS], [(t, True) for t in data], data,
-                                "MQAR: mean ± 95% CI over seeds (Student t)", xlabel="d_model")
+                                "MQAR: mean ± 95% CI over seeds (Student t), cut at 0 and 100%", xlabel="d_model",
+                                bounds=(0.0, 100.0))
 
 
 def _figures(study: Path, figures: Path | None) -> list[str]:

@@ -62,12 +62,17 @@ def _margins(fig, left: float, right: float, bottom: float, top: float, rows: in
 
 
 def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: Sequence[tuple[str, bool | None]],
-                    data: dict[str, dict[str, list[tuple[int, float, float]]]], title: str, xlabel: str = "heads") -> bytes:
+                    data: dict[str, dict[str, list[tuple[int, float, float]]]], title: str, xlabel: str = "heads",
+                    bounds: tuple[float, float] | None = None) -> bytes:
     """CODA Fig. 3 style: one panel per metric, x = heads (log2 axis), one line per series; with
     ``xlabel`` another power-of-2 axis (the evaluated length, ``eval_lengths``).
 
     ``panels``: [(metric title, higher is better; None for a number with no better direction)]; ``data[metric title][series]`` =
     [(heads, mean, std)] (std drawn as error bars). ``series`` fixes the line order/colours.
+    ``bounds``: the range the metric can take (an accuracy's 0 to 100): the axis stays inside it and
+    a bar past it is cut at the edge. A panel of positive means that span a factor of 10 or more (a
+    perplexity that blows up past the training length) gets a log axis, titled so, on which a bar
+    reaching 0 or below is cut at the axis's bottom.
     """
     plt = _pyplot()
     plotted = max(4.2 * len(panels), 5.0)
@@ -80,13 +85,19 @@ def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: S
             if pts:
                 ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], capsize=3,
                             color=COLOURS[k % len(COLOURS)], label=s, **_line_style(k))
+        points = [p for pts in data.get(name, {}).values() for p in pts]
+        log = _wants_log_axis(points)
         ax.set_xscale("log", base=2)
         ax.set_xticks(heads)
         ax.set_xticklabels([str(h) for h in heads])
         ax.minorticks_off()
         ax.set_xlabel(xlabel)
-        ax.set_title(name if higher is None else f"{name} ({'higher' if higher else 'lower'} is better)", fontsize=9)
-        _honest_ylim(ax, [p for pts in data.get(name, {}).values() for p in pts])
+        notes = ([] if higher is None else [f"{'higher' if higher else 'lower'} is better"]) + (["log axis"] if log else [])
+        ax.set_title(f"{name} ({'; '.join(notes)})" if notes else name, fontsize=9)
+        if log:
+            _log_ylim(ax, points)
+        else:
+            _honest_ylim(ax, points, bounds)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.suptitle(title, fontsize=10)
     split = plotted / (plotted + legend)
@@ -103,19 +114,37 @@ def _line_style(k: int) -> dict:
     return {"linestyle": ("-", "--", ":")[style], "marker": ("o", "s", "^")[style]}
 
 
-def _honest_ylim(ax, points) -> None:
+def _honest_ylim(ax, points, bounds: tuple[float, float] | None = None) -> None:
     """y-limits that show every interval and never blow a negligible gap up to the full axis:
-    the axis spans at least 5% of the values' magnitude."""
+    the axis spans at least 5% of the values' magnitude; with ``bounds``, never past them (plus the
+    pad), so an interval wider than the metric's range is cut at its edge."""
     if not points:
         return
     lo = min(m - (e if math.isfinite(e) else 0) for _, m, e in points)
     hi = max(m + (e if math.isfinite(e) else 0) for _, m, e in points)
+    if bounds is not None:
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
     floor = 0.05 * max(abs(lo), abs(hi), 1e-9)
     if hi - lo < floor:
         mid = (hi + lo) / 2
         lo, hi = mid - floor / 2, mid + floor / 2
-    pad = 0.08 * (hi - lo)
+    pad = 0.04 * (hi - lo) if bounds is not None else 0.08 * (hi - lo)
     ax.set_ylim(lo - pad, hi + pad)
+
+
+def _wants_log_axis(points) -> bool:
+    """Positive means spanning a factor of 10 or more: on a linear axis the smaller ones merge."""
+    means = [m for _, m, _ in points if math.isfinite(m)]
+    return bool(means) and min(means) > 0 and max(means) >= 10 * min(means)
+
+
+def _log_ylim(ax, points) -> None:
+    """A log axis from just below the lowest positive bar end (a mean's own value where its bar
+    reaches 0 or below) to just above the highest one."""
+    ax.set_yscale("log")
+    ends = [m - e if math.isfinite(e) and m - e > 0 else m for _, m, e in points]
+    tops = [m + (e if math.isfinite(e) else 0) for _, m, e in points]
+    ax.set_ylim(min(ends) / 1.2, max(tops) * 1.2)
 
 
 def heatmap_grid(rows: Sequence[tuple[str, Sequence[np.ndarray]]], title: str,

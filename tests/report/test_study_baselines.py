@@ -181,3 +181,36 @@ def test_thirteen_lines_of_one_figure_all_look_different():
 
     looks = {(COLOURS[k % len(COLOURS)], _line_style(k)["linestyle"], _line_style(k)["marker"]) for k in range(13)}
     assert len(looks) == 13
+
+
+def test_a_blown_up_perplexity_gets_a_second_panel_without_it_and_is_named_there(mod):
+    lines = {"unas (rope)": [(256, 200.0, 3.0), (2048, 303.0, 1.0)],
+             "sigmoid (rope)": [(256, 210.0, 4.0), (2048, 3799.0, 5109.0)],
+             "alibi": [(256, 203.0, 2.0), (2048, 201.0, 2.0)]}
+    assert mod.without_blown_up("test ppl", lines) == {
+        "test ppl without sigmoid (rope)": {"unas (rope)": lines["unas (rope)"], "alibi": lines["alibi"]}}
+    calm = {k: v for k, v in lines.items() if k != "sigmoid (rope)"}
+    assert mod.without_blown_up("test ppl", calm) == {}  # 303 < 3 x 200: one panel is enough
+    assert mod.without_blown_up("test ppl", {"sigmoid (rope)": lines["sigmoid (rope)"]}) == {}  # nothing left
+
+
+def test_a_panel_spanning_a_factor_of_ten_gets_a_log_axis_that_shows_every_mean():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from nas_cli.diagnostics.figures import _honest_ylim, _log_ylim, _wants_log_axis
+
+    blown = [(256, 201.4, 2.7), (2048, 3799.4, 5109.3), (2048, 196.6, 7.5)]  # the study's sigmoid: a bar below 0
+    assert _wants_log_axis(blown) and not _wants_log_axis(blown[::2])
+    assert not _wants_log_axis([(64, 0.0, 1.0), (128, 99.9, 0.1)])  # a 0 cannot sit on a log axis
+    fig, ax = plt.subplots()
+    _log_ylim(ax, blown)
+    lo, hi = ax.get_ylim()
+    assert ax.get_yscale() == "log" and 0 < lo < 196.6 - 7.5 and hi > 3799.4 + 5109.3
+    fig, ax = plt.subplots()
+    _honest_ylim(ax, [(64, 80.1, 83.0), (128, 24.1, 1.0)], bounds=(0.0, 100.0))  # MQAR: a bar past 0 and 100%
+    lo, hi = ax.get_ylim()
+    assert -5 < lo < 0 and 100 < hi < 105
+    plt.close("all")
