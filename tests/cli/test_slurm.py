@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import NAS_RUN, run_command, script, start_command
+from helpers import NAS_RUN, glob_now, run_command, script, start_command
 from slurm_cluster import SlurmCluster, available
 
 # one xdist worker runs them all (pyproject's --dist loadgroup): one accounting cluster and one two-node cluster
@@ -84,7 +84,7 @@ def test_a_job_the_scheduler_ends_fails_alone_and_the_same_command_finishes_it(c
         while victim is None and time.time() < deadline:  # cancel array task 1 once it trains
             for line in cluster.jobs():
                 job, state = line.split()
-                if job.endswith("_1") and state == "RUNNING" and _polled(tmp_path / "sw", "1_*/nas_run.log"):
+                if job.endswith("_1") and state == "RUNNING" and glob_now(tmp_path / "sw", "1_*/nas_run.log"):
                     victim = job
             time.sleep(0.5)
         assert victim, "array task 1 never ran"
@@ -171,15 +171,6 @@ def _why(sweep: Path) -> str:
     return "\n".join(parts)[-6000:]
 
 
-def _polled(sweep: Path, pattern: str) -> list[Path]:
-    """What a running sweep holds so far. The start's writability check makes the sweep directory
-    and removes it again before Hydra makes it for good, so a poll may find it gone mid-listing."""
-    try:
-        return list(sweep.glob(pattern))
-    except FileNotFoundError:
-        return []
-
-
 def _step(ckpt: Path) -> int:
     try:
         return int(torch.load(ckpt, weights_only=True)["global_step"])
@@ -202,7 +193,7 @@ def test_preemption_requeues_resume_bit_identically_and_close_wandb_cleanly(clus
         job, last = None, None
         deadline = time.time() + 180
         while job is None and time.time() < deadline:
-            found = _polled(tmp_path / "sw", "0_*/checkpoints/last.ckpt")
+            found = glob_now(tmp_path / "sw", "0_*/checkpoints/last.ckpt")
             jobs = cluster.jobs()
             if found and jobs and jobs[0].split()[1] == "RUNNING":
                 job, last = jobs[0].split()[0], found[0]
