@@ -136,6 +136,14 @@ class Task(pl.LightningDataModule):
     metrics: dict = {}
 
     # ---- optional members: what the runner reads when a task has them (defaults: it has not) ----
+    #: the test metric that is the greedy accuracy at the scored positions (``query_acc``): logged per split
+    accuracy_name: str | None = None
+    #: the test metric that is the class-balanced accuracy there (MAD's score, ``mad_acc``): the mean over the
+    #: classes of each class's accuracy (nas_cli.model.scoring.class_balanced_accuracy)
+    macro_accuracy_name: str | None = None
+    #: how a language model's outputs are read: None (each position's own state) or ``"last_state"`` (every
+    #: position decoded from the last position's final state: MAD's compression, nas_cli/model/readout.py)
+    readout: str | None = None
     #: beam search for test decoding, {"beam", "lenpen", "max_len_a", "max_len_b"}; None: greedy
     decoding: dict | None = None
     #: beam width for validation decoding (with ``decoding``)

@@ -31,6 +31,8 @@ from nas_cli.infra.options import PositiveInt
 from .base import PAD, Task, loader_workers, worker_options
 
 SPECIALS = 3  # PAD, BOS, EOS come first
+#: MAD's score as a test metric (column title, higher is better, shown as a percentage): tasks/mad.py
+MAD_ACC = ("MAD acc.", True, "pct")
 
 
 def _distinct(rng: np.random.Generator, n: int, population: int, k: int, logp: np.ndarray | None = None) -> np.ndarray:
@@ -76,22 +78,52 @@ def mqar(n: int, vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: floa
     return inputs, target
 
 
-def selective_copy(n: int, vocab_size: int, seq_len: int, num_tokens: int, rng: np.random.Generator):
-    """``n`` selective-copying sequences of ``seq_len`` inputs: a region of ``seq_len - num_tokens`` positions
-    with ``num_tokens`` content tokens (2 .. vocab_size-1) at ordered random positions among blanks (0), the
-    copy marker (1), then the content tokens in order. (inputs (n, seq_len), targets: the next token where it
-    is a content token of the answer, -1 elsewhere)."""
-    seq_len = seq_len - num_tokens  # the region
+def selective_copy_mamba(n: int, vocab_size: int, seq_len: int, num_tokens: int, rng: np.random.Generator):
+    """``n`` selective-copying sequences as the S4 repository's ``torch_copying_data(variable=True)`` makes
+    them and the Mamba paper (Gu & Dao 2023, Appendix E.1) trains on: a region of ``seq_len - num_tokens``
+    positions holding ``num_tokens`` content tokens (drawn uniformly, with repetition, from the ``vocab_size
+    - 2`` content symbols 2 .. vocab_size-1) at a uniformly drawn set of positions (in order) among blanks
+    (0), then ``num_tokens`` copy markers (1). The output at the j-th marker is scored against the j-th
+    content token: the answer region's inputs are markers only, so every token is recalled from memory.
+    (inputs (n, seq_len), targets (n, seq_len) with -1 where nothing is scored.)"""
+    region = seq_len - num_tokens
     content = rng.integers(2, vocab_size, size=(n, num_tokens))
-    where = np.sort(_distinct(rng, n, seq_len, num_tokens), axis=1)
+    where = np.sort(_distinct(rng, n, region, num_tokens), axis=1)  # a uniform num_tokens-subset of the region
     rows = np.arange(n)[:, None]
-    seq = np.zeros((n, seq_len + 1 + num_tokens), dtype=np.int64)
-    seq[rows, where] = content
-    seq[:, seq_len] = 1
-    seq[:, seq_len + 1:] = content
-    target = np.full_like(seq, -1)
-    target[:, seq_len + 1:] = content
-    return seq[:, :-1], target[:, 1:]  # position t predicts the token at t + 1
+    inputs = np.zeros((n, seq_len), dtype=np.int64)
+    inputs[rows, where] = content
+    inputs[:, region:] = 1
+    target = np.full_like(inputs, -1)
+    target[:, region:] = content
+    return inputs, target
+
+
+def selective_copy_mad(n: int, vocab_size: int, seq_len: int, num_tokens: int, rng: np.random.Generator):
+    """``n`` selective-copying sequences as MAD-lab's ``generate_selective_copying_instance`` makes them
+    (Poli et al. 2024): ``num_tokens`` content tokens (uniform, with repetition, over the ``vocab_size - 2``
+    content symbols 2 .. vocab_size-1) with ``seq_len - 2 num_tokens - 1`` blanks (0) inserted before them,
+    each blank before a content token chosen uniformly (so the blanks before the tokens are multinomial,
+    and the last content token ends the region), then the copy token (1), then ``num_tokens`` blanks; the
+    output at the j-th blank after the copy token is scored against the j-th content token. (inputs (n,
+    seq_len), targets (n, seq_len) with -1 where nothing is scored.)"""
+    blanks = seq_len - 2 * num_tokens - 1
+    content = rng.integers(2, vocab_size, size=(n, num_tokens))
+    slot = rng.integers(0, num_tokens, size=(n, blanks))  # the content token each blank goes before
+    before = np.zeros((n, num_tokens), dtype=np.int64)
+    np.add.at(before, (np.repeat(np.arange(n), blanks), slot.ravel()), 1)
+    where = np.arange(num_tokens)[None, :] + np.cumsum(before, axis=1)
+    rows = np.arange(n)[:, None]
+    inputs = np.zeros((n, seq_len), dtype=np.int64)
+    inputs[rows, where] = content
+    copy_at = num_tokens + blanks
+    inputs[:, copy_at] = 1
+    target = np.full_like(inputs, -1)
+    target[:, copy_at + 1:] = content
+    return inputs, target
+
+
+#: ``task.variant`` of selective copying -> its generator
+SELECTIVE_COPY = {"mamba": selective_copy_mamba, "mad": selective_copy_mad}
 
 
 class _Rows(Dataset):
@@ -134,11 +166,15 @@ class _RecallTask(Task):
     def make(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
+    def make_split(self, split: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of ``split``: :meth:`make`'s, unless a task trains on other targets than it scores."""
+        return self.make(n, rng)
+
     def setup(self, stage=None):
         if self.splits:
             return
         for i, split in enumerate(("train", "val", "test")):  # each split its own stream of task.seed
-            self.splits[split] = _Rows(*self.make(self.sizes[split], np.random.default_rng([self.seed, i])))
+            self.splits[split] = _Rows(*self.make_split(split, self.sizes[split], np.random.default_rng([self.seed, i])))
 
     def _loader(self, split, shuffle):
         return DataLoader(self.splits[split], batch_size=self.batch_size, shuffle=shuffle, collate_fn=_collate,
@@ -212,25 +248,36 @@ class SelectiveCopy(_RecallTask):
     monitor = "val/copy_acc"
     metrics = {"copy_acc": ("copy acc.", True, "pct")}
 
-    def __init__(self, name: str = "selective_copy", vocab_size: PositiveInt = 16, seq_len: PositiveInt = 256,
-                 num_tokens: PositiveInt = 16, train_size: PositiveInt = 20_000, val_size: PositiveInt = 500,
-                 test_size: PositiveInt = 1000, batch_size: PositiveInt = 64, seed: int = 1234, num_workers="auto"):
-        if 2 * num_tokens > seq_len:
+    def __init__(self, name: str = "selective_copy", variant: str = "mamba", vocab_size: PositiveInt = 16,
+                 seq_len: PositiveInt = 256, num_tokens: PositiveInt = 16, train_size: PositiveInt = 20_000,
+                 val_size: PositiveInt = 500, test_size: PositiveInt = 1000, batch_size: PositiveInt = 64,
+                 seed: int = 1234, num_workers="auto"):
+        if variant not in SELECTIVE_COPY:
+            raise ValueError(f"task.variant must be one of {', '.join(SELECTIVE_COPY)} (got '{variant}'): mamba is S4's "
+                             "and the Mamba paper's form (copy markers in the answer region), mad is MAD-lab's "
+                             "(blanks there)")
+        if variant == "mamba" and 2 * num_tokens > seq_len:
             raise ValueError(f"task.num_tokens={num_tokens} must be at most half of task.seq_len={seq_len} (the "
-                             "region holding them, then the copy)")
+                             "region holding them, then a copy marker per token)")
+        if variant == "mad" and 2 * num_tokens + 1 >= seq_len:
+            raise ValueError(f"task.seq_len={seq_len} must exceed 2 x task.num_tokens + 1 = {2 * num_tokens + 1} "
+                             "with task.variant=mad (the tokens and at least one blank, the copy token, the answer)")
         if vocab_size < 3:
             raise ValueError(f"task.vocab_size must be at least 3 (a blank, the copy marker, a content token), "
                              f"got {vocab_size}")
         super().__init__(name, vocab_size, train_size, val_size, test_size, batch_size, seed, num_workers)
-        self.seq_len, self.num_tokens = int(seq_len), int(num_tokens)
+        self.variant, self.seq_len, self.num_tokens = variant, int(seq_len), int(num_tokens)
+        if variant == "mad":  # MAD-lab's own score beside the per-token accuracy (tasks/mad.py)
+            self.macro_accuracy_name = "mad_acc"
+            self.metrics = {**self.metrics, "mad_acc": MAD_ACC}
 
     def at_length(self, length: int) -> dict:
         """Proportionally more content tokens in a proportionally longer region."""
-        return dict(name=self.name, vocab_size=self.vocab_size, seq_len=length,
+        return dict(name=self.name, variant=self.variant, vocab_size=self.vocab_size, seq_len=length,
                     num_tokens=max(1, self.num_tokens * length // self.seq_len))
 
     def make(self, n, rng):
-        return selective_copy(n, self.vocab_size, self.seq_len, self.num_tokens, rng)
+        return SELECTIVE_COPY[self.variant](n, self.vocab_size, self.seq_len, self.num_tokens, rng)
 
     def positions_needed(self) -> tuple[int, str]:
         return self.seq_len, f"task.seq_len={self.seq_len}"

@@ -240,13 +240,14 @@ def gather_eval(sums: dict[str, torch.Tensor | None], text: tuple[list, ...]):
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return sums, text
-    local = ({k: None if v is None else float(v) for k, v in sums.items()}, tuple(list(t) for t in text))
+    local = ({k: None if v is None else v.detach().double().cpu() for k, v in sums.items()},
+             tuple(list(t) for t in text))
     parts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, local)
     merged = {}
     for key in sums:
         values = [p[0][key] for p in parts if p[0][key] is not None]
-        merged[key] = torch.tensor(sum(values), dtype=torch.float64) if values else None
+        merged[key] = sum(values).to(torch.float64) if values else None  # scalars, or per-class counts
     return merged, tuple([x for p in parts for x in p[1][i]] for i in range(len(text)))
 
 

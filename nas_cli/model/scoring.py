@@ -35,6 +35,8 @@ class Scores:
     correct: torch.Tensor  # () int64: scored targets equal to the greedy (argmax) prediction
     row_nll: torch.Tensor  # (B,) float64: the NLL sum of each row (example, or LM window)
     row_tokens: torch.Tensor  # (B,) int64: the scored targets of each row
+    predicted: torch.Tensor | None = None  # (N,) int64: the greedy prediction at each scored position
+    targets: torch.Tensor | None = None  # (N,) int64: the target there (class-balanced accuracies count both)
 
 
 def scored(hidden: torch.Tensor, target: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -52,7 +54,7 @@ def score_positions(hidden: torch.Tensor, target: torch.Tensor, pad_id: int,
     ``logits_of`` the output layer ((n, d) -> (n, vocab) logits) applied to the scored positions only."""
     h, tgt, rows = scored(hidden, target, pad_id)
     nll = torch.empty(tgt.shape, dtype=torch.float32, device=h.device)
-    hit = torch.empty(tgt.shape, dtype=torch.bool, device=h.device)
+    pred = torch.empty(tgt.shape, dtype=torch.long, device=h.device)
     start, step = 0, None
     while start < tgt.numel():
         end = start + (step or 1)
@@ -60,9 +62,9 @@ def score_positions(hidden: torch.Tensor, target: torch.Tensor, pad_id: int,
         if step is None:  # the first position tells the vocabulary's size: the chunk follows from it
             step = max(1, chunk_elements // logits.size(-1))
         nll[start:end] = F.cross_entropy(logits, tgt[start:end], reduction="none")
-        hit[start:end] = logits.argmax(-1) == tgt[start:end]
+        pred[start:end] = logits.argmax(-1)
         start = end
-    return _summed(nll, hit, rows, target.size(0))
+    return _summed(nll, pred, tgt, rows, target.size(0))
 
 
 def score_log_probs(hidden: torch.Tensor, target: torch.Tensor, pad_id: int,
@@ -72,7 +74,7 @@ def score_log_probs(hidden: torch.Tensor, target: torch.Tensor, pad_id: int,
     vocabulary's logits (an adaptive softmax): ``log_prob(h, targets)`` and ``predict(h)``."""
     h, tgt, rows = scored(hidden, target, pad_id)
     h = h.float()
-    return _summed(-log_prob(h, tgt).float(), predict(h) == tgt, rows, target.size(0))
+    return _summed(-log_prob(h, tgt).float(), predict(h), tgt, rows, target.size(0))
 
 
 #: the most tail log-probabilities one chunk of :func:`adaptive_greedy` holds (float32: 4 MiB): small enough
@@ -103,8 +105,26 @@ def adaptive_greedy(layer: torch.nn.AdaptiveLogSoftmaxWithLoss, h: torch.Tensor,
     return token
 
 
-def _summed(nll: torch.Tensor, hit: torch.Tensor, rows: torch.Tensor, batch: int) -> Scores:
+def _summed(nll: torch.Tensor, pred: torch.Tensor, tgt: torch.Tensor, rows: torch.Tensor, batch: int) -> Scores:
     row_nll = torch.zeros(batch, dtype=torch.float64, device=nll.device).index_add_(0, rows, nll.double())
     row_tokens = torch.zeros(batch, dtype=torch.int64, device=nll.device).index_add_(
         0, rows, torch.ones_like(rows))
-    return Scores(row_nll.sum(), row_tokens.sum(), hit.sum(), row_nll, row_tokens)
+    return Scores(row_nll.sum(), row_tokens.sum(), (pred == tgt).sum(), row_nll, row_tokens, pred, tgt)
+
+
+def class_counts(scores: Scores, classes: int) -> torch.Tensor:
+    """(3, classes) int64: per class, the scored positions predicted right (true positives), the
+    scored positions of that target (support) and the positions predicted as it."""
+    right = scores.targets[scores.predicted == scores.targets]
+    return torch.stack([torch.bincount(t, minlength=classes)[:classes]
+                        for t in (right, scores.targets, scores.predicted)])
+
+
+def class_balanced_accuracy(counts: torch.Tensor) -> float:
+    """The accuracy MAD-lab reports (torchmetrics' ``MulticlassAccuracy`` with its default macro
+    average, over the scored positions): the mean over classes of right / support, over the classes
+    that occur as a target or a prediction (a class only predicted counts 0)."""
+    right, support, predicted = counts.double()
+    present = (support + predicted) > 0
+    recall = torch.where(support > 0, right / support.clamp(min=1), torch.zeros_like(right))
+    return float(recall[present].mean()) if bool(present.any()) else 0.0

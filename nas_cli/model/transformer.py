@@ -16,6 +16,7 @@ from torch.nn import functional as F
 from nas_cli.attention import AttentionCore
 from nas_cli.attention.positions import alibi_slopes, rotate, sinusoids
 from nas_cli.model.embedding import Embedder
+from nas_cli.model.readout import READOUTS
 from nas_cli.infra.options import Count, Fraction, PositiveInt
 
 CoreFactory = Callable[[str, int, bool], AttentionCore]
@@ -136,7 +137,8 @@ class FeedForward(nn.Sequential):
 
 
 class Block(nn.Module):
-    """One encoder or decoder layer: self-attention, optional cross-attention, FFN.
+    """One encoder or decoder layer: self-attention, optional cross-attention, FFN (none with
+    ``model.ffn=0``: an attention-only layer, as Zoology's Figure 2 models are).
 
     ``norm_first=True`` is pre-norm (LayerNorm before each sublayer), else post-norm
     as in Vaswani et al."""
@@ -146,8 +148,9 @@ class Block(nn.Module):
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, heads, self_core, dropout, positions=positions)
         self.cross_attn = MultiHeadAttention(d_model, heads, cross_core, dropout) if cross_core is not None else None
-        self.ffn = FeedForward(d_model, ffn, dropout)
-        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(3 if cross_core is not None else 2))
+        self.ffn = FeedForward(d_model, ffn, dropout) if ffn else None
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model)
+                                   for _ in range(1 + (cross_core is not None) + (self.ffn is not None)))
 
     def _sub(self, x, i, fn):
         if self.norm_first:
@@ -165,7 +168,8 @@ class Block(nn.Module):
         if self.cross_attn is not None:
             x, found["cross"] = self._sub(
                 x, 1, lambda h: self.cross_attn(h, memory, mask, memory_mask, need_weights, prev.get("cross")))
-        x, _ = self._sub(x, len(self.norms) - 1, lambda h: (self.ffn(h), None))
+        if self.ffn is not None:
+            x, _ = self._sub(x, len(self.norms) - 1, lambda h: (self.ffn(h), None))
         return x, found
 
 
@@ -174,7 +178,8 @@ def _block_step(block: "Block", x, memory, memory_mask, cache: dict):
     sublayers = [lambda h: _attention_step(block.self_attn, h, None, None, cache.setdefault("self", {}))]
     if block.cross_attn is not None:
         sublayers.append(lambda h: _attention_step(block.cross_attn, h, memory, memory_mask, cache.setdefault("cross", {})))
-    sublayers.append(block.ffn)
+    if block.ffn is not None:
+        sublayers.append(block.ffn)
     for i, fn in enumerate(sublayers):
         x = x + fn(block.norms[i](x)) if block.norm_first else block.norms[i](x + fn(x))
     return x
@@ -198,21 +203,23 @@ def check_heads(d_model: int, heads: int) -> None:
 class Seq2SeqTransformer(nn.Module):
     def __init__(self, src_vocab, tgt_vocab, core_factory: CoreFactory, d_model: PositiveInt = 512,
                  heads: PositiveInt = 8, encoder_layers: Count = 6, decoder_layers: PositiveInt = 6,
-                 ffn: PositiveInt = 2048, dropout: Fraction = 0.1, norm_first: bool = False,
-                 positions="sinusoidal", max_len: PositiveInt = 1024, share_embeddings: bool = False, pad_id=0):
+                 ffn: Count = 2048, dropout: Fraction = 0.1, norm_first: bool = False,
+                 positions="sinusoidal", max_len: PositiveInt = 1024, share_embeddings: bool = False, pad_id=0,
+                 embed_dropout: Fraction | None = None):
         super().__init__()
         check_heads(d_model, heads)
+        embed_dropout = dropout if embed_dropout is None else embed_dropout
         if positions == "alibi":
             raise ValueError("model.positions=alibi is defined for a causal language model's self-attention (Press et "
                              "al. 2022), not for an encoder or cross-attention: use model.positions=rope or sinusoidal")
         self.pad_id = pad_id
-        self.src_embed = Embedder(src_vocab, d_model, positions, max_len, dropout, pad_id)
+        self.src_embed = Embedder(src_vocab, d_model, positions, max_len, embed_dropout, pad_id)
         shared = None
         if share_embeddings:
             if src_vocab != tgt_vocab:
                 raise ValueError("model.share_embeddings=true needs a joint source/target vocabulary")
             shared = self.src_embed.tokens
-        self.tgt_embed = Embedder(tgt_vocab, d_model, positions, max_len, dropout, pad_id, shared)
+        self.tgt_embed = Embedder(tgt_vocab, d_model, positions, max_len, embed_dropout, pad_id, shared)
         self.encoder = nn.ModuleList(
             Block(d_model, heads, ffn, dropout, norm_first, core_factory("encoder", i, False), positions=positions)
             for i in range(encoder_layers)
@@ -297,18 +304,23 @@ class DecoderOnlyLM(nn.Module):
     """GPT-style causal language model; its self-attention location is ``decoder``."""
 
     def __init__(self, vocab, core_factory: CoreFactory, d_model: PositiveInt = 512, heads: PositiveInt = 8,
-                 decoder_layers: PositiveInt = 6, ffn: PositiveInt = 2048, dropout: Fraction = 0.1,
+                 decoder_layers: PositiveInt = 6, ffn: Count = 2048, dropout: Fraction = 0.1,
                  norm_first: bool = True, positions="sinusoidal", max_len: PositiveInt = 1024, pad_id=0,
-                 adaptive_softmax: dict | None = None, **_):
+                 adaptive_softmax: dict | None = None, readout: str | None = None,
+                 embed_dropout: Fraction | None = None, **_):
         super().__init__()
         check_heads(d_model, heads)
         self.pad_id = pad_id
-        self.embed = Embedder(vocab, d_model, positions, max_len, dropout, pad_id)
+        # the embeddings' dropout: model.dropout unless model.embed_dropout says otherwise (Zoology: 0.1 there only)
+        self.embed = Embedder(vocab, d_model, positions, max_len, dropout if embed_dropout is None else embed_dropout,
+                              pad_id)
         self.layers = nn.ModuleList(
             Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True), positions=positions)
             for i in range(decoder_layers)
         )
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        #: how the outputs are read from the final states: each position's own (None), or a task's read-out
+        self.readout = READOUTS[readout](d_model, max_len) if readout else None
         self.adaptive = bool(adaptive_softmax)
         if self.adaptive:
             self.generator = adaptive_output(d_model, vocab, adaptive_softmax)
@@ -324,7 +336,8 @@ class DecoderOnlyLM(nn.Module):
         for layer in self.layers:
             x, found = layer(x, mask, need_weights=need_weights, prev=found)
             per_layer.append(found)
-        return self.norm(x), _collect(per_layer, {"self": "decoder"})
+        x = self.norm(x)
+        return (x if self.readout is None else self.readout(x)), _collect(per_layer, {"self": "decoder"})
 
     def forward(self, ids, need_weights=False, hidden=False):
         """Logits over the vocabulary (with an adaptive softmax: its full log-probabilities,

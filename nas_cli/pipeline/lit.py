@@ -19,7 +19,8 @@ from nas_cli.errors import NonFiniteLoss, UserError, record
 from nas_cli.model.losses import label_smoothed_nll
 from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer
 from nas_cli.model.plan import Cores
-from nas_cli.model.scoring import Scores, adaptive_greedy, score_log_probs, score_positions, scored
+from nas_cli.model.scoring import (Scores, adaptive_greedy, class_balanced_accuracy, class_counts, score_log_probs,
+                                   score_positions, scored)
 from nas_cli.infra.distributed import gather_eval
 from nas_cli.pipeline.sections import OptimOptions
 from tasks.base import EMPTY_WARNING
@@ -31,18 +32,22 @@ TIMING_KEY = "nas_run_timing"
 def build_model(model_cfg: DictConfig, cores: Cores, task) -> torch.nn.Module:
     """The model for ``task`` (seq2seq or LM) with the ``cores`` of the job's attention plan
     (``AttentionPlan.model_cores``)."""
+    if task.readout and (model_cfg.get("family") or model_cfg.get("adaptive_softmax")):
+        raise ValueError(f"task '{task.name}' decodes every position from the last position's state, which only "
+                         "nas-run's own language model does: use model=tiny (or small, base) without "
+                         "model.adaptive_softmax")
     if model_cfg.get("family"):  # a Hugging Face family (model=hf_llama, ...)
         from nas_cli.hf.models import build_hf_model
 
         return build_hf_model(model_cfg, cores, task)
     common = dict(d_model=model_cfg.d_model, heads=model_cfg.heads, ffn=model_cfg.ffn, dropout=model_cfg.dropout,
                   norm_first=model_cfg.norm_first, positions=model_cfg.positions, max_len=model_cfg.max_len,
-                  pad_id=task.pad_id)
+                  pad_id=task.pad_id, embed_dropout=model_cfg.get("embed_dropout"))
     if task.kind == "lm":
         adaptive = model_cfg.get("adaptive_softmax")
         adaptive = OmegaConf.to_container(adaptive, resolve=True) if isinstance(adaptive, DictConfig) else adaptive
         return DecoderOnlyLM(task.src_vocab_size, cores, decoder_layers=model_cfg.decoder_layers,
-                             adaptive_softmax=adaptive, **common)
+                             adaptive_softmax=adaptive, readout=task.readout, **common)
     if model_cfg.get("adaptive_softmax"):
         raise ValueError("model.adaptive_softmax is for language-model tasks (word-level vocabularies); "
                          "set model.adaptive_softmax=null for translation")
@@ -88,6 +93,22 @@ def inverse_sqrt(warmup: int):
     def factor(step: int) -> float:
         step = step + 1
         return min(step / warmup, math.sqrt(warmup / step))
+
+    return factor
+
+
+def warmup_cosine(warmup: int, total: int, floor: float):
+    """The learning-rate factor of step ``step``: linear warm-up over ``warmup`` steps, then (``total`` > 0) a
+    cosine from 1 down to ``floor`` (``optim.min_lr / optim.lr``) at step ``total``, ``floor`` after it; with
+    ``total`` = 0 the peak rate after the warm-up (``optim.schedule=constant``)."""
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if total <= 0:
+            return 1.0
+        done = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * done))
 
     return factor
 
@@ -266,7 +287,10 @@ class NasLitModule(pl.LightningModule):
     def _eval_step(self, batch, split: str):
         scores = self.eval_scores(batch)
         row_nll, row_n = scores.row_nll, scores.row_tokens
-        for key, val in (("nll", scores.nll_sum), ("n", scores.tokens), ("correct", scores.correct)):
+        counted = [("nll", scores.nll_sum), ("n", scores.tokens), ("correct", scores.correct)]
+        if self.task.macro_accuracy_name:  # per-class counts for a class-balanced accuracy (MAD's)
+            counted.append(("classes", class_counts(scores, self.task.tgt_vocab_size)))
+        for key, val in counted:
             self._sums[f"{split}/{key}"] = self._sums.get(f"{split}/{key}", 0) + val.detach().double()
         hyps, refs, index, nll, ntok = self._eval_text.setdefault(split, ([], [], [], [], []))
         rows = row_nll.size(0)
@@ -305,7 +329,7 @@ class NasLitModule(pl.LightningModule):
         return out
 
     def _eval_end(self, split: str):
-        sums = {key: self._sums.pop(f"{split}/{key}", None) for key in ("n", "nll", "correct")}
+        sums = {key: self._sums.pop(f"{split}/{key}", None) for key in ("n", "nll", "correct", "classes")}
         text = self._eval_text.pop(split, ([], [], [], [], []))
         sums, text = gather_eval(sums, text)  # several processes (DDP): the whole split's statistics
         n = sums["n"]
@@ -316,9 +340,10 @@ class NasLitModule(pl.LightningModule):
         correct = sums["correct"] / n
         metrics = {f"{split}/loss": float(nll), f"{split}/ppl": float(torch.exp(nll.clamp(max=50))),
                    f"{split}/token_acc": float(correct)}
-        named = getattr(self.task, "accuracy_name", None)  # a task whose metric is the accuracy where it scores
-        if named:  # (MQAR: the query positions)
-            metrics[f"{split}/{named}"] = float(correct)
+        if self.task.accuracy_name:  # a task whose metric is the accuracy where it scores (MQAR: the queries)
+            metrics[f"{split}/{self.task.accuracy_name}"] = float(correct)
+        if self.task.macro_accuracy_name and sums["classes"] is not None:
+            metrics[f"{split}/{self.task.macro_accuracy_name}"] = class_balanced_accuracy(sums["classes"])
         hyps, refs, index, row_nll, row_n = text
         order = sorted(range(len(index)), key=index.__getitem__)  # the split's original order
         self.items[split] = item_outputs(self.task, [index[i] for i in order], [row_nll[i] for i in order],
@@ -364,7 +389,21 @@ class NasLitModule(pl.LightningModule):
     # ---- optimization --------------------------------------------------------------
     def configure_optimizers(self):
         o = self.optim
-        opt = torch.optim.Adam(self.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-                               weight_decay=o.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt(o.warmup))
+        kind = torch.optim.AdamW if o.optimizer == "adamw" else torch.optim.Adam
+        opt = kind(self.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+        if o.schedule == "inverse_sqrt":
+            factor = inverse_sqrt(o.warmup)
+        else:
+            total = self._total_steps() if o.schedule == "cosine" else 0
+            factor = warmup_cosine(o.warmup, total, o.min_lr / o.lr)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def _total_steps(self) -> int:
+        """The optimizer steps the cosine schedule spans: ``trainer.max_steps``, or what the epochs make."""
+        trainer = self._trainer
+        if trainer is None:
+            return 1
+        if trainer.max_steps and trainer.max_steps > 0:
+            return int(trainer.max_steps)
+        return max(1, int(trainer.estimated_stepping_batches))

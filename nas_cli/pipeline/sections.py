@@ -53,9 +53,17 @@ class RunOptions(_Section):
     eval_batch_items: PositiveInt | None
 
 
+#: ``optim.optimizer``: Adam (weight decay added to the gradient, as torch.optim.Adam does) or AdamW (decoupled)
+Optimizer = Annotated[str, Check(lambda v: v in ("adam", "adamw"), "adam or adamw", "adamw")]
+#: ``optim.schedule``: the inverse square root after a linear warm-up (Vaswani et al.), a linear warm-up then a
+#: cosine decay to ``optim.min_lr`` at the last step, or a linear warm-up then the peak rate throughout
+Schedule = Annotated[str, Check(lambda v: v in ("inverse_sqrt", "cosine", "constant"),
+                                "inverse_sqrt, cosine or constant", "cosine")]
+
+
 @dataclass(frozen=True)
 class OptimOptions(_Section):
-    """``optim.*``: Adam and the inverse-square-root schedule (nas_cli/pipeline/lit.py)."""
+    """``optim.*``: the optimizer and the learning-rate schedule (nas_cli/pipeline/lit.py)."""
 
     lr: PositiveNumber
     warmup: Count
@@ -63,6 +71,9 @@ class OptimOptions(_Section):
     weight_decay: NonNegativeNumber
     betas: tuple
     eps: PositiveNumber
+    optimizer: Optimizer = "adam"
+    schedule: Schedule = "inverse_sqrt"
+    min_lr: NonNegativeNumber = 0.0
 
 
 @dataclass(frozen=True)

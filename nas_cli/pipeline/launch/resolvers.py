@@ -49,7 +49,24 @@ def scheme_tag(attention, task_target, model) -> str:
     return tag_resolver(attention, task_target, model)
 
 
-RESOLVERS = MappingProxyType({"nas.tag": scheme_tag, "nas.direction": optuna_direction, "nas.slurm_tasks": slurm_tasks,
+#: Zoology's Figure 2 cells (Arora et al. 2023; paper_configs/iclr24_zoology_figure2/configs.py): sequence
+#: length -> (key-value pairs, batch size)
+ZOOLOGY_FIG2 = MappingProxyType({64: (4, 512), 128: (8, 512), 256: (16, 256), 512: (64, 128)})
+
+
+def zoology_fig2(what: str, seq_len) -> int:
+    """``${nas.zoology_fig2:pairs,${task.seq_len}}`` (or ``batch``): the number of key-value pairs or the batch
+    size of Zoology's Figure 2 cell at that sequence length (experiment=zoology_fig2)."""
+    try:
+        pairs, batch = ZOOLOGY_FIG2[int(seq_len)]
+    except (KeyError, TypeError, ValueError):
+        cells = ", ".join(str(k) for k in ZOOLOGY_FIG2)
+        raise ValueError(f"experiment=zoology_fig2 has Figure 2's cells task.seq_len={cells} (got {seq_len}); for "
+                         "another length set task.num_kv_pairs and task.batch_size too") from None
+    return pairs if what == "pairs" else batch
+
+
+RESOLVERS = MappingProxyType({"nas.zoology_fig2": zoology_fig2, "nas.tag": scheme_tag, "nas.direction": optuna_direction, "nas.slurm_tasks": slurm_tasks,
              "nas.slurm_gpus": slurm_gpus})
 
 
