@@ -176,6 +176,7 @@ class _MADTask(_RecallTask):
     """A MAD task: MAD's score (``mad_acc``) chooses the checkpoint and is the test metric."""
 
     monitor = "val/mad_acc"
+    accuracy_name = None  # the per-position accuracy is train/val/test token_acc
     macro_accuracy_name = "mad_acc"
     metrics = {"mad_acc": MAD_ACC}
     #: train on every next token (MAD's recall tasks), not only the scored positions

@@ -1,20 +1,22 @@
 """The synthetic recall tasks the field tests attention mechanisms on first, for nas-run's language model.
 
 ``MQAR`` (``task=mqar``): multi-query associative recall as Arora et al. define it ("Zoology", 2023;
-the definition of HazyResearch/zoology's ``zoology/data/associative_recall.py``). A sequence of
+the definition of HazyResearch/zoology's ``zoology/data/multiquery_ar.py``). A sequence of
 ``seq_len`` tokens starts with ``num_kv_pairs`` key-value pairs (keys drawn without repetition from
 the first half of the vocabulary, values from the second half), then the same keys again as queries,
 each at an even offset of the rest of the sequence drawn without repetition with probability
 proportional to ``power_a * g ** (power_a - 1)`` (power-law distances: most queries soon after the
-pairs); the other positions hold random tokens (``random_non_queries``, Zoology's default) or a
-blank. Only the position after each query is scored: its target is the key's value. The test
+pairs); the other positions hold random tokens (``random_non_queries``, the default of Zoology's
+``MQARConfig``) or a blank (as Zoology's Figure 2 trains: ``experiment=zoology_fig2``). Only the position after each query is scored: its target is the key's value. The test
 metric is the accuracy there (``query_acc``).
 
-``SelectiveCopy`` (``task=selective_copy``): selective copying as Poli et al. define it ("Mechanistic
-Design and Scaling of Hybrid Architectures", 2024, athms/mad-lab): ``num_tokens`` content tokens at
-random, ordered positions of a region of blank ("noise") tokens, then a copy marker, and the model
-writes the content tokens in their order after it (those predictions are scored: ``copy_acc``); a
-sequence is ``seq_len`` inputs in all.
+``SelectiveCopy`` (``task=selective_copy``): selective copying in its two published forms. ``task.variant=
+mamba`` (the default) is the S4 repository's ``torch_copying_data(variable=True)``, the task of the Mamba
+paper (Gu & Dao 2023, Appendix E.1): content tokens at uniformly drawn positions of a region of blanks,
+then a copy marker per token, and the output at each marker is scored against the next content token.
+``task.variant=mad`` is MAD-lab's (Poli et al. 2024): blanks inserted before the content tokens, a copy
+token, then blanks whose outputs are the tokens, with MAD's class-balanced score beside the per-token
+accuracy. In both, the answer region's inputs carry no content: every token is recalled from memory.
 
 Both are seeded functions of ``task.seed`` (train, validation and test drawn from their own streams)
 and vectorized (Gumbel top-k draws for sampling without replacement, exact for successive sampling).

@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="rich", metavar="FMT",
                    help="rich (default), markdown, latex, json (everything), or csv (one tidy table: the comparison "
                         "with --baseline, else the runs; --table picks another)")
-    p.add_argument("--table", metavar="NAME", help="the table --format csv writes: runs, tuning, comparison, "
+    p.add_argument("--table", metavar="NAME", help="the table --format csv writes: runs, tuning, mad, comparison, "
                                                    "test_set, sequential or unfinished")
     p.add_argument("--out", metavar="DIR", help="also write every table as its own tidy CSV file, DIR/<table>.csv "
                                                 "(numbers in numeric columns: mean, ci_low, ci_high, sd, n; "
@@ -124,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _build(args) -> _Report:
     """Load the runs, choose each tuned cell's values, compare with the baseline, and lay out the sections."""
     from nas_cli.report.formats import FORMATS
+    from nas_cli.report.mad import mad_section
     from nas_cli.report.sections import (notes as report_notes, runs_section, tuning_section, unfinished_section,
                                          verdict_sections)
 
@@ -134,7 +135,8 @@ def _build(args) -> _Report:
     tuning = _tune(args, runs, groups, by)
     metrics, verdicts, marked, compared = _compare(args, tuning.groups if tuning else groups, tuning)
     sections = [*runs_section(args, runs, groups, by, metrics, verdicts, marked),
-                *tuning_section(tuning, verdicts), *verdict_sections(verdicts, compared),
+                *tuning_section(tuning, verdicts), *mad_section(tuning.groups if tuning else groups),
+                *verdict_sections(verdicts, compared),
                 *_sequential_sections(args.paths), *unfinished_section(runs)]
     notes = report_notes(groups, compared, verdicts[2] if verdicts else None, args.paths, tuning)
     return _Report(runs, groups, by, verdicts, compared, sections, notes)

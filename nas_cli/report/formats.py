@@ -68,7 +68,7 @@ def pivot(head: Sequence[str], rows: Sequence[Sequence[str]], field: str, values
 
 
 #: the tables nas-report can write as CSV (``--table``), in the order --out writes them
-TABLES = ("runs", "tuning", "comparison", "test_set", "sequential", "unfinished")
+TABLES = ("runs", "tuning", "mad", "comparison", "test_set", "sequential", "unfinished")
 
 
 def tidy(key: str, head: Sequence[str], rows: Sequence[Sequence[str]], records) -> list[dict]:
@@ -118,7 +118,7 @@ def json_document(title: str, sections, notes: Sequence[str], baseline: str | No
         entry = {"title": t, "caption": caption, "columns": list(head), "rows": [dict(zip(head, r)) for r in rows]}
         if key == "runs":
             entry["groups"] = records
-        elif key in ("comparison", "test_set", "tuning"):  # numbers as numbers: the rows are the records, their keys the columns
+        elif key in ("comparison", "test_set", "tuning", "mad"):  # numbers as numbers: the rows are the records, their keys the columns
             entry.update(headers=list(head), rows=records, columns=_keys(records))
         doc[key] = entry
     # always there, so that a script can read it without a check: empty when every run finished

@@ -146,8 +146,11 @@ def tune(groups: Sequence[Group], keys: Sequence[str], tuning_seeds: Sequence[in
         raise UserError(f"--tune {','.join(keys)}: no run has this option in its saved config (a dotted config key "
                         f"such as optim.lr){hint}")
     out_cells, chosen_groups = [], []
+    tasks = {g.common(lambda r: r.task) for members in cells.values() for _, g in members}
     for (variant, rest), members in cells.items():
         cell = _choose(members, tuning_seeds)
+        if len(tasks) > 1:  # a sweep over tasks (MAD's protocol): a cell is named with its task
+            cell.label = f"{members[0][1].common(lambda r: r.task)}: {cell.label}"
         out_cells.append(cell)
         if cell.chosen is not None:
             chosen_groups.append(_as_chosen(cell, ("config", variant, rest), tuning_seeds))
@@ -183,8 +186,9 @@ def _choose(members: list[tuple[dict, Group]], tuning_seeds: list[int]) -> Cell:
     ranked = sorted(candidates, key=lambda c: -c.mean if higher else c.mean)
     cell.chosen = ranked[0]
     cell.margin = abs(ranked[0].mean - ranked[1].mean) if len(ranked) > 1 else None
-    for k, values in cell.grid.items():
-        if len(values) > 1 and cell.chosen.values[k] in (values[0], values[-1]):
+    for k, values in cell.grid.items():  # (a lowest value of 0, a weight decay's, has nothing below it)
+        at_low = cell.chosen.values[k] == values[0] and grid_order(values[0]) != (0, 0.0, "")
+        if len(values) > 1 and (at_low or cell.chosen.values[k] == values[-1]):
             cell.edges.append(k)
     if tuning_seeds:
         verdict = [r for r in cell.chosen.group.runs if r.seed not in tuning_seeds]

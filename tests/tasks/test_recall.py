@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from helpers import nas_run
-from tasks.recall import MQAR, SelectiveCopy, mqar, selective_copy
+from tasks.recall import MQAR, SelectiveCopy, mqar, selective_copy_mad, selective_copy_mamba
 
 
 def test_mqar_pairs_queries_and_targets_follow_zoologys_definition():
@@ -43,17 +43,18 @@ def test_mqar_query_distances_follow_the_power_law():
     assert counts[0] > counts[-1] * 2  # near queries are likelier
 
 
-def test_selective_copy_writes_the_content_tokens_in_order_after_the_marker():
-    rng = np.random.default_rng(2)
-    inputs, target = selective_copy(100, 10, 40, 6, rng)
+@pytest.mark.parametrize("make,answer_input", [(selective_copy_mamba, 1), (selective_copy_mad, 0)])
+def test_selective_copy_asks_for_every_content_token_from_memory(make, answer_input):
+    """Both published forms: the answer region's inputs are copy markers (Mamba) or blanks (MAD), never the
+    content tokens, and the j-th scored output is the j-th content token (tests/tasks/test_published_tasks.py
+    compares each with its source's distributions)."""
+    inputs, target = make(100, 10, 40, 6, np.random.default_rng(2))
     assert inputs.shape == target.shape == (100, 40)
-    region = 40 - 6
     for x, y in zip(inputs, target):
-        content = x[:region][x[:region] != 0]
-        assert len(content) == 6 and x[region] == 1  # the copy marker after the region
         scored = np.flatnonzero(y >= 0)
-        assert list(scored) == list(range(region, region + 6)) and list(y[scored]) == list(content)
-        assert list(x[region + 1:]) == list(content[:-1])  # teacher forcing: each answer the next input
+        assert list(scored) == list(range(34, 40)) and set(x[scored]) == {answer_input}
+        content = x[:34][x[:34] >= 2]
+        assert len(content) == 6 and list(y[scored]) == list(content)
 
 
 def test_splits_are_seeded_and_apart_and_bad_options_say_which():
@@ -68,6 +69,10 @@ def test_splits_are_seeded_and_apart_and_bad_options_say_which():
         MQAR(seq_len=10, num_kv_pairs=4)
     with pytest.raises(ValueError, match="task.num_tokens=30 must be at most half of task.seq_len=40"):
         SelectiveCopy(seq_len=40, num_tokens=30)
+    with pytest.raises(ValueError, match="task.seq_len=33 must exceed 2 x task.num_tokens \\+ 1 = 33"):
+        SelectiveCopy(variant="mad", seq_len=33, num_tokens=16)
+    with pytest.raises(ValueError, match="task.variant must be one of mamba, mad"):
+        SelectiveCopy(variant="s4")
 
 
 @pytest.mark.slow  # trained runs, Hugging Face models among them
@@ -76,7 +81,7 @@ def test_splits_are_seeded_and_apart_and_bad_options_say_which():
 def test_each_trains_to_a_summary_with_its_accuracy(task, metric, model, tmp_path):
     run = tmp_path / "r"
     small = ["task.train_size=512", "task.val_size=64", "task.test_size=64"]
-    small += ["task.seq_len=64"] if task == "selective_copy" else []  # mqar's own length; 256 by default
+    small += ["task.seq_len=64"] if task == "selective_copy" else []  # mqar's own length is 64; this one's 256
     proc = nas_run(f"task={task}", f"model={model}", "debug=fast", *small, "logger=csv", f"hydra.run.dir={run}",
                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
