@@ -20,4 +20,13 @@ zoology() {  # seq_len: each width's four rates and three seeds
 }
 zoology 64
 zoology 128
+# selective copying in both published forms (docs/tasks.md): 256 inputs, 16 tokens to copy, vocabulary 16,
+# the tiny model (2 layers, d_model 64, 4 heads), 2,000 steps of 64 sequences
+copying() {  # variant
+    sweep task=selective_copy task.variant=$1 model.positions=rope trainer.max_steps=2000 trainer.max_epochs=-1 \
+        trainer.val_check_interval=250 trainer.check_val_every_n_epoch=null optim.lr=3e-3 \
+        attention=unas,dnas,differential,selective hydra.sweep.dir=benchmarks/study/selective_copy_$1
+}
+copying mamba
+copying mad
 echo "== $(date -u +%FT%TZ) queue done"

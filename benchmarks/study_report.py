@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules 
 from study_baselines import LENGTHS, MQAR, baselines_section  # noqa: E402
 from study_claims import CLAIM_ROWS, claims_section  # noqa: E402,F401
 from study_tuned import tuned_section  # noqa: E402
+from study_zoology import ZOOLOGY, zoology_section  # noqa: E402
 from study_common import (ADDITIVE, ADDITIVE_SWEEPS, LM_HF_SWEEPS, CSV_NAME, FIG1_CUT, HEADS, HEADS_SWEEPS, LM_METRICS, TUNED_SWEEPS,
                           LM_SWEEPS, MT_METRICS, MT_SWEEPS, NAMES, RESULTS, ROOT, STUDY, ci_text, study_groups, p_text,
                           study_roots, below_cut, heads_trend, sweep_progress)  # noqa: E402
@@ -224,7 +225,7 @@ def results_section(roots: list[tuple[list[str], list[str]]]) -> str | None:
             if short:
                 said = "; ".join(f"`{n}` {done} of {size} runs finished" for n, done, size in short)
                 lines += [f"### {names} (`{' '.join(options)}`)", "", f"Not compared yet: {said} "
-                          "(benchmarks/study_queue_tuned.sh); each scheme chooses its rate once every value has "
+                          "(its queue: benchmarks/study_queue_*.sh); each scheme chooses its rate once every value has "
                           "run at every seed.", ""]
                 continue
         code, out, err = _nas_report([*finished, *options, "--format", "markdown"])
@@ -283,7 +284,9 @@ def generate(study: Path, out: Path, figures: Path | None, csv_path: Path | None
                                *[(at(names), ["--baseline", "scheme=unas,model.positions=rope", "--metrics",
                                               "query_acc"]) for names in MQAR.values()],
                                (at(LENGTHS), ["--baseline", "scheme=unas,model.positions=rope", "--metrics",
-                                              "ppl,ppl@512,ppl@1024,ppl@2048,sink_rate"])])
+                                              "ppl,ppl@512,ppl@1024,ppl@2048,sink_rate"]),
+                               *[(at((name,)), ["--metrics", "query_acc", "--tune", "optim.lr"])
+                                 for name in ZOOLOGY.values()]])
     if results is None:
         return 1
     if figures is not None:
@@ -294,11 +297,13 @@ def generate(study: Path, out: Path, figures: Path | None, csv_path: Path | None
     write_markdown(out, heads_section(at(HEADS_SWEEPS), figures))
     write_markdown(out, tuned_section(at(TUNED_SWEEPS)))
     write_markdown(out, baselines_section(study, figures))
+    write_markdown(out, zoology_section(study))
     write_markdown(out, results + "\n")
     if csv_path is not None:
         csv_path.parent.mkdir(parents=True, exist_ok=True)
         csv_path.write_text(runs_csv(at(sorted({*MT_SWEEPS, *TUNED_SWEEPS, *HEADS_SWEEPS, *ADDITIVE_SWEEPS, *LM_SWEEPS, *LM_HF_SWEEPS,
-                                                 *LENGTHS, *(n for names in MQAR.values() for n in names)}))))
+                                                 *LENGTHS, *(n for names in MQAR.values() for n in names),
+                                                 *ZOOLOGY.values()}))))
     return 0
 
 

@@ -121,7 +121,7 @@ def run_reference_loop(loader, total_steps: int, args, cfgs) -> tuple[list[float
 
     from tasks.base import PAD
 
-    from nas_cli.pipeline.lit import inverse_sqrt
+    from nas_cli.pipeline.optim import inverse_sqrt
     from nas_cli.pipeline.run import count_parameters
 
     model_cfg, o, trainer_cfg, _ = cfgs

@@ -10,7 +10,11 @@ evaluation (sd 0.1, validation and test apart). Three cases, each with "differen
 1. identical schemes (r* = 1 for both);
 2. schemes equal at their own best rate whose best rates differ by one grid step (r* = 1 and 2);
 3. identical schemes where one is tuned over more configurations (8: the 4 rates x a second option
-   with no effect) than the other (4).
+   with no effect) than the other (4);
+4. a scheme flat in the learning rate (every rate as good) against one sharply peaked at its best rate
+   (one grid step off costs SHARP), equal at their best rates: picking the best of several equally good
+   rates on validation numbers that share each run's quality with its test numbers favours the flat
+   scheme (a winner's curse that more seeds do not remove).
 
 Protocols (the verdict: a two-sided paired t-test at 5% on the test numbers, over the verdict seeds):
 
@@ -22,7 +26,10 @@ Protocols (the verdict: a two-sided paired t-test at 5% on the test numbers, ove
 Each cell is simulated twice: with the formulas above vectorized over many sweeps (``rate``), and on
 fewer sweeps through nas-report's own code (``nas_report_rate``): every simulated sweep's runs (a summary
 and a saved config each) grouped, tuned (:func:`nas_cli.report.tuning.tune`) and compared
-(``compare_groups``) as ``nas-report --tune optim.lr --baseline scheme=a`` does.
+(``compare_groups``) as ``nas-report --tune optim.lr --baseline scheme=a`` does. Case 4 is also run a
+third way (``directory_rate``): each simulated sweep written as run directories (``summary.json`` and
+``.hydra/config.yaml`` per run) and read by the ``nas-report`` command itself (its ``main``, ``--format
+json``), as a user runs it.
 
     python benchmarks/tuning_calibration.py   # writes docs/tuning.json and its table in docs/comparing.md
 """
@@ -45,7 +52,9 @@ CURVATURES = (0.1, 0.25, 0.5)  # the sensitivity of the default protocol to how 
 SEEDS = (2, 3, 5)
 PROTOCOLS = ("shared", "same", "held-1", "held-2", "held-3")
 CASES = {1: "identical schemes", 2: "best rates one grid step apart",
-         3: "identical, one tuned over 8 configurations, the other over 4"}
+         3: "identical, one tuned over 8 configurations, the other over 4",
+         4: "equal at their best rates, one flat in the rate, the other sharply peaked"}
+SHARP = 1.0  # case 4: one grid step off the sharp scheme's best rate costs this much
 ALPHA = 0.05
 
 
@@ -54,20 +63,26 @@ def _setup(case: int):
     return 1, (2 if case == 2 else 1), len(RATES), (2 * len(RATES) if case == 3 else len(RATES))
 
 
+def _curvatures(case: int, curvature: float) -> tuple[float, float]:
+    """The cost of one grid step off the best rate for scheme a and for scheme b (case 4: flat and sharp)."""
+    return (0.0, SHARP) if case == 4 else (curvature, curvature)
+
+
 def simulate(case: int, protocol: str, n: int, sweeps: int, rng: np.random.Generator, curvature: float = CURVATURE):
     """Validation and test numbers of every run of ``sweeps`` simulated sweeps: for each scheme, arrays
     (sweeps, seeds, configurations); the first ``tuning`` seeds are the held-apart tuning seeds."""
     best_a, best_b, k_a, k_b = _setup(case)
+    cost_a, cost_b = _curvatures(case, curvature)
     tuning = int(protocol.split("-")[1]) if protocol.startswith("held") else 0
     seeds = n + tuning
     seed_effect = rng.normal(0, SEED_SD, (sweeps, seeds))
 
-    def runs(k: int, best: int):
+    def runs(k: int, best: int, cost: float):
         rate = np.arange(k) % len(RATES)
-        model = -curvature * (rate - best) ** 2 + seed_effect[:, :, None] + rng.normal(0, RUN_SD, (sweeps, seeds, k))
+        model = -cost * (rate - best) ** 2 + seed_effect[:, :, None] + rng.normal(0, RUN_SD, (sweeps, seeds, k))
         return model + rng.normal(0, EVAL_SD, model.shape), model + rng.normal(0, EVAL_SD, model.shape)
 
-    return runs(k_a, best_a), runs(k_b, best_b), tuning
+    return runs(k_a, best_a, cost_a), runs(k_b, best_b, cost_b), tuning
 
 
 def _choose(val: np.ndarray, seeds: slice) -> np.ndarray:
@@ -130,7 +145,46 @@ def nas_report_rate(case: int, protocol: str, n: int, sweeps: int, rng) -> float
     return called / sweeps
 
 
-def run(sweeps: int, report_sweeps: int, seed: int = 0) -> dict:
+def directory_rate(case: int, protocol: str, n: int, sweeps: int, rng) -> float | None:
+    """The share of simulated sweeps called different by the ``nas-report`` command reading run directories
+    (``--baseline scheme=a --tune optim.lr[,extra] [--tuning-seeds ...] --format json``); None for the
+    shared protocol, which is no option of nas-report's."""
+    import contextlib
+    import io
+    import tempfile
+
+    import yaml
+
+    from nas_cli.commands.nas_report import main as nas_report
+
+    if protocol == "shared":
+        return None
+    (val_a, test_a), (val_b, test_b), tuning = simulate(case, protocol, n, sweeps, rng)
+    _, _, k_a, k_b = _setup(case)
+    seeds = list(range(1, tuning + n + 1))
+    called = 0
+    for j in range(sweeps):
+        with tempfile.TemporaryDirectory() as tmp:
+            for run in _runs("a", val_a, test_a, k_a, j, seeds) + _runs("b", val_b, test_b, k_b, j, seeds):
+                d = Path(tmp) / str(run.path)
+                (d / ".hydra").mkdir(parents=True)
+                (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump(run.config))
+                (d / "summary.json").write_text(json.dumps(run.summary))
+            args = [tmp, "--baseline", "scheme=a", "--tune", "optim.lr,extra", "--no-item-tests", "--metrics", "bleu",
+                    "--format", "json"]
+            if tuning:
+                args += ["--tuning-seeds", ",".join(map(str, seeds[:tuning]))]
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                code = nas_report(args)
+            if code != 0:
+                raise RuntimeError(f"nas-report exited {code} on a simulated sweep")
+            (row,) = json.loads(out.getvalue())["comparison"]["rows"]
+            called += row["direction"] != 0
+    return called / sweeps
+
+
+def run(sweeps: int, report_sweeps: int, seed: int = 0, directory_sweeps: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     cells = []
     for case in CASES:
@@ -140,14 +194,22 @@ def run(sweeps: int, report_sweeps: int, seed: int = 0) -> dict:
                         "rate": formula_rate(case, protocol, n, sweeps, rng), "report_sweeps": report_sweeps,
                         "nas_report_rate": nas_report_rate(case, protocol, n, report_sweeps, rng)}
                 cell["sensitivity"] = {f"{c:g}": formula_rate(case, protocol, n, sweeps, rng, c) for c in CURVATURES}
+                if case == 4 and directory_sweeps:
+                    cell["directory_sweeps"] = directory_sweeps
+                    cell["directory_rate"] = directory_rate(case, protocol, n, directory_sweeps, rng)
                 cells.append(cell)
                 print(json.dumps(cell), flush=True)
     return {"cells": cells, "seed_sd": SEED_SD, "run_sd": RUN_SD, "eval_sd": EVAL_SD, "curvature": CURVATURE,
+            "sharp": SHARP,
             "rates": list(RATES), "alpha": ALPHA, "cases": {str(k): v for k, v in CASES.items()}}
 
 
 def _se(p: float, sweeps: int) -> float:
     return math.sqrt(max(p * (1 - p), 1e-12) / sweeps)
+
+
+def _directory_sweeps(result: dict) -> int:
+    return max((c.get("directory_sweeps") or 0 for c in result["cells"]), default=0)
 
 
 def table(result: dict) -> str:
@@ -159,14 +221,19 @@ def table(result: dict) -> str:
              "a paired t-test at 5% over the verdict seeds. Each cell: the share of sweeps called different where "
              f"the schemes are equal at their own best rate (should be <= 5%; ± {100 * se:.1f} is two standard "
              f"errors of {result['cells'][0]['sweeps']:,} sweeps), and in brackets the same through nas-report's "
-             f"own grouping, tuning and verdict on {result['cells'][0]['report_sweeps']:,} simulated sweeps of run "
-             "directories. Protocols: shared = the baseline's chosen rate for both; same = each scheme's rate "
+             f"own grouping, tuning and verdict on {result['cells'][0]['report_sweeps']:,} simulated sweeps (runs "
+             "built in memory); for case 4 also, after it, the same through the `nas-report` command reading "
+             f"{_directory_sweeps(result):,} simulated sweeps written as run directories. Case 4's sharp scheme "
+             f"loses {result.get('sharp', SHARP):g} one grid step off its best rate, the flat one nothing. "
+             "Protocols: shared = the baseline's chosen rate for both; same = each scheme's rate "
              "chosen on the verdict seeds (the default); held-k = chosen on k separate tuning seeds.", "",
              "| case | protocol | 2 seeds | 3 seeds | 5 seeds |", "|---|---|---:|---:|---:|"]
     for case, words in result["cases"].items():
         for protocol in PROTOCOLS:
             row = [c for c in result["cells"] if str(c["case"]) == case and c["protocol"] == protocol]
-            cells = " | ".join(f"{100 * c['rate']:.1f}% ({100 * c['nas_report_rate']:.1f}%)" for c in row)
+            cells = " | ".join(f"{100 * c['rate']:.1f}% ({100 * c['nas_report_rate']:.1f}%)"
+                               + (f" [{100 * c['directory_rate']:.1f}%]" if c.get("directory_rate") is not None else "")
+                               for c in row)
             lines.append(f"| {case}. {words} | {protocol}{' (default)' if protocol == 'same' else ''} | {cells} |")
     lines += ["", f"How sharply the rate matters (the default protocol, same; one step off the best rate costs "
               f"{', '.join(str(c) for c in CURVATURES)}):", "",
@@ -183,8 +250,10 @@ def main() -> None:
     p = simulation_parser(__doc__, ROOT / "docs" / "tuning.json", ROOT / "docs" / "comparing.md", 20000, 400,
                           "simulated sweeps per cell (formulas)")
     p.add_argument("--report-sweeps", type=int, default=400, help="simulated sweeps per cell through nas-report's code")
+    p.add_argument("--directory-sweeps", type=int, default=100,
+                   help="case 4: simulated sweeps per cell written as run directories and read by the nas-report command")
     args = p.parse_args()
-    print(table(run_and_write(args, lambda: run(args.sweeps, args.report_sweeps),
+    print(table(run_and_write(args, lambda: run(args.sweeps, args.report_sweeps, directory_sweeps=args.directory_sweeps),
                               table, "python benchmarks/tuning_calibration.py")))
 
 

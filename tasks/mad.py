@@ -1,9 +1,9 @@
 """MAD's synthetic tasks (Poli et al. 2024, "Mechanistic Design and Scaling of Hybrid Architectures";
 the definitions of athms/mad-lab's ``mad/data/instances.py`` and the settings of its ``configs/tasks/``).
 
-Six tasks, each a ``task=mad_<name>`` with MAD's baseline setting as its default (the harder settings of
-MAD's grid are options: ``task.vocab_size``, ``task.seq_len``, ``task.frac_noise``, ``task.num_tokens``,
-``task.train_size``):
+Six tasks, each a task of its own (``task=mad_recall`` and the others below) with MAD's baseline setting
+as its default (the harder settings of MAD's grid are options: ``task.vocab_size``, ``task.seq_len``,
+``task.frac_noise``, ``task.num_tokens``, ``task.train_size``):
 
 * ``mad_recall``: in-context recall. Key-value pairs (keys from the first half of the vocabulary, values
   from the second; a key keeps its value within a sequence), ``seq_len / 2 - 1`` of them, then one more

@@ -199,8 +199,11 @@ class _RecallTask(Task):
 
     def length_loader(self, split: str, length: int):
         """``task.test_size`` (``val_size``) sequences at ``length``, drawn from their own stream of
-        ``task.seed`` (one per split and length), never the training data's."""
+        ``task.seed`` (one per split and length), never the training data's; at the trained length, the
+        split itself (so that ``test/<metric>@<trained length>`` is ``test/<metric>``)."""
         index = {"val": 1, "valid": 1, "test": 2}[split]
+        if length == self.seq_len:
+            return self._loader("val" if index == 1 else "test", False)
         rows = type(self)(**self.at_length(length)).make(self.sizes["val" if index == 1 else "test"],
                                                           np.random.default_rng([self.seed, index, length]))
         batch = max(1, self.batch_size * self.seq_len // length)

@@ -46,8 +46,11 @@ class DifferentialAttention(AttentionCore):
                  location: str = "?", layer: int = 0, name: str | None = None, lambda_init: float | None = None,
                  norm_eps: float = 1e-5):
         super().__init__(heads, causal, dropout, prefix_queries, location, layer, name)
-        check_option("lambda_init", lambda_init, lambda_init is None or isinstance(lambda_init, (int, float)),
-                     "be null (0.8 - 0.6 exp(-0.3 layer)) or a number")
+        check_option("lambda_init", lambda_init, lambda_init is None or (isinstance(lambda_init, (int, float))
+                                                                          and 0 <= lambda_init < 1),
+                     "be null (0.8 - 0.6 exp(-0.3 layer), in [0.2, 0.8)) or a number in [0, 1): every output is "
+                     "multiplied by 1 - lambda_init, so 1 trains a model whose attention outputs are 0 and more "
+                     "than 1 flips their sign")
         self.lambda_init = lambda_schedule(layer) if lambda_init is None else float(lambda_init)
         self.norm_eps = float(norm_eps)
         self.lambdas = None

@@ -90,7 +90,8 @@ def import_target(target: str) -> type:
 _KINDS = types.MappingProxyType({
     int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)),
-    bool: ("true or false", lambda v: isinstance(v, bool))})
+    bool: ("true or false", lambda v: isinstance(v, bool)),
+    str: ("text", lambda v: isinstance(v, str))})
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def example_value(hint: Any) -> str:
     kinds, _, checks = _parts(hint)
     if checks:
         return checks[0].example
-    return "2" if int in kinds else "0.5" if float in kinds else "true"
+    return "2" if int in kinds else "0.5" if float in kinds else "true" if bool in kinds else "name"
 
 
 def unknown_option_message(where: str, key: str, value: Any, owner: str, options: Iterable[str]) -> str:

@@ -8,6 +8,8 @@ of the sequence has to pass through one vector.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 from torch import nn
 
@@ -26,4 +28,4 @@ class LastStateDecoder(nn.Module):
         return self.layers(h[:, -1:, :] + self.positions(h.size(1))[None])
 
 
-READOUTS = {"last_state": LastStateDecoder}
+READOUTS = MappingProxyType({"last_state": LastStateDecoder})

@@ -239,5 +239,12 @@ def eval_lengths(cfg, task, given: str | None) -> list[int]:
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     with open_dict(cfg):
         cfg.eval_lengths, cfg.run_test = values, True
-    check_eval_lengths(cfg, task)
+    try:
+        check_eval_lengths(cfg, task)
+    except UserError as err:  # nas-run's words for its option, said in nas-eval's
+        shown = "[" + ",".join(str(v) for v in values) + "]"
+        text = (str(err).replace(f"eval_lengths={shown}", f"--eval-lengths {given}")
+                .replace("(e.g. eval_lengths=[256,512,1024]), or null for none", "(e.g. --eval-lengths 512,1024)")
+                .replace("leave eval_lengths out", "leave --eval-lengths out"))
+        raise UserError(text) from None
     return requested(cfg)

@@ -54,12 +54,12 @@ def check_eval_lengths(cfg: DictConfig, task) -> None:
         except ValueError as err:
             raise UserError(str(err)) from None
     model = cfg.get("model") or {}
-    longest, max_len = max(requested(cfg)), model.get("max_len")
-    if model.get("positions") == "learned" and isinstance(max_len, int) and longest > max_len:
-        raise UserError(f"eval_lengths={shown} reaches {longest} tokens, but model.positions=learned has "
-                        f"model.max_len={max_len} positions and the ones past the training length are never trained: "
-                        f"evaluate up to {max_len}, or train with positions that extend (model.positions=rope, "
-                        "sinusoidal or none)")
+    longest, max_len, trained = max(requested(cfg)), model.get("max_len"), task.trained_length()
+    if model.get("positions") == "learned" and isinstance(max_len, int) and longest > min(max_len, trained):
+        raise UserError(f"eval_lengths={shown} reaches {longest} tokens, but model.positions=learned trains only the "
+                        f"position rows of its training length ({trained} tokens; model.max_len={max_len}): the "
+                        f"rows past it are never trained. Evaluate up to {trained}, or train with positions that "
+                        "extend (model.positions=rope, sinusoidal, alibi or none)")
 
 
 def test_at_lengths(trainer, module, task, lengths: list[int], ckpt_path: str | None,

@@ -4,7 +4,6 @@ The one place that builds the model from config (:func:`build_model`).
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 from functools import partial
@@ -22,6 +21,7 @@ from nas_cli.model.plan import Cores
 from nas_cli.model.scoring import (Scores, adaptive_greedy, class_balanced_accuracy, class_counts, score_log_probs,
                                    score_positions, scored)
 from nas_cli.infra.distributed import gather_eval
+from nas_cli.pipeline.optim import configure
 from nas_cli.pipeline.sections import OptimOptions
 from tasks.base import EMPTY_WARNING
 
@@ -29,13 +29,19 @@ from tasks.base import EMPTY_WARNING
 TIMING_KEY = "nas_run_timing"
 
 
+def check_readout(task_name: str, readout: str | None, model_cfg) -> None:
+    """A task that reads its outputs another way (MAD's compression) needs nas-run's own language model."""
+    if readout and (model_cfg.get("family") or model_cfg.get("adaptive_softmax")):
+        raise ValueError(f"task '{task_name}' decodes every position from the last position's state, which only "
+                         "nas-run's own language model does: use model=tiny (or small, base) without "
+                         "model.adaptive_softmax")
+
+
 def build_model(model_cfg: DictConfig, cores: Cores, task) -> torch.nn.Module:
     """The model for ``task`` (seq2seq or LM) with the ``cores`` of the job's attention plan
     (``AttentionPlan.model_cores``)."""
-    if task.readout and (model_cfg.get("family") or model_cfg.get("adaptive_softmax")):
-        raise ValueError(f"task '{task.name}' decodes every position from the last position's state, which only "
-                         "nas-run's own language model does: use model=tiny (or small, base) without "
-                         "model.adaptive_softmax")
+    readout = getattr(task, "readout", None)  # (a task object outside tasks.base.Task declares none)
+    check_readout(task.name if hasattr(task, "name") else "?", readout, model_cfg)
     if model_cfg.get("family"):  # a Hugging Face family (model=hf_llama, ...)
         from nas_cli.hf.models import build_hf_model
 
@@ -47,7 +53,7 @@ def build_model(model_cfg: DictConfig, cores: Cores, task) -> torch.nn.Module:
         adaptive = model_cfg.get("adaptive_softmax")
         adaptive = OmegaConf.to_container(adaptive, resolve=True) if isinstance(adaptive, DictConfig) else adaptive
         return DecoderOnlyLM(task.src_vocab_size, cores, decoder_layers=model_cfg.decoder_layers,
-                             adaptive_softmax=adaptive, readout=task.readout, **common)
+                             adaptive_softmax=adaptive, readout=readout, **common)
     if model_cfg.get("adaptive_softmax"):
         raise ValueError("model.adaptive_softmax is for language-model tasks (word-level vocabularies); "
                          "set model.adaptive_softmax=null for translation")
@@ -84,33 +90,6 @@ def grad_norm(parameters) -> torch.Tensor:
     """Global 2-norm of the gradients of ``parameters`` (those without a gradient are skipped)."""
     norms = [torch.linalg.vector_norm(p.grad.detach().float()) for p in parameters if p.grad is not None]
     return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
-
-
-def inverse_sqrt(warmup: int):
-    """Vaswani et al.: linear warm-up to the peak LR, then decay with 1/sqrt(step)."""
-    warmup = max(1, int(warmup))
-
-    def factor(step: int) -> float:
-        step = step + 1
-        return min(step / warmup, math.sqrt(warmup / step))
-
-    return factor
-
-
-def warmup_cosine(warmup: int, total: int, floor: float):
-    """The learning-rate factor of step ``step``: linear warm-up over ``warmup`` steps, then (``total`` > 0) a
-    cosine from 1 down to ``floor`` (``optim.min_lr / optim.lr``) at step ``total``, ``floor`` after it; with
-    ``total`` = 0 the peak rate after the warm-up (``optim.schedule=constant``)."""
-
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if total <= 0:
-            return 1.0
-        done = min(1.0, (step - warmup) / max(1, total - warmup))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * done))
-
-    return factor
 
 
 class NasLitModule(pl.LightningModule):
@@ -388,22 +367,4 @@ class NasLitModule(pl.LightningModule):
 
     # ---- optimization --------------------------------------------------------------
     def configure_optimizers(self):
-        o = self.optim
-        kind = torch.optim.AdamW if o.optimizer == "adamw" else torch.optim.Adam
-        opt = kind(self.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
-        if o.schedule == "inverse_sqrt":
-            factor = inverse_sqrt(o.warmup)
-        else:
-            total = self._total_steps() if o.schedule == "cosine" else 0
-            factor = warmup_cosine(o.warmup, total, o.min_lr / o.lr)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-    def _total_steps(self) -> int:
-        """The optimizer steps the cosine schedule spans: ``trainer.max_steps``, or what the epochs make."""
-        trainer = self._trainer
-        if trainer is None:
-            return 1
-        if trainer.max_steps and trainer.max_steps > 0:
-            return int(trainer.max_steps)
-        return max(1, int(trainer.estimated_stepping_batches))
+        return configure(self.parameters(), self.optim, self._trainer)

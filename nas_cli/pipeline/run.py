@@ -74,6 +74,8 @@ def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_t
         task = build_task(cfg, task)
         data = shard_and_resume(task, int(cfg.seed), cfg.get("train_batch_items"), cfg.get("eval_batch_items"))
         module = build_module(cfg, task, job.cores)
+        if size is None:  # not counted before the data were read (an adaptive softmax over their vocabulary)
+            _say_size(f"model: {count_parameters(module.model):,} parameters")
         set_threads(cfg, count_parameters(module.model))  # from the model's size (pipeline/trainer.py)
         compiled = compile_model(module, cfg.get("compile", False))
         logger, wandb_id = _start_logger(cfg, job, {"parameters": count_parameters(module.model),
@@ -151,11 +153,17 @@ def _say_start(cfg: DictConfig, job: "_Job", size: tuple[int, bool] | None) -> N
         say(f"nas-run: continuing {job.run_dir} from step {int(job.resume[1].get('global_step', 0))} "
             f"({job.resume[0].relative_to(job.run_dir) if job.resume[0].is_relative_to(job.run_dir) else job.resume[0]}) "
             f"to trainer.max_steps={int(cfg.trainer.max_steps)}")
-    if size is not None and rank_zero_only.rank == 0:
-        line = f"model: {size[0]:,} parameters" if size[1] else _estimated(size[0], cfg.task.get("vocab_size"))
-        if not in_sweep_job():  # a sweep's terminal: one line per finished job
-            print(line, file=sys.stderr)
-        record(line)
+    if size is not None:
+        _say_size(f"model: {size[0]:,} parameters" if size[1] else _estimated(size[0], cfg.task.get("vocab_size")))
+
+
+def _say_size(line: str) -> None:
+    """The model's size, once per run (not on a sweep's terminal: one line per finished job there)."""
+    if rank_zero_only.rank != 0:
+        return
+    if not in_sweep_job():
+        print(line, file=sys.stderr)
+    record(line)
 
 
 def _write_results(job: "_Job", module, logger, summary: dict[str, Any]) -> None:

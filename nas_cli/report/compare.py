@@ -226,8 +226,12 @@ def per_metric(option: str, text: str | None, metrics: Sequence[str], expected: 
             continue
         key = name if name in metrics or name.startswith("test/") else f"test/{name}"
         if key not in metrics:
-            raise CompareError(f"{option} {name}: not among the compared metrics "
-                               f"({', '.join(metric_name(m) for m in metrics)}){hint}")
+            import difflib
+
+            names = [metric_name(m) for m in metrics]
+            close = difflib.get_close_matches(metric_name(key), names, n=1, cutoff=0.5)
+            mean = f" (did you mean {option} {close[0]}={value}?)" if close else ""
+            raise CompareError(f"{option} {name}: not among the compared metrics ({', '.join(names)}){mean}{hint}")
         out[key] = number
     if any(not (d > 0) for d in out.values()):
         raise CompareError(f"{option} {text}: {positive}")

@@ -56,14 +56,26 @@ def print_report(args, sections, notes, console, groups, by, verdicts, table=Non
         if args.format != "rich":
             sys.stdout.write(render(args.format, title, head, rows, caption) + "\n")
         elif key == "runs" and not args.pivot:
-            console.print(rich_table(groups, title, by, rows=(head, rows), caption=caption))
+            _fitted(console, rich_table(groups, title, by, rows=(head, rows), caption=caption))
         else:
-            console.print(_rich(title, head, rows, caption))
+            _fitted(console, _rich(title, head, rows, caption))
     for line in notes:
         if args.format == "rich":
             console.print(f"note: {line}", highlight=False, soft_wrap=True)
         else:
             sys.stdout.write(f"note: {line}\n")
+
+
+def _fitted(console, table) -> None:
+    """A table on the console: on a terminal as wide as the terminal; written to a file (not a terminal),
+    as wide as its cells need, so that no column is squeezed away and no number is cut ("234,9...")."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    from rich.console import Console
+
+    need = Console(width=10_000).measure(table).maximum
+    Console(width=max(console.width, need), file=console.file).print(table)
 
 
 def _rich(title, head, rows, caption):

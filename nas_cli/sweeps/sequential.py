@@ -31,7 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from nas_cli.errors import UserError, console, fail, say
+from nas_cli.errors import UserError, console, fail, print_table, say
 from nas_cli.infra.rundir import remove_unstarted_sweep
 from nas_cli.report import stopping as seq
 from nas_cli.sweeps.sequential_view import DECISION_WORDS, finite_or_none, draw, look_line, method_text, rich_table
@@ -263,7 +263,7 @@ def run_sweep(sweeper, arguments: list[str], root: Path) -> list:
     rec = sweep.save(state)
     n = max((c.n for c in state.values()), default=0)
     if rec["comparisons"]:
-        out.print(rich_table(rec, f"nas-run sequential sweep {root}: last look at n={n} seeds ({rec['metric']})"))
+        print_table(rich_table(rec, f"nas-run sequential sweep {root}: last look at n={n} seeds ({rec['metric']})"))
     if rec["finished"]:
         counts: dict[str, int] = {}
         for comp in state.values():

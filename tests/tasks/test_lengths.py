@@ -73,7 +73,11 @@ def test_selective_copy_at_a_longer_length_copies_proportionally_more_tokens():
 
 @pytest.mark.parametrize("overrides,message", [
     (["task=mqar", "eval_lengths=[128]", "model.positions=learned", "model.max_len=64"],
-     r"eval_lengths=\[128\] reaches 128 tokens, but model.positions=learned has model.max_len=64 positions"),
+     r"eval_lengths=\[128\] reaches 128 tokens, but model.positions=learned trains only the position rows of its "
+     r"training length \(64 tokens; model.max_len=64\)"),
+    (["task=mqar", "eval_lengths=[128,256]", "model.positions=learned"],  # rows up to max_len 256, trained up to 64
+     r"eval_lengths=\[128,256\] reaches 256 tokens, but model.positions=learned trains only the position rows of "
+     r"its training length \(64 tokens; model.max_len=256\)"),
     (["task=reverse", "eval_lengths=[64]"], "task 'reverse' has no evaluation at other lengths"),
     (["task=mqar", "eval_lengths=[0,128]"], "must be a list of positive lengths in tokens"),
     (["task=mqar", "eval_lengths=128"], "must be a list of positive lengths in tokens"),

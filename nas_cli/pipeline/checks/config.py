@@ -58,16 +58,55 @@ def check_config(cfg: DictConfig) -> Checked:
     on the meta device: no weights allocated) and check they fit this machine's memory. Returns the
     job's attention plan, which the job trains with (built here once), and that count."""
     check_values(cfg)
+    check_tune_keys(cfg)
     check_shapes_and_logger(cfg)
     check_positions(cfg)
     plan = check_attention(cfg)
     check_declared(cfg)
     task = check_task_data(cfg)
+    if task is not None and "model" in cfg:
+        from nas_cli.pipeline.lit import check_readout
+
+        try:
+            check_readout(task.name, getattr(task, "readout", None), cfg.model)
+        except ValueError as err:
+            raise UserError(str(err)) from None
     size = model_parameters(cfg, plan, task)  # nas_cli/pipeline/checks/sizing.py
     if size is not None:
         check_memory(cfg, size[0])
     notes = fused_notes(plan) if plan is not None else ()
     return Checked(plan, *size, notes=notes, task=task) if size else Checked(plan, notes=notes, task=task)
+
+
+def _dotted_keys(node, prefix: str = "") -> list[str]:
+    out = []
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        out.append(name)
+        if isinstance(value, dict):
+            out += _dotted_keys(value, f"{name}.")
+    return out
+
+
+def check_tune_keys(cfg: DictConfig) -> None:
+    """Each option ``tune=[...]`` names is an option of the config (a single run included, where a key
+    that is none would otherwise be ignored): one line with the closest option's name."""
+    import difflib
+
+    from nas_cli.sweeps.design import tuned_options
+
+    keys = tuned_options(cfg.get("tune"))
+    if not keys:
+        return
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    tree.pop("hydra", None)
+    known = _dotted_keys(tree)
+    for key in keys:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise UserError(f"tune=[{','.join(keys)}]: {key} is no option of this config{hint}; tune names the swept "
+                            "options each scheme chooses its own value of, e.g. tune=[optim.lr]")
 
 
 def check_values(cfg: DictConfig) -> None:

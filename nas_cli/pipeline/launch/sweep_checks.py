@@ -84,7 +84,11 @@ def check_tune(cfg: DictConfig) -> None:
              for o in overrides if o.is_sweep_override()}
     for key in keys:
         if len(swept.get(key, [])) < 2:
-            raise UserError(f"tune=[{','.join(keys)}]: {key} is not swept over two or more values in this sweep; "
+            import difflib
+
+            close = difflib.get_close_matches(key, [k for k in swept if k not in keys], n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}, which is swept?)" if close else ""
+            raise UserError(f"tune=[{','.join(keys)}]: {key} is not swept over two or more values in this sweep{hint}; "
                             f"give it the values to choose from, e.g. {key}=1e-3,2e-3 (or leave it out of tune)")
     if held and str(cfg.get("seed")) == "auto":
         raise UserError(f"tune_seeds={_shown(held)} with seed=auto: a sequential sweep chooses each value on the "
