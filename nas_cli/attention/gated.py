@@ -39,7 +39,8 @@ class GatedAttention(UNAS):
         if placement == "value" and location == "cross":
             raise SchemeError(f"attention scheme '{self.name}' with placement=value gates values at their own "
                               "positions, which in cross-attention are the source's: use placement=sdpa there "
-                              f"(attention.cross.placement=sdpa) or another scheme for attention.cross")
+                              f"(attention.cross={self.name} attention.cross.placement=sdpa) or another scheme for "
+                              "attention.cross (attention.cross=unas)")
         self.placement, self.granularity = placement, granularity
         self.carries_state = placement == "value"
 

@@ -106,6 +106,20 @@ def _override(overrides, key: str) -> str | None:
     return None
 
 
+def _misspelled_budget(overrides) -> str:
+    """What the overrides of a refused ``resume=`` say instead of trainer.max_steps: a near miss of it, or
+    debug=fast (a resumed run continues as configured)."""
+    import difflib
+
+    for o in overrides or ():
+        key, _, value = str(o).lstrip("+~").partition("=")
+        if key == "debug":
+            return f"; {key}={value} does not apply to a resumed run, which continues as it was configured"
+        if key != "trainer.max_steps" and difflib.get_close_matches(key, ["trainer.max_steps"], n=1, cutoff=0.8):
+            return f"; {key}={value} is no option: did you mean trainer.max_steps={value}?"
+    return ""
+
+
 def check_resumable(run_dir: Path, overrides=()) -> None:
     """``nas-run resume=<dir> [overrides]``: refuse (one line, before anything is written anywhere) what
     cannot be continued: no run there, a run another process is training, no checkpoint that loads,
@@ -135,7 +149,8 @@ def check_resumable(run_dir: Path, overrides=()) -> None:
         if not more:
             raise UserError(f"resume={run_dir}: that run is complete ({done} steps, summary.json); to train it "
                             f"longer pass trainer.max_steps=<more than {done}>"
-                            + (f" (got trainer.max_steps={wanted})" if wanted is not None else ""))
+                            + (f" (got trainer.max_steps={wanted})" if wanted is not None else "")
+                            + _misspelled_budget(overrides))
     _check_loadable(run_dir)
 
 

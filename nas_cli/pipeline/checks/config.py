@@ -57,8 +57,11 @@ def check_config(cfg: DictConfig) -> Checked:
     """Raise UserError (one line) for the first bad value; then count the model's parameters (built
     on the meta device: no weights allocated) and check they fit this machine's memory. Returns the
     job's attention plan, which the job trains with (built here once), and that count."""
+    from nas_cli.pipeline.launch.sweep_checks import check_ray_cluster
+
     check_values(cfg)
     check_tune_keys(cfg)
+    check_ray_cluster(cfg)  # trainer=ray_ddp with RAY_ADDRESS: the cluster is there
     check_shapes_and_logger(cfg)
     check_positions(cfg)
     plan = check_attention(cfg)

@@ -228,9 +228,13 @@ def _continue_sweep(root: Path, config: DictConfig) -> None:
     jobs skipped, their saved configs kept); another sweep's overrides are refused."""
     now = [str(o) for o in config.hydra.overrides.task]
     if not same_sweep(root, now):
-        raise UserError(f"{root} holds a sweep of other overrides ({' '.join(sweep_overrides(root) or ['?'])}); "
-                        "nothing was overwritten: choose another hydra.sweep.dir, or repeat that sweep's "
-                        "exact command to continue it")
+        before = sweep_overrides(root) or []
+        added, missing = [o for o in now if o not in before], [o for o in before if o not in now]
+        what = "; ".join(part for part in (f"this command adds {' '.join(added)}" if added else "",
+                                           f"leaves out {' '.join(missing)}" if missing else "") if part)
+        raise UserError(f"{root} holds a sweep of other overrides ({' '.join(before or ['?'])}"
+                        f"{': ' + what if before and what else ''}); nothing was overwritten: choose another "
+                        "hydra.sweep.dir, or repeat that sweep's exact command to continue it")
     acquire(root, "sweep")  # first: a sweep still running there is refused before anything is said
     os.environ[SWEEP_CONTINUE_ENV] = str(root.resolve())
     if "optuna" not in str(config.hydra.sweeper.get("_target_", "")):  # Optuna: new trials, new dirs

@@ -227,7 +227,11 @@ def _unknown_key(cfg, o, key: str, groups: set[str]) -> None:
     hint = f"; did you mean {f'{parent}.' if parent else ''}{found[0]}?" if found else ""
     if o.is_add():
         raise UserError(f"+{key}: nas-run does not read this key, so it would be ignored{hint}")
-    raise UserError(f"{key} is not an option{hint} (to add a new key on purpose, write +{key}=...)")
+    top = key.split(".")[0]
+    open_section = top in cfg and (top not in CLOSED_SECTIONS or key.startswith("diagnostics.metrics."))
+    if open_section:  # (a closed section's added key is refused in turn: never advised)
+        raise UserError(f"{key} is not an option{hint} (to add a new key on purpose, write +{key}=...)")
+    raise UserError(f"{key} is not an option{hint}")
 
 
 _MISSING = object()

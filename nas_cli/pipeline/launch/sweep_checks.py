@@ -11,6 +11,38 @@ from nas_cli.errors import UserError
 from nas_cli.sweeps.design import tuned_options
 
 
+def check_ray_cluster(cfg: DictConfig) -> None:
+    """``trainer=ray_ddp`` with ``RAY_ADDRESS`` set: the cluster it names is found before anything is made."""
+    import os
+
+    from nas_cli.infra.ray_train import on_ray
+
+    if "trainer" in cfg and on_ray(cfg) and os.environ.get("RAY_ADDRESS"):
+        try:
+            _check_ray_address(os.environ["RAY_ADDRESS"])
+        except UserError as err:
+            raise UserError(str(err).replace("hydra/launcher=ray: ", "trainer=ray_ddp: ")
+                            .replace("hydra.launcher.ray.init.address=", "RAY_ADDRESS=")
+                            .replace("leave the address unset", "unset RAY_ADDRESS")) from None
+
+
+def _check_ray_address(address) -> None:
+    """An address that names a Ray cluster (``auto``, host:port) is found before the sweep is announced or
+    made: the same lookup ``ray.init`` starts with (no address, or ``local``: a Ray on this machine)."""
+    if address in (None, "", "local") or str(address).startswith("ray://"):
+        return
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:  # another Ray: the launcher's own connection says it
+        return
+    try:
+        canonicalize_bootstrap_address(str(address))
+    except (ConnectionError, ValueError) as err:
+        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        raise UserError(f"hydra/launcher=ray: no Ray cluster at hydra.launcher.ray.init.address={address} ({first}); "
+                        "start one (ray start --head) or leave the address unset for a Ray on this machine") from None
+
+
 def check_launcher(cfg: DictConfig) -> None:
     """A sweep's launcher options that would fail in the launcher, after the sweep directory is
     made (joblib's ``n_jobs=0``; the SLURM launcher on a machine without SLURM): one line before
@@ -36,6 +68,7 @@ def check_launcher(cfg: DictConfig) -> None:
         if importlib.util.find_spec("ray") is None:
             raise UserError('hydra/launcher=ray: Ray is not installed; install nas-run with its ray extra: '
                             'pip install "nas-run[ray]" (from a checkout: pip install -e ".[ray]")')
+        _check_ray_address(((launcher.get("ray") or {}).get("init") or {}).get("address"))
         return
     if "joblib" not in target:
         return

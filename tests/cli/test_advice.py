@@ -1,0 +1,93 @@
+"""What a refusal advises is then accepted: each suggestion below is taken from the refusal's own line and
+composed and checked as nas-run would (one refused in turn would send a user in a circle). And the few
+places where a legal-looking input gave a silently different number: an evaluation at the trained length
+is the test split itself; nas-report's tables written to a file keep every column and number whole."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+from helpers import compose_cfg
+
+from nas_cli.errors import UserError
+from nas_cli.pipeline.checks.config import check_config
+
+
+def _refusal(*overrides: str) -> str:
+    from nas_cli.pipeline.launch.overrides import check_overrides  # noqa: F401 - the run's own order of checks
+
+    with pytest.raises(Exception) as err:
+        check_config(compose_cfg(*overrides))
+    return str(err.value)
+
+
+def test_the_gated_value_placement_advice_for_cross_attention_is_accepted():
+    line = _refusal("attention=gated", "attention.placement=value")
+    advised = re.search(r"\((attention\.cross=\S+ attention\.cross\.placement=sdpa)\)", line).group(1).split()
+    check_config(compose_cfg("attention=gated", "attention.placement=value", *advised))  # accepted
+    other = re.search(r"another scheme for attention.cross \((attention\.cross=\w+)\)", line).group(1)
+    check_config(compose_cfg("attention=gated", "attention.placement=value", other))
+
+
+def test_a_misspelled_model_key_advises_only_the_right_key_and_it_is_accepted(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "nas_cli.commands.nas_run", "model.head=4", "debug=fast"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2 and "+model.head" not in proc.stderr, proc.stderr
+    key = re.search(r"did you mean (model\.\w+)\?", proc.stderr).group(1)
+    check_config(compose_cfg(f"{key}=4"))
+
+
+def test_a_misspelled_tune_key_and_equivalence_metric_say_the_right_name():
+    with pytest.raises(UserError, match=r"did you mean optim\.lr\?"):
+        check_config(compose_cfg("tune=[optim.lrr]"))
+    from nas_cli.report.compare import CompareError, parse_margins
+
+    with pytest.raises(CompareError, match=r"did you mean --equivalence bleu=1\?"):
+        parse_margins("blue=1", ["test/bleu", "test/ppl"])
+
+
+def test_an_evaluation_at_the_trained_length_is_the_test_split_itself():
+    from tasks.recall import MQAR
+
+    task = MQAR(vocab_size=64, seq_len=16, num_kv_pairs=2, train_size=20, val_size=10, test_size=12)
+    task.setup()
+    at = np.concatenate([b["ids"].numpy() for b in task.length_loader("test", 16)])
+    test = np.concatenate([b["ids"].numpy() for b in task.test_dataloader()])
+    assert np.array_equal(at, test)
+    other = np.concatenate([b["ids"].numpy() for b in task.length_loader("test", 32)])
+    assert other.shape == (12, 32)
+
+
+def test_nas_report_written_to_a_file_keeps_every_column_and_whole_numbers(tmp_path):
+    """A tuned grid with long labels: written to a file (not a terminal), no column is squeezed away and no
+    number is cut short with an ellipsis."""
+    for scheme in ("unas", "dnas"):
+        for lr in (0.001, 0.003):
+            for seed in range(1, 9):  # a column per seed in the tuning table: wider than any default width
+                d = tmp_path / f"{scheme}-{lr}-{seed}"
+                (d / ".hydra").mkdir(parents=True)
+                config = {"task": {"name": "sim"}, "attention": scheme, "optim": {"lr": lr}, "seed": seed,
+                          "tune": ["optim.lr"], "model": {"some_rather_long_option_name": 123456789}}
+                (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+                (d / "summary.json").write_text(json.dumps({
+                    "task": "sim", "scheme": scheme, "heads": 4, "seed": seed, "parameters": 23_456_789,
+                    "best_val": {"metric": "val/bleu", "mode": "max", "value": 30 + seed + 1000 * lr},
+                    "test": {"test/bleu": 234.987654 + seed}}))
+    out = tmp_path / "report.txt"
+    with open(out, "w") as f:
+        proc = subprocess.run([sys.executable, "-m", "nas_cli.commands.nas_report", str(tmp_path), "--baseline",
+                               "scheme=unas", "--no-item-tests"], stdout=f, stderr=subprocess.PIPE, text=True,
+                              cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "…" not in text
+    assert "optim.lr=0.003 (tuned)" in text and "23,456,789" in text
+    # the verdict's words on one line, not folded into a narrow column
+    assert re.search(r"no significant difference \(n=8, CI [-+.\d]+\.\.[-+.\d]+, p=[\d.]+\)", text), text
+    for column in ("cell", "optim.lr", "val seed 1", "val seed 8", "mean val", "chosen", "margin to runner-up"):
+        assert column in text
