@@ -5,7 +5,9 @@
 Head 0's scores s0 also say, for each earlier query k, how much key j is no longer needed; the
 sum of those votes over the queries before i is subtracted from every head's logits for query i,
 then a softmax over the keys j <= i. A token never masks itself (S_kk = 0) and the first token is
-never masked (S_k0 = 0), as in the paper. The weights are a distribution (a softmax).
+never masked (S_k0 = 0), as in the paper: the sequence's first real token, so that a left-padded
+sequence (a batch of prompts in a Hugging Face model) is computed as it is without its padding. The
+weights are a distribution (a softmax).
 
 Defined for causal self-attention only (F sums over earlier queries of the same sequence):
 ``attention.decoder=selective``. :meth:`step` carries F for the next query, (B, 1, 1, Sk): the
@@ -37,7 +39,9 @@ class SelectiveAttention(RowwiseCore):
         carry = carry[..., :sk].to(s.dtype)
         rows = torch.arange(a, a + c, device=s.device)[:, None]
         cols = torch.arange(sk, device=s.device)[None, :]
-        votes = torch.relu(s[:, :1]) * (allowed & (cols != rows) & (cols != 0))  # (B, 1, c, Sk)
+        # the sequence's first real key is never masked: column 0, or the first one after left padding
+        first = allowed.any(dim=1, keepdim=True).to(torch.int8).argmax(dim=-1, keepdim=True)  # (B, 1, c, 1)
+        votes = torch.relu(s[:, :1]) * (allowed & (cols != rows) & (cols != first))  # (B, 1, c, Sk)
         before = torch.cumsum(votes, dim=-2) - votes  # votes of the block's earlier rows
         logits = s - (carry + before)
         top = logits.masked_fill(~allowed, float("-inf")).amax(-1, keepdim=True).detach()
