@@ -141,6 +141,10 @@ class Task(pl.LightningDataModule):
     #: the test metric that is the class-balanced accuracy there (MAD's score, ``mad_acc``): the mean over the
     #: classes of each class's accuracy (nas_cli.model.scoring.class_balanced_accuracy)
     macro_accuracy_name: str | None = None
+    #: a language model whose evaluation also reports the mean loss per position bucket of its windows
+    #: (``<split>/pos_loss_<lo>_<hi>``, powers of two) and, where its batches carry each target's byte count
+    #: (``target_bytes``), bits per byte (``<split>/bpb``)
+    loss_by_position: bool = False
     #: how a language model's outputs are read: None (each position's own state) or ``"last_state"`` (every
     #: position decoded from the last position's final state: MAD's compression, nas_cli/model/readout.py)
     readout: str | None = None

@@ -38,6 +38,9 @@ KNOWN: tuple[TestMetric, ...] = (
 )
 #: reported by every run but not shown: test perplexity says the same as the loss, more readably
 HIDDEN = frozenset({"test/loss", "test/token_acc"})
+#: the loss per position bucket (``test/pos_loss_<lo>_<hi>``): in summary.json, W&B and nas-report's --metrics,
+#: not a column of every table
+HIDDEN_PREFIXES = ("test/pos_loss_",)
 _BY_KEY = {m.key: m for m in KNOWN}
 #: the metrics tasks declared, as read from the runs' summary.json (:func:`declare`)
 _DECLARED: dict[str, TestMetric] = {}
@@ -73,7 +76,8 @@ def spec(key: str) -> TestMetric:
 def present(keys: Iterable[str]) -> list[TestMetric]:
     """The metrics among ``keys`` (summary.json names) that tables show: the known ones in their
     order, then any other ``test/*`` name a task reported, sorted."""
-    keys = {k for k in keys if k.startswith("test/") and k.split("@")[0] not in HIDDEN}
+    keys = {k for k in keys if k.startswith("test/") and k.split("@")[0] not in HIDDEN
+            and not k.startswith(HIDDEN_PREFIXES)}
     return [m for m in KNOWN if m.key in keys] + [spec(k) for k in sorted(keys - set(_BY_KEY), key=_order)]
 
 

@@ -15,6 +15,7 @@ The per-row sums that the paired tests need (``nas_cli.report``) come from the s
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,6 +38,7 @@ class Scores:
     row_tokens: torch.Tensor  # (B,) int64: the scored targets of each row
     predicted: torch.Tensor | None = None  # (N,) int64: the greedy prediction at each scored position
     targets: torch.Tensor | None = None  # (N,) int64: the target there (class-balanced accuracies count both)
+    nll_each: torch.Tensor | None = None  # (N,) float32: the NLL of each scored position
 
 
 def scored(hidden: torch.Tensor, target: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -109,7 +111,24 @@ def _summed(nll: torch.Tensor, pred: torch.Tensor, tgt: torch.Tensor, rows: torc
     row_nll = torch.zeros(batch, dtype=torch.float64, device=nll.device).index_add_(0, rows, nll.double())
     row_tokens = torch.zeros(batch, dtype=torch.int64, device=nll.device).index_add_(
         0, rows, torch.ones_like(rows))
-    return Scores(row_nll.sum(), row_tokens.sum(), (pred == tgt).sum(), row_nll, row_tokens, pred, tgt)
+    return Scores(row_nll.sum(), row_tokens.sum(), (pred == tgt).sum(), row_nll, row_tokens, pred, tgt, nll)
+
+
+def position_bucket(cols: torch.Tensor) -> torch.Tensor:
+    """The bucket of each window position: 0 for position 0, then 1 + floor(log2(p)) ([1, 2), [2, 4), ...)."""
+    return torch.where(cols > 0, torch.floor(torch.log2(cols.clamp(min=1).double())).long() + 1,
+                       torch.zeros_like(cols))
+
+
+def position_sums(scores: Scores, target: torch.Tensor, pad_id: int, buckets: int = 32) -> torch.Tensor:
+    """(2, buckets) float64: per position bucket of the window, the summed NLL of its scored positions and
+    their count (the scored positions in the order :func:`scored` keeps them: row by row)."""
+    cols = (target != pad_id).nonzero(as_tuple=True)[1]
+    which = position_bucket(cols).clamp(max=buckets - 1)
+    out = torch.zeros(2, buckets, dtype=torch.float64, device=target.device)
+    out[0].index_add_(0, which, scores.nll_each.double())
+    out[1].index_add_(0, which, torch.ones_like(which, dtype=torch.float64))
+    return out
 
 
 def class_counts(scores: Scores, classes: int) -> torch.Tensor:
@@ -128,3 +147,18 @@ def class_balanced_accuracy(counts: torch.Tensor) -> float:
     present = (support + predicted) > 0
     recall = torch.where(support > 0, right / support.clamp(min=1), torch.zeros_like(right))
     return float(recall[present].mean()) if bool(present.any()) else 0.0
+
+
+def per_byte_and_position(split: str, sums: dict) -> dict[str, float]:
+    """Bits per byte (the summed NLL in bits over the scored targets' UTF-8 bytes) and the mean loss of each
+    position bucket of the windows (``pos_loss_<lo>_<hi>``), where the evaluation counted them."""
+    out = {}
+    if sums.get("bytes") is not None and float(sums["bytes"]) > 0:
+        out[f"{split}/bpb"] = float(sums["nll"]) / (math.log(2) * float(sums["bytes"]))
+    if sums.get("positions") is not None:
+        nll, count = sums["positions"]
+        for i in range(count.numel()):
+            if float(count[i]) > 0:
+                lo, hi = (0, 1) if i == 0 else (2 ** (i - 1), 2 ** i)
+                out[f"{split}/pos_loss_{lo}_{hi}"] = float(nll[i] / count[i])
+    return out

@@ -1,5 +1,6 @@
 """The optimizer and the learning-rate schedule of a run (``optim.*``, nas_cli/pipeline/sections.py):
-Adam or AdamW, and the inverse square root, a cosine or a constant rate, each after a linear warm-up."""
+Adam or AdamW, and the inverse square root, a cosine, warm-up-stable-decay (WSD) or a constant rate, each
+after a linear warm-up."""
 from __future__ import annotations
 
 import math
@@ -34,6 +35,22 @@ def warmup_cosine(warmup: int, total: int, floor: float):
     return factor
 
 
+def warmup_stable_decay(warmup: int, total: int, floor: float, decay: float):
+    """WSD (MiniCPM, Hu et al. 2024): linear warm-up, the peak rate until the last ``decay`` share of the
+    ``total`` steps, then a linear decay to ``floor`` (``optim.min_lr / optim.lr``) at step ``total``."""
+    start = total - max(1, int(round(decay * total)))
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if step < start:
+            return 1.0
+        done = min(1.0, (step - start) / max(1, total - start))
+        return 1.0 - (1.0 - floor) * done
+
+    return factor
+
+
 def total_steps(trainer) -> int:
     """The optimizer steps a cosine schedule spans: ``trainer.max_steps``, or what the epochs make."""
     if trainer is None:
@@ -50,6 +67,8 @@ def configure(parameters, o, trainer) -> dict:
     opt = kind(parameters, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
     if o.schedule == "inverse_sqrt":
         factor = inverse_sqrt(o.warmup)
+    elif o.schedule == "wsd":
+        factor = warmup_stable_decay(o.warmup, total_steps(trainer), o.min_lr / o.lr, o.decay_fraction)
     else:
         factor = warmup_cosine(o.warmup, total_steps(trainer) if o.schedule == "cosine" else 0, o.min_lr / o.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)

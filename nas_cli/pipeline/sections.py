@@ -56,9 +56,11 @@ class RunOptions(_Section):
 #: ``optim.optimizer``: Adam (weight decay added to the gradient, as torch.optim.Adam does) or AdamW (decoupled)
 Optimizer = Annotated[str, Check(lambda v: v in ("adam", "adamw"), "adam or adamw", "adamw")]
 #: ``optim.schedule``: the inverse square root after a linear warm-up (Vaswani et al.), a linear warm-up then a
-#: cosine decay to ``optim.min_lr`` at the last step, or a linear warm-up then the peak rate throughout
-Schedule = Annotated[str, Check(lambda v: v in ("inverse_sqrt", "cosine", "constant"),
-                                "inverse_sqrt, cosine or constant", "cosine")]
+#: cosine decay to ``optim.min_lr`` at the last step, warm-up-stable-decay (the peak rate, then a linear decay
+#: over the last ``optim.decay_fraction`` of the steps), or a linear warm-up then the peak rate throughout
+Schedule = Annotated[str, Check(lambda v: v in ("inverse_sqrt", "cosine", "wsd", "constant"),
+                                "inverse_sqrt, cosine, wsd or constant", "cosine")]
+DecayShare = Annotated[float, Check(lambda v: 0 < v <= 1, "a share of the steps in (0, 1]", "0.2")]
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class OptimOptions(_Section):
     optimizer: Optimizer = "adam"
     schedule: Schedule = "inverse_sqrt"
     min_lr: NonNegativeNumber = 0.0
+    decay_fraction: DecayShare = 0.2
 
 
 @dataclass(frozen=True)
