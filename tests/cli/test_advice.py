@@ -91,3 +91,14 @@ def test_nas_report_written_to_a_file_keeps_every_column_and_whole_numbers(tmp_p
     assert re.search(r"no significant difference \(n=8, CI [-+.\d]+\.\.[-+.\d]+, p=[\d.]+\)", text), text
     for column in ("cell", "optim.lr", "val seed 1", "val seed 8", "mean val", "chosen", "margin to runner-up"):
         assert column in text
+
+
+def test_single_runs_of_other_positions_have_other_directory_names():
+    """copy_lm with sigmoid attention and ALiBi, and with sinusoids, no longer share copy_lm/sigmoid-h4."""
+    from nas_cli.pipeline.launch.resolvers import positions_tag, register_resolvers
+
+    register_resolvers()
+    alibi = compose_cfg("task=copy_lm", "attention=sigmoid", "model.positions=alibi")
+    plain = compose_cfg("task=copy_lm", "attention=sigmoid")
+    assert positions_tag(alibi.model) == "-alibi" and positions_tag(plain.model) == ""
+    assert positions_tag(compose_cfg("model=hf_llama").model) == ""  # a Hugging Face family's positions are its own

@@ -49,6 +49,19 @@ def scheme_tag(attention, task_target, model) -> str:
     return tag_resolver(attention, task_target, model)
 
 
+def positions_tag(model) -> str:
+    """``${nas.positions:${model}}``: ``-<positions>`` in a single run's directory name when nas-run's own
+    model adds positions other than sinusoids (``copy_lm/sigmoid-alibi-h4``, ``mqar/unas-rope-h2``), so that
+    runs of other positions are told apart by name; nothing for sinusoids and for a Hugging Face family
+    (its positions are its own). A sweep's job folders keep their names (a sweep continues by them)."""
+    try:
+        positions = model.get("positions") if hasattr(model, "get") else None
+        family = model.get("family") if hasattr(model, "get") else None
+    except Exception:  # noqa: BLE001 - an unresolvable node: the pre-run check says what is wrong
+        return ""
+    return "" if family or positions in (None, "sinusoidal") else f"-{positions}"
+
+
 #: Zoology's Figure 2 cells (Arora et al. 2023; paper_configs/iclr24_zoology_figure2/configs.py): sequence
 #: length -> (key-value pairs, batch size)
 ZOOLOGY_FIG2 = MappingProxyType({64: (4, 512), 128: (8, 512), 256: (16, 256), 512: (64, 128)})
@@ -66,7 +79,7 @@ def zoology_fig2(what: str, seq_len) -> int:
     return pairs if what == "pairs" else batch
 
 
-RESOLVERS = MappingProxyType({"nas.zoology_fig2": zoology_fig2, "nas.tag": scheme_tag, "nas.direction": optuna_direction, "nas.slurm_tasks": slurm_tasks,
+RESOLVERS = MappingProxyType({"nas.zoology_fig2": zoology_fig2, "nas.positions": positions_tag, "nas.tag": scheme_tag, "nas.direction": optuna_direction, "nas.slurm_tasks": slurm_tasks,
              "nas.slurm_gpus": slurm_gpus})
 
 
