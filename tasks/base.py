@@ -145,6 +145,9 @@ class Task(pl.LightningDataModule):
     #: (``<split>/pos_loss_<lo>_<hi>``, powers of two) and, where its batches carry each target's byte count
     #: (``target_bytes``), bits per byte (``<split>/bpb``)
     loss_by_position: bool = False
+    #: the names of the groups of rows an evaluation batch tells apart (its ``group``: the index): the accuracy
+    #: of each is ``<split>/<accuracy_name>_<name>`` (a retrieval task's needle depths: ``depth50``)
+    group_names: list | None = None
     #: how a language model's outputs are read: None (each position's own state) or ``"last_state"`` (every
     #: position decoded from the last position's final state: MAD's compression, nas_cli/model/readout.py)
     readout: str | None = None

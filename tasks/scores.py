@@ -40,7 +40,7 @@ KNOWN: tuple[TestMetric, ...] = (
 HIDDEN = frozenset({"test/loss", "test/token_acc"})
 #: the loss per position bucket (``test/pos_loss_<lo>_<hi>``): in summary.json, W&B and nas-report's --metrics,
 #: not a column of every table
-HIDDEN_PREFIXES = ("test/pos_loss_",)
+HIDDEN_PREFIXES = ("test/pos_loss_", "test/retrieval_acc_depth")
 _BY_KEY = {m.key: m for m in KNOWN}
 #: the metrics tasks declared, as read from the runs' summary.json (:func:`declare`)
 _DECLARED: dict[str, TestMetric] = {}

@@ -162,3 +162,23 @@ def per_byte_and_position(split: str, sums: dict) -> dict[str, float]:
                 lo, hi = (0, 1) if i == 0 else (2 ** (i - 1), 2 ** i)
                 out[f"{split}/pos_loss_{lo}_{hi}"] = float(nll[i] / count[i])
     return out
+
+
+def group_sums(scores: Scores, target: torch.Tensor, pad_id: int, group: torch.Tensor, groups: int) -> torch.Tensor:
+    """(2, groups) float64: per group of rows (``group``: (B,) its index), the scored positions predicted
+    right and the scored positions (a retrieval task's accuracy per needle depth)."""
+    rows = (target != pad_id).nonzero(as_tuple=True)[0]
+    hits = torch.zeros(target.size(0), dtype=torch.float64, device=target.device).index_add_(
+        0, rows, (scores.predicted == scores.targets).double())
+    out = torch.zeros(2, groups, dtype=torch.float64, device=target.device)
+    out[0].index_add_(0, group, hits)
+    out[1].index_add_(0, group, scores.row_tokens.double())
+    return out
+
+
+def group_accuracies(split: str, name: str, group_names, sums: torch.Tensor | None) -> dict[str, float]:
+    """``<split>/<name>_<group>``: each group's accuracy, where the evaluation scored some of its rows."""
+    if sums is None:
+        return {}
+    right, total = sums
+    return {f"{split}/{name}_{g}": float(right[i] / total[i]) for i, g in enumerate(group_names) if float(total[i]) > 0}

@@ -16,8 +16,10 @@ never trained), and ``run_test=false``.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, ListConfig
 
 from nas_cli.errors import UserError
@@ -44,8 +46,8 @@ def check_eval_lengths(cfg: DictConfig, task) -> None:
         return
     if task.trained_length() is None:
         raise UserError(f"eval_lengths={shown}: task '{task.name}' has no evaluation at other lengths (it is defined "
-                        "for language models over text windows, task=wikitext2 or wikitext103, and for the generated "
-                        "task=mqar and task=selective_copy); leave eval_lengths out")
+                        "for language models over text windows, task=wikitext2, wikitext103 or subword_lm, and for the "
+                        "generated task=mqar, selective_copy and retrieval); leave eval_lengths out")
     if not cfg.get("run_test", True):
         raise UserError(f"eval_lengths={shown} evaluates the test split at each length: it needs run_test=true")
     for length in requested(cfg):
@@ -132,3 +134,58 @@ def log_length_charts(logger, summary: dict) -> None:
         name = base.removeprefix("test/")
         table = wandb.Table(data=[[length, value] for length, value in points], columns=["length", name])
         run.log({f"lengths/{name}": wandb.plot.line(table, "length", name, title=f"{name} against the length")})
+
+
+def depth_grid(summary: dict, metric: str, groups) -> tuple[list[int], list[str], np.ndarray] | None:
+    """(lengths, group names, values (groups x lengths), NaN where not evaluated) of ``<metric>_<group>`` at the
+    trained length and at each evaluated one: a retrieval task's accuracy per needle depth and length."""
+    test, trained = summary.get("test") or {}, (summary.get("lengths") or {}).get("trained")
+    lengths = sorted({int(trained)} | set((summary.get("lengths") or {}).get("evaluated") or [])) if trained \
+        else [None]
+    grid = np.full((len(groups), len(lengths)), np.nan)
+    for i, g in enumerate(groups):
+        for j, n in enumerate(lengths):
+            key = f"{metric}_{g}" if n in (None, trained) else f"{metric}_{g}@{n}"
+            if key in test:
+                grid[i, j] = float(test[key])
+    if np.isnan(grid).all():
+        return None
+    return lengths, list(groups), grid
+
+
+def write_depth_heatmap(run_dir, summary: dict, task, logger=None) -> None:
+    """``retrieval_heatmap.png`` in the run directory (and the W&B run): the accuracy per needle depth (rows)
+    and length (columns), for a task that scores groups of rows (``Task.group_names``)."""
+    if not task.group_names or not task.accuracy_name:
+        return
+    found = depth_grid(summary, f"test/{task.accuracy_name}", task.group_names)
+    if found is None:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths, groups, grid = found
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 0.9 + 0.45 * len(groups)))
+    image = ax.imshow(100 * grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_yticks(range(len(groups)), [g.removeprefix("depth") + "%" for g in groups])
+    ax.set_xlabel("length (tokens)")
+    ax.set_ylabel("needle depth")
+    for i in range(grid.shape[0]):
+        for j in range(grid.shape[1]):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{100 * grid[i, j]:.0f}", ha="center", va="center", color="w", fontsize=8)
+    fig.colorbar(image, ax=ax, label=f"{task.accuracy_name} (%)")
+    ax.set_title(f"{summary.get('task')}: {summary.get('scheme')}", fontsize=9)
+    fig.tight_layout()
+    path = Path(run_dir) / "retrieval_heatmap.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    from nas_cli.infra.loggers import wandb_run_id
+
+    if logger and wandb_run_id(logger):
+        import wandb
+
+        logger.experiment.log({"retrieval/heatmap": wandb.Image(str(path))})

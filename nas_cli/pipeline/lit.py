@@ -18,8 +18,9 @@ from nas_cli.errors import NonFiniteLoss, UserError, record
 from nas_cli.model.losses import label_smoothed_nll
 from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer
 from nas_cli.model.plan import Cores
-from nas_cli.model.scoring import (Scores, adaptive_greedy, class_balanced_accuracy, class_counts,
-                                   per_byte_and_position, position_sums, score_log_probs, score_positions, scored)
+from nas_cli.model.scoring import (Scores, adaptive_greedy, class_balanced_accuracy, class_counts, group_accuracies,
+                                   group_sums, per_byte_and_position, position_sums, score_log_probs,
+                                   score_positions, scored)
 from nas_cli.infra.distributed import gather_eval
 from nas_cli.pipeline.optim import configure
 from nas_cli.pipeline.sections import OptimOptions
@@ -273,6 +274,9 @@ class NasLitModule(pl.LightningModule):
             counted.append(("bytes", (batch["target_bytes"] * (batch["target"] != self.task.pad_id)).sum()))
         if self.task.loss_by_position:
             counted.append(("positions", position_sums(scores, batch["target"], self.task.pad_id)))
+        if "group" in batch and self.task.group_names:  # the accuracy per group of rows (a needle's depth)
+            counted.append(("groups", group_sums(scores, batch["target"], self.task.pad_id, batch["group"],
+                                                 len(self.task.group_names))))
         for key, val in counted:
             self._sums[f"{split}/{key}"] = self._sums.get(f"{split}/{key}", 0) + val.detach().double()
         hyps, refs, index, nll, ntok = self._eval_text.setdefault(split, ([], [], [], [], []))
@@ -313,7 +317,7 @@ class NasLitModule(pl.LightningModule):
 
     def _eval_end(self, split: str):
         sums = {key: self._sums.pop(f"{split}/{key}", None)
-                for key in ("n", "nll", "correct", "classes", "bytes", "positions")}
+                for key in ("n", "nll", "correct", "classes", "bytes", "positions", "groups")}
         text = self._eval_text.pop(split, ([], [], [], [], []))
         sums, text = gather_eval(sums, text)  # several processes (DDP): the whole split's statistics
         n = sums["n"]
@@ -329,6 +333,8 @@ class NasLitModule(pl.LightningModule):
         if self.task.macro_accuracy_name and sums["classes"] is not None:
             metrics[f"{split}/{self.task.macro_accuracy_name}"] = class_balanced_accuracy(sums["classes"])
         metrics.update(per_byte_and_position(split, sums))
+        metrics.update(group_accuracies(split, self.task.accuracy_name or "token_acc", self.task.group_names,
+                                        sums["groups"]))
         hyps, refs, index, row_nll, row_n = text
         order = sorted(range(len(index)), key=index.__getitem__)  # the split's original order
         self.items[split] = item_outputs(self.task, [index[i] for i in order], [row_nll[i] for i in order],

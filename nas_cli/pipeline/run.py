@@ -26,7 +26,7 @@ from nas_cli.infra.checkpoints import (PeriodicCheckpoint, checkpoint_io, tested
 from nas_cli.errors import Refused, SignalStop, Stopped, UserError, record, say
 from nas_cli.infra.atomic import remove_stale_temporaries
 from nas_cli.infra.config_identity import config_id
-from nas_cli.pipeline.lengths import log_length_charts, requested, test_at_lengths
+from nas_cli.pipeline.lengths import log_length_charts, requested, test_at_lengths, write_depth_heatmap
 from nas_cli.pipeline.lit import count_parameters
 from nas_cli.pipeline.parts import build_module, build_task
 from nas_cli.pipeline.sections import CheckpointOptions
@@ -171,6 +171,7 @@ def _write_results(job: "_Job", module, logger, summary: dict[str, Any]) -> None
     if "test" in module.items:
         atomic_write_json(job.run_dir / ITEMS_FILE, module.items["test"], indent=None)
     log_length_charts(logger, summary)  # before the W&B run is closed
+    write_depth_heatmap(job.run_dir, summary, module.task, logger)
     finish_logger(logger, summary, job.run_dir)
     keep_summary(job.run_dir, job.kept)  # a finished run trained longer: finished until now, with its earlier summary
     atomic_write_json(job.run_dir / "summary.json", summary)

@@ -92,10 +92,10 @@ def test_what_cannot_be_evaluated_is_refused_before_training_in_one_line(overrid
     assert "\n" not in str(err.value)
 
 
-def test_learned_positions_up_to_max_len_and_positions_that_extend_are_accepted():
+def test_learned_positions_up_to_the_trained_length_and_positions_that_extend_are_accepted():
     from nas_cli.pipeline.checks.config import check_config
 
-    check_config(compose_cfg("task=mqar", "eval_lengths=[128]", "model.positions=learned", "model.max_len=128"))
+    check_config(compose_cfg("task=mqar", "eval_lengths=[32,64]", "model.positions=learned", "model.max_len=128"))
     for positions in ("sinusoidal", "rope", "alibi", "none"):
         check_config(compose_cfg("task=mqar", "eval_lengths=[1024]", f"model.positions={positions}", "model.max_len=64"))
 
@@ -154,11 +154,16 @@ def test_wikitext2_trained_at_one_length_and_tested_at_others_as_the_docs_show(t
 
 
 @pytest.mark.slow  # the README's line as written
-def test_the_readme_line_runs_as_written(tmp_path):
-    line, = [ln for ln in (ROOT / "README.md").read_text().splitlines() if "eval_lengths=" in ln and
+def test_the_readme_lines_run_as_written(tmp_path):
+    lines = [ln for ln in (ROOT / "README.md").read_text().splitlines() if "eval_lengths=" in ln and
              ln.startswith("nas-run ")]
-    argv = line.split("#")[0].split()[1:]
-    out = nas_run(*argv, "debug=fast", "logger=none", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["lengths"] == {"trained": 64, "evaluated": [128, 256]} and "test/query_acc@256" in summary["test"]
+    expected = {"task=mqar": ({"trained": 64, "evaluated": [128, 256]}, "test/query_acc@256"),
+                "task=retrieval": ({"trained": 256, "evaluated": [512, 1024]}, "test/retrieval_acc_depth50@1024")}
+    assert len(lines) == len(expected)
+    for i, line in enumerate(lines):
+        argv = line.split("#")[0].split()[1:]
+        out = nas_run(*argv, "debug=fast", "logger=none", f"hydra.run.dir={tmp_path}/run{i}", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        summary = json.loads((tmp_path / f"run{i}" / "summary.json").read_text())
+        lengths, key = expected[argv[0]]
+        assert summary["lengths"] == lengths and key in summary["test"]
