@@ -39,7 +39,10 @@ def tiny_data_overrides(task_name: str, root: Path) -> list[str]:
             splits = {"train": "train", "valid": "valid", "test": "test", **cfg.get("splits", {})}
             write_parallel(where, splits=tuple(splits[k] for k in ("train", "valid", "test")), n=(60, 8, 8),
                            src=cfg.src_lang, tgt=cfg.tgt_lang)
-    shrink = {"vocab_size": 120, "max_tokens": 256, "tokens_per_sample": 16, "context_window": 8}
+    shrink = {"vocab_size": 120, "max_tokens": 256, "tokens_per_sample": 16, "context_window": 8,
+              "text_docs": "line"}  # (a subword corpus: each generated line a document)
+    if "text_docs" in cfg:  # a byte-level BPE starts from the 256 bytes
+        shrink["vocab_size"] = 300
     return [f"task.path={where}", *[f"task.{k}={v}" for k, v in shrink.items() if k in cfg]]
 
 
@@ -51,7 +54,7 @@ def hydra_ctx():
 
 _TASKS: dict = {}
 #: the tasks that build a decoder-only language model (a causal-only scheme runs at their one location)
-LM_TASKS = ("copy_lm", "wikitext2", "wikitext103", "mqar", "selective_copy")
+LM_TASKS = ("copy_lm", "wikitext2", "wikitext103", "subword_lm", "mqar", "selective_copy", "retrieval")
 
 
 @pytest.mark.parametrize("task_name", TASKS)
