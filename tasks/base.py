@@ -164,6 +164,11 @@ class Task(pl.LightningDataModule):
     #: seconds spent reading, training the tokenizer and encoding (summary.json's data_timings)
     timings: dict | None = None
 
+    def tokens_per_step(self, items: int | None = None) -> int | None:
+        """The input tokens of one training step (a batch cut to at most ``items`` items,
+        ``train_batch_items``): what a token budget (``train_tokens``) counts in; None where batches vary."""
+        return None
+
     def positions_needed(self) -> tuple[int, str] | None:
         """The longest sequence a training batch can hold, known from the options alone, and the
         option that sets it (``(301, "task.max_len=300")``): nas-run refuses a model with fewer

@@ -174,6 +174,10 @@ class LanguageModelTask(Task):
     def src_vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()
 
+    def tokens_per_step(self, items: int | None = None) -> int:
+        """Windows of ``tokens_per_sample`` inputs, ``batch_size`` (or ``items``) of them a step."""
+        return min(self.batch_size, items or self.batch_size) * self.block
+
     def n_eval_tokens(self, split: str) -> int:
         """Tokens scored in an evaluation of ``split`` (every token after the first)."""
         return len(self.streams[split]) - 1

@@ -185,6 +185,9 @@ class _RecallTask(Task):
     def trained_length(self) -> int:
         return self.seq_len
 
+    def tokens_per_step(self, items: int | None = None) -> int:
+        return min(self.batch_size, items or self.batch_size) * self.seq_len
+
     def at_length(self, length: int) -> dict:
         """The task's options at ``length`` (``eval_lengths``): ``seq_len`` and what grows with it."""
         raise NotImplementedError

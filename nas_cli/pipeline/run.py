@@ -269,7 +269,7 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
     shown = progress_callback(job.run_dir.name, task.monitor, shares_terminal(), bar=bool(cfg.progress_bar),
                               lines=bool(cfg.get("progress_lines", True)))  # the bar, else lines, else nothing
     callbacks += [shown] if shown is not None else []
-    kwargs = trainer_kwargs(cfg)
+    kwargs = trainer_kwargs(cfg, task)
     plugins = kwargs.pop("plugins", None) or []  # trainer.plugins (trainer=ray_ddp: Ray's cluster environment)
     plugins = [*(plugins if isinstance(plugins, (list, tuple)) else [plugins]),
                checkpoint_io(cfg.trainer.get("accelerator", "auto"))]

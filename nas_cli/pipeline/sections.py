@@ -51,6 +51,7 @@ class RunOptions(_Section):
     threads: Threads | None
     train_batch_items: PositiveInt | None
     eval_batch_items: PositiveInt | None
+    train_tokens: PositiveInt | None = None
 
 
 #: ``optim.optimizer``: Adam (weight decay added to the gradient, as torch.optim.Adam does) or AdamW (decoupled)

@@ -21,8 +21,24 @@ from nas_cli.infra import ray_train
 from nas_cli.errors import unwrap as _unwrap
 
 
-def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+def budget_steps(cfg: DictConfig, task) -> int | None:
+    """``train_tokens``: the optimizer steps that train that many input tokens (rounded up), or None."""
+    tokens = cfg.get("train_tokens")
+    if not tokens or task is None:
+        return None
+    per_step = task.tokens_per_step(cfg.get("train_batch_items"))
+    if not per_step:
+        raise UserError(f"train_tokens={tokens}: task '{getattr(task, 'name', '?')}' has batches of varying size, "
+                        "so a token budget has no fixed number of steps; set trainer.max_steps instead")
+    per_step *= int(cfg.trainer.get("accumulate_grad_batches") or 1)
+    return -(-int(tokens) // per_step)
+
+
+def trainer_kwargs(cfg: DictConfig, task=None) -> dict[str, Any]:
     tcfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    steps = budget_steps(cfg, task)
+    if steps is not None:  # a token budget: the steps it makes, whatever trainer.max_steps said
+        tcfg["max_steps"] = steps
     if isinstance(tcfg.get("strategy"), dict):  # e.g. trainer=fsdp: {_target_: nas_cli.pipeline.trainer.fsdp_strategy, ...}
         try:
             tcfg["strategy"] = instantiate(cfg.trainer.strategy)

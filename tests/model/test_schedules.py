@@ -33,3 +33,20 @@ def test_the_optimizer_option_builds_that_optimizer(optimizer, kind):
     got = configure([torch.nn.Parameter(torch.ones(2))], o, trainer)
     assert type(got["optimizer"]) is kind and got["optimizer"].param_groups[0]["weight_decay"] == 0.1
     assert got["lr_scheduler"]["interval"] == "step"
+
+
+def test_a_token_budget_is_the_steps_that_train_that_many_tokens():
+    from helpers import compose_cfg
+    from hydra.utils import instantiate
+
+    from nas_cli.errors import UserError
+    from nas_cli.pipeline.trainer import budget_steps, trainer_kwargs
+
+    cfg = compose_cfg("task=mqar", "train_tokens=100000")  # 64 sequences of 64 tokens a step
+    task = instantiate(cfg.task)
+    assert budget_steps(cfg, task) == 25 and trainer_kwargs(cfg, task)["max_steps"] == 25
+    assert budget_steps(compose_cfg("task=mqar", "train_tokens=100000", "train_batch_items=16"), task) == 98
+    assert budget_steps(compose_cfg("task=mqar", "train_tokens=100000", "debug=fast"), task) is None  # 20 steps
+    with pytest.raises(UserError, match="train_tokens=1000: task 'reverse' has batches of varying size"):
+        cfg = compose_cfg("train_tokens=1000")
+        budget_steps(cfg, instantiate(cfg.task))

@@ -74,6 +74,9 @@ def check_config(cfg: DictConfig) -> Checked:
             check_readout(task.name, getattr(task, "readout", None), cfg.model)
         except ValueError as err:
             raise UserError(str(err)) from None
+        from nas_cli.pipeline.trainer import budget_steps
+
+        budget_steps(cfg, task)  # a token budget needs steps of a fixed number of tokens
     size = model_parameters(cfg, plan, task)  # nas_cli/pipeline/checks/sizing.py
     if size is not None:
         check_memory(cfg, size[0])
