@@ -21,10 +21,20 @@ from nas_cli.infra import ray_train
 from nas_cli.errors import unwrap as _unwrap
 
 
+def _debug_fast() -> bool:
+    """Whether the run is a ``debug=fast`` one (its 20 steps win over a token budget)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.choices.get("debug") == "fast"
+    except (ValueError, AttributeError):  # not inside a Hydra run
+        return False
+
+
 def budget_steps(cfg: DictConfig, task) -> int | None:
     """``train_tokens``: the optimizer steps that train that many input tokens (rounded up), or None."""
     tokens = cfg.get("train_tokens")
-    if not tokens or task is None:
+    if not tokens or task is None or _debug_fast():
         return None
     per_step = task.tokens_per_step(cfg.get("train_batch_items"))
     if not per_step:
