@@ -275,6 +275,24 @@ def compare_groups(groups: Sequence[Group], baseline: Group | Baselines, metrics
             from nas_cli.report.equivalence import attach
 
             attach([r.comparison for r in found], equivalence[m])
+    return _holm_over_buckets(rows)
+
+
+#: the loss per position bucket (``test/pos_loss_<lo>_<hi>``, tasks/subword_lm.py): one family of tests
+POSITION_BUCKETS = "test/pos_loss_"
+
+
+def _holm_over_buckets(rows: list[Row]) -> list[Row]:
+    """The position buckets of one evaluated length are one family: their p-values are Holm-adjusted over
+    every bucket and every group compared (a scheme "better at some position" is one question)."""
+    families: dict[str, list[Row]] = {}
+    for r in rows:
+        base, _, length = r.comparison.metric.partition("@")
+        if base.startswith(POSITION_BUCKETS) and not r.comparison.undefined:
+            families.setdefault(length, []).append(r)
+    for found in families.values():
+        if len({r.comparison.metric for r in found}) > 1:
+            _holm(found)
     return rows
 
 

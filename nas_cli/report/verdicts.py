@@ -149,7 +149,10 @@ def method_note(rows: Sequence[Row]) -> str:
     return ("Across seeds (the verdict): does the system beat the baseline when training is repeated? Unit: the "
             "seed, each run's own number (the table's cell). Paired by seed; difference = mean over paired seeds of "
             "(system - baseline) with a 95% Student-t interval; p-values: " + "; ".join(tests)
-            + f"; Holm-adjusted over the groups compared with the baseline, per metric. A verdict needs at least "
+            + "; Holm-adjusted over the groups compared with the baseline, per metric"
+            + (" (the loss per position bucket: over every bucket and group at once, one family per length)"
+               if any(r.comparison.metric.startswith("test/pos_loss_") for r in rows) else "")
+            + f". A verdict needs at least "
             f"{stats.MIN_SEEDS} seeds in both groups"
             + ("; below 6 seeds it rests on the t-test's assumption of roughly normal seed-level differences "
                "(no distribution-free test over fewer than 6 seeds can reach p < 0.05)" if small < 6 else "")
