@@ -53,7 +53,7 @@ def measure(path: str, vocab_size: int, repeats: int) -> dict:
             again.setup()
             reads.append(time.perf_counter() - t0)
             assert again.cache_hit
-    return {"path": path, "documents": len(docs), "tokens": tokens, "vocab_size": vocab_size,
+    return {"path": os.path.relpath(path, ROOT), "documents": len(docs), "tokens": tokens, "vocab_size": vocab_size,
             "cores": len(os.sched_getaffinity(0)), "repeats": repeats, "hf_encode_s": min(hf),
             "cache_write_s": min(writes), "cache_read_s": min(reads), "ratio": min(writes) / min(hf)}
 

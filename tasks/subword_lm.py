@@ -46,6 +46,9 @@ SPLITS = ("train", "valid", "test")
 SPECIALS = ["<pad>", "<s>", "</s>"]  # nas-run's PAD, BOS, EOS
 #: bump when what the cache holds changes
 CACHE_VERSION = "subword-v1"
+#: documents encoded in one batch (HF tokenizers encodes a batch in parallel; an encoding keeps its offsets
+#: and masks, so a whole corpus in one batch would hold gigabytes)
+ENCODE_CHUNK = 2048
 
 
 def position_buckets(length: int) -> list[tuple[int, int]]:
@@ -98,6 +101,21 @@ def token_bytes(doc: str, offsets) -> np.ndarray:
     at = np.concatenate([[0], np.cumsum(size)])  # the byte offset of each character
     ends = np.append(starts[1:], len(code))
     return (at[ends] - at[starts]).astype(np.uint32)
+
+
+def byte_lengths(tokenizer) -> np.ndarray | None:
+    """The bytes each token id stands for, where the tokenizer is byte-level (GPT-2's pre-tokenization:
+    every character of a token is one byte), specials 0; None for another tokenizer (its offsets then
+    count the bytes, :func:`token_bytes`)."""
+    from tokenizers import pre_tokenizers
+
+    if not isinstance(tokenizer.pre_tokenizer, pre_tokenizers.ByteLevel):
+        return None
+    table = np.zeros(tokenizer.get_vocab_size(with_added_tokens=True), dtype=np.uint32)
+    special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    for token, i in tokenizer.get_vocab(with_added_tokens=True).items():
+        table[i] = 0 if token in special else len(token)
+    return table
 
 
 class _Windows(Dataset):
@@ -182,11 +200,12 @@ class SubwordLMTask(LanguageModelTask):
     def setup(self, stage=None):
         if self.streams:
             return
+        from tokenizers import Tokenizer
+
+        from .documents import corpus_files
+
         t0 = time.perf_counter()
-        docs, files = read_corpus(self.path, self.text_field, self.text_docs)
-        splits = held_out(len(docs), self.valid_docs, self.test_docs, self.split_seed)
-        self.timings["read_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        files = corpus_files(self.path)
         if self.tokenizer_file is not None:
             self.tokenizer, self.offset = self._load_tokenizer(), len(SPECIALS)
             tok_key = Path(str(self.tokenizer_file)).expanduser().read_text()
@@ -195,24 +214,28 @@ class SubwordLMTask(LanguageModelTask):
         key = files_digest(files) + "-" + _digest(CACHE_VERSION, tok_key, self.valid_docs, self.test_docs,
                                                   self.split_seed, self.text_field, self.text_docs)
         folder = self.cache_dir / "subword" / key
-        if self.tokenizer_file is None:
-            from tokenizers import Tokenizer
-
-            if (folder / "tokenizer.json").is_file():
-                self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-            else:
-                self.tokenizer = train_bpe([docs[i] for i in splits["train"]], self.vocab_size)
-        self.timings["tokenizer_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
         self.cache_hit = (folder / "meta.json").is_file()
-        if not self.cache_hit:
+        self.timings["read_s"] = time.perf_counter() - t0
+        if self.cache_hit:  # the documents need not be read again
+            if self.tokenizer_file is None:
+                self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        else:
+            t0 = time.perf_counter()
+            docs, _ = read_corpus(self.path, self.text_field, self.text_docs)
+            splits = held_out(len(docs), self.valid_docs, self.test_docs, self.split_seed)
+            self.timings["read_s"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            if self.tokenizer_file is None:
+                self.tokenizer = train_bpe([docs[i] for i in splits["train"]], self.vocab_size)
+            self.timings["tokenizer_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
             self._write_cache(folder, docs, splits)
+            self.timings["encode_s"] = time.perf_counter() - t0
         for split in SPLITS:
             self.streams[split] = np.load(folder / f"{split}.tokens.npy", mmap_mode="r")
             self.bytes[split] = np.load(folder / f"{split}.bytes.npy", mmap_mode="r")
             self.bounds[split] = np.load(folder / f"{split}.bounds.npy")
         self.cache_folder = folder
-        self.timings["encode_s"] = time.perf_counter() - t0
 
     def _write_cache(self, folder: Path, docs: list[str], splits: dict[str, np.ndarray]) -> None:
         """Tokenize every split (HF tokenizers' parallel batch encoding) and write it, atomically (a folder
@@ -225,14 +248,20 @@ class SubwordLMTask(LanguageModelTask):
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
         try:
             counts = {}
+            table = byte_lengths(self.tokenizer)
             for split in SPLITS:
                 chosen = [docs[i] for i in splits[split]]
-                encoded = self.tokenizer.encode_batch(chosen)
-                ids = [np.asarray(e.ids, dtype=np.int64) + self.offset for e in encoded]
-                nbytes = [token_bytes(d, e.offsets) for d, e in zip(chosen, encoded)]
-                lengths = np.array([len(x) + 1 for x in ids], dtype=np.int64)  # + the end-of-document token
-                stream = np.concatenate([np.append(x, EOS) for x in ids]).astype(np.int32)
-                byte = np.concatenate([np.append(b, 1) for b in nbytes]).astype(np.uint32)
+                ids, nbytes = [], []
+                for start in range(0, len(chosen), ENCODE_CHUNK):  # chunks: the encodings' offsets stay small
+                    part = chosen[start:start + ENCODE_CHUNK]
+                    for d, e in zip(part, self.tokenizer.encode_batch(part)):
+                        x = np.asarray(e.ids, dtype=np.int32)
+                        ids.append(np.append(x + self.offset, EOS))
+                        per_token = table[x] if table is not None else token_bytes(d, e.offsets)
+                        nbytes.append(np.append(per_token, 1))  # the end-of-document token: 1
+                lengths = np.array([len(x) for x in ids], dtype=np.int64)
+                stream = np.concatenate(ids).astype(np.int32)
+                byte = np.concatenate(nbytes).astype(np.uint32)
                 np.save(tmp / f"{split}.tokens.npy", stream)
                 np.save(tmp / f"{split}.bytes.npy", byte)
                 np.save(tmp / f"{split}.bounds.npy", np.concatenate([[0], np.cumsum(lengths)]))
