@@ -63,7 +63,8 @@ def table(result: dict) -> str:
         "## The subword token cache (generated)", "",
         f"`{result['command']}` on {result['machine']}, {result['date']} ({result['cores']} cores; best of "
         f"{result['repeats']}): {result['documents']:,} documents of `{result['path']}`, {result['tokens']:,} tokens "
-        f"at a byte-level BPE of {result['vocab_size']:,}.", "",
+        f"at a byte-level BPE of {result['vocab_size']:,}"
+        + (f"; {result['load']}" if result.get("load") else "") + ".", "",
         "| step | seconds |", "|---|---:|",
         f"| HF tokenizers' `encode_batch` over every document | {result['hf_encode_s']:.1f} |",
         f"| nas-run's tokenization into the cache (the same encoding, byte counts, files) | "
@@ -76,9 +77,11 @@ def main() -> None:
     p.add_argument("--path", default=str(ROOT.parent / "shared" / "data" / "wikipedia_en"))
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--load", default=None, help="what else ran on the machine during the measurement, said with it")
     add_output_options(p, ROOT / "docs" / "bench_subword.json", ROOT / "docs" / "benchmarks.md")
     args = p.parse_args()
-    print(table(run_and_write(args, lambda: measure(args.path, args.vocab_size, args.repeats), table,
+    print(table(run_and_write(args, lambda: {**measure(args.path, args.vocab_size, args.repeats),
+                                             **({"load": args.load} if args.load else {})}, table,
                               "python benchmarks/subword_cache.py")))
 
 
