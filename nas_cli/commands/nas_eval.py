@@ -4,6 +4,7 @@
     nas-eval <run dir> --average-last 5 --beam 5 --lenpen 0.6      # average the last 5 periodic checkpoints
     nas-eval <run dir> --ckpt a.ckpt --ckpt b.ckpt --split valid   # average exactly these
     nas-eval <run dir> --eval-lengths 512,1024,2048                # also at other lengths (length generalization)
+    nas-eval <run dir> --passkey                                   # a subword LM: passkey retrieval, length x depth
 
 The model and task are rebuilt from the run's saved config (``.hydra/config.yaml``);
 ``--set key=value`` overrides it (e.g. a new ``task.path``). Writes the metrics (and the
@@ -32,6 +33,12 @@ def main(argv=None) -> None:
     ap.add_argument("--lenpen", type=float, help="length penalty; default: the task's")
     ap.add_argument("--eval-lengths", metavar="L1,L2", help="also evaluate at these lengths in tokens (length "
                     "generalization, as nas-run's eval_lengths): metrics <split>/<metric>@<length>")
+    ap.add_argument("--passkey", action="store_true", help="a subword language model (task=subword_lm): passkey "
+                    "retrieval in its held-out text at each length x needle depth (eval/passkey.json, "
+                    "eval/passkey_heatmap.png) instead of the split's metrics")
+    ap.add_argument("--passkey-lengths", metavar="L1,L2", help="with --passkey: the lengths in tokens (default: "
+                    "the trained length, 2x and 4x)")
+    ap.add_argument("--passkey-samples", type=int, default=20, help="with --passkey: probes per cell (default 20)")
     ap.add_argument("--name", help="output name under <run dir>/eval/ (default from the options)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override the saved config")
     args = ap.parse_args(argv)
@@ -47,7 +54,8 @@ def main(argv=None) -> None:
         print(f"nas-eval: stopped: {signal.Signals(stop.signum).name} during the evaluation of {args.run_dir} "
               f"({args.split} split); nothing written to its eval/", file=sys.stderr)
         sys.exit(128 + stop.signum)
-    table = Table(title=f"nas-eval ({args.split} split)")  # the run's path on a line of its own: never broken
+    table = Table(title="nas-eval: passkey retrieval (share retrieved)" if args.passkey
+                  else f"nas-eval ({args.split} split)")  # the run's path on a line of its own: never broken
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in result["metrics"].items():

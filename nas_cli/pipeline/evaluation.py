@@ -102,6 +102,8 @@ def evaluate(args) -> dict:
     module.load_state_dict(average_checkpoints(ckpts))
     module.test_split = args.split
     set_threads(cfg, count_parameters(module.model))
+    if getattr(args, "passkey", False):
+        return _passkey(args, run_dir, task, module, ckpts)
     trainer = pl.Trainer(accelerator=cfg.trainer.get("accelerator", "auto"), devices=1, logger=False,
                          callbacks=[progress_callback(run_dir.name, "", False, program="nas-eval")],
                          enable_model_summary=False, enable_checkpointing=False)
@@ -116,6 +118,37 @@ def evaluate(args) -> dict:
               "lengths": lengths_record(task, lengths)}
     result["files"] = [str(p) for p in _write(run_dir / "eval", name, result, module.items.get(args.split),
                                               module.decoded.get(args.split, []))]
+    return result
+
+
+def _passkey(args, run_dir: Path, task, module, ckpts) -> dict:
+    """``--passkey``: the length x depth grid of passkey retrieval in the run's held-out text
+    (nas_cli/pipeline/passkey.py), written to ``eval/passkey.json`` and drawn in ``eval/passkey_heatmap.png``."""
+    import numpy as np
+
+    from nas_cli.infra.atomic import atomic_write_json
+    from nas_cli.pipeline.lengths import draw_heatmap
+    from nas_cli.pipeline.passkey import passkey_grid
+
+    trained = task.trained_length() or 256
+    try:
+        lengths = [int(v) for v in str(args.passkey_lengths).split(",")] if args.passkey_lengths else \
+            [trained, 2 * trained, 4 * trained]
+    except ValueError:
+        raise UserError(f"--passkey-lengths {args.passkey_lengths}: give lengths in tokens separated by commas "
+                        "(e.g. --passkey-lengths 256,512,1024)") from None
+    if any(n < 32 for n in lengths) or args.passkey_samples < 1:
+        raise UserError("--passkey-lengths must be at least 32 tokens each and --passkey-samples at least 1")
+    grid = passkey_grid(module.model, task, lengths, samples=args.passkey_samples)
+    out = run_dir / "eval"
+    out.mkdir(exist_ok=True)
+    result = {"split": "test", "checkpoints": [str(p) for p in ckpts], "passkey": grid,
+              "threads": torch.get_num_threads(), "decoding": None, "bleu_signature": None,
+              "metrics": {f"passkey@{n}/depth{int(d)}": grid["accuracy"][i][j]
+                          for i, n in enumerate(grid["lengths"]) for j, d in enumerate(grid["depths"])}}
+    picture = draw_heatmap(out / "passkey_heatmap.png", grid["lengths"], [f"{int(d)}" for d in grid["depths"]],
+                           np.array(grid["accuracy"]).T, f"passkey retrieval: {run_dir.name}", "retrieved (%)")
+    result["files"] = [str(atomic_write_json(out / "passkey.json", {k: v for k, v in result.items()})), str(picture)]
     return result
 
 

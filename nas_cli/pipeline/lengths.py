@@ -153,6 +153,31 @@ def depth_grid(summary: dict, metric: str, groups) -> tuple[list[int], list[str]
     return lengths, list(groups), grid
 
 
+def draw_heatmap(path, lengths, groups, grid: np.ndarray, title: str, label: str) -> Path:
+    """A PNG of ``grid`` (groups x lengths, shares in [0, 1]; NaN: not evaluated) with each cell's percentage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 0.9 + 0.45 * len(groups)))
+    image = ax.imshow(100 * grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_yticks(range(len(groups)), [str(g).removeprefix("depth") + "%" for g in groups])
+    ax.set_xlabel("length (tokens)")
+    ax.set_ylabel("needle depth")
+    for i in range(grid.shape[0]):
+        for j in range(grid.shape[1]):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{100 * grid[i, j]:.0f}", ha="center", va="center", color="w", fontsize=8)
+    fig.colorbar(image, ax=ax, label=label)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def write_depth_heatmap(run_dir, summary: dict, task, logger=None) -> None:
     """``retrieval_heatmap.png`` in the run directory (and the W&B run): the accuracy per needle depth (rows)
     and length (columns), for a task that scores groups of rows (``Task.group_names``)."""
@@ -161,28 +186,9 @@ def write_depth_heatmap(run_dir, summary: dict, task, logger=None) -> None:
     found = depth_grid(summary, f"test/{task.accuracy_name}", task.group_names)
     if found is None:
         return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     lengths, groups, grid = found
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 0.9 + 0.45 * len(groups)))
-    image = ax.imshow(100 * grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
-    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-    ax.set_yticks(range(len(groups)), [g.removeprefix("depth") + "%" for g in groups])
-    ax.set_xlabel("length (tokens)")
-    ax.set_ylabel("needle depth")
-    for i in range(grid.shape[0]):
-        for j in range(grid.shape[1]):
-            if not np.isnan(grid[i, j]):
-                ax.text(j, i, f"{100 * grid[i, j]:.0f}", ha="center", va="center", color="w", fontsize=8)
-    fig.colorbar(image, ax=ax, label=f"{task.accuracy_name} (%)")
-    ax.set_title(f"{summary.get('task')}: {summary.get('scheme')}", fontsize=9)
-    fig.tight_layout()
-    path = Path(run_dir) / "retrieval_heatmap.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = draw_heatmap(Path(run_dir) / "retrieval_heatmap.png", lengths, groups, grid,
+                        f"{summary.get('task')}: {summary.get('scheme')}", f"{task.accuracy_name} (%)")
     from nas_cli.infra.loggers import wandb_run_id
 
     if logger and wandb_run_id(logger):

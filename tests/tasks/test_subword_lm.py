@@ -174,3 +174,45 @@ def test_bits_per_byte_and_loss_by_position_equal_a_plain_recomputation(tmp_path
     assert test["test/bpb"] == pytest.approx(nll_sum / (math.log(2) * nbytes), rel=1e-4)
     for lo, hi in position_buckets(32):
         assert test[f"test/pos_loss_{lo}_{hi}"] == pytest.approx(np.mean(buckets[lo]), rel=1e-4)
+    # the passkey grid of the trained model, in its held-out text
+    from helpers import run_command, script
+
+    out = run_command([script("nas-eval"), str(run), "--passkey", "--passkey-lengths", "96,128",
+                       "--passkey-samples", "2"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    grid = json.loads((run / "eval" / "passkey.json").read_text())["passkey"]
+    assert grid["lengths"] == [96, 128] and len(grid["accuracy"][0]) == 5
+    assert (run / "eval" / "passkey_heatmap.png").is_file()
+
+
+def test_passkey_probes_hold_the_needle_at_its_depth_and_the_key_at_the_end(tmp_path, monkeypatch):
+    from nas_cli.pipeline import passkey
+
+    task = SubwordLMTask(path=str(_corpus(tmp_path, 200)), vocab_size=300, valid_docs=10, test_docs=60,
+                         tokens_per_sample=32, cache_dir=str(tmp_path / "cache"))
+    task.setup()
+    rng = np.random.default_rng(0)
+    ids, k = passkey.probes(task, 128, 50, 3, rng)
+    assert ids.shape == (3, 128) and k >= 1
+    text = task.tokenizer.decode([int(i) - task.offset for i in ids[0]])
+    key = text.rsplit(" ", 1)[-1]
+    assert len(key) == 5 and key.isdigit() and f"The pass key is {key}. Remember it." in text
+    where = task.tokenizer.decode([int(i) - task.offset for i in ids[0][:64]])
+    assert "pass key" in text and abs(len(where) / len(text) - 0.5) < 0.25  # the needle near the middle
+
+    # an oracle that knows each probe's next token retrieves everything; a constant model nothing
+    seen = []
+    real = passkey.probes
+    monkeypatch.setattr(passkey, "probes", lambda *a: seen.append(real(*a)) or seen[-1])
+
+    class Oracle(torch.nn.Module):
+        def forward(self, x):
+            full = seen[-1][0]
+            return torch.nn.functional.one_hot(full[:, 1:x.size(1) + 1], task.src_vocab_size).float(), None
+
+    grid = passkey.passkey_grid(Oracle(), task, [96, 128], depths=(0, 100), samples=2)
+    assert grid["accuracy"] == [[1.0, 1.0], [1.0, 1.0]]
+    constant = lambda x: (torch.zeros(*x.shape, task.src_vocab_size), None)  # noqa: E731
+    grid = passkey.passkey_grid(type("M", (torch.nn.Module,), {"forward": lambda self, x: constant(x)})(), task,
+                                [96], depths=(50,), samples=2)
+    assert grid["accuracy"] == [[0.0]]
