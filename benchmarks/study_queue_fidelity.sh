@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The study's fidelity round: MQAR at Zoology's Figure 2 settings (experiment=zoology_fig2) at a CPU size,
 # beside the third round's mqar_cpu cells, and selective copying in its published forms (docs/study.md,
-# "MQAR at Zoology's settings"). One sweep after another, STUDY_JOBS one-thread jobs at a time (default 2);
+# "MQAR at Zoology's Figure 2 settings"). One sweep after another, STUDY_JOBS one-thread jobs at a time (default 2);
 # every sweep resumes, so run this script again after any stop. Run from the repository root with nas-run
 # installed from a wheel into an environment of its own (PATH=<env>/bin:$PATH).
 # The CPU size, stated wherever it is reported: 20,000 training sequences and 1,500 steps of Figure 2's
