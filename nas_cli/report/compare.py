@@ -23,6 +23,7 @@ from typing import Sequence
 from nas_cli.diagnostics.metrics import SIGNED_NOTE
 from nas_cli.infra.rundir import ITEMS_FILE
 from nas_cli.report import stats
+from nas_cli.report.families import holm, holm_over_buckets
 from nas_cli.report import items as item_stats
 from nas_cli.report.collect import Run
 from nas_cli.report.table import Group, field_value, reported
@@ -270,30 +271,12 @@ def compare_groups(groups: Sequence[Group], baseline: Group | Baselines, metrics
             if m in item_metrics:
                 c.items = _item_level(m, _pairs(base, g), items, cache, samples, trials)
             found.append(Row(g, c, higher_is_better(m), base))
-        rows.extend(_holm(found))
+        rows.extend(holm(found))
         if m in (equivalence or {}):  # TOST at the margin, Holm over the same groups
             from nas_cli.report.equivalence import attach
 
             attach([r.comparison for r in found], equivalence[m])
-    return _holm_over_buckets(rows)
-
-
-#: the loss per position bucket (``test/pos_loss_<lo>_<hi>``, tasks/subword_lm.py): one family of tests
-POSITION_BUCKETS = "test/pos_loss_"
-
-
-def _holm_over_buckets(rows: list[Row]) -> list[Row]:
-    """The position buckets of one evaluated length are one family: their p-values are Holm-adjusted over
-    every bucket and every group compared (a scheme "better at some position" is one question)."""
-    families: dict[str, list[Row]] = {}
-    for r in rows:
-        base, _, length = r.comparison.metric.partition("@")
-        if base.startswith(POSITION_BUCKETS) and not r.comparison.undefined:
-            families.setdefault(length, []).append(r)
-    for found in families.values():
-        if len({r.comparison.metric for r in found}) > 1:
-            _holm(found)
-    return rows
+    return holm_over_buckets(rows)
 
 
 def _undefined(metric: str, runs: Sequence[Run]) -> str | None:
@@ -367,13 +350,6 @@ def _item_level(metric: str, pairs, items, cache, samples: int, trials: int) -> 
             continue
         out.append(item_stats.compare_items(metric, got[0], got[1], seed=s.seed, samples=samples, trials=trials))
     return out
-
-
-def _holm(found: list[Row]) -> list[Row]:
-    """Holm-adjust one metric's p-values over the groups compared with the baseline."""
-    for row, p in zip(found, stats.holm([r.comparison.p for r in found])):
-        row.comparison.p_adj = p
-    return found
 
 
 def _checked_items(involved: Sequence[Run], metrics: Sequence[str]) -> dict[int, dict]:
