@@ -207,9 +207,6 @@ class _MADTask(_RecallTask):
     def trained_length(self) -> None:  # MAD's tasks are evaluated at their training setting only
         return None
 
-    def positions_needed(self) -> tuple[int, str]:
-        return self.seq_len, f"task.seq_len={self.seq_len}"
-
 
 def _check(vocab_size: int, least: int, why: str, seq_len: int, even: bool = False) -> None:
     if vocab_size < least:

@@ -185,6 +185,9 @@ class _RecallTask(Task):
     def trained_length(self) -> int:
         return self.seq_len
 
+    def positions_needed(self) -> tuple[int, str]:
+        return self.seq_len, f"task.seq_len={self.seq_len}"
+
     def tokens_per_step(self, items: int | None = None) -> int:
         return min(self.batch_size, items or self.batch_size) * self.seq_len
 
@@ -247,9 +250,6 @@ class MQAR(_RecallTask):
     def make(self, n, rng):
         return mqar(n, self.vocab_size, self.seq_len, self.num_kv_pairs, self.power_a, self.random_non_queries, rng)
 
-    def positions_needed(self) -> tuple[int, str]:
-        return self.seq_len, f"task.seq_len={self.seq_len}"
-
 
 class SelectiveCopy(_RecallTask):
     accuracy_name = "copy_acc"
@@ -286,6 +286,3 @@ class SelectiveCopy(_RecallTask):
 
     def make(self, n, rng):
         return SELECTIVE_COPY[self.variant](n, self.vocab_size, self.seq_len, self.num_tokens, rng)
-
-    def positions_needed(self) -> tuple[int, str]:
-        return self.seq_len, f"task.seq_len={self.seq_len}"

@@ -259,6 +259,3 @@ class Retrieval(_RecallTask):
         """The same needles in a longer haystack."""
         return dict(name=self.name, form=self.form, seq_len=length, needles=self.needles, key_len=self.key_len,
                     value_len=self.value_len, keys=self.keys, filler=self.filler, depths=self.depths)
-
-    def positions_needed(self) -> tuple[int, str]:
-        return self.seq_len, f"task.seq_len={self.seq_len}"
