@@ -35,3 +35,40 @@ def write_lm(root: Path, n=(400, 60, 60), seed=0):
         lines = [" = Title = "] + [" ".join(rng.choice(WORDS_EN) for _ in range(rng.randint(4, 15))) for _ in range(count)]
         (root / f"{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return root
+
+
+#: the zero-shot tasks' local files (nas_cli/zeroshot/tasks.py), as ../shared/data lays them out
+ZERO_SHOT_FILES = ("lambada_openai/lambada_test.jsonl", "piqa/valid.jsonl", "piqa/valid-labels.lst",
+                   "hellaswag/hellaswag_val_full.txt.bz2", "boolq/validation/data-00000-of-00001.arrow")
+
+
+def zero_shot_data(tmp_root: Path) -> Path:
+    """../shared/data when it holds the zero-shot tasks' files, else tiny files of the same forms under
+    ``tmp_root`` (a few items each, from the toy English words)."""
+    if all((SHARED / f).exists() for f in ZERO_SHOT_FILES):
+        return SHARED
+    import bz2
+    import json
+
+    import datasets
+
+    rng = random.Random(0)
+
+    def sentence(n: int) -> str:
+        return " ".join(rng.choice(WORDS_EN) for _ in range(n))
+
+    root = tmp_root / "zero_shot_data"
+    for folder in ("lambada_openai", "piqa", "hellaswag"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    (root / "lambada_openai" / "lambada_test.jsonl").write_text(
+        "".join(json.dumps({"text": sentence(12).capitalize() + " " + rng.choice(WORDS_EN)}) + "\n" for _ in range(30)))
+    (root / "piqa" / "valid.jsonl").write_text("".join(json.dumps(
+        {"goal": sentence(6) + "?", "sol1": sentence(5) + ".", "sol2": sentence(5) + "."}) + "\n" for _ in range(30)))
+    (root / "piqa" / "valid-labels.lst").write_text("".join(f"{rng.randint(0, 1)}\n" for _ in range(30)))
+    lines = []
+    for _ in range(30):
+        lines += [f"Walking: {sentence(8)}", str(rng.randint(0, 3))] + [sentence(6) + "." for _ in range(4)]
+    (root / "hellaswag" / "hellaswag_val_full.txt.bz2").write_bytes(bz2.compress(("\n".join(lines) + "\n").encode()))
+    datasets.Dataset.from_list([{"question": sentence(5), "answer": rng.random() < 0.6, "passage": sentence(20)}
+                                for _ in range(30)]).save_to_disk(str(root / "boolq" / "validation"))
+    return root

@@ -14,8 +14,10 @@ from typing import Any
 
 #: config keys that never split a group: the seed (what groups average over), what a tuned sweep
 #: chooses among (tune, tune_seeds: how nas-report reads the runs, not how they train), settings that
-#: change only what is logged or saved, and the CPU thread count (it changes round-off, not the setup)
-IGNORED_KEYS = ("seed", "tune", "tune_seeds", "progress_bar", "progress_lines", "log_learned_every", "logger", "diagnostics", "run_test", "checkpoint", "threads")
+#: change only what is logged or saved or evaluated after training (lm_eval: the zero-shot tasks), and the CPU
+#: thread count (it changes round-off, not the setup)
+IGNORED_KEYS = ("seed", "tune", "tune_seeds", "progress_bar", "progress_lines", "log_learned_every", "logger",
+                "diagnostics", "run_test", "checkpoint", "threads", "lm_eval")
 #: keys added after runs were made, left out at their default (null) so that those runs keep their id;
 #: set, they split a group (smaller training batches train another model; with a batch limit,
 #: smaller evaluation batches score other items; other test lengths give other test metrics)

@@ -104,6 +104,8 @@ def evaluate(args) -> dict:
     set_threads(cfg, count_parameters(module.model))
     if getattr(args, "passkey", False):
         return _passkey(args, run_dir, task, module, ckpts)
+    if getattr(args, "lm_eval", None):
+        return _zero_shot(args, cfg, run_dir, task, module, ckpts)
     trainer = pl.Trainer(accelerator=cfg.trainer.get("accelerator", "auto"), devices=1, logger=False,
                          callbacks=[progress_callback(run_dir.name, "", False, program="nas-eval")],
                          enable_model_summary=False, enable_checkpointing=False)
@@ -150,6 +152,35 @@ def _passkey(args, run_dir: Path, task, module, ckpts) -> dict:
                            np.array(grid["accuracy"]).T, f"passkey retrieval: {run_dir.name}", "retrieved (%)")
     result["files"] = [str(atomic_write_json(out / "passkey.json", {k: v for k, v in result.items()})), str(picture)]
     return result
+
+
+def _zero_shot(args, cfg, run_dir: Path, task, module, ckpts) -> dict:
+    """``--lm-eval``: lm-evaluation-harness's zero-shot scores (nas_cli/zeroshot/), written to
+    ``eval/<name>.json`` (default ``lm_eval``), its per-item values and lm-eval's records beside it."""
+    import os
+
+    from nas_cli.zeroshot import record
+    from nas_cli.zeroshot.harness import zero_shot
+    from nas_cli.zeroshot.tasks import parse_names
+
+    if args.split != "test":
+        raise UserError("--lm-eval scores the tasks' own items, not a split of the run's data: leave --split out")
+    if args.lm_eval_batch_size < 1:
+        raise UserError(f"--lm-eval-batch-size {args.lm_eval_batch_size}: give at least 1")
+    max_length, reach = args.lm_eval_max_length, int(cfg.model.get("max_len") or 0) or None
+    if reach and cfg.model.get("positions") == "learned":  # rows past the trained window were never trained
+        reach = min(reach, task.trained_length() or reach)
+    if max_length is not None and (max_length < 2 or (reach and max_length > reach)):
+        raise UserError(f"--lm-eval-max-length {max_length}: give 2 to {reach} tokens (the model's positions reach "
+                        f"{reach}: model.max_len, and the trained window for learned positions)")
+    result = zero_shot(module.model, task, parse_names(args.lm_eval), args.lm_eval_data or
+                       os.environ.get("NAS_RUN_EVAL_DATA") or None, args.lm_eval_limit, args.lm_eval_batch_size,
+                       max_length)
+    files = record.write(run_dir / "eval", args.name or record.NAME, result, [str(p) for p in ckpts],
+                         torch.get_num_threads())
+    return {"metrics": result["metrics"], "stderr": result["stderr"], "tasks": result["tasks"],
+            "checkpoints": [str(p) for p in ckpts], "decoding": None,
+            "threads": torch.get_num_threads(), "bleu_signature": None, "files": [str(p) for p in files]}
 
 
 def _write(out_dir: Path, name: str, result: dict, items: dict | None, hyps: list[str]) -> list[Path]:

@@ -37,6 +37,7 @@ from nas_cli.infra.launchers import in_sweep_job
 from nas_cli.pipeline.launch.sweep_launcher import shares_terminal
 from nas_cli.pipeline.progress import progress_callback
 from nas_cli.pipeline.summary import as_float, run_summary
+from nas_cli.zeroshot.harness import at_end_of_training
 from nas_cli.pipeline.trainer import (compile_failure, trainer_kwargs, compile_model, data_dependent_refusal,
                       set_threads)
 from nas_cli.infra.fault_tolerance import FaultTolerance, Preempted, stop_signals
@@ -91,7 +92,11 @@ def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_t
         test = {**test, **_test_lengths(cfg, job, trainer, module, task, best)}
         if not trainer.is_global_zero:
             return None
+        progress.phase = "zero-shot evaluation"
+        zero_shot = at_end_of_training(cfg, job.run_dir, module, task, logger)  # lm_eval.tasks (docs/zeroshot.md)
         summary = run_summary(cfg, job, trainer, ckpt, module, task, tested, test, fit_seconds, train_tokens)
+        if zero_shot:
+            summary["zero_shot"] = zero_shot
         _write_results(job, module, logger, summary)
         return summary
 

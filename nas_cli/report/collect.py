@@ -336,6 +336,7 @@ def eval_variants(run: Run) -> list[Run]:
         data = _read_json(path)
         if not data or data.get("split") != "test" or not isinstance(data.get("metrics"), dict):
             continue
+        declare(data.get("declared"))  # an evaluation's own metrics (zero-shot: titles, better direction)
         summary = {**run.summary, "test": data["metrics"], "tested": {"checkpoint": ",".join(
             Path(c).name for c in data.get("checkpoints", [])) or "?", "step": None},
             "lengths": data.get("lengths")}

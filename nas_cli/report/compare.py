@@ -23,10 +23,12 @@ from typing import Sequence
 from nas_cli.diagnostics.metrics import SIGNED_NOTE
 from nas_cli.infra.rundir import ITEMS_FILE
 from nas_cli.report import stats
-from nas_cli.report.families import holm, holm_over_buckets
+from nas_cli.report.baselines import (Baselines, CompareError, coordinates, parse_selector,  # noqa: F401
+                                      select_baseline, select_baselines)
+from nas_cli.report.families import holm, holm_over_buckets, holm_over_zero_shot
 from nas_cli.report import items as item_stats
 from nas_cli.report.collect import Run
-from nas_cli.report.table import Group, field_value, reported
+from nas_cli.report.table import Group, reported
 
 
 def is_run_metric(name: str, runs: Sequence[Run]) -> bool:
@@ -47,105 +49,6 @@ def metric_title(metric: str, runs: Sequence[Run]) -> str | None:
         return spec(metric).title
     declared = reported(runs).get(metric)
     return declared.title if declared is not None and declared.column else None
-
-
-class CompareError(ValueError):
-    """Bad --baseline / --metrics input, or runs that cannot be compared (one line for the user)."""
-
-
-def parse_selector(text: str) -> dict[str, str]:
-    out = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        key, eq, value = part.partition("=")
-        if not eq or not key.strip():
-            raise CompareError(f"--baseline {text!r}: expected field=value[,field=value], e.g. scheme=unas")
-        out[key.strip()] = value.strip()
-    if not out:
-        raise CompareError("--baseline needs field=value, e.g. scheme=unas")
-    return out
-
-
-def _matches(group: Group, selector: dict[str, str]) -> bool:
-    return all(all(str(field_value(r, k)) == v for r in group.runs) for k, v in selector.items())
-
-
-@dataclass
-class Baselines:
-    """What ``--baseline SELECTOR`` chose: each system group with its baseline group. A selector
-    that matches one group: every other group against it. One that matches several (``scheme=unas``
-    on a grid over heads): each group against the baseline at the same values of every field on
-    which the baselines differ (``matched_on``, e.g. model.heads), which is the pairing of
-    ``seed=auto`` (nas_cli.sweeps.design.pair_up)."""
-
-    pairs: list[tuple[Group, Group]]  # (system, its baseline)
-    groups: list[Group]  # the baseline groups
-    matched_on: list[str]
-    unmatched: list[Group]  # systems with no baseline at their values of matched_on
-
-    @property
-    def label(self) -> str:
-        if len(self.groups) == 1:
-            return self.groups[0].label
-        return f"{' / '.join(g.label for g in self.groups)} (each at the same {', '.join(self.matched_on)})"
-
-
-def coordinates(group: Group) -> dict[str, str]:
-    """The values that place a group in a grid: the run fields, its --group-by fields and, for the
-    default grouping, every config key of its setup."""
-    run = group.runs[0]
-    out = {"task": run.task, "scheme": run.scheme, "heads": run.heads,
-           **{f"placement.{k}": v for k, v in run.placement.items()}, **group.fields}
-    if group.key and group.key[0] == "config":
-        out.update(dict(group.key[2]))
-    return {k: repr(v) for k, v in out.items()}
-
-
-def select_baselines(groups: Sequence[Group], text: str) -> Baselines:
-    """The baseline group(s) of ``text`` and each other group's own (see :class:`Baselines`)."""
-    selector = parse_selector(text)
-    found = [g for g in groups if _matches(g, selector)]
-    if len(found) > 1 and "variant" not in selector:  # the trained runs, not their nas-eval results
-        found = [g for g in found if all(r.variant is None for r in g.runs)] or found
-    if not found:
-        labels = "; ".join(g.label for g in groups)
-        raise CompareError(f"--baseline {text}: no group matches; the groups are: {labels}")
-    others = [g for g in groups if all(g is not b for b in found)]
-    if len(found) == 1:
-        return Baselines([(g, found[0]) for g in others], found, [], [])
-    coords = {id(g): coordinates(g) for g in groups}
-    keys = [*dict.fromkeys(k for b in found for k in coords[id(b)] if k not in selector)]
-    varying, partitions = [], set()
-    for k in keys:  # run fields first: 'heads', not also the config key 'model.heads' that says the same
-        values = [coords[id(b)].get(k) for b in found]
-        partition = tuple(values.index(v) for v in values)
-        if len(set(values)) > 1 and partition not in partitions:
-            varying.append(k)
-            partitions.add(partition)
-    index: dict[tuple, Group] = {}
-    for b in found:
-        key = tuple(coords[id(b)].get(k) for k in varying)
-        if key in index:
-            raise CompareError(f"--baseline {text}: {index[key].label} and {b.label} match it with the same "
-                               "settings; add fields to the selector (e.g. scheme=unas,model=tiny) or --group-by")
-        index[key] = b
-    pairs, unmatched = [], []
-    for g in others:
-        b = index.get(tuple(coords[id(g)].get(k) for k in varying))
-        (pairs.append((g, b)) if b is not None else unmatched.append(g))
-    if not pairs:
-        raise CompareError(f"--baseline {text}: no other group shares a baseline's {', '.join(varying)}; the "
-                           f"baselines are {'; '.join(b.label for b in found)}")
-    return Baselines(pairs, found, varying, unmatched)
-
-
-def select_baseline(groups: Sequence[Group], text: str) -> Group:
-    """The one group ``text`` selects (refused, naming them, when it selects several)."""
-    chosen = select_baselines(groups, text)
-    if len(chosen.groups) > 1:
-        raise CompareError(f"--baseline {text}: {len(chosen.groups)} groups match "
-                           f"({'; '.join(g.label for g in chosen.groups)}); add fields to the selector, "
-                           "e.g. scheme=unas,heads=4")
-    return chosen.groups[0]
 
 
 def load_items(run: Run) -> dict | None:
@@ -259,6 +162,8 @@ def compare_groups(groups: Sequence[Group], baseline: Group | Baselines, metrics
     for m in metrics:
         found = []
         for g, base in baseline.pairs:
+            if _other_evaluation(m, g, base):
+                continue
             why = _undefined(m, g.runs) or _undefined(m, base.runs)
             if why:  # no value by design (a linear kernel's signed weights have no JSD): said, not refused
                 nan = math.nan
@@ -276,7 +181,22 @@ def compare_groups(groups: Sequence[Group], baseline: Group | Baselines, metrics
             from nas_cli.report.equivalence import attach
 
             attach([r.comparison for r in found], equivalence[m])
-    return holm_over_buckets(rows)
+    return holm_over_zero_shot(holm_over_buckets(rows))
+
+
+def _other_evaluation(metric: str, group: Group, base: Group) -> bool:
+    """A pair that cannot have ``metric`` because it belongs to another evaluation: neither group has a value of
+    it at all, or one has none and one group is a nas-eval result (the zero-shot scores of ``eval:lm_eval`` are
+    not the trained runs', the trained runs' test perplexity not the zero-shot result's). Not compared."""
+    absent = [all(_value_or_none(metric, r) is None for r in runs) for runs in (group.runs, base.runs)]
+    return all(absent) or (any(absent) and any(r.variant is not None for r in (*group.runs, *base.runs)))
+
+
+def _value_or_none(metric: str, run: Run) -> float | None:
+    try:
+        return run.value(metric)
+    except KeyError:
+        return None
 
 
 def _undefined(metric: str, runs: Sequence[Run]) -> str | None:

@@ -1,5 +1,6 @@
 """The families of tests nas-report's Holm adjustment runs over: per metric, the groups compared with the
-baseline; the loss per position bucket of one length, every bucket and group at once."""
+baseline; the loss per position bucket of one length, every bucket and group at once; the zero-shot scores,
+every task, metric and group at once."""
 from __future__ import annotations
 
 from nas_cli.report import stats
@@ -27,4 +28,17 @@ def holm_over_buckets(rows: list) -> list:
     for found in families.values():
         if len({r.comparison.metric for r in found}) > 1:
             holm(found)
+    return rows
+
+
+#: lm-evaluation-harness's zero-shot scores (``test/zeroshot/<task>/<metric>``, nas_cli/zeroshot/)
+ZERO_SHOT = "test/zeroshot/"
+
+
+def holm_over_zero_shot(rows: list) -> list:
+    """The zero-shot numbers compared are one family: their p-values are Holm-adjusted over every task, metric
+    and group at once (a scheme "better on some benchmark" is one question)."""
+    found = [r for r in rows if r.comparison.metric.startswith(ZERO_SHOT) and not r.comparison.undefined]
+    if len({r.comparison.metric for r in found}) > 1:
+        holm(found)
     return rows

@@ -22,6 +22,7 @@ import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -133,7 +134,7 @@ def _vppl(total: np.ndarray) -> np.ndarray:
     return np.exp(np.minimum(total[..., 0] / np.maximum(total[..., 1], 1), 50))
 
 
-METRICS = MappingProxyType({
+_FIXED = MappingProxyType({
     "test/bleu": Metric("test/bleu", True, _sacre_stats("bleu"), _sacre_score("bleu"), bleu_from_stats, "ar"),
     "test/chrf": Metric("test/chrf", True, _sacre_stats("chrf"), _sacre_score("chrf"), chrf_from_stats, "ar"),
     "test/exact_match": Metric("test/exact_match", True,
@@ -145,6 +146,54 @@ METRICS = MappingProxyType({
     **{f"test/{k}": Metric(f"test/{k}", True, _rouge_stats(k), _mean_score, _vmean, "ar", integer=False)
        for k in ("rouge1", "rouge2", "rougeL")},
 })
+#: zero-shot scores from lm-evaluation-harness (nas_cli/zeroshot/): test/zeroshot/<task>/<metric>
+ZERO_SHOT = "test/zeroshot/"
+
+
+def _zero_shot(name: str) -> Metric | None:
+    """A zero-shot accuracy (per item 0/1: McNemar) or LAMBADA-style perplexity (per item the continuation's
+    log-likelihood: exp of the mean negative one, approximate randomization), read from ``items["zeroshot"]``."""
+    task, _, metric = name.removeprefix(ZERO_SHOT).partition("/")
+    if metric in ("acc", "acc_norm"):
+        def acc(items: dict) -> np.ndarray:
+            x = np.asarray(items["zeroshot"][task][metric], float)
+            return np.stack([x, np.ones(len(x))], 1)
+        return Metric(name, True, acc, _mean_score, _vmean, "mcnemar")
+    if metric == "perplexity":
+        def nll(items: dict) -> np.ndarray:
+            x = -np.asarray(items["zeroshot"][task]["perplexity"], float)
+            return np.stack([x, np.ones(len(x))], 1)
+        return Metric(name, False, nll, lambda t: float(math.exp(min(t[0] / max(t[1], 1), 50))), _vppl, "ar",
+                      integer=False)
+    return None
+
+
+@dataclass(frozen=True)
+class _Metrics(Mapping):
+    """The metrics with per-item statistics: the fixed ones above and every zero-shot accuracy or perplexity
+    (stateless: every lookup builds the zero-shot ones from their names)."""
+
+    def __getitem__(self, name: str) -> Metric:
+        found = _FIXED.get(name) or (_zero_shot(name) if str(name).startswith(ZERO_SHOT) else None)
+        if found is None:
+            raise KeyError(name)
+        return found
+
+    def __contains__(self, name) -> bool:
+        try:
+            self[name]
+        except KeyError:
+            return False
+        return True
+
+    def __iter__(self):
+        return iter(_FIXED)
+
+    def __len__(self) -> int:
+        return len(_FIXED)
+
+
+METRICS = _Metrics()
 
 
 def needs_text(metric: str) -> bool:

@@ -152,6 +152,8 @@ def method_note(rows: Sequence[Row]) -> str:
             + "; Holm-adjusted over the groups compared with the baseline, per metric"
             + (" (the loss per position bucket: over every bucket and group at once, one family per length)"
                if any(r.comparison.metric.startswith("test/pos_loss_") for r in rows) else "")
+            + (" (the zero-shot scores: over every task, metric and group at once, one family)"
+               if any(r.comparison.metric.startswith("test/zeroshot/") for r in rows) else "")
             + f". A verdict needs at least "
             f"{stats.MIN_SEEDS} seeds in both groups"
             + ("; below 6 seeds it rests on the t-test's assumption of roughly normal seed-level differences "
@@ -170,5 +172,5 @@ def method_note(rows: Sequence[Row]) -> str:
 ITEM_NOTE = ("On this test set, per trained model (supporting detail, not a verdict over seeds): each paired seed's "
              "two runs compared on the same test items. 95% CI: paired bootstrap over the items; p: approximate "
              "randomization with ties counted (exact when at most 16 items differ) for BLEU, chrF, perplexity and "
-             "ROUGE, McNemar's exact test for exact match. These say whether one trained model beats another on "
+             "ROUGE, McNemar's exact test for exact match and zero-shot accuracy. These say whether one trained model beats another on "
              "these sentences, nothing about another seed.")

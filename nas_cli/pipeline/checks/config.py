@@ -58,6 +58,7 @@ def check_config(cfg: DictConfig) -> Checked:
     on the meta device: no weights allocated) and check they fit this machine's memory. Returns the
     job's attention plan, which the job trains with (built here once), and that count."""
     from nas_cli.pipeline.launch.sweep_checks import check_ray_cluster
+    from nas_cli.zeroshot.harness import check_config as check_zero_shot
 
     check_values(cfg)
     check_tune_keys(cfg)
@@ -67,6 +68,7 @@ def check_config(cfg: DictConfig) -> Checked:
     plan = check_attention(cfg)
     check_declared(cfg)
     task = check_task_data(cfg)
+    check_zero_shot(cfg, task)  # lm_eval.tasks: lm-eval installed, the tasks known, their files there
     if task is not None and "model" in cfg:
         from nas_cli.pipeline.lit import check_readout
 
