@@ -51,18 +51,24 @@ class LearnedPositions(nn.Module):
         return self.table.weight[:length]
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+def rotate(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0, scaling=None) -> torch.Tensor:
     """Rotary position embedding (Su et al. 2021, RoFormer) of queries or keys x (B, H, T, D) at integer
     ``positions`` (T,): feature pairs (x_i, x_{i + D/2}) turned by the angle p * base^(-2i / D) (the
     half-split pairing of GPT-NeoX and Llama). A query at m and a key at n then score
-    q R_m . k R_n = q . k R_{n - m}: only their distance counts. Computed in float32 or wider."""
+    q R_m . k R_n = q . k R_{n - m}: only their distance counts. Computed in float32 or wider.
+    ``scaling``: a :class:`~nas_cli.model.heads.RopeScaling` (model.rope_scaling), its frequencies and its
+    factor on cos and sin instead."""
     d = x.size(-1)
     if d % 2:
         raise ValueError(f"rotary positions need an even head size (d_model / heads), got {d}")
     wide = torch.promote_types(x.dtype, torch.float32)
-    inv = base ** (-torch.arange(0, d // 2, device=x.device, dtype=wide) * 2 / d)
+    if scaling is None:
+        inv, gain = base ** (-torch.arange(0, d // 2, device=x.device, dtype=wide) * 2 / d), 1.0
+    else:
+        inv, gain = scaling.frequencies(d, base)
+        inv = inv.to(device=x.device, dtype=wide)
     angle = positions.to(wide)[:, None] * inv[None, :]  # (T, D/2)
-    cos, sin = torch.cos(angle), torch.sin(angle)
+    cos, sin = torch.cos(angle) * gain, torch.sin(angle) * gain
     x1, x2 = x.to(wide)[..., : d // 2], x.to(wide)[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from types import MappingProxyType
 from typing import Any
 
 #: config keys that never split a group: the seed (what groups average over), what a tuned sweep
@@ -18,10 +19,16 @@ from typing import Any
 #: thread count (it changes round-off, not the setup)
 IGNORED_KEYS = ("seed", "tune", "tune_seeds", "progress_bar", "progress_lines", "log_learned_every", "logger",
                 "diagnostics", "run_test", "checkpoint", "threads", "lm_eval")
-#: keys added after runs were made, left out at their default (null) so that those runs keep their id;
-#: set, they split a group (smaller training batches train another model; with a batch limit,
-#: smaller evaluation batches score other items; other test lengths give other test metrics)
-NULL_BY_DEFAULT = ("train_batch_items", "eval_batch_items", "eval_lengths")
+#: keys added after runs were made, left out at their default so that those runs keep their id; set, they
+#: split a group (smaller training batches train another model; with a batch limit, smaller evaluation
+#: batches score other items; other test lengths give other test metrics; the head settings of
+#: nas_cli/model/heads.py another model)
+ADDED_DEFAULTS = MappingProxyType({"train_batch_items": None, "eval_batch_items": None, "eval_lengths": None,
+                                   "model.kv_heads": None, "model.qk_norm": False, "model.rope_scaling": None})
+
+
+def added_at_default(key: str, value) -> bool:
+    return key in ADDED_DEFAULTS and value == ADDED_DEFAULTS[key] and type(value) is type(ADDED_DEFAULTS[key])
 
 
 def ignored(key: str) -> bool:
@@ -56,7 +63,7 @@ def identity(config: dict) -> dict[str, Any]:
     seed = flat.get("seed")
     return {k: v for k, v in flat.items()
             if not ignored(k) and not (k == "task.seed" and seed is not None and v == seed)
-            and not (k in NULL_BY_DEFAULT and v is None)}
+            and not added_at_default(k, v)}
 
 
 def config_id(config: dict) -> str:

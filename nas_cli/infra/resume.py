@@ -200,7 +200,11 @@ def config_fingerprint(cfg) -> str:
     """What must not change when a run is continued: model, attention, task name and seed."""
     from omegaconf import OmegaConf
 
+    from nas_cli.infra.config_identity import added_at_default
+
     data = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "attention")}
+    # options added to the model since runs were made, at their default: those runs' checkpoints still match
+    data["model"] = {k: v for k, v in data["model"].items() if not added_at_default(f"model.{k}", v)}
     data.update(task=str(cfg.task.name), seed=int(cfg.seed))
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from nas_cli.model.transformer import reorder_cache
+from nas_cli.model.incremental import reorder_cache
 
 NEG_INF = float("-inf")
 

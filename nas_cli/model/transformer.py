@@ -16,6 +16,8 @@ from torch.nn import functional as F
 from nas_cli.attention import AttentionCore
 from nas_cli.attention.positions import alibi_slopes, rotate, sinusoids
 from nas_cli.model.embedding import Embedder
+from nas_cli.model.heads import HeadSettings, expand
+from nas_cli.model.incremental import block_step, can_step_of, reorder_cache  # noqa: F401 (reorder_cache: a public name here)
 from nas_cli.model.readout import READOUTS
 from nas_cli.infra.options import Count, Fraction, PositiveInt
 
@@ -31,19 +33,30 @@ class MultiHeadAttention(nn.Module):
     v = (f + t) W_v, Tsai et al. Eq. 7), ``uses_prev``, and calls ``set_width(d_model)`` once.
     """
 
-    def __init__(self, d_model: int, heads: int, core: AttentionCore, dropout: float = 0.0, positions: str = ""):
+    def __init__(self, d_model: int, heads: int, core: AttentionCore, dropout: float = 0.0, positions: str = "",
+                 settings: HeadSettings = HeadSettings()):
         super().__init__()
         self.heads, self.d_head = heads, d_model // heads
         #: the positions of self-attention (queries and keys at 0..T-1): rotary q and k (model.positions=rope),
         #: or ALiBi's per-head slopes handed to the core, which adds their bias to its scores (alibi)
         self.rotary = positions == "rope"
+        self.rope_scaling = settings.rope_scaling if self.rotary else None
         self.register_buffer("alibi", alibi_slopes(heads) if positions == "alibi" else None, persistent=False)
         self.d_model = d_model
-        self.q_proj = nn.Linear(d_model, d_model)
         self.tie_qk = bool(core.tie_qk)
-        self.k_proj = None if self.tie_qk else nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
+        #: grouped-query attention (model.kv_heads, nas_cli/model/heads.py): fewer key/value heads
+        self.kv_heads = settings.kv_count(heads)
+        if self.tie_qk and self.kv_heads != heads:
+            raise ValueError(f"model.kv_heads={self.kv_heads}: scheme '{core.name}' ties its keys to its queries (one "
+                             "projection), so it has as many key heads as query heads; leave model.kv_heads out")
+        kv_width = self.kv_heads * self.d_head
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = None if self.tie_qk else nn.Linear(d_model, kv_width)
+        self.v_proj = nn.Linear(d_model, kv_width)
         self.out_proj = nn.Linear(d_model, d_model)
+        #: QK-norm (model.qk_norm): RMSNorm of each query and key head, a learned scale per feature
+        self.q_norm = nn.RMSNorm(self.d_head) if settings.qk_norm else None
+        self.k_norm = (self.q_norm if self.tie_qk else nn.RMSNorm(self.d_head)) if settings.qk_norm else None
         self.input_positions = frozenset(core.input_positions)
         n = core.input_features(self.d_head)  # gated / forgetting attention: a projection of the input
         self.x_proj = nn.Linear(d_model, heads * n) if n else None
@@ -51,9 +64,24 @@ class MultiHeadAttention(nn.Module):
         self.core = core
         self.dropout = nn.Dropout(dropout)
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H * D) -> (B, H, T, D)
+    def _split(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:  # (B, T, H * D) -> (B, H, T, D)
         b, t, c = x.shape
-        return x.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        heads = heads or self.heads
+        return x.view(b, t, heads, c // heads).transpose(1, 2)
+
+    def queries(self, x: torch.Tensor) -> torch.Tensor:
+        q = self._split(self.q_proj(x))
+        return q if self.q_norm is None else self.q_norm(q)
+
+    def keys(self, x: torch.Tensor) -> torch.Tensor:  # (B, kv_heads, T, D): before expand()
+        k = self._split((self.q_proj if self.tie_qk else self.k_proj)(x), self.kv_heads)
+        return k if self.k_norm is None else self.k_norm(k)
+
+    def values(self, x: torch.Tensor) -> torch.Tensor:  # (B, kv_heads, T, D): before expand()
+        return self._split(self.v_proj(x), self.kv_heads)
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return rotate(x, positions, scaling=self.rope_scaling)
 
     def input_projection(self, x_q) -> dict:
         """``{"x": (B, H, Tq, n)}``, the projection of the query-side input a core asks for
@@ -61,8 +89,8 @@ class MultiHeadAttention(nn.Module):
         return {} if self.x_proj is None else {"x": self._split(self.x_proj(x_q))}
 
     def project(self, x_q, x_kv):
-        """(B, Tq, C), (B, Tk, C) -> q (B, H, Tq, D), k, v (B, H, Tk, D), honouring the
-        core's ``tie_qk`` and ``input_positions`` hooks."""
+        """(B, Tq, C), (B, Tk, C) -> q (B, H, Tq, D), k, v (B, kv_heads, Tk, D) (:func:`expand` makes them H),
+        honouring the core's ``tie_qk`` and ``input_positions`` hooks and QK-norm."""
         xq_in, xk_in, xv_in = x_q, x_kv, x_kv
         if self.input_positions:
             t_kv = sinusoids(torch.arange(x_kv.size(1), device=x_kv.device), self.d_model).to(x_kv.dtype)
@@ -71,8 +99,7 @@ class MultiHeadAttention(nn.Module):
                 xq_in, xk_in = x_q + t_q, x_kv + t_kv
             if "v" in self.input_positions:
                 xv_in = x_kv + t_kv
-        k_proj = self.q_proj if self.tie_qk else self.k_proj
-        return self._split(self.q_proj(xq_in)), self._split(k_proj(xk_in)), self._split(self.v_proj(xv_in))
+        return self.queries(xq_in), self.keys(xk_in), self.values(xv_in)
 
     def forward(self, x_q, x_kv, q_mask=None, k_mask=None, need_weights=False, prev=None):
         """``prev``: the previous layer's AttentionOutput at the same location, handed to
@@ -80,7 +107,8 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(x_q, x_kv)
         if self.rotary:  # self-attention: queries and keys are the same positions 0..T-1
             pos = torch.arange(q.size(-2), device=q.device)
-            q, k = rotate(q, pos), rotate(k, pos)
+            q, k = self.rotate(q, pos), self.rotate(k, pos)
+        k, v = expand(k, self.heads), expand(v, self.heads)
         extra = {"prev": prev} if self.core.uses_prev else {}
         extra.update(self.input_projection(x_q))
         if self.alibi is not None:
@@ -89,46 +117,6 @@ class MultiHeadAttention(nn.Module):
         b, _, t, _ = res.out.shape
         out = res.out.transpose(1, 2).reshape(b, t, self.heads * self.d_head)  # (B, T, C)
         return self.dropout(self.out_proj(out)), res
-
-
-def _attention_step(mha: "MultiHeadAttention", x_q, memory, k_mask, cache: dict):
-    """One decoding step of ``mha`` for the newest position x_q (B, 1, C).
-
-    Self-attention (``memory`` None): the new key/value is appended to ``cache``.
-    Cross-attention: the memory's keys/values are projected once and kept in ``cache``.
-    The core's running state (e.g. DNAS column normalizers) lives in cache["state"]."""
-    q = mha._split(mha.q_proj(x_q))
-    k_proj = mha.q_proj if mha.tie_qk else mha.k_proj
-    if memory is None:
-        k_new, v_new = mha._split(k_proj(x_q)), mha._split(mha.v_proj(x_q))
-        if mha.rotary:  # the newest position: as many as the keys cached before it
-            pos = torch.tensor([cache["k"].size(2) if "k" in cache else 0], device=q.device)
-            q, k_new = rotate(q, pos), rotate(k_new, pos)
-        cache["k"] = k_new if "k" not in cache else torch.cat([cache["k"], k_new], dim=2)
-        cache["v"] = v_new if "v" not in cache else torch.cat([cache["v"], v_new], dim=2)
-    elif "k" not in cache:
-        cache["k"], cache["v"] = mha._split(k_proj(memory)), mha._split(mha.v_proj(memory))
-    extra = {"alibi": mha.alibi} if mha.alibi is not None else {}
-    out, cache["state"] = mha.core.step(q, cache["k"], cache["v"], k_mask, cache.get("state"),
-                                        **mha.input_projection(x_q), **extra)
-    b = out.size(0)
-    return mha.dropout(mha.out_proj(out.transpose(1, 2).reshape(b, 1, mha.heads * mha.d_head)))
-
-
-def _can_step(mha: "MultiHeadAttention") -> bool:
-    core = mha.core
-    return core.supports_step and not mha.input_positions and not core.uses_prev
-
-
-def reorder_cache(cache, index: torch.Tensor):
-    """Select rows (beam search): every tensor in the cache is batch-first."""
-    if isinstance(cache, torch.Tensor):
-        return cache.index_select(0, index)
-    if isinstance(cache, dict):
-        return {k: reorder_cache(v, index) for k, v in cache.items()}
-    if isinstance(cache, (list, tuple)):
-        return type(cache)(reorder_cache(v, index) for v in cache)
-    return cache
 
 
 class FeedForward(nn.Sequential):
@@ -143,11 +131,13 @@ class Block(nn.Module):
     ``norm_first=True`` is pre-norm (LayerNorm before each sublayer), else post-norm
     as in Vaswani et al."""
 
-    def __init__(self, d_model, heads, ffn, dropout, norm_first, self_core, cross_core=None, positions: str = ""):
+    def __init__(self, d_model, heads, ffn, dropout, norm_first, self_core, cross_core=None, positions: str = "",
+                 settings: HeadSettings = HeadSettings()):
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, heads, self_core, dropout, positions=positions)
-        self.cross_attn = MultiHeadAttention(d_model, heads, cross_core, dropout) if cross_core is not None else None
+        self.self_attn = MultiHeadAttention(d_model, heads, self_core, dropout, positions=positions, settings=settings)
+        self.cross_attn = MultiHeadAttention(d_model, heads, cross_core, dropout, settings=settings) \
+            if cross_core is not None else None
         self.ffn = FeedForward(d_model, ffn, dropout) if ffn else None
         self.norms = nn.ModuleList(nn.LayerNorm(d_model)
                                    for _ in range(1 + (cross_core is not None) + (self.ffn is not None)))
@@ -173,18 +163,6 @@ class Block(nn.Module):
         return x, found
 
 
-def _block_step(block: "Block", x, memory, memory_mask, cache: dict):
-    """Block.forward for the newest position only, using and updating ``cache``."""
-    sublayers = [lambda h: _attention_step(block.self_attn, h, None, None, cache.setdefault("self", {}))]
-    if block.cross_attn is not None:
-        sublayers.append(lambda h: _attention_step(block.cross_attn, h, memory, memory_mask, cache.setdefault("cross", {})))
-    if block.ffn is not None:
-        sublayers.append(block.ffn)
-    for i, fn in enumerate(sublayers):
-        x = x + fn(block.norms[i](x)) if block.norm_first else block.norms[i](x + fn(x))
-    return x
-
-
 def _collect(per_layer: list[dict], location_of: dict[str, str]) -> dict:
     """[{'self': AttentionOutput, ...} per layer] -> {location: [AttentionOutput per layer]}"""
     found: dict[str, list] = {}
@@ -205,9 +183,11 @@ class Seq2SeqTransformer(nn.Module):
                  heads: PositiveInt = 8, encoder_layers: Count = 6, decoder_layers: PositiveInt = 6,
                  ffn: Count = 2048, dropout: Fraction = 0.1, norm_first: bool = False,
                  positions="sinusoidal", max_len: PositiveInt = 1024, share_embeddings: bool = False, pad_id=0,
-                 embed_dropout: Fraction | None = None):
+                 embed_dropout: Fraction | None = None, kv_heads: int | None = None, qk_norm: bool = False,
+                 rope_scaling: dict | None = None):
         super().__init__()
         check_heads(d_model, heads)
+        settings = HeadSettings.from_options(heads, kv_heads, qk_norm, rope_scaling, positions)
         embed_dropout = dropout if embed_dropout is None else embed_dropout
         if positions == "alibi":
             raise ValueError("model.positions=alibi is defined for a causal language model's self-attention (Press et "
@@ -221,12 +201,12 @@ class Seq2SeqTransformer(nn.Module):
             shared = self.src_embed.tokens
         self.tgt_embed = Embedder(tgt_vocab, d_model, positions, max_len, embed_dropout, pad_id, shared)
         self.encoder = nn.ModuleList(
-            Block(d_model, heads, ffn, dropout, norm_first, core_factory("encoder", i, False), positions=positions)
-            for i in range(encoder_layers)
+            Block(d_model, heads, ffn, dropout, norm_first, core_factory("encoder", i, False), positions=positions,
+                  settings=settings) for i in range(encoder_layers)
         )
         self.decoder = nn.ModuleList(
             Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True), core_factory("cross", i, False),
-                  positions=positions) for i in range(decoder_layers)
+                  positions=positions, settings=settings) for i in range(decoder_layers)
         )
         self.enc_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         self.dec_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
@@ -264,7 +244,7 @@ class Seq2SeqTransformer(nn.Module):
     @property
     def can_step(self) -> bool:
         """Every decoder attention core supports incremental decoding."""
-        return all(_can_step(layer.self_attn) and _can_step(layer.cross_attn) for layer in self.decoder)
+        return all(can_step_of(layer.self_attn) and can_step_of(layer.cross_attn) for layer in self.decoder)
 
     def decode_step(self, token, memory, memory_mask, cache: dict) -> torch.Tensor:
         """Incremental decoding: the newest token (B, 1) -> logits (B, V) for the next one.
@@ -273,7 +253,7 @@ class Seq2SeqTransformer(nn.Module):
         x = self.tgt_embed(token, offset=pos)
         layers = cache.setdefault("layers", [{} for _ in self.decoder])
         for layer, layer_cache in zip(self.decoder, layers):
-            x = _block_step(layer, x, memory, memory_mask, layer_cache)
+            x = block_step(layer, x, memory, memory_mask, layer_cache)
         cache["len"] = pos + 1
         return self.generator(self.dec_norm(x))[:, -1]
 
@@ -307,16 +287,18 @@ class DecoderOnlyLM(nn.Module):
                  decoder_layers: PositiveInt = 6, ffn: Count = 2048, dropout: Fraction = 0.1,
                  norm_first: bool = True, positions="sinusoidal", max_len: PositiveInt = 1024, pad_id=0,
                  adaptive_softmax: dict | None = None, readout: str | None = None,
-                 embed_dropout: Fraction | None = None, **_):
+                 embed_dropout: Fraction | None = None, kv_heads: int | None = None, qk_norm: bool = False,
+                 rope_scaling: dict | None = None, **_):
         super().__init__()
         check_heads(d_model, heads)
+        settings = HeadSettings.from_options(heads, kv_heads, qk_norm, rope_scaling, positions)
         self.pad_id = pad_id
         # the embeddings' dropout: model.dropout unless model.embed_dropout says otherwise (Zoology: 0.1 there only)
         self.embed = Embedder(vocab, d_model, positions, max_len, dropout if embed_dropout is None else embed_dropout,
                               pad_id)
         self.layers = nn.ModuleList(
-            Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True), positions=positions)
-            for i in range(decoder_layers)
+            Block(d_model, heads, ffn, dropout, norm_first, core_factory("decoder", i, True), positions=positions,
+                  settings=settings) for i in range(decoder_layers)
         )
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         #: how the outputs are read from the final states: each position's own (None), or a task's read-out

@@ -47,9 +47,12 @@ def build_model(model_cfg: DictConfig, cores: Cores, task) -> torch.nn.Module:
         from nas_cli.hf.models import build_hf_model
 
         return build_hf_model(model_cfg, cores, task)
+    scaling = model_cfg.get("rope_scaling")
     common = dict(d_model=model_cfg.d_model, heads=model_cfg.heads, ffn=model_cfg.ffn, dropout=model_cfg.dropout,
                   norm_first=model_cfg.norm_first, positions=model_cfg.positions, max_len=model_cfg.max_len,
-                  pad_id=task.pad_id, embed_dropout=model_cfg.get("embed_dropout"))
+                  pad_id=task.pad_id, embed_dropout=model_cfg.get("embed_dropout"), kv_heads=model_cfg.get("kv_heads"),
+                  qk_norm=bool(model_cfg.get("qk_norm", False)),
+                  rope_scaling=OmegaConf.to_container(scaling, resolve=True) if isinstance(scaling, DictConfig) else scaling)
     if task.kind == "lm":
         adaptive = model_cfg.get("adaptive_softmax")
         adaptive = OmegaConf.to_container(adaptive, resolve=True) if isinstance(adaptive, DictConfig) else adaptive

@@ -15,6 +15,7 @@ from nas_cli.infra.version import code_version
 from nas_cli.pipeline.lengths import declared_at_lengths, lengths_record, requested
 from nas_cli.pipeline.lit import count_parameters
 from nas_cli.pipeline.trainer import environment
+from nas_cli.model.heads import kv_cache_bytes_per_token
 from tasks.scores import declaration
 
 
@@ -30,6 +31,8 @@ def run_summary(cfg: DictConfig, job, trainer: pl.Trainer, ckpt, module, task, t
         "d_model": int(cfg.model.d_model),
         "model": cfg.model.name,
         "parameters": count_parameters(module.model),
+        # the decoding cache per generated token: keys and values of every causal self-attention layer
+        "kv_cache_bytes_per_token": kv_cache_bytes_per_token(module.model),
         "seed": int(cfg.seed),
         "config_id": job.config_id,
         "code": code_version(),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 import time
 
 from nas_cli.errors import UserError
@@ -179,8 +180,14 @@ def at_end_of_training(cfg, run_dir, module, task, logger) -> dict | None:
     from nas_cli.zeroshot import record
 
     block = cfg.lm_eval
-    result = zero_shot(module.model, task, names, block.get("data_dir"), block.get("limit"),
-                       int(block.get("batch_size") or 16), block.get("max_length"))
-    files = record.write(run_dir / "eval", record.NAME, result, ["tested weights"], torch.get_num_threads())
+    try:
+        result = zero_shot(module.model, task, names, block.get("data_dir"), block.get("limit"),
+                           int(block.get("batch_size") or 16), block.get("max_length"))
+        files = record.write(run_dir / "eval", record.NAME, result, ["tested weights"], torch.get_num_threads())
+    except Exception as err:  # noqa: BLE001 - the trained and tested run stays finished; the scores can be redone
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(f"nas-run: warning: the zero-shot evaluation failed ({reason}); the run is finished without it: "
+              f"nas-eval {run_dir} --lm-eval {','.join(names)} scores it again", file=sys.stderr)
+        return {"error": reason}
     record.log_table(logger, result)
     return {"file": str(files[0].relative_to(run_dir)), "metrics": result["metrics"]}

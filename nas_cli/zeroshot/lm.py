@@ -25,7 +25,6 @@ from lm_eval.models.utils import Collator
 from lm_eval import utils as lm_utils
 from tqdm import tqdm
 
-from nas_cli.errors import UserError
 from tasks.base import EOS, PAD
 
 
@@ -86,32 +85,49 @@ class NasLM(TemplateLM):
         logp = F.log_softmax(self.model.output_logits(picked).float(), dim=-1)
         return list(logp.split([c for _, c in spans]))
 
+    def _pieces(self, requests) -> tuple[list, list[int]]:
+        """Each request as pieces the model scores in one row each: the whole continuation when context and
+        continuation fit in ``max_length + 1`` tokens or the continuation does, else consecutive pieces of at most
+        ``max_length`` continuation tokens, each after the tokens before it (a continuation longer than the
+        window is scored as a sliding window reads it; lm-eval's HFLM refuses such a request)."""
+        pieces, owner = [], []
+        for i, (request, context, continuation) in enumerate(requests):
+            if len(continuation) <= self.max_length:
+                pieces.append((request, context, continuation))
+                owner.append(i)
+                continue
+            for start in range(0, len(continuation), self.max_length):
+                pieces.append((None, context + continuation[:start], continuation[start:start + self.max_length]))
+                owner.append(i)
+        return pieces, owner
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         def longest_first(req):
             toks = req[1] + req[2]
             return -len(toks), tuple(toks)
 
-        order = Collator(requests, sort_fn=longest_first)
+        pieces, owner = self._pieces(requests)
+        order = Collator(pieces, sort_fn=longest_first)
         out = []
-        bar = tqdm(total=len(requests), disable=disable_tqdm, desc="nas-run: scoring")
+        bar = tqdm(total=len(pieces), disable=disable_tqdm, desc="nas-run: scoring")
         for chunk in order.get_batched(n=self.batch_size):
             rows, spans = [], []
             for _, context, continuation in chunk:
-                if len(continuation) > self.max_length:
-                    raise UserError(f"lm-eval: a continuation of {len(continuation)} tokens is longer than the "
-                                    f"{self.max_length} the model is scored at (--lm-eval-max-length)")
                 row = (context + continuation)[-(self.max_length + 1):][:-1]
                 rows.append(row)
                 spans.append((len(row), len(continuation)))
-            for (request, _, continuation), logp in zip(chunk, self._continuation_log_probs(rows, spans)):
+            for (_, _, continuation), logp in zip(chunk, self._continuation_log_probs(rows, spans)):
                 target = torch.tensor(continuation, dtype=torch.long, device=logp.device)
-                answer = (float(logp.gather(1, target[:, None]).sum()), bool((logp.argmax(-1) == target).all()))
-                if request is not None:
-                    self.cache_hook.add_partial("loglikelihood", request, answer)
-                out.append(answer)
+                out.append((float(logp.gather(1, target[:, None]).sum()), bool((logp.argmax(-1) == target).all())))
                 bar.update(1)
         bar.close()
-        return order.get_original(out)
+        answers = [(0.0, True) for _ in requests]
+        for i, (ll, greedy) in zip(owner, order.get_original(out)):
+            answers[i] = (answers[i][0] + ll, answers[i][1] and greedy)
+        for (request, _, _), answer in zip(requests, answers):
+            if request is not None:
+                self.cache_hook.add_partial("loglikelihood", request, answer)
+        return answers
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         windows, owner = [], []

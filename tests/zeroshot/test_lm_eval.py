@@ -125,6 +125,21 @@ def test_scores_equal_plain_pytorch_on_nas_runs_transformer_with_left_truncation
         assert greedy == all(int(logp[p].argmax()) == t for p, t in zip(positions, targets))
     assert len(encode(pairs[0][0] + pairs[0][1])) > 25  # the first pair was truncated on the left
 
+    # a continuation longer than the window: pieces of at most 24 tokens, each after the 24 tokens before its end
+    context, continuation = "people write", " " + " ".join(WORDS * 3)
+    (ll, _), = lm.loglikelihood([Instance("loglikelihood", {}, (context, continuation), 0)])
+    whole, n_ctx = encode(context + continuation), len(encode(context))
+    assert len(whole) - n_ctx > 24
+    want = 0.0
+    for start in range(n_ctx, len(whole), 24):
+        end = min(start + 24, len(whole))
+        row = whole[:end][-25:]
+        with torch.no_grad():
+            logits, _ = model(torch.tensor([row[:-1]]))
+        logp = torch.log_softmax(logits[0].double(), -1)
+        want += sum(float(logp[len(row) - 1 - (end - t), whole[t]]) for t in range(start, end))
+    assert ll == pytest.approx(want, abs=1e-4)
+
 
 def test_greedy_generation_stops_at_until_and_cuts_there(subword_task):
     from lm_eval.api.instance import Instance

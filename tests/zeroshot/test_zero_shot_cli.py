@@ -93,3 +93,17 @@ def test_lm_eval_tasks_on_a_task_that_is_not_a_subword_lm_is_refused_before_trai
     assert proc.returncode == 2, proc.stderr
     assert "lm_eval.tasks scores a language model trained on text with a subword tokenizer" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_zero_shot_failure_after_training_leaves_the_run_finished(tmp_path, corpus):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(zero_shot_data(tmp_path / "source"), data)
+    (data / "piqa" / "valid.jsonl").write_text('{"goal": "broken\n')  # read only when the scores are computed
+    run, proc = _train(tmp_path, corpus, "lm_eval.tasks=[piqa]", f"lm_eval.data_dir={data}", "lm_eval.limit=4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["zero_shot"]["error"] and "test/ppl" in summary["test"]
+    assert "the zero-shot evaluation failed" in proc.stderr and f"nas-eval {run} --lm-eval piqa" in proc.stderr
+    assert not (run / "eval" / "lm_eval.json").exists()
