@@ -189,6 +189,9 @@ class AttentionCore(nn.Module):
     #: titles of the values :meth:`learned` returns, for figures ({name: title}); a value with
     #: no title is titled "<name> per layer and head"
     learned_titles: dict[str, str] = {}
+    #: a recurrent token mixer (linear attention, DeltaNet): :meth:`step` reads its state and the newest key and
+    #: value only, so the decoding cache keeps that state instead of every key and value
+    recurrent: bool = False
     #: :meth:`step` carries a state from one query to the next (DNAS's running column
     #: log-sum-exp); False: every step is a function of the query and the keys alone (softmax,
     #: kernels), so a cached prefill leaves nothing to compute or keep

@@ -21,11 +21,16 @@ def attention_step(mha: "MultiHeadAttention", x_q, memory, k_mask, cache: dict):
     q = mha.queries(x_q)
     if memory is None:
         k_new, v_new = mha.keys(x_q), mha.values(x_q)
-        if mha.rotary:  # the newest position: as many as the keys cached before it
-            pos = torch.tensor([cache["k"].size(2) if "k" in cache else 0], device=q.device)
+        seen = int(cache.get("n", 0))  # positions before this one
+        if mha.rotary:  # the newest position: as many as the positions before it
+            pos = torch.tensor([seen], device=q.device)
             q, k_new = mha.rotate(q, pos), mha.rotate(k_new, pos)
-        cache["k"] = k_new if "k" not in cache else torch.cat([cache["k"], k_new], dim=2)
-        cache["v"] = v_new if "v" not in cache else torch.cat([cache["v"], v_new], dim=2)
+        cache["n"] = seen + 1
+        if mha.core.recurrent:  # a recurrent mixer: its state holds the past, the cache only the newest key
+            cache["k"], cache["v"] = k_new, v_new
+        else:
+            cache["k"] = k_new if "k" not in cache else torch.cat([cache["k"], k_new], dim=2)
+            cache["v"] = v_new if "v" not in cache else torch.cat([cache["v"], v_new], dim=2)
     elif "k" not in cache:
         cache["k"], cache["v"] = mha.keys(memory), mha.values(memory)
     extra = {"alibi": mha.alibi} if mha.alibi is not None else {}

@@ -1,0 +1,108 @@
+"""Linear-attention token mixers with a recurrent state, beside softmax attention (causal self-attention only:
+``attention.decoder=<name>`` or a language model's ``attention=<name>``); the state's computations are
+nas_cli/attention/recurrent.py's.
+
+* ``linear_attention`` (Katharopoulos et al. 2020, "Transformers are RNNs"): phi(x) = elu(x) + 1,
+  o_t = phi(q_t)^T S_t / phi(q_t)^T z_t with S_t = sum_{s<=t} phi(k_s) v_s^T, z_t = sum_{s<=t} phi(k_s).
+* ``deltanet`` (Schlag et al. 2021; Yang et al. 2024): the delta rule S_t = (I - beta_t k_t k_t^T) S_{t-1} +
+  beta_t k_t v_t^T, o_t = S_t^T q_t, with q and k through SiLU and L2-normalized per head, q scaled by
+  1/sqrt(d), and beta_t = sigmoid(w . x_t + b) per head from the layer's input (as flash-linear-attention's
+  DeltaNet layer defaults, without its short convolution and output gate).
+* ``gated_deltanet`` (Yang, Kautz and Hatamizadeh, ICLR 2025): S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} +
+  beta_t k_t v_t^T with the decay a_t = exp(-exp(A_h) softplus(w . x_t + dt_h)) (Mamba-2's parameterization;
+  A_h = log U(1, 16), dt_h the inverse softplus of a log-uniform draw in [0.001, 0.1] at initialization).
+
+Each state is d x d numbers per head (``state_numbers``), the same at every length: summary.json's
+``recurrent_state_bytes``. Not here: short convolutions, output gates and norms of the layers around the
+mixers in their papers' blocks, and Mamba-2.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nas_cli.attention.base import AttentionCore
+from nas_cli.attention.recurrent import RecurrentMixer
+
+
+def _padded_out(q_mask, *tensors):
+    """Zero at padded positions (a padded key writes nothing; its gates neither decay nor write)."""
+    if q_mask is None:
+        return tensors
+    keep = q_mask[:, None, :]
+    return tuple(None if t is None else t * (keep[..., None] if t.dim() == 4 else keep).to(t.dtype) for t in tensors)
+
+
+class LinearAttention(RecurrentMixer, AttentionCore):
+    name = "linear_attention"
+    rows_sum_to_one = True
+    nonnegative = True
+
+    def __init__(self, heads: int, chunk: int = 64, **kw):
+        super().__init__(heads, **kw)
+        self.chunk = int(chunk)
+
+    def state_numbers(self, d_head: int) -> int:  # S and the normalizer z
+        return self.heads * d_head * (d_head + 1)
+
+    def features(self, q, k, v, q_mask, x):
+        phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1
+        v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1)  # the normalizer z as one more value column
+        phi_k, v1 = _padded_out(q_mask, phi_k, v1)
+        return phi_q, phi_k, v1, None, None
+
+    def finish(self, out, q, k, g, beta):
+        return out[..., :-1] / out[..., -1:].clamp_min(torch.finfo(out.dtype).tiny)
+
+    def implicit(self, q, k, g, beta):
+        scores = (q @ k.transpose(-1, -2)).tril()
+        return scores / scores.sum(-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)
+
+
+class DeltaNet(RecurrentMixer, AttentionCore):
+    name = "deltanet"
+
+    def __init__(self, heads: int, chunk: int = 64, **kw):
+        super().__init__(heads, **kw)
+        self.chunk = int(chunk)
+
+    def input_features(self, d_head: int) -> int:
+        return 1  # beta
+
+    def _qk(self, q, k):
+        d = q.size(-1)
+        return F.normalize(F.silu(q), dim=-1) / math.sqrt(d), F.normalize(F.silu(k), dim=-1)
+
+    def features(self, q, k, v, q_mask, x):
+        if x is None:
+            raise ValueError(f"{self.name} needs the projection of its input x (the model's x_proj)")
+        q, k = self._qk(q, k)
+        beta = torch.sigmoid(x[..., 0].to(q.dtype))
+        k, v, beta = _padded_out(q_mask, k, v, beta)
+        return q, k, v, None, beta
+
+
+class GatedDeltaNet(DeltaNet):
+    name = "gated_deltanet"
+
+    def input_features(self, d_head: int) -> int:
+        return 2  # beta, and the decay's step
+
+    def set_width(self, d_model: int) -> None:
+        g = torch.Generator().manual_seed(1234 + self.layer)
+        self.a_log = nn.Parameter(torch.empty(self.heads).uniform_(1, 16, generator=g).log())
+        dt = torch.exp(torch.empty(self.heads).uniform_(math.log(1e-3), math.log(0.1), generator=g))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+
+    def features(self, q, k, v, q_mask, x):
+        q, k, v, _, beta = super().features(q, k, v, q_mask, x)
+        step = F.softplus(x[..., 1].to(q.dtype) + self.dt_bias[None, :, None].to(q.dtype))
+        g = -self.a_log.exp()[None, :, None].to(q.dtype) * step
+        (g,) = _padded_out(q_mask, g)
+        return q, k, v, g, beta
+
+    def learned(self) -> dict[str, torch.Tensor]:
+        return {"decay_rate": self.a_log.exp()}

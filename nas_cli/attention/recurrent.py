@@ -1,0 +1,153 @@
+"""The computations shared by nas-run's recurrent token mixers (linear attention, DeltaNet, Gated DeltaNet): a
+state S (B, H, d_k, d_v) read by each query as o_t = S_t^T q_t, written by each key and value.
+
+* :func:`recurrence`: the definition itself, one position at a time (the reference: tests check the chunked
+  form against it in float64), also the one-token decoding step;
+* :func:`chunked`: the same outputs in chunks of ``chunk`` positions: within a chunk by matrix products over
+  its positions, across chunks through the state (Yang et al. 2024, "Parallelizing Linear Transformers with the
+  Delta Rule over Sequence Length": the delta rule's chunk written with the WY/UT representation
+  T = (I + tril(diag(beta) (K K^T * Gamma), -1))^-1).
+
+The update of all three, with log-decay g_t (0: no decay) and write strength beta_t (None: the additive rule of
+linear attention, S_t = a_t S_{t-1} + k_t v_t^T):
+
+    S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,    a_t = exp(g_t)
+"""
+from __future__ import annotations
+
+import torch
+
+
+def recurrence(q, k, v, g=None, beta=None, state=None):
+    """Outputs (B, H, T, d_v) and the last state, one position at a time. q, k (B, H, T, d_k), v (B, H, T, d_v);
+    g, beta (B, H, T) or None; state (B, H, d_k, d_v) or None (zeros)."""
+    b, h, t, dk = k.shape
+    s = k.new_zeros(b, h, dk, v.size(-1)) if state is None else state
+    out = []
+    for i in range(t):
+        ki, vi = k[:, :, i], v[:, :, i]
+        if g is not None:
+            s = s * g[:, :, i].exp()[..., None, None]
+        if beta is None:
+            s = s + ki[..., :, None] * vi[..., None, :]
+        else:
+            bi = beta[:, :, i][..., None]
+            old = torch.einsum("bhk,bhkv->bhv", ki, s)  # what the state holds at k_t now
+            s = s + ki[..., :, None] * (bi * (vi - old))[..., None, :]
+        out.append(torch.einsum("bhk,bhkv->bhv", q[:, :, i], s))
+    return torch.stack(out, dim=2), s
+
+
+def _decays(g, c: int):
+    """Within-chunk cumulative log-decay G (B, H, n, c) and Gamma_ij = exp(G_i - G_j) for j <= i, else 0."""
+    cum = g.cumsum(-1)
+    diff = cum[..., :, None] - cum[..., None, :]
+    lower = torch.ones(c, c, dtype=torch.bool, device=g.device).tril()
+    return cum, torch.where(lower, diff, torch.full_like(diff, float("-inf"))).exp()
+
+
+def chunked(q, k, v, g=None, beta=None, state=None, chunk: int = 64):
+    """:func:`recurrence`'s outputs and last state, ``chunk`` positions at a time (the sequence padded with
+    positions that change nothing: k = v = 0, g = 0, beta = 0)."""
+    b, h, t, dk = k.shape
+    dv = v.size(-1)
+    c = max(1, min(chunk, t))
+    pad = (-t) % c
+    if pad:
+        q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        g = None if g is None else torch.nn.functional.pad(g, (0, pad))
+        beta = None if beta is None else torch.nn.functional.pad(beta, (0, pad))
+    n = (t + pad) // c
+    q, k, v = (x.reshape(b, h, n, c, x.size(-1)) for x in (q, k, v))
+    gg = torch.zeros(b, h, n, c, dtype=q.dtype, device=q.device) if g is None else g.reshape(b, h, n, c)
+    cum, gamma = _decays(gg, c)  # (B, H, n, c), (B, H, n, c, c)
+    strict = torch.ones(c, c, dtype=torch.bool, device=q.device).tril(-1)
+    if beta is None:  # additive: the pseudo-values are the values themselves
+        u, w = v, None
+    else:
+        bt = beta.reshape(b, h, n, c)
+        a = (k @ k.transpose(-1, -2)) * gamma * bt[..., :, None]
+        a = torch.where(strict, a, torch.zeros_like(a))
+        eye = torch.eye(c, dtype=q.dtype, device=q.device)
+        tmat = torch.linalg.solve_triangular(eye + a, torch.diag_embed(bt), upper=False)  # (I + A)^-1 diag(beta)
+        u = tmat @ v
+        w = tmat @ (k * cum.exp()[..., None])
+    s = k.new_zeros(b, h, dk, dv) if state is None else state
+    scores = (q @ k.transpose(-1, -2)) * gamma  # (B, H, n, c, c), zero above the diagonal
+    out = []
+    for i in range(n):
+        ui = u[:, :, i] if w is None else u[:, :, i] - w[:, :, i] @ s
+        decay = cum[:, :, i].exp()[..., None]  # (B, H, c, 1)
+        out.append((q[:, :, i] * decay) @ s + scores[:, :, i] @ ui)
+        last = cum[:, :, i, -1:]  # (B, H, 1)
+        s = s * last.exp()[..., None] + (k[:, :, i] * (last - cum[:, :, i]).exp()[..., None]).transpose(-1, -2) @ ui
+    o = torch.stack(out, dim=2).reshape(b, h, n * c, dv)[:, :, :t]
+    return o, s
+
+
+def implicit_weights(q, k, g=None, beta=None):
+    """The (B, H, T, T) matrix A with outputs A v (the whole sequence as one chunk from a zero state): the mixer's
+    implicit attention, lower triangular; for diagnostics."""
+    t = k.size(-2)
+    cum, gamma = _decays(torch.zeros(q.shape[:-1], dtype=q.dtype, device=q.device) if g is None else g, t)
+    scores = (q @ k.transpose(-1, -2)) * gamma
+    if beta is None:
+        return scores
+    strict = torch.ones(t, t, dtype=torch.bool, device=q.device).tril(-1)
+    a = torch.where(strict, (k @ k.transpose(-1, -2)) * gamma * beta[..., :, None], torch.zeros_like(scores))
+    eye = torch.eye(t, dtype=q.dtype, device=q.device)
+    return scores @ torch.linalg.solve_triangular(eye + a, torch.diag_embed(beta), upper=False)
+
+
+class RecurrentMixer:
+    """Mixin of the recurrent token mixers' cores (with :class:`~nas_cli.attention.base.AttentionCore`): the
+    sequence forward in chunks, the one-token step on the state alone (``recurrent``: the decoding cache keeps
+    the state, not the keys and values), the implicit attention matrix for diagnostics (neither a distribution
+    over keys nor non-negative in general). A subclass gives :meth:`features`: the feature-mapped q, k, v and
+    its log-decay g and write strength beta (None where the rule has none), padded keys writing nothing."""
+
+    causal_self_only = True
+    supports_step = True
+    carries_state = True
+    recurrent = True
+    rows_sum_to_one = False
+    nonnegative = False
+    #: positions per chunk of the sequence forward (attention.chunk)
+    chunk: int = 64
+
+    def features(self, q, k, v, q_mask, x):
+        raise NotImplementedError
+
+    def state_numbers(self, d_head: int) -> int:
+        """Numbers in one layer's state per sequence: heads x d_k x d_v."""
+        return self.heads * d_head * d_head
+
+    def finish(self, out, q, k, g, beta):
+        """The outputs from the state's reads (linear attention divides by its normalizer here)."""
+        return out
+
+    def _mixed(self, q, k, v, q_mask, x):
+        wide = torch.promote_types(q.dtype, torch.float32)
+        q, k, v, g, beta = self.features(q.to(wide), k.to(wide), v.to(wide), q_mask, x)
+        return q, k, v, g, beta
+
+    def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False, x=None):
+        from nas_cli.attention.base import AttentionOutput
+
+        dtype = v.dtype
+        qf, kf, vf, g, beta = self._mixed(q, k, v, q_mask, x)
+        out, _ = chunked(qf, kf, vf, g, beta, chunk=self.chunk)
+        out = self.finish(out, qf, kf, g, beta)
+        weights = self.implicit(qf, kf, g, beta) if need_weights else None
+        if q_mask is not None:
+            out = out * q_mask[:, None, :, None].to(out.dtype)
+        return AttentionOutput(out.to(dtype), weights, self.aux())
+
+    def implicit(self, q, k, g, beta):
+        return implicit_weights(q, k, g, beta)
+
+    def step(self, q, k, v, k_mask, state, x=None):
+        """The newest position's output from the state; ``k``, ``v`` may hold every key so far (the last is new)."""
+        qf, kf, vf, g, beta = self._mixed(q, k[..., -1:, :], v[..., -1:, :], None, x)
+        out, state = recurrence(qf, kf, vf, g, beta, state)
+        return self.finish(out, qf, kf, g, beta).to(v.dtype), state

@@ -1,0 +1,111 @@
+"""The recurrent token mixers (linear attention, DeltaNet, Gated DeltaNet): the chunked sequence form equals the
+recurrence in float64, each core equals a transcription of its paper's definition, the decoding cache keeps the
+state and only the newest key, and the run reports the state's size."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import build_core, nas_run
+
+from nas_cli.attention.recurrent import chunked, implicit_weights, recurrence
+
+B, H, T, D = 2, 3, 29, 6
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64, generator=g) for _ in range(3))
+    return q, F.normalize(k, dim=-1), v, -torch.rand(B, H, T, dtype=torch.float64, generator=g), \
+        torch.rand(B, H, T, dtype=torch.float64, generator=g)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("delta", [False, True])
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_the_chunked_form_equals_the_recurrence_in_float64(gated, delta, chunk):
+    q, k, v, g, beta = _inputs()
+    state = torch.randn(B, H, D, D, dtype=torch.float64)
+    want, want_state = recurrence(q, k, v, g if gated else None, beta if delta else None, state)
+    got, got_state = chunked(q, k, v, g if gated else None, beta if delta else None, state, chunk=chunk)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got_state, want_state, rtol=0, atol=1e-12)
+    zero, _ = recurrence(q, k, v, g if gated else None, beta if delta else None)
+    torch.testing.assert_close(implicit_weights(q, k, g if gated else None, beta if delta else None) @ v, zero,
+                               rtol=0, atol=1e-12)
+
+
+def _core(name):
+    core = build_core(name, heads=H, causal=True, location="decoder").double()
+    core.set_width(H * D)
+    return core.double()
+
+
+def test_linear_attention_is_katharopoulos_et_als_formula():
+    q, k, v, _, _ = _inputs(1)
+    out = _core("linear_attention")(q, k, v).out
+    phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1
+    for t in range(T):  # o_t = phi(q_t)^T sum_{s<=t} phi(k_s) v_s^T / phi(q_t)^T sum_{s<=t} phi(k_s)
+        num = torch.einsum("bhd,bhsd,bhse->bhe", phi_q[:, :, t], phi_k[:, :, :t + 1], v[:, :, :t + 1])
+        den = torch.einsum("bhd,bhsd->bh", phi_q[:, :, t], phi_k[:, :, :t + 1])[..., None]
+        torch.testing.assert_close(out[:, :, t], num / den, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["deltanet", "gated_deltanet"])
+def test_the_delta_rules_are_their_papers_recurrences(name):
+    """In the papers' convention: S_t in R^{d_v x d_k}, S_t = S_{t-1} (a_t (I - beta_t k_t k_t^T)) + beta_t v_t k_t^T,
+    o_t = S_t q_t (a_t = 1 for DeltaNet), with the features of flash-linear-attention's layer."""
+    core = _core(name)
+    q, k, v, _, _ = _inputs(2)
+    x = torch.randn(B, H, T, core.input_features(D), dtype=torch.float64)
+    out = core(q, k, v, x=x).out
+    qn, kn = F.normalize(F.silu(q), dim=-1) / D ** 0.5, F.normalize(F.silu(k), dim=-1)
+    beta = torch.sigmoid(x[..., 0])
+    if name == "gated_deltanet":
+        a = torch.exp(-core.a_log.exp()[None, :, None] * F.softplus(x[..., 1] + core.dt_bias[None, :, None]))
+    else:
+        a = torch.ones_like(beta)
+    s = torch.zeros(B, H, D, D, dtype=torch.float64)
+    eye = torch.eye(D, dtype=torch.float64)
+    for t in range(T):
+        kt, bt = kn[:, :, t], beta[:, :, t][..., None, None]
+        s = s @ (a[:, :, t][..., None, None] * (eye - bt * kt[..., :, None] * kt[..., None, :])) \
+            + bt * v[:, :, t][..., :, None] * kt[..., None, :]
+        torch.testing.assert_close(out[:, :, t], torch.einsum("bhvk,bhk->bhv", s, qn[:, :, t]), rtol=0, atol=1e-12)
+
+
+def test_decoding_keeps_the_state_and_only_the_newest_key(tmp_path):
+    from omegaconf import OmegaConf
+
+    from nas_cli.model.choices import CONF_DIR
+    from nas_cli.model.heads import kv_cache_bytes_per_token, recurrent_state_bytes
+    from nas_cli.model.plan import make_core_factory
+    from nas_cli.model.transformer import Seq2SeqTransformer
+
+    plan = OmegaConf.load(CONF_DIR / "attention" / "unas.yaml")
+    plan.decoder = OmegaConf.load(CONF_DIR / "attention" / "gated_deltanet.yaml")  # attention.decoder=gated_deltanet
+    torch.manual_seed(0)
+    m = Seq2SeqTransformer(25, 25, make_core_factory(plan, 4), encoder_layers=1, decoder_layers=2, d_model=32,
+                           heads=4, ffn=64, dropout=0.0, max_len=64).eval()
+    memory, memory_mask, _ = m.encode(torch.randint(3, 25, (2, 5)))
+    cache, prefix = {}, torch.ones(2, 1, dtype=torch.long)
+    for _ in range(6):
+        step = m.decode_step(prefix[:, -1:], memory, memory_mask, cache)
+        full, _ = m.decode(prefix, memory, memory_mask)
+        torch.testing.assert_close(step, full[:, -1], rtol=1e-5, atol=1e-5)
+        prefix = torch.cat([prefix, torch.randint(3, 25, (2, 1))], 1)
+    layer = cache["layers"][0]["self"]
+    assert layer["k"].size(2) == 1 and layer["state"].shape == (2, 4, 8, 8)
+    assert kv_cache_bytes_per_token(m) == 0 and recurrent_state_bytes(m) == 2 * 4 * 8 * 8 * 4
+
+
+def test_a_run_reports_the_state_and_a_mixer_elsewhere_is_one_line(tmp_path):
+    proc = nas_run("task=mqar", "attention=deltanet", "debug=fast", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["kv_cache_bytes_per_token"] == 0 and summary["recurrent_state_bytes"] > 0
+    bad = nas_run("task=reverse", "attention=deltanet", "debug=fast", f"hydra.run.dir={tmp_path / 'bad'}", cwd=tmp_path)
+    assert bad.returncode == 2 and "defined for causal self-attention only" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
