@@ -9,7 +9,9 @@ read by its form, found from its name (and, for plain text, its first bytes):
   its title line left out and title-only records dropped (``../shared/data/wikipedia_en``);
 * any other plain text: the whole file one document, or one per line with ``task.text_docs=line``.
 
-Any of them may be compressed (``.gz``, ``.bz2``, ``.xz``): read transparently. Empty documents are dropped;
+Any of them may be compressed (``.gz``, ``.bz2``, ``.xz``): read transparently. A path
+``hf://datasets/<owner>/<name>/<file or glob>`` names files of a dataset repository on the Hugging Face hub
+(FineWeb-Edu's ``sample/10BT/*.parquet``): downloaded once into the Hugging Face cache, then read as local files. Empty documents are dropped;
 a corpus with none, a folder with no readable file, or a file that is not UTF-8 is refused in one line naming
 the path (:class:`~tasks.sources.DataError`).
 """
@@ -35,6 +37,9 @@ def corpus_files(path: str | Sequence[str] | None, option: str = "task.path") ->
         raise DataError(f"{option} is not set: give a folder of text, JSONL or Parquet files, or a list of files")
     out: list[Path] = []
     for item in ([path] if isinstance(path, str) else list(path)):
+        if str(item).startswith(HUB):
+            out += hub_files(str(item), option)
+            continue
         p = Path(str(item)).expanduser()
         if p.is_dir():
             out += sorted(f for f in p.rglob("*") if f.is_file() and not any(part.startswith(".")
@@ -46,6 +51,39 @@ def corpus_files(path: str | Sequence[str] | None, option: str = "task.path") ->
     if not out:
         raise DataError(f"{option}={path}: no files there; give a folder of text, JSONL or Parquet files")
     return out
+
+
+#: a corpus path on the Hugging Face hub: hf://datasets/<owner>/<name>/<file or glob>
+HUB = "hf://datasets/"
+
+
+def hub_files(item: str, option: str = "task.path") -> list[Path]:
+    """The files of a dataset repository on the hub that ``item`` names (a glob: every match, in name order),
+    each downloaded once into the Hugging Face cache (``HF_HOME``; ``HF_HUB_OFFLINE=1`` reads it there)."""
+    parts = item[len(HUB):].split("/")
+    if len(parts) < 3 or not all(parts):
+        raise DataError(f"{option}={item}: write hf://datasets/<owner>/<name>/<file or glob>, e.g. "
+                        "hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT/000_00000.parquet")
+    repo, pattern = "/".join(parts[:2]), "/".join(parts[2:])
+    import logging
+
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # its retry warnings: the one line below says it
+    try:
+        from huggingface_hub import HfFileSystem, hf_hub_download
+
+        if any(c in pattern for c in "*?["):
+            names = sorted(n.split("/", 3)[3] for n in HfFileSystem().glob(f"datasets/{repo}/{pattern}"))
+        else:
+            names = [pattern]
+        if not names:
+            raise DataError(f"{option}={item}: no file of {repo} matches {pattern}")
+        return [Path(hf_hub_download(repo, name, repo_type="dataset")) for name in names]
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001 - no network, no such repository or file: one line either way
+        reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        raise DataError(f"{option}={item}: cannot read it from the Hugging Face hub ({reason}); with no network, "
+                        "download the files and give their folder") from None
 
 
 def _form(path: Path) -> tuple[str, str | None]:
