@@ -185,8 +185,8 @@ def _training_time(s: dict) -> str:
 def durations(roots: list[str]) -> list[str]:
     runs = sorted((r for r in find_runs(roots) if r.finished), key=lambda r: (r.seed or 0, r.scheme, r.heads or 0))
     out = ["**training time of each run** (wall clock of `trainer.fit`, `fit_seconds`: two jobs shared the 2-core "
-           "CPU and time a job was paused counts; a run resumed under an older nas-run records only its part after "
-           "the resume; not the preset's speed, which is measured in *Setup*)", "",
+           "CPU and time a job was paused counts; a resumed run whose summary holds one launch (`fit_seconds_by_launch`) "
+           "records only its part after the resume; not the preset's speed, which is measured in *Setup*)", "",
            "| run | scheme | heads | seed | updates | training time | resumed |", "|---|---|---:|---|---:|---:|---|"]
     for r in runs:
         s = r.summary or {}

@@ -180,6 +180,11 @@ def at_end_of_training(cfg, run_dir, module, task, logger) -> dict | None:
     from nas_cli.zeroshot import record
 
     block = cfg.lm_eval
+    say = bool(cfg.get("progress_lines", True))
+    t0 = time.perf_counter()
+    if say:
+        print(f"nas-run: {run_dir.name}: zero-shot evaluation with lm-evaluation-harness: {', '.join(names)}"
+              + (f" (the first {block.limit} items of each)" if block.get("limit") else ""), flush=True)
     try:
         result = zero_shot(module.model, task, names, block.get("data_dir"), block.get("limit"),
                            int(block.get("batch_size") or 16), block.get("max_length"))
@@ -190,4 +195,7 @@ def at_end_of_training(cfg, run_dir, module, task, logger) -> dict | None:
               f"nas-eval {run_dir} --lm-eval {','.join(names)} scores it again", file=sys.stderr)
         return {"error": reason}
     record.log_table(logger, result)
+    if say:
+        print(f"nas-run: {run_dir.name}: zero-shot evaluation: done in {time.perf_counter() - t0:,.0f} s "
+              f"({files[0].relative_to(run_dir)})", flush=True)
     return {"file": str(files[0].relative_to(run_dir)), "metrics": result["metrics"]}
