@@ -174,7 +174,8 @@ class Run:
         diagnostics scalar as 'diag:<key>' (mean over locations) / 'diag:<key>:<location>'.
         KeyError for a name the run does not know."""
         s = self.summary or {}
-        if name in ("parameters", "tokens_per_s", "steps", "fit_seconds"):
+        if name in ("parameters", "tokens_per_s", "steps", "fit_seconds", "kv_cache_bytes_per_token",
+                    "recurrent_state_bytes"):
             return _num(s.get(name))
         if name == "best_val":
             return _num((s.get("best_val") or {}).get("value"))

@@ -263,6 +263,11 @@ def columns(groups: Sequence[Group]) -> list[Column]:
     if any(r.tested in ("no validation",) or r.value("steps") == 0 for r in runs):
         cols.append(Column("tested", lambda g: g.common(lambda r: "untrained" if r.value("steps") == 0 else r.tested)))
     cols.append(num("tokens/s", "tokens_per_s", "int"))
+    # what decoding keeps (nas_cli/model/heads.py): shown where runs differ in it (GQA, MQA, recurrent mixers)
+    if len({_value(r, "kv_cache_bytes_per_token") for r in runs}) > 1 or any(
+            _value(r, "recurrent_state_bytes") for r in runs):
+        cols.append(num("KV cache B/token", "kv_cache_bytes_per_token", "int"))
+        cols.append(num("state B", "recurrent_state_bytes", "int"))
     cols.append(Column("seed" + ("s" if grouped else ""), lambda g: ",".join(map(str, g.seeds)) or "-"))
     if any(r.code != "?" for r in runs):  # which nas-run made them (summary.json's code)
         cols.append(Column("code", lambda g: g.common(lambda r: r.code)))

@@ -106,6 +106,12 @@ def test_a_run_reports_the_state_and_a_mixer_elsewhere_is_one_line(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["kv_cache_bytes_per_token"] == 0 and summary["recurrent_state_bytes"] > 0
+    from helpers import run_command, script
+
+    report = run_command([script("nas-report"), str(tmp_path / "run"), "--format", "json"], cwd=tmp_path)
+    runs = json.loads(report.stdout)["runs"]
+    assert {"KV cache B/token", "state B"} <= set(runs["columns"])
+    assert runs["rows"][0]["state B"] == f"{summary['recurrent_state_bytes']:,}"
     bad = nas_run("task=reverse", "attention=deltanet", "debug=fast", f"hydra.run.dir={tmp_path / 'bad'}", cwd=tmp_path)
     assert bad.returncode == 2 and "defined for causal self-attention only" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
