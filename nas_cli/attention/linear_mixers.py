@@ -8,6 +8,10 @@ nas_cli/attention/recurrent.py's.
   beta_t k_t v_t^T, o_t = S_t^T q_t, with q and k through SiLU and L2-normalized per head, q scaled by
   1/sqrt(d), and beta_t = sigmoid(w . x_t + b) per head from the layer's input (as flash-linear-attention's
   DeltaNet layer defaults, without its short convolution and output gate).
+* ``gla`` (Yang et al., ICML 2024, "Gated Linear Attention Transformers with Hardware-Efficient Training"):
+  S_t = diag(a_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t with q scaled by 1/sqrt(d); a decay per key feature
+  a_t = sigma(W2 W1 x_t + b)^(1/tau), tau = 16, through a rank-16 map (here W1 of rank 16 per head, the layer's
+  projection ``x_proj``, and W2 per head).
 * ``gated_deltanet`` (Yang, Kautz and Hatamizadeh, ICLR 2025): S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} +
   beta_t k_t v_t^T with the decay a_t = exp(-exp(A_h) softplus(w . x_t + dt_h)) (Mamba-2's parameterization;
   A_h = log U(1, 16), dt_h the inverse softplus of a log-uniform draw in [0.001, 0.1] at initialization).
@@ -106,3 +110,31 @@ class GatedDeltaNet(DeltaNet):
 
     def learned(self) -> dict[str, torch.Tensor]:
         return {"decay_rate": self.a_log.exp()}
+
+
+class GLA(RecurrentMixer, AttentionCore):
+    name = "gla"
+    #: the gate's rank per head (GLA's low-rank gate projection) and its temperature tau
+    rank, tau = 16, 16.0
+
+    def __init__(self, heads: int, chunk: int = 32, **kw):
+        super().__init__(heads, **kw)
+        self.chunk = int(chunk)
+
+    def input_features(self, d_head: int) -> int:
+        return self.rank
+
+    def set_width(self, d_model: int) -> None:
+        d = d_model // self.heads
+        g = torch.Generator().manual_seed(4321 + self.layer)
+        self.gate_up = nn.Parameter(torch.randn(self.heads, self.rank, d, generator=g) / math.sqrt(self.rank))
+        self.gate_bias = nn.Parameter(torch.zeros(self.heads, d))
+
+    def features(self, q, k, v, q_mask, x):
+        if x is None:
+            raise ValueError("gla needs the projection of its input x (the model's x_proj)")
+        logits = torch.einsum("bhtr,hrd->bhtd", x.to(q.dtype), self.gate_up.to(q.dtype)) \
+            + self.gate_bias.to(q.dtype)[None, :, None, :]
+        g = F.logsigmoid(logits) / self.tau  # log a_t = log sigma(.) / tau
+        k, v, g = _padded_out(q_mask, k, v, g)
+        return q / math.sqrt(q.size(-1)), k, v, g, None

@@ -26,8 +26,8 @@ def recurrence(q, k, v, g=None, beta=None, state=None):
     out = []
     for i in range(t):
         ki, vi = k[:, :, i], v[:, :, i]
-        if g is not None:
-            s = s * g[:, :, i].exp()[..., None, None]
+        if g is not None:  # a decay per head (B, H, T), or per key feature (B, H, T, d_k): GLA's
+            s = s * (g[:, :, i].exp()[..., None, None] if g.dim() == 3 else g[:, :, i].exp()[..., :, None])
         if beta is None:
             s = s + ki[..., :, None] * vi[..., None, :]
         else:
@@ -48,7 +48,10 @@ def _decays(g, c: int):
 
 def chunked(q, k, v, g=None, beta=None, state=None, chunk: int = 64):
     """:func:`recurrence`'s outputs and last state, ``chunk`` positions at a time (the sequence padded with
-    positions that change nothing: k = v = 0, g = 0, beta = 0)."""
+    positions that change nothing: k = v = 0, g = 0, beta = 0). A decay per key feature (g of (B, H, T, d_k))
+    goes to :func:`chunked_per_feature`."""
+    if g is not None and g.dim() == 4:
+        return chunked_per_feature(q, k, v, g, state, chunk)
     b, h, t, dk = k.shape
     dv = v.size(-1)
     c = max(1, min(chunk, t))
@@ -85,10 +88,42 @@ def chunked(q, k, v, g=None, beta=None, state=None, chunk: int = 64):
     return o, s
 
 
+def chunked_per_feature(q, k, v, g, state=None, chunk: int = 64):
+    """The additive rule with a decay per key feature, S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T (GLA), in chunks:
+    within a chunk the scores sum_d q_id k_jd exp(G_id - G_jd) over the lower triangle (a (c, c, d_k) tensor),
+    across chunks the state."""
+    b, h, t, dk = k.shape
+    c = max(1, min(chunk, t))
+    pad = (-t) % c
+    if pad:
+        q, k, v, g = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, v, g))
+    n = (t + pad) // c
+    q, k, v, g = (x.reshape(b, h, n, c, x.size(-1)) for x in (q, k, v, g))
+    cum = g.cumsum(-2)  # (B, H, n, c, d_k)
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    diff = cum[..., :, None, :] - cum[..., None, :, :]  # (B, H, n, c, c, d_k)
+    decay = torch.where(lower[..., None], diff, torch.full_like(diff, float("-inf"))).exp()
+    scores = torch.einsum("bhnid,bhnjd,bhnijd->bhnij", q, k, decay)
+    s = k.new_zeros(b, h, dk, v.size(-1)) if state is None else state
+    out = []
+    for i in range(n):
+        out.append((q[:, :, i] * cum[:, :, i].exp()) @ s + scores[:, :, i] @ v[:, :, i])
+        last = cum[:, :, i, -1]  # (B, H, d_k)
+        s = s * last.exp()[..., None] + (k[:, :, i] * (last[..., None, :] - cum[:, :, i]).exp()).transpose(-1, -2) \
+            @ v[:, :, i]
+    return torch.stack(out, dim=2).reshape(b, h, n * c, -1)[:, :, :t], s
+
+
 def implicit_weights(q, k, g=None, beta=None):
     """The (B, H, T, T) matrix A with outputs A v (the whole sequence as one chunk from a zero state): the mixer's
     implicit attention, lower triangular; for diagnostics."""
     t = k.size(-2)
+    if g is not None and g.dim() == 4:  # a decay per key feature (GLA)
+        cum = g.cumsum(-2)
+        lower = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        diff = cum[..., :, None, :] - cum[..., None, :, :]
+        decay = torch.where(lower[..., None], diff, torch.full_like(diff, float("-inf"))).exp()
+        return torch.einsum("bhid,bhjd,bhijd->bhij", q, k, decay)
     cum, gamma = _decays(torch.zeros(q.shape[:-1], dtype=q.dtype, device=q.device) if g is None else g, t)
     scores = (q @ k.transpose(-1, -2)) * gamma
     if beta is None:

@@ -22,19 +22,20 @@ def _inputs(seed=0):
         torch.rand(B, H, T, dtype=torch.float64, generator=g)
 
 
-@pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("delta", [False, True])
+@pytest.mark.parametrize("gated, delta", [(None, False), ("head", False), ("feature", False), (None, True),
+                                          ("head", True)])  # a decay per key feature is GLA's: additive only
 @pytest.mark.parametrize("chunk", [1, 7, 64])
 def test_the_chunked_form_equals_the_recurrence_in_float64(gated, delta, chunk):
     q, k, v, g, beta = _inputs()
+    g = {None: None, "head": g, "feature": -torch.rand(B, H, T, D, dtype=torch.float64)}[gated]
+    beta = beta if delta else None
     state = torch.randn(B, H, D, D, dtype=torch.float64)
-    want, want_state = recurrence(q, k, v, g if gated else None, beta if delta else None, state)
-    got, got_state = chunked(q, k, v, g if gated else None, beta if delta else None, state, chunk=chunk)
+    want, want_state = recurrence(q, k, v, g, beta, state)
+    got, got_state = chunked(q, k, v, g, beta, state, chunk=chunk)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     torch.testing.assert_close(got_state, want_state, rtol=0, atol=1e-12)
-    zero, _ = recurrence(q, k, v, g if gated else None, beta if delta else None)
-    torch.testing.assert_close(implicit_weights(q, k, g if gated else None, beta if delta else None) @ v, zero,
-                               rtol=0, atol=1e-12)
+    zero, _ = recurrence(q, k, v, g, beta)
+    torch.testing.assert_close(implicit_weights(q, k, g, beta) @ v, zero, rtol=0, atol=1e-12)
 
 
 def _core(name):
@@ -74,6 +75,20 @@ def test_the_delta_rules_are_their_papers_recurrences(name):
         s = s @ (a[:, :, t][..., None, None] * (eye - bt * kt[..., :, None] * kt[..., None, :])) \
             + bt * v[:, :, t][..., :, None] * kt[..., None, :]
         torch.testing.assert_close(out[:, :, t], torch.einsum("bhvk,bhk->bhv", s, qn[:, :, t]), rtol=0, atol=1e-12)
+
+
+def test_gla_is_yang_et_als_recurrence():
+    """S_t = diag(a_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t / sqrt(d), a_t = sigma(W2 (W1 x_t) + b)^(1/16)."""
+    core = _core("gla")
+    q, k, v, _, _ = _inputs(3)
+    x = torch.randn(B, H, T, core.input_features(D), dtype=torch.float64)  # W1 x_t, rank 16 per head
+    out = core(q, k, v, x=x).out
+    a = torch.sigmoid(torch.einsum("bhtr,hrd->bhtd", x, core.gate_up) + core.gate_bias[None, :, None]) ** (1 / 16)
+    s = torch.zeros(B, H, D, D, dtype=torch.float64)
+    for t in range(T):
+        s = a[:, :, t][..., :, None] * s + k[:, :, t][..., :, None] * v[:, :, t][..., None, :]
+        torch.testing.assert_close(out[:, :, t], torch.einsum("bhkv,bhk->bhv", s, q[:, :, t]) / D ** 0.5,
+                                   rtol=0, atol=1e-12)
 
 
 def test_decoding_keeps_the_state_and_only_the_newest_key(tmp_path):
