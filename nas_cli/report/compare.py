@@ -161,8 +161,9 @@ def compare_groups(groups: Sequence[Group], baseline: Group | Baselines, metrics
     rows: list[Row] = []
     for m in metrics:
         found = []
+        somewhere = any(_value_or_none(m, r) is not None for r in involved)
         for g, base in baseline.pairs:
-            if _other_evaluation(m, g, base):
+            if somewhere and _other_evaluation(m, g, base):
                 continue
             why = _undefined(m, g.runs) or _undefined(m, base.runs)
             if why:  # no value by design (a linear kernel's signed weights have no JSD): said, not refused
@@ -187,7 +188,8 @@ def compare_groups(groups: Sequence[Group], baseline: Group | Baselines, metrics
 def _other_evaluation(metric: str, group: Group, base: Group) -> bool:
     """A pair that cannot have ``metric`` because it belongs to another evaluation: neither group has a value of
     it at all, or one has none and one group is a nas-eval result (the zero-shot scores of ``eval:lm_eval`` are
-    not the trained runs', the trained runs' test perplexity not the zero-shot result's). Not compared."""
+    not the trained runs', the trained runs' test perplexity not the zero-shot result's). Not compared. Asked only
+    of a metric some run has: one no run has is refused by :func:`_values`, naming a run."""
     absent = [all(_value_or_none(metric, r) is None for r in runs) for runs in (group.runs, base.runs)]
     return all(absent) or (any(absent) and any(r.variant is not None for r in (*group.runs, *base.runs)))
 

@@ -4,11 +4,14 @@ same way; bad inputs are one line naming the option or file, exit 2, with nothin
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 
 import numpy as np
 import pytest
 from datafiles import zero_shot_data
-from helpers import nas_run, run_command, script
+from helpers import NAS_RUN, nas_run, run_command, script
 
 pytest.importorskip("lm_eval")
 
@@ -33,10 +36,30 @@ def _train(tmp_path, corpus, *extra):
     return run, proc
 
 
+def _own_process(argv, cwd, timeout=420) -> subprocess.CompletedProcess:
+    """``argv`` in a process started from the installed script (not forked from the tests' server), Python's
+    fault handler on: a command still running at ``timeout`` is sent SIGABRT, which prints every thread's
+    stack, and the test fails showing them."""
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "NO_COLOR": "1"}
+    env.pop("WANDB_MODE", None)
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        out, err = proc.communicate()
+        pytest.fail(f"{argv[0]} still running after {timeout} s; its threads:\n{err[-6000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def test_scores_at_the_end_of_training_equal_nas_evals_of_the_same_weights(tmp_path, corpus):
     data = zero_shot_data(tmp_path)
-    run, proc = _train(tmp_path, corpus, "lm_eval.tasks=[lambada_openai,piqa]", f"lm_eval.data_dir={data}",
-                       "lm_eval.limit=6", "lm_eval.max_length=384")
+    run = tmp_path / "run"
+    proc = _own_process([NAS_RUN, "task=subword_lm", f"task.path={corpus}", "task.vocab_size=300",
+                         "task.valid_docs=5", "task.test_docs=5", "task.tokens_per_sample=32",
+                         f"task.cache_dir={tmp_path / 'cache'}", "model.positions=rope", "model.max_len=512",
+                         "debug=fast", f"hydra.run.dir={run}", "lm_eval.tasks=[lambada_openai,piqa]",
+                         f"lm_eval.data_dir={data}", "lm_eval.limit=6", "lm_eval.max_length=384"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((run / "summary.json").read_text())
     record = json.loads((run / "eval" / "lm_eval.json").read_text())
@@ -54,8 +77,8 @@ def test_scores_at_the_end_of_training_equal_nas_evals_of_the_same_weights(tmp_p
     assert logged["columns"] == ["task", "metric", "value", "stderr"]
     assert ["piqa", "acc", record["metrics"]["test/zeroshot/piqa/acc"]] in [row[:3] for row in logged["data"]]
 
-    out = run_command([script("nas-eval"), str(run), "--lm-eval", "piqa,lambada_openai", "--lm-eval-data", str(data),
-                       "--lm-eval-limit", "6", "--lm-eval-max-length", "384", "--name", "again"], cwd=tmp_path)
+    out = _own_process([script("nas-eval"), str(run), "--lm-eval", "piqa,lambada_openai", "--lm-eval-data",
+                        str(data), "--lm-eval-limit", "6", "--lm-eval-max-length", "384", "--name", "again"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     again = json.loads((run / "eval" / "again.json").read_text())
     for key, value in record["metrics"].items():
