@@ -102,3 +102,28 @@ def test_single_runs_of_other_positions_have_other_directory_names():
     plain = compose_cfg("task=copy_lm", "attention=sigmoid")
     assert positions_tag(alibi.model) == "-alibi" and positions_tag(plain.model) == ""
     assert positions_tag(compose_cfg("model=hf_llama").model) == ""  # a Hugging Face family's positions are its own
+
+
+def test_sweep_job_folders_name_their_positions_and_a_continued_sweep_keeps_its_folders(tmp_path):
+    """A sweep over model.positions gets one folder name per positions; a sweep made when job folders did not
+    name them continues in its folders (of the same positions), not in new ones."""
+    from omegaconf import OmegaConf
+
+    from helpers import nas_run
+    from nas_cli.pipeline.launch.resolvers import job_subdir
+
+    proc = nas_run("-m", "task=copy_lm", "attention=sigmoid", "model.positions=alibi,sinusoidal", "debug=fast",
+                   "trainer.max_steps=2", "progress_bar=false", "logger=csv", "diagnostics.plots=never",
+                   f"hydra.sweep.dir={tmp_path / 'sw'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "sw").iterdir() if p.is_dir()) == [
+        "0_copy_lm_sigmoid-alibi-h4", "1_copy_lm_sigmoid-h4"]
+
+    alibi = OmegaConf.create({"heads": 4, "positions": "alibi"})
+    earlier = tmp_path / "old" / "3_copy_lm_sigmoid-h4" / ".hydra"
+    earlier.mkdir(parents=True)
+    (earlier / "config.yaml").write_text(yaml.safe_dump({"model": {"heads": 4, "positions": "alibi"}}))
+    assert job_subdir(tmp_path / "old", 3, "copy_lm", "sigmoid", alibi) == "3_copy_lm_sigmoid-h4"
+    (earlier / "config.yaml").write_text(yaml.safe_dump({"model": {"heads": 4, "positions": "sinusoidal"}}))
+    assert job_subdir(tmp_path / "old", 3, "copy_lm", "sigmoid", alibi) == "3_copy_lm_sigmoid-alibi-h4"
+    assert job_subdir(tmp_path / "new", 3, "copy_lm", "sigmoid", alibi) == "3_copy_lm_sigmoid-alibi-h4"

@@ -6,7 +6,10 @@ a side effect of being imported.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from types import MappingProxyType
+
+import yaml
 from omegaconf import OmegaConf
 
 
@@ -53,13 +56,32 @@ def positions_tag(model) -> str:
     """``${nas.positions:${model}}``: ``-<positions>`` in a single run's directory name when nas-run's own
     model adds positions other than sinusoids (``copy_lm/sigmoid-alibi-h4``, ``mqar/unas-rope-h2``), so that
     runs of other positions are told apart by name; nothing for sinusoids and for a Hugging Face family
-    (its positions are its own). A sweep's job folders keep their names (a sweep continues by them)."""
+    (its positions are its own). A sweep's job folders name them too (:func:`job_subdir`)."""
     try:
         positions = model.get("positions") if hasattr(model, "get") else None
         family = model.get("family") if hasattr(model, "get") else None
     except Exception:  # noqa: BLE001 - an unresolvable node: the pre-run check says what is wrong
         return ""
     return "" if family or positions in (None, "sinusoidal") else f"-{positions}"
+
+
+def job_subdir(sweep_dir, num, task, tag, model) -> str:
+    """``hydra.sweep.subdir``: ``<job number>_<task>_<scheme tag><positions>-h<heads>`` (``3_copy_lm_sigmoid-alibi-h4``).
+    A sweep continued in a folder whose job of this number was made under the earlier name, without the
+    positions (``3_copy_lm_sigmoid-h4``) and of the same positions, keeps that folder: it continues there."""
+    positions = positions_tag(model)
+    heads = model.get("heads") if hasattr(model, "get") else None
+    named = f"{num}_{task}_{tag}{positions}-h{heads}"
+    if not positions:
+        return named
+    earlier = f"{num}_{task}_{tag}-h{heads}"
+    config = Path(str(sweep_dir)) / earlier / ".hydra" / "config.yaml"
+    try:
+        made = yaml.safe_load(config.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return named
+    same = isinstance(made.get("model"), dict) and made["model"].get("positions") == model.get("positions")
+    return earlier if same else named
 
 
 #: Zoology's Figure 2 cells (Arora et al. 2023; paper_configs/iclr24_zoology_figure2/configs.py): sequence
@@ -79,8 +101,9 @@ def zoology_fig2(what: str, seq_len) -> int:
     return pairs if what == "pairs" else batch
 
 
-RESOLVERS = MappingProxyType({"nas.zoology_fig2": zoology_fig2, "nas.positions": positions_tag, "nas.tag": scheme_tag, "nas.direction": optuna_direction, "nas.slurm_tasks": slurm_tasks,
-             "nas.slurm_gpus": slurm_gpus})
+RESOLVERS = MappingProxyType({
+    "nas.zoology_fig2": zoology_fig2, "nas.positions": positions_tag, "nas.job_subdir": job_subdir, "nas.tag": scheme_tag,
+    "nas.direction": optuna_direction, "nas.slurm_tasks": slurm_tasks, "nas.slurm_gpus": slurm_gpus})
 
 
 def register_resolvers() -> None:
