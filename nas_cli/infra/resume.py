@@ -106,15 +106,23 @@ def _override(overrides, key: str) -> str | None:
     return None
 
 
-def _misspelled_budget(overrides) -> str:
-    """What the overrides of a refused ``resume=`` say instead of trainer.max_steps: a near miss of it, or
-    debug=fast (a resumed run continues as configured)."""
+def _misspelled_budget(overrides, run_dir: Path) -> str:
+    """What the overrides of a refused ``resume=`` say instead of trainer.max_steps: a near miss of it that is no
+    option of the run's config (trainer.max_epochs is one), or debug=fast (a resumed run continues as configured)."""
     import difflib
 
+    from omegaconf import OmegaConf
+
+    try:
+        config = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    except Exception:  # noqa: BLE001 - unreadable: every near miss is named
+        config = OmegaConf.create()
     for o in overrides or ():
         key, _, value = str(o).lstrip("+~").partition("=")
         if key == "debug":
             return f"; {key}={value} does not apply to a resumed run, which continues as it was configured"
+        if OmegaConf.select(config, key, default="<absent>") != "<absent>":
+            continue
         if key != "trainer.max_steps" and difflib.get_close_matches(key, ["trainer.max_steps"], n=1, cutoff=0.8):
             return f"; {key}={value} is no option: did you mean trainer.max_steps={value}?"
     return ""
@@ -150,7 +158,7 @@ def check_resumable(run_dir: Path, overrides=()) -> None:
             raise UserError(f"resume={run_dir}: that run is complete ({done} steps, summary.json); to train it "
                             f"longer pass trainer.max_steps=<more than {done}>"
                             + (f" (got trainer.max_steps={wanted})" if wanted is not None else "")
-                            + _misspelled_budget(overrides))
+                            + _misspelled_budget(overrides, run_dir))
     _check_loadable(run_dir)
 
 

@@ -260,8 +260,11 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
     """The Lightning trainer with nas-run's callbacks: the best checkpoint, last.ckpt on signals
     and every N steps, step seeds, the final validation, diagnostics, the progress bar."""
     ckpt_dir = job.run_dir / "checkpoints"
+    # best.ckpt is chosen when a validation ends, never at a training epoch's end: an epoch that ends before this
+    # launch's first validation has no monitored value to choose by (Lightning would warn of a missing key)
     ckpt = RunCheckpoint(dirpath=ckpt_dir, filename="best", monitor=task.monitor, mode=task.monitor_mode,
-                         save_last=False, save_top_k=1, enable_version_counter=False)  # last.ckpt: FaultTolerance
+                         save_last=False, save_top_k=1, enable_version_counter=False,  # last.ckpt: FaultTolerance
+                         save_on_train_epoch_end=False)
     saves = CheckpointOptions.of(cfg.checkpoint)
     fault = FaultTolerance(ckpt_dir / "last.ckpt", saves.last_every_n_steps or 0, job.identity)
     callbacks = [ckpt, fault, StepSeed(int(cfg.seed)), ValidateAtEnd()]  # FaultTolerance: signals in training

@@ -127,3 +127,20 @@ def test_sweep_job_folders_name_their_positions_and_a_continued_sweep_keeps_its_
     (earlier / "config.yaml").write_text(yaml.safe_dump({"model": {"heads": 4, "positions": "sinusoidal"}}))
     assert job_subdir(tmp_path / "old", 3, "copy_lm", "sigmoid", alibi) == "3_copy_lm_sigmoid-alibi-h4"
     assert job_subdir(tmp_path / "new", 3, "copy_lm", "sigmoid", alibi) == "3_copy_lm_sigmoid-alibi-h4"
+
+
+def test_a_completed_run_refusal_names_only_keys_that_are_no_option(tmp_path):
+    """trainer.max_stepz is a near miss of trainer.max_steps and no option; trainer.max_epochs is an option of
+    the run's config and is not called a misspelling."""
+    from nas_cli.infra.resume import check_resumable
+
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_steps": 20, "max_epochs": 1}}))
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 20}))
+    with pytest.raises(UserError) as err:
+        check_resumable(tmp_path, ["trainer.max_epochs=3"])
+    assert "that run is complete (20 steps" in str(err.value) and "no option" not in str(err.value)
+    with pytest.raises(UserError, match=r"trainer\.max_stepz=40 is no option: did you mean trainer\.max_steps=40\?"):
+        check_resumable(tmp_path, ["trainer.max_stepz=40"])
