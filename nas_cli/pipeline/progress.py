@@ -12,6 +12,9 @@ for the jobs of a sweep that share one terminal, :class:`ProgressLines` prints p
   validation's batches include its decoding;
 * each validation's value of the checkpoint metric.
 
+A sweep's job writes its lines to its own log (``<job>/nas_run.log``) alone: the sweep's console keeps what
+runs, a line per finished job, the table and the report command.
+
 ``progress_bar=false`` turns off the live bar, never the lines: the run shows plain lines instead,
 on a terminal too. ``progress_lines=false`` turns the lines off (a run silent until its result).
 """
@@ -39,9 +42,12 @@ def duration(seconds: float) -> str:
 
 
 def progress_callback(name: str, monitor: str, sweep_job: bool, program: str = "nas-run", bar: bool = True,
-                      lines: bool = True) -> ProgressBar | None:
+                      lines: bool = True, to_log: bool = False) -> ProgressBar | None:
     """The live bar on a terminal of its own (``bar``); else plain lines (``lines``: a sweep's jobs sharing a
-    terminal, stdout not a terminal, or the bar turned off); else None (silent)."""
+    terminal, stdout not a terminal, or the bar turned off); else None (silent). ``to_log``: a sweep's job, whose
+    lines go to its log file alone."""
+    if to_log:
+        return ProgressLines(name, monitor, program, to_log=True) if lines else None
     if bar and not sweep_job and sys.stdout.isatty():
         return progress_bar()
     return ProgressLines(name, monitor, program) if lines else None
@@ -101,9 +107,9 @@ class ProgressLines(ProgressBar):
     """A run's progress as plain lines (module docstring), prefixed by the program and the run
     directory's name."""
 
-    def __init__(self, name: str, monitor: str, program: str = "nas-run"):
+    def __init__(self, name: str, monitor: str, program: str = "nas-run", to_log: bool = False):
         super().__init__()
-        self.name, self.monitor, self.program = name, monitor, program
+        self.name, self.monitor, self.program, self.to_log = name, monitor, program, to_log
         self._enabled = True
         self._train: _Pace | None = None
         self._eval: _Pace | None = None
@@ -116,7 +122,13 @@ class ProgressLines(ProgressBar):
         self._enabled = True
 
     def _say(self, text: str) -> None:
-        if self._enabled and self.trainer.is_global_zero:
+        if not (self._enabled and self.trainer.is_global_zero):
+            return
+        if self.to_log:
+            from nas_cli.errors import record
+
+            record(f"{self.program}: {self.name}: {text}")
+        else:
             print(f"{self.program}: {self.name}: {text}", flush=True)
 
     # ---- training ----------------------------------------------------------------------

@@ -34,7 +34,7 @@ from nas_cli.infra.loggers import finish_logger, make_logger, wandb_run_id
 from nas_cli.infra.wandb_offline import carry_history
 from nas_cli.model.plan import AttentionPlan, Cores
 from nas_cli.infra.launchers import in_sweep_job
-from nas_cli.pipeline.launch.sweep_launcher import shares_terminal
+from nas_cli.pipeline.launch.sweep_launcher import in_sweep, shares_terminal
 from nas_cli.pipeline.progress import progress_callback
 from nas_cli.pipeline.summary import as_float, run_summary
 from nas_cli.zeroshot.harness import at_end_of_training
@@ -275,7 +275,7 @@ def _make_trainer(cfg: DictConfig, job: _Job, task, logger) -> tuple[pl.Trainer,
         opts = {k: v for k, v in OmegaConf.to_container(cfg.diagnostics, resolve=True).items() if k != "enabled"}
         callbacks.append(DiagnosticsCallback(run_dir=job.run_dir, **opts))
     shown = progress_callback(job.run_dir.name, task.monitor, shares_terminal(), bar=bool(cfg.progress_bar),
-                              lines=bool(cfg.get("progress_lines", True)))  # the bar, else lines, else nothing
+                              lines=bool(cfg.get("progress_lines", True)), to_log=in_sweep())  # bar, lines, nothing
     callbacks += [shown] if shown is not None else []
     kwargs = trainer_kwargs(cfg, task)
     plugins = kwargs.pop("plugins", None) or []  # trainer.plugins (trainer=ray_ddp: Ray's cluster environment)

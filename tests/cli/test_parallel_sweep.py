@@ -44,9 +44,14 @@ def test_a_cpu_sweep_runs_its_jobs_two_at_a_time_on_two_cpus_and_continues(tmp_p
         assert _launcher(job)["n_jobs"] == n and "Joblib" in _launcher(job)["_target_"]
         summary = json.loads((job / "summary.json").read_text())
         assert summary["environment"]["threads"] == 1 and summary["steps"] == 20
-        # progress as lines naming the job, not live bars that overwrite each other
-        assert f"nas-run: {job.name}: step 2 of 20" in proc.stdout
-        assert f"nas-run: {job.name}: validation at step 20: val/exact_match" in proc.stdout
+        # progress as lines naming the job in the job's own log, not live bars that overwrite each other, and
+        # not interleaved on the sweep's console, which has a line for the job when it is done
+        log = (job / "nas_run.log").read_text()
+        assert f"nas-run: {job.name}: step 2 of 20" in log
+        assert f"nas-run: {job.name}: validation at step 20: val/exact_match" in log
+        assert f"{job.name}: step" not in proc.stdout + proc.stderr and f"done: {sweep.name}" not in log
+        assert f"done: {sweep.name}/{job.name}: " in proc.stdout + proc.stderr
+    assert f"each job's progress is in its own log: {sweep}/<job>/nas_run.log" in proc.stdout + proc.stderr
     assert "hydra/launcher=joblib" in yaml.safe_load((sweep / "multirun.yaml").read_text())["hydra"]["overrides"]["hydra"]
     again = run_command(args, cwd=tmp_path, env=_env(), timeout=600)  # the same command continues the sweep
     assert again.returncode == 0, again.stderr[-3000:]

@@ -48,6 +48,7 @@ def job_line(summary: dict) -> str:
     """A finished sweep job in one line: its folder, its test metrics and how long it trained."""
     test = summary.get("test", {})
     metrics = ", ".join(f"{title} {_cell(test.get(key), digits)}" for key, title, digits in _metric_columns([summary]))
+    metrics = metrics or "not tested (run_test=false)"
     return f"done: {summary['run_dir']}: {metrics} ({summary.get('fit_seconds', 0):.0f} s)"
 
 
@@ -203,6 +204,7 @@ def _say_jobs(config: DictConfig, root: Path) -> None:
 
     line = f"nas-run: sweep {root}: {' x '.join(swept) or 'one job'}" + (f" (each job: {' '.join(fixed)})" if fixed else "")
     say(escape(line), log=False)  # values such as tune=[optim.lr] are text, not markup
+    say(escape(f"nas-run: each job's progress is in its own log: {root}/<job>/nas_run.log"), log=False)
     for name in LAUNCHER_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 

@@ -103,6 +103,14 @@ def parallel_default(config: DictConfig, parameters: int | None) -> int:
     return int(n_jobs)
 
 
+def in_sweep() -> bool:
+    """This is a job of a sweep (``nas-run -m``), whatever launches it."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def shares_terminal() -> bool:
     """This is a job of a sweep whose jobs run several at a time in worker processes (Hydra's joblib launcher)."""
     from hydra.core.hydra_config import HydraConfig
