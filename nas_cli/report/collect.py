@@ -203,6 +203,20 @@ class Run:
         metrics = self._cfg("diagnostics.metrics", {}) or {}
         return [str(m["_target_"]) for m in metrics.values() if isinstance(m, dict) and m.get("_target_")]
 
+    def diagnostic_status(self, name: str) -> tuple[str, str] | None:
+        """For a diagnostic by report name (``jsd``, ``jsd:encoder``): ("derived", what it was computed on) when some
+        location computed it on a derived quantity (row-normalized weights), ("not applicable", why) when some
+        location's weights leave it undefined (it reads null there), else None."""
+        base, _, loc = name.partition(":")
+        locs = self.diag_locations()
+        chosen = [locs.get(loc, {})] if loc else list(locs.values())
+        for kind, field in (("not applicable", "not_applicable"), ("derived", "derived")):
+            for scalars in chosen:
+                why = (scalars.get(field) or {}).get(base)
+                if why:
+                    return kind, str(why)
+        return None
+
     @functools.cached_property
     def reported(self) -> dict[str, Reported]:
         """{name: declaration}: the numbers the run's diagnostics declared for nas-report

@@ -142,7 +142,7 @@ def group_records(groups) -> list[dict]:
 
     from nas_cli.report.collect import TEST_METRICS
     from nas_cli.report.stats import t_interval
-    from nas_cli.report.table import columns, reported
+    from nas_cli.report.table import columns, diagnostic_status, reported
 
     declared = reported([r for g in groups for r in g.runs])  # every number the diagnostics declared
     titles = {**{name: d.title for name, d in declared.items()}, **{c.numeric: c.title for c in columns(groups) if c.numeric}}
@@ -155,12 +155,18 @@ def group_records(groups) -> list[dict]:
                 got = t_interval(g.values(name))
             except KeyError:
                 got = None
+            status = diagnostic_status(g, name) if name in declared else None
+            if got is None and status:  # undefined for these weights: said, with why, not left out
+                metrics[name] = {"title": titles.get(name, name), "mean": None, "ci_low": None, "ci_high": None,
+                                 "sd": None, "n": 0, "not_applicable": status[1]}
             if got is not None:
                 m, low, high, n = got
                 vals = [float(v) for v in g.values(name) if np.isfinite(float(v))]
                 metrics[name] = {"title": titles.get(name, name), "mean": m, "ci_low": None if n < 2 else low,
                                  "ci_high": None if n < 2 else high,
                                  "sd": float(np.std(vals, ddof=1)) if n > 1 else None, "n": n}
+                if status:  # computed on a derived quantity (or undefined at some location): which
+                    metrics[name]["derived" if status[0] == "derived" else "not_applicable"] = status[1]
         out.append({"label": g.label, "task": g.common(lambda r: r.task), "scheme": g.common(lambda r: r.scheme),
                     "heads": g.common(lambda r: r.heads), **{str(k): v for k, v in g.fields.items()},
                     "config": " ".join(f"{k}={v}" for k, v in g.distinct.items()), "n": g.n, "seeds": g.seeds,

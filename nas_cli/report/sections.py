@@ -24,7 +24,7 @@ def runs_section(args, runs, groups, by, metrics, verdicts, marked) -> list[tupl
     over one field with --pivot)."""
     from tasks.scores import spec
     from nas_cli.report.formats import group_records, pivot
-    from nas_cli.report.table import table_rows
+    from nas_cli.report.table import marks_legend, table_rows
 
     if not groups:
         return []
@@ -35,8 +35,9 @@ def runs_section(args, runs, groups, by, metrics, verdicts, marked) -> list[tupl
         metric_titles = _test_titles(runs)
         idx = [i for i, h in enumerate(head) if h not in metric_titles or h in keep_titles]
         head, rows = [head[i] for i in idx], [[r[i] for i in idx] for r in rows]
+    legend = marks_legend(groups)  # diagnostics computed on a derived quantity, or undefined for the weights
     caption = _caption(groups, by) + ("; †: differs from the baseline over seeds (p < 0.05, Holm)"
-                                      if verdicts else "")
+                                      if verdicts else "") + (f"; {legend}" if legend else "")
     if args.pivot:
         values = [h for h in head if h in _test_titles(runs)]
         if args.pivot not in head:

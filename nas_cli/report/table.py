@@ -257,9 +257,10 @@ def columns(groups: Sequence[Group]) -> list[Column]:
     for m in present(k for r in runs for k in ((r.summary or {}).get("test") or {})):
         if m.compared and any(r.value(m.key) is not None for r in runs):  # a task's own metrics too
             cols.append(num(m.title, m.key, m.fmt))
-    for name, declared in reported(runs).items():  # the diagnostics' own declarations
+    for name, declared in reported(runs).items():  # the diagnostics' own declarations, marked (diagnostic_mark)
         if declared.column and any(_value(r, name) is not None for r in runs):
-            cols.append(num(declared.title, name, declared.format))
+            cols.append(Column(declared.title, lambda g, name=name, kind=declared.format:
+                               diagnostic_mark(g, name, _cell(g.stat(name), kind, g.n)), name))
     if any(r.tested in ("no validation",) or r.value("steps") == 0 for r in runs):
         cols.append(Column("tested", lambda g: g.common(lambda r: "untrained" if r.value("steps") == 0 else r.tested)))
     cols.append(num("tokens/s", "tokens_per_s", "int"))
@@ -272,6 +273,37 @@ def columns(groups: Sequence[Group]) -> list[Column]:
     if any(r.code != "?" for r in runs):  # which nas-run made them (summary.json's code)
         cols.append(Column("code", lambda g: g.common(lambda r: r.code)))
     return cols
+
+
+#: the marks of a diagnostic's cell: computed on a derived quantity; undefined for the group's weights
+DERIVED_MARK, NOT_APPLICABLE = "‡", "n/a"
+
+
+def diagnostic_status(group: Group, name: str) -> tuple[str, str] | None:
+    """("not applicable" | "derived", why) for a diagnostic of some run of ``group`` (the first found), else None."""
+    found = [st for st in (r.diagnostic_status(name) for r in group.runs) if st]
+    return next((st for st in found if st[0] == "not applicable"), found[0] if found else None)
+
+
+def diagnostic_mark(group: Group, name: str, cell: str) -> str:
+    """A diagnostic's cell as shown: ``0.123 ‡`` when computed on row-normalized weights, ``n/a`` when undefined
+    for the group's weights (null, not 0); the caption says why (:func:`marks_legend`)."""
+    status = diagnostic_status(group, name)
+    if status is None:
+        return cell
+    return NOT_APPLICABLE if status[0] == "not applicable" and cell == "-" else f"{cell} {DERIVED_MARK}"
+
+
+def marks_legend(groups: Sequence[Group]) -> str | None:
+    """The caption's words for the marks the table's diagnostics carry, or None without any."""
+    kinds = {st[0]: st[1] for g in groups for name in reported([r for r in g.runs])
+             for st in [diagnostic_status(g, name)] if st}
+    parts = []
+    if "derived" in kinds:
+        parts.append(f"{DERIVED_MARK}: computed on {kinds['derived']}")
+    if "not applicable" in kinds:
+        parts.append(f"{NOT_APPLICABLE}: undefined for {kinds['not applicable'].split(':')[0]}")
+    return "; ".join(parts) or None
 
 
 def reported(runs: Sequence[Run]) -> dict:

@@ -2,6 +2,8 @@
 references (scipy, sacreBLEU's own PairedTest, a hand-computed Holm example), and the
 comparison end to end: a real sweep, then ``nas-report --baseline ... --format latex --pivot``."""
 import io
+import csv
+import io
 import json
 import sys
 import math
@@ -647,7 +649,7 @@ def test_a_metric_undefined_by_design_is_not_compared_and_the_rest_is(tmp_path):
     # it is not compared, and every other row is compared (the study page needs them); a metric missing for
     # another reason is refused with one line
     sweep = tmp_path / "sw"
-    proc = nas_run("-m", "debug=fast", "progress_bar=false", "logger=csv", "attention=unas,kernel_linear,kernel_rbf",
+    proc = nas_run("-m", "debug=fast", "progress_bar=false", "logger=csv", "attention=unas,kernel_linear,sigmoid",
                    "seed=1,2", "trainer.max_steps=6", "diagnostics.plots=never", f"hydra.sweep.dir={sweep}",
                    cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -656,7 +658,19 @@ def test_a_metric_undefined_by_design_is_not_compared_and_the_rest_is(tmp_path):
     rows = {(r["system"], r["metric"]): r for r in json.loads(out.stdout)["comparison"]["rows"]}
     linear = rows[("kernel_linear h4", "jsd")]
     assert linear["verdict"].startswith("not compared: jsd is undefined for these runs") and linear["p"] is None
-    assert rows[("kernel_rbf h4", "jsd")]["p"] is not None  # the other scheme is compared as before
+    assert rows[("sigmoid h4", "jsd")]["p"] is not None  # the other scheme is compared as before
+    # every table marks the diagnostics computed on a derived quantity and those undefined, and says why
+    text = report(sweep, "--baseline", "scheme=unas", "--no-item-tests", cwd=tmp_path).stdout
+    table = {line.split("│")[2].strip(): line for line in text.splitlines() if line.count("│") > 5}
+    assert "n/a" in table["kernel_linear"] and "‡" in table["sigmoid"] and "‡" not in table["unas (baseline)"]
+    assert "‡: computed on row-normalized weights" in " ".join(text.split())
+    assert "n/a: undefined for attention weights with negative entries" in " ".join(text.split())
+    groups = {g["scheme"]: g["metrics"] for g in json.loads(out.stdout)["runs"]["groups"]}
+    assert groups["sigmoid"]["jsd"]["derived"].startswith("row-normalized weights") and groups["sigmoid"]["jsd"]["n"] == 2
+    assert groups["kernel_linear"]["jsd"]["mean"] is None and "negative entries" in groups["kernel_linear"]["jsd"]["not_applicable"]
+    assert "derived" not in groups["unas"]["jsd"]
+    csv_rows = list(csv.DictReader(io.StringIO(report(sweep, "--format", "csv", cwd=tmp_path).stdout)))
+    assert {(r["scheme"], r["metric"]): r for r in csv_rows}[("sigmoid", "jsd")]["derived"].startswith("row-normalized")
     assert rows[("kernel_linear h4", "ppl")]["p"] is not None  # and the linear kernel on what it does have
     bad = report(sweep, "--baseline", "scheme=unas", "--metrics", "jsd:nowhere", cwd=tmp_path)
     assert bad.returncode != 0 and "has no such value" in bad.stderr and "Traceback" not in bad.stderr
