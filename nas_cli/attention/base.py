@@ -53,9 +53,11 @@ class AttentionOutput:
     #: the model copies the declaration here, and the diagnostics read it (nas_cli/diagnostics/metrics.py)
     rows_sum_to_one: bool = True
     nonnegative: bool = True
+    weight_max: float = 1.0
 
     def declared_by(self, core: "AttentionCore") -> "AttentionOutput":
         self.rows_sum_to_one, self.nonnegative = bool(core.rows_sum_to_one), bool(core.nonnegative)
+        self.weight_max = float(core.weight_max)
         return self
 
 
@@ -168,6 +170,11 @@ class AttentionCore(nn.Module):
     #: whose rows hold any mass in [0, 1]; stick-breaking without attend_to_self; differential, 1 - lambda).
     #: Diagnostics that assume a distribution read this (nas_cli/diagnostics/metrics.py), never a probe
     rows_sum_to_one: bool = True
+    #: the largest one weight can be: 1 for every packaged scheme (a softmax, a sigmoid, a stick's share);
+    #: ``math.inf`` for weights without a bound (ReLU attention without its 1/L scale). The contract checks each
+    #: weight and each row's mass (at most Sk x weight_max) against it; diagnostics that read a weight on an
+    #: absolute scale (the sink rate's threshold) use each row's shares of its mass where it exceeds 1
+    weight_max: float = 1.0
     #: defined for causal self-attention only (a decoder's or a language model's: forgetting, selective,
     #: stick-breaking attention); built anywhere else the core refuses in one line naming attention.decoder
     causal_self_only: bool = False

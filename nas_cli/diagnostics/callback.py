@@ -302,6 +302,8 @@ class DiagnosticsCallback(pl.Callback):
                 entry: dict[str, Any] = {"signed_weights": True} if e.get("signed_weights") else {}
                 if e.get("rows_sum_to_one") is False:
                     entry["rows_sum_to_one"] = False
+                if e.get("unbounded_weights"):
+                    entry["unbounded_weights"] = True
                 for m in self.metrics:
                     entry.update(m.layer_json(e))
                 entries.append(entry)

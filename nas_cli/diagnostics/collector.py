@@ -62,6 +62,7 @@ class AttentionDiagnostics:
             m.reset()
         self.signed: set[tuple[str, int]] = set()  # layers whose weights had negative entries
         self.unnormalized: set[tuple[str, int]] = set()  # layers whose scheme declares rows_sum_to_one = False
+        self.unbounded: set[tuple[str, int]] = set()  # layers whose scheme declares weight_max > 1
         self.seen: set[tuple[str, int]] = set()
 
     @torch.no_grad()
@@ -80,14 +81,17 @@ class AttentionDiagnostics:
                     self.signed.add(key)
                 if not getattr(res, "rows_sum_to_one", True):
                     self.unnormalized.add(key)
+                if getattr(res, "weight_max", 1.0) > 1:
+                    self.unbounded.add(key)
                 normalized = None
                 for m in self.metrics:
                     if not m.wants(loc) or (m.distributions_only and key in self.signed):
                         continue
                     given = w
-                    if m.distributions_only and key in self.unnormalized:
-                        if not m.row_normalized_ok:
-                            continue
+                    shares = (m.distributions_only and key in self.unnormalized) or (m.unit_scale and key in self.unbounded)
+                    if m.distributions_only and key in self.unnormalized and not m.row_normalized_ok:
+                        continue
+                    if shares:
                         if normalized is None:
                             normalized = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
                         given = normalized
@@ -104,6 +108,8 @@ class AttentionDiagnostics:
             entry: dict[str, Any] = {"signed_weights": True} if key in self.signed else {}
             if key in self.unnormalized:
                 entry["rows_sum_to_one"] = False
+            if key in self.unbounded:
+                entry["unbounded_weights"] = True
             for m, results in per_metric:
                 if key in results and not (key in self.signed and m.distributions_only):
                     entry.update(results[key])

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from nas_cli.diagnostics.collector import AttentionDiagnostics
-from nas_cli.diagnostics.metrics import ROW_NORMALIZED, SIGNED_NOTE, UNNORMALIZED_NOTE, LayerMetric, Reported
+from nas_cli.diagnostics.metrics import (ROW_NORMALIZED, ROW_SHARES, SIGNED_NOTE, UNNORMALIZED_NOTE, LayerMetric,
+                                         Reported)
 
 
 def location_scalars(layers: list[dict[str, Any]], metrics: list[LayerMetric] | None = None) -> dict[str, Any]:
@@ -18,6 +19,7 @@ def location_scalars(layers: list[dict[str, Any]], metrics: list[LayerMetric] | 
     out: dict[str, Any] = {"layers": len(layers)}
     signed = any(e.get("signed_weights") for e in layers)
     unnormalized = any(e.get("rows_sum_to_one") is False for e in layers)
+    unbounded = any(e.get("unbounded_weights") for e in layers)
     if signed:
         out["note"] = SIGNED_NOTE
     not_applicable, derived = {}, {}
@@ -29,6 +31,8 @@ def location_scalars(layers: list[dict[str, Any]], metrics: list[LayerMetric] | 
             out.update(m.location_scalars(layers))
             if m.distributions_only and unnormalized:
                 derived.update({r.name: ROW_NORMALIZED for r in m.reported})
+            elif m.unit_scale and unbounded:
+                derived.update({r.name: ROW_SHARES for r in m.reported})
     if not_applicable:
         out["not_applicable"] = not_applicable
     if derived:

@@ -55,6 +55,8 @@ UNNORMALIZED_NOTE = ("attention weights whose rows do not sum to 1 (e.g. attenti
                      "assumes probability distributions over keys and is undefined (null)")
 #: what a distribution metric with ``row_normalized_ok`` was computed on for such rows
 ROW_NORMALIZED = "row-normalized weights w_ij / sum_j' w_ij' (the scheme's rows do not sum to 1)"
+#: what a metric with ``unit_scale`` was computed on for weights without a bound of 1
+ROW_SHARES = "each row's shares of its mass w_ij / sum_j' w_ij' (the scheme's weights have no bound of 1)"
 
 Key = tuple[str, int]
 
@@ -129,6 +131,10 @@ class LayerMetric:
     #: a distribution metric that is defined on row-normalized weights when a scheme's nonnegative
     #: rows do not sum to 1 (the share of a query's attended mass); False: not applicable there
     row_normalized_ok: bool = False
+    #: reads a weight on an absolute scale (the sink rate's threshold): where a scheme declares weights without a
+    #: bound of 1 (``weight_max`` > 1, ReLU attention without its scale) it is given each row's shares of its
+    #: mass, w_ij / sum_j' w_ij', and the location lists it under ``derived``
+    unit_scale: bool = False
     #: the locations it applies to (None: all)
     locations: tuple[str, ...] | None = None
 

@@ -33,9 +33,11 @@ class SinkRate(_PerHeadMean):
     """Attention sinks (Gu et al. 2024, "When Attention Sink Emerges in Language Models"): a head is a
     sink head when its mean weight on the first key, over the real queries, exceeds ``threshold``
     (their 0.3). Per layer the 0/1 of each head; per location the share of heads (``sink_rate``).
-    Defined for any weights (a signed weight on the first key is still that weight)."""
+    Defined for any weights (a signed weight on the first key is still that weight); for weights without a
+    bound of 1 (a scheme's ``weight_max`` > 1) on each row's shares of its mass, said under ``derived``."""
 
     reported = (Reported("sink_rate", "sink rate", "pct"),)
+    unit_scale = True  # 0.3 of a weight without a bound means nothing: then 0.3 of the row's mass
 
     def __init__(self, threshold: float = 0.3, **options):
         self.threshold = float(threshold)

@@ -64,16 +64,21 @@ def run_summary(cfg: DictConfig, job, trainer: pl.Trainer, ckpt, module, task, t
     }
 
 
-def declared_weights(model) -> dict[str, dict[str, bool]]:
-    """{location: what its scheme declares of its weights} (``nonnegative``, ``rows_sum_to_one``)."""
+def declared_weights(model) -> dict[str, dict[str, bool | float | None]]:
+    """{location: what its scheme declares of its weights} (``nonnegative``, ``rows_sum_to_one``, ``weight_max``:
+    the bound of one weight, null for none)."""
+    import math
+
     from nas_cli.attention.base import AttentionCore
 
-    out: dict[str, dict[str, bool]] = {}
+    out: dict[str, dict] = {}
     for core in model.modules():
         if isinstance(core, AttentionCore):
-            seen = out.setdefault(core.location, {"nonnegative": True, "rows_sum_to_one": True})
+            seen = out.setdefault(core.location, {"nonnegative": True, "rows_sum_to_one": True, "weight_max": 1.0})
             seen["nonnegative"] &= bool(core.nonnegative)
             seen["rows_sum_to_one"] &= bool(core.rows_sum_to_one)
+            top = max(float(core.weight_max), seen["weight_max"] if seen["weight_max"] is not None else math.inf)
+            seen["weight_max"] = None if math.isinf(top) else top
     return out
 
 

@@ -461,3 +461,31 @@ def test_a_scheme_whose_rows_do_not_sum_to_one_passes_the_contract_and_says_what
     diag = _summary(run)["diagnostics"]["decoder"]
     assert "row-normalized" in diag["derived"]["jsd"] and 0 <= diag["sink_rate"] <= 1
     assert _summary(run)["weights"]["decoder"]["rows_sum_to_one"] is False
+
+
+def test_a_scheme_whose_weights_have_no_bound_declares_it_and_passes_the_contract(tmp_path):
+    """The guide's ReLU attention without its 1/L scale, from outside the package: declared ``weight_max =
+    math.inf`` it passes every check of nas-bench check-scheme; without the declaration the rows check fails
+    naming it; its run computes the sink rate on each row's shares of its mass and says so."""
+    source = _block("`my_relu.py`", "python")
+    (tmp_path / "my_relu.py").write_text(source)
+    (tmp_path / "my_conf" / "attention").mkdir(parents=True)
+    (tmp_path / "my_conf" / "attention" / "my_relu.yaml").write_text(_block("`my_conf/attention/my_relu.yaml`", "yaml"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    bench = str(Path(sys.executable).with_name("nas-bench"))
+    checked = run_command([bench, "check-scheme", "my_conf/attention/my_relu.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert checked.returncode == 0 and "FAILED" not in checked.stdout, checked.stdout + checked.stderr
+    (tmp_path / "my_relu.py").write_text(source.replace("    weight_max = math.inf", "    pass  #"))
+    refused = run_command([bench, "check-scheme", "my_conf/attention/my_relu.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert refused.returncode == 1 and "a weight above weight_max = 1 (declare" in refused.stdout, refused.stdout
+    (tmp_path / "my_relu.py").write_text(source)
+    run = tmp_path / "r"
+    proc = _nas_run(f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "attention=my_relu", "task=copy_lm",
+                    "debug=fast", f"hydra.run.dir={run}", cwd=tmp_path, env_extra={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = _summary(run)
+    assert summary["weights"]["decoder"]["weight_max"] is None
+    assert "shares of its mass" in summary["diagnostics"]["decoder"]["derived"]["sink_rate"]
+    assert 0 <= summary["diagnostics"]["decoder"]["sink_rate"] <= 1

@@ -318,3 +318,26 @@ def test_chunked_computation_is_identical():
     np.testing.assert_array_equal(sa.counts, sb.counts)
     np.testing.assert_array_equal(sa.min_margin, sb.min_margin)
     np.testing.assert_allclose(sa.entropy, sb.entropy, rtol=1e-14)
+
+
+def test_the_sink_rate_of_weights_without_a_bound_is_on_each_rows_shares_of_its_mass():
+    """A head whose first key holds 0.6 of a weight but 3% of its row's mass (the rest: 10 and 10) is a sink
+    head by the absolute threshold only: for a scheme that declares weights in [0, 1] the raw 0.6 counts
+    (sigmoid's first-key weight is a share of one), for one without a bound (weight_max = inf) the share."""
+    import math
+
+    from nas_cli.attention.base import AttentionOutput
+    from nas_cli.diagnostics.collector import AttentionDiagnostics
+    from nas_cli.diagnostics.locations import location_scalars
+    from nas_cli.diagnostics.sinks import RowMass, SinkRate
+
+    w = torch.tensor([0.6, 10.0, 10.0]).expand(1, 2, 3, 3).clone()  # (B, H, Sq, Sk)
+    out = {}
+    for top in (1.0, math.inf):
+        diag = AttentionDiagnostics(metrics=[SinkRate(), RowMass()])
+        res = AttentionOutput(torch.zeros(1, 2, 3, 4), w, rows_sum_to_one=False, weight_max=top)
+        diag.update({"decoder": [res]}, {})
+        out[top] = location_scalars(diag.compute()["decoder"], diag.metrics)
+    assert out[1.0]["sink_rate"] == 1.0 and "derived" not in out[1.0]
+    assert out[math.inf]["sink_rate"] == 0.0 and "shares of its mass" in out[math.inf]["derived"]["sink_rate"]
+    assert out[math.inf]["row_mass"] == pytest.approx(20.6)  # the row mass itself stays on the weights

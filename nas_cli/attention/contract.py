@@ -7,8 +7,9 @@ scheme's YAML in float64 at 4 heads and head size 8, with its own parameters set
 values, and follows the scheme's declared flags (:class:`~nas_cli.attention.base.AttentionCore`):
 
 * ``rows``: output and weight shapes; each query's weights sum to 1 unless the scheme declares
-  ``rows_sum_to_one = False`` (then each row's mass lies in [0, Sk] for nonnegative weights);
-  weights >= 0 unless it declares ``nonnegative = False``; the path without weights gives the
+  ``rows_sum_to_one = False`` (then each row's mass lies in [0, Sk x weight_max] for nonnegative weights);
+  weights >= 0 unless it declares ``nonnegative = False``, and at most its declared ``weight_max`` (1 unless
+  declared: ``math.inf`` for weights without a bound); the path without weights gives the
   same output; encoder and causal forms (the encoder form not for ``causal_self_only`` schemes);
 * ``cross``: the same with more keys than queries (cross-attention);
 * ``gradients``: q, k and v receive finite gradients (q and k none if ``qk_gradients = False``);
@@ -28,7 +29,8 @@ A failed check raises :class:`ContractError` naming what differs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -84,7 +86,8 @@ def with_input(core):
         x = torch.cat([q] * reps, -1)[..., :n] * 0.7 + 0.1
         return core(q, k, v, x=x, **kw)
 
-    for name in ("nonnegative", "rows_sum_to_one", "qk_gradients", "supports_causal", "causal_self_only"):
+    for name in ("nonnegative", "rows_sum_to_one", "weight_max", "qk_gradients", "supports_causal",
+                 "causal_self_only"):
         setattr(call, name, getattr(core, name))
     return call
 
@@ -106,10 +109,16 @@ def _require(ok, what: str) -> None:
 
 def _rows(weights, core, what: str) -> None:
     mass = weights.sum(-1)
+    top = float(core.weight_max)
+    if core.nonnegative:
+        _require((weights <= top + 1e-9).all(), f"a weight above weight_max = {top:g} (declare the bound of one "
+                 f"weight as weight_max, math.inf for none; largest here {float(weights.max()):.4g})")
     if core.rows_sum_to_one:
         _close(mass, torch.ones_like(mass), what + " (declare rows_sum_to_one = False if that is intended)")
     elif core.nonnegative:
-        _require((mass >= 0).all() and (mass <= weights.size(-1) + 1e-9).all(), "a row's mass outside [0, Sk]")
+        _require((mass >= 0).all() and (mass <= weights.size(-1) * top + 1e-9).all(),
+                 f"a row's mass outside [0, Sk x weight_max] (weight_max = {top:g}; declare the bound of one weight "
+                 "as weight_max, math.inf for none)")
 
 
 def check_rows(make: Callable, causal: bool) -> None:
@@ -209,7 +218,7 @@ def _in_cross(c) -> bool:
     return c.supports_causal and not c.causal_self_only
 
 
-CHECKS: dict[str, tuple[Callable, Callable]] = {
+CHECKS: Mapping[str, tuple[Callable, Callable]] = MappingProxyType({
     "rows": (_anywhere, lambda make: check_rows(make, False)),
     "rows_causal": (lambda c: c.supports_causal, lambda make: check_rows(make, True)),
     "cross": (_in_cross, check_cross),
@@ -220,7 +229,7 @@ CHECKS: dict[str, tuple[Callable, Callable]] = {
     "cross_padding": (_in_cross, check_cross_padding),
     **{f"causal_t{t}": (lambda c: c.supports_causal, lambda make, t=t: check_causal(make, t)) for t in (0, 3, 6)},
     "cross_causal": (_in_cross, check_cross_causal),
-}
+})
 
 
 def _probe(cfg, overrides):
