@@ -130,7 +130,7 @@ def _passkey(args, run_dir: Path, task, module, ckpts) -> dict:
 
     from nas_cli.infra.atomic import atomic_write_json
     from nas_cli.pipeline.lengths import draw_heatmap
-    from nas_cli.pipeline.passkey import passkey_grid
+    from nas_cli.pipeline.passkey import grid_metrics, passkey_grid
 
     trained = task.trained_length() or 256
     try:
@@ -142,15 +142,18 @@ def _passkey(args, run_dir: Path, task, module, ckpts) -> dict:
     if any(n < 32 for n in lengths) or args.passkey_samples < 1:
         raise UserError("--passkey-lengths must be at least 32 tokens each and --passkey-samples at least 1")
     grid = passkey_grid(module.model, task, lengths, samples=args.passkey_samples)
+    metrics, declared, per_probe = grid_metrics(grid)
     out = run_dir / "eval"
     out.mkdir(exist_ok=True)
     result = {"split": "test", "checkpoints": [str(p) for p in ckpts], "passkey": grid,
               "threads": torch.get_num_threads(), "decoding": None, "bleu_signature": None,
-              "metrics": {f"passkey@{n}/depth{int(d)}": grid["accuracy"][i][j]
-                          for i, n in enumerate(grid["lengths"]) for j, d in enumerate(grid["depths"])}}
+              "metrics": metrics, "declared": declared}
     picture = draw_heatmap(out / "passkey_heatmap.png", grid["lengths"], [f"{int(d)}" for d in grid["depths"]],
                            np.array(grid["accuracy"]).T, f"passkey retrieval: {run_dir.name}", "retrieved (%)")
-    result["files"] = [str(atomic_write_json(out / "passkey.json", {k: v for k, v in result.items()})), str(picture)]
+    items = atomic_write_json(out / "passkey.items.json", {"split": "test", "refs_sha256": grid["probes_sha256"],
+                                                           "passkey": per_probe}, indent=None)
+    result["files"] = [str(atomic_write_json(out / "passkey.json", {k: v for k, v in result.items()})), str(items),
+                       str(picture)]
     return result
 
 

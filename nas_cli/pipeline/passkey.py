@@ -47,21 +47,50 @@ def probes(task, length: int, depth: float, samples: int, rng) -> tuple[torch.Te
 
 @torch.no_grad()
 def passkey_grid(model, task, lengths, depths=DEPTHS, samples: int = 20, seed: int = 1) -> dict:
-    """{"lengths", "depths", "accuracy": [[share retrieved per depth] per length], "samples"}."""
+    """{"lengths", "depths", "accuracy": [[share retrieved per depth] per length], "retrieved": [[[0/1 per probe]
+    per depth] per length], "samples", "seed", "probes_sha256"}: the probes depend on the seed, the tokenizer and
+    the held-out text alone, so runs of one corpus and tokenizer are asked the same probes (their digest says so)."""
+    import hashlib
+
     if not hasattr(task, "tokenizer") or not hasattr(task, "streams") or "test" not in getattr(task, "streams", {}):
         raise UserError(f"--passkey asks a subword language model (task=subword_lm) of its held-out text; "
                         f"task '{getattr(task, 'name', '?')}' is not one (task=retrieval trains and tests the grid "
                         "itself)")
     model.eval()
     rng = np.random.default_rng(seed)
-    grid = []
+    grid, retrieved, digest = [], [], hashlib.sha256()
     for length in lengths:
-        row = []
+        row, hits = [], []
         for depth in depths:
             ids, k = probes(task, int(length), float(depth), samples, rng)
+            digest.update(ids.numpy().tobytes())
             logits, _ = model(ids[:, :-1])
             predicted = logits[:, -k:].argmax(-1)
-            row.append(float((predicted == ids[:, -k:]).all(dim=1).double().mean()))
+            got = (predicted == ids[:, -k:]).all(dim=1)
+            row.append(float(got.double().mean()))
+            hits.append([int(x) for x in got.tolist()])
         grid.append(row)
+        retrieved.append(hits)
     return {"lengths": [int(n) for n in lengths], "depths": [float(d) for d in depths], "samples": int(samples),
-            "seed": int(seed), "accuracy": grid}
+            "seed": int(seed), "accuracy": grid, "retrieved": retrieved, "probes_sha256": digest.hexdigest()}
+
+
+#: the metric names of the grid in an evaluation's record: test/passkey/<length> (the share over every depth)
+#: and test/passkey/<length>/depth<d>
+PASSKEY = "test/passkey/"
+
+
+def grid_metrics(grid: dict) -> tuple[dict[str, float], dict[str, list], dict[str, list[int]]]:
+    """The grid as an evaluation's metrics (each length's share over its depths, and each cell's), their
+    declarations for nas-report (title, higher is better, shown as a share) and each metric's per-probe 0/1 (what
+    nas-report's paired test-set detail reads)."""
+    metrics, declared, items = {}, {}, {}
+    for i, n in enumerate(grid["lengths"]):
+        every = [hit for cell in grid["retrieved"][i] for hit in cell]
+        metrics[f"{PASSKEY}{n}"], items[f"{PASSKEY}{n}"] = float(np.mean(every)), every
+        declared[f"{PASSKEY}{n}"] = [f"passkey @{n}", True, "pct"]
+        for j, d in enumerate(grid["depths"]):
+            key = f"{PASSKEY}{n}/depth{int(d)}"
+            metrics[key], items[key] = grid["accuracy"][i][j], grid["retrieved"][i][j]
+            declared[key] = [f"passkey @{n} depth {int(d)}%", True, "pct"]
+    return metrics, declared, items

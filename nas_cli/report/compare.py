@@ -25,7 +25,7 @@ from nas_cli.infra.rundir import ITEMS_FILE
 from nas_cli.report import stats
 from nas_cli.report.baselines import (Baselines, CompareError, coordinates, parse_selector,  # noqa: F401
                                       select_baseline, select_baselines)
-from nas_cli.report.families import holm, holm_over_buckets, holm_over_zero_shot
+from nas_cli.report.families import holm, holm_over_buckets, holm_over_evaluations
 from nas_cli.report import items as item_stats
 from nas_cli.report.collect import Run
 from nas_cli.report.table import Group, reported
@@ -182,7 +182,7 @@ def compare_groups(groups: Sequence[Group], baseline: Group | Baselines, metrics
             from nas_cli.report.equivalence import attach
 
             attach([r.comparison for r in found], equivalence[m])
-    return holm_over_zero_shot(holm_over_buckets(rows))
+    return holm_over_evaluations(holm_over_buckets(rows))
 
 
 def _other_evaluation(metric: str, group: Group, base: Group) -> bool:
@@ -278,14 +278,15 @@ def _checked_items(involved: Sequence[Run], metrics: Sequence[str]) -> dict[int,
     """Every run's per-item test outputs (None where a run has none: it gets no test-set
     detail); refused with one line when runs were tested on different test sets."""
     items = {id(r): load_items(r) for r in involved}
-    prints = {}
+    prints: dict = {}  # per evaluation: the trained runs' test set, each nas-eval result's own items
     for r in involved:
         if items[id(r)] is not None:
-            prints.setdefault(items[id(r)].get("refs_sha256"), []).append(str(r.path))
-    if len(prints) > 1:
-        a, b = list(prints.values())[:2]
-        raise CompareError(f"runs were tested on different test sets or references: {a[0]} and {b[0]} (reference "
-                           "fingerprints differ); compare runs of one test set")
+            prints.setdefault(r.variant, {}).setdefault(items[id(r)].get("refs_sha256"), []).append(str(r.path))
+    for found in prints.values():
+        if len(found) > 1:
+            a, b = list(found.values())[:2]
+            raise CompareError(f"runs were tested on different test sets or references: {a[0]} and {b[0]} "
+                               "(reference fingerprints differ); compare runs of one test set")
     return items
 
 

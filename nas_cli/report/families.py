@@ -35,10 +35,16 @@ def holm_over_buckets(rows: list) -> list:
 ZERO_SHOT = "test/zeroshot/"
 
 
-def holm_over_zero_shot(rows: list) -> list:
+#: passkey retrieval of nas-eval --passkey (``test/passkey/<length>[/depth<d>]``, nas_cli/pipeline/passkey.py)
+PASSKEY = "test/passkey/"
+
+
+def holm_over_evaluations(rows: list) -> list:
     """The zero-shot numbers compared are one family: their p-values are Holm-adjusted over every task, metric
-    and group at once (a scheme "better on some benchmark" is one question)."""
-    found = [r for r in rows if r.comparison.metric.startswith(ZERO_SHOT) and not r.comparison.undefined]
-    if len({r.comparison.metric for r in found}) > 1:
-        holm(found)
+    and group at once (a scheme "better on some benchmark" is one question). So are the passkey grid's numbers,
+    over every length, depth and group ("retrieves better somewhere" is one question)."""
+    for prefix in (ZERO_SHOT, PASSKEY):
+        found = [r for r in rows if r.comparison.metric.startswith(prefix) and not r.comparison.undefined]
+        if len({r.comparison.metric for r in found}) > 1:
+            holm(found)
     return rows

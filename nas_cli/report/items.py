@@ -168,13 +168,26 @@ def _zero_shot(name: str) -> Metric | None:
     return None
 
 
+#: passkey retrieval in a pretrained model's held-out text (nas-eval --passkey): test/passkey/<length>[/depth<d>]
+PASSKEY = "test/passkey/"
+
+
+def _passkey(name: str) -> Metric:
+    """A passkey share (per probe 0/1, retrieved or not: McNemar), read from ``items["passkey"][name]``."""
+    def hits(items: dict) -> np.ndarray:
+        x = np.asarray(items["passkey"][name], float)
+        return np.stack([x, np.ones(len(x))], 1)
+    return Metric(name, True, hits, _mean_score, _vmean, "mcnemar")
+
+
 @dataclass(frozen=True)
 class _Metrics(Mapping):
     """The metrics with per-item statistics: the fixed ones above and every zero-shot accuracy or perplexity
     (stateless: every lookup builds the zero-shot ones from their names)."""
 
     def __getitem__(self, name: str) -> Metric:
-        found = _FIXED.get(name) or (_zero_shot(name) if str(name).startswith(ZERO_SHOT) else None)
+        found = _FIXED.get(name) or (_zero_shot(name) if str(name).startswith(ZERO_SHOT) else
+                                     _passkey(name) if str(name).startswith(PASSKEY) else None)
         if found is None:
             raise KeyError(name)
         return found

@@ -154,6 +154,8 @@ def method_note(rows: Sequence[Row]) -> str:
                if any(r.comparison.metric.startswith("test/pos_loss_") for r in rows) else "")
             + (" (the zero-shot scores: over every task, metric and group at once, one family)"
                if any(r.comparison.metric.startswith("test/zeroshot/") for r in rows) else "")
+            + (" (passkey retrieval: over every length, depth and group at once, one family)"
+               if any(r.comparison.metric.startswith("test/passkey/") for r in rows) else "")
             + f". A verdict needs at least "
             f"{stats.MIN_SEEDS} seeds in both groups"
             + ("; below 6 seeds it rests on the t-test's assumption of roughly normal seed-level differences "

@@ -180,9 +180,17 @@ def test_bits_per_byte_and_loss_by_position_equal_a_plain_recomputation(tmp_path
     out = run_command([script("nas-eval"), str(run), "--passkey", "--passkey-lengths", "96,128",
                        "--passkey-samples", "2"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    grid = json.loads((run / "eval" / "passkey.json").read_text())["passkey"]
+    record = json.loads((run / "eval" / "passkey.json").read_text())
+    grid = record["passkey"]
     assert grid["lengths"] == [96, 128] and len(grid["accuracy"][0]) == 5
     assert (run / "eval" / "passkey_heatmap.png").is_file()
+    # nas-report's numbers: each length's share over its depths, each cell's, and the probes' 0/1 behind them
+    items = json.loads((run / "eval" / "passkey.items.json").read_text())
+    assert items["refs_sha256"] == grid["probes_sha256"]
+    for i, n in enumerate(grid["lengths"]):
+        assert record["metrics"][f"test/passkey/{n}"] == pytest.approx(np.mean(grid["accuracy"][i]))
+        assert items["passkey"][f"test/passkey/{n}/depth50"] == grid["retrieved"][i][2]
+        assert np.mean(items["passkey"][f"test/passkey/{n}/depth50"]) == grid["accuracy"][i][2]
 
 
 def test_passkey_probes_hold_the_needle_at_its_depth_and_the_key_at_the_end(tmp_path, monkeypatch):
