@@ -130,3 +130,17 @@ def load_benchmark(name: str):
     finally:
         sys.path.remove(str(folder))
     return mod
+
+
+def holm_adjusted(p) -> "np.ndarray":
+    """Holm's step-down adjusted p-values, written out (the reference nas-report's families are checked against):
+    sorted ascending, the k-th smallest times (m - k), never below the one before it, at most 1."""
+    import numpy as np
+
+    p = np.asarray(p, float)
+    order = np.argsort(p)
+    adj, running = np.empty(len(p)), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        adj[i] = running
+    return adj

@@ -10,20 +10,11 @@ import json
 import numpy as np
 import pytest
 import yaml
-from helpers import run_command, script
+from helpers import holm_adjusted, run_command, script
 
 from nas_cli.pipeline.passkey import grid_metrics
 
 LENGTHS, DEPTHS, SAMPLES = (128, 256), (0.0, 50.0, 100.0), 40
-
-
-def _holm(p):
-    order = np.argsort(p)
-    adj, running = np.empty(len(p)), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        adj[i] = running
-    return adj
 
 
 def _write_run(d, scheme, seed, rng, rate):
@@ -61,7 +52,7 @@ def test_passkey_verdicts_are_one_holm_family_with_mcnemar_per_seed(tmp_path):
     assert sorted(r["metric"] for r in rows) == sorted(
         [f"passkey/{n}" for n in LENGTHS] + [f"passkey/{n}/depth{int(d)}" for n in LENGTHS for d in DEPTHS])
     assert {r["baseline_group"] for r in rows} == {"unas h4 [eval:passkey]"} and all(r["seeds"] == [1, 2, 3] for r in rows)
-    assert [r["p_holm"] for r in rows] == pytest.approx(list(_holm(np.array([r["p"] for r in rows]))))
+    assert [r["p_holm"] for r in rows] == pytest.approx(list(holm_adjusted(np.array([r["p"] for r in rows]))))
     assert "passkey retrieval: over every length, depth and group at once" in doc["comparison"]["caption"]
     # a length's share is the mean over every probe of its depths, as the table shows it
     group = next(g for g in doc["runs"]["groups"] if g["scheme"] == "dnas" and g["metrics"].get("test/passkey/128"))

@@ -8,19 +8,9 @@ import json
 import numpy as np
 import pytest
 import yaml
-from helpers import run_command, script
+from helpers import holm_adjusted, run_command, script
 
 BUCKETS = ("0_1", "1_2", "2_4", "4_8")
-
-
-def _holm(p):
-    order = np.argsort(p)
-    adj = np.empty(len(p))
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        adj[i] = running
-    return adj
 
 
 def test_the_buckets_of_a_length_are_one_holm_family(tmp_path):
@@ -42,5 +32,5 @@ def test_the_buckets_of_a_length_are_one_holm_family(tmp_path):
     rows = doc["comparison"]["rows"]
     assert len(rows) == 2 * len(BUCKETS)
     p = np.array([r["p"] for r in rows])
-    assert [r["p_holm"] for r in rows] == pytest.approx(list(_holm(p)))
+    assert [r["p_holm"] for r in rows] == pytest.approx(list(holm_adjusted(p)))
     assert "over every bucket and group at once" in doc["comparison"]["caption"]

@@ -9,19 +9,10 @@ import json
 import numpy as np
 import pytest
 import yaml
-from helpers import run_command, script
+from helpers import holm_adjusted, run_command, script
 
 TASKS = {"piqa": 0.62, "boolq": 0.55}
 N_ITEMS = 200
-
-
-def _holm(p):
-    order = np.argsort(p)
-    adj, running = np.empty(len(p)), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        adj[i] = running
-    return adj
 
 
 def _write_run(d, scheme, seed, rng, shift):
@@ -62,7 +53,7 @@ def test_zero_shot_verdicts_are_one_holm_family_with_mcnemar_per_seed(tmp_path):
     assert {r["baseline_group"] for r in rows} == {"unas h4 [eval:lm_eval]"} and all(r["seeds"] == [1, 2, 3] for r in rows)
     assert {r["metric"] for r in rows} == {"zeroshot/piqa/acc", "zeroshot/boolq/acc"}
     p = np.array([r["p"] for r in rows])
-    assert [r["p_holm"] for r in rows] == pytest.approx(list(_holm(p)))
+    assert [r["p_holm"] for r in rows] == pytest.approx(list(holm_adjusted(p)))
     assert "over every task, metric and group at once" in doc["comparison"]["caption"]
     # the paired detail of seed 1, dnas against unas on piqa: McNemar's exact test on the discordant items
     detail = next(d for d in doc["test_set"]["rows"] if d["metric"] == "zeroshot/piqa/acc" and d["seed"] == 1
