@@ -51,15 +51,12 @@ from pytorch_lightning.utilities import rank_zero_warn
 from nas_cli.infra.atomic import atomic_write_json
 from nas_cli.attention.learned import learned_titles, learned_values
 from nas_cli.diagnostics.collector import AttentionDiagnostics, flatten_results, location_masks
-from nas_cli.diagnostics.explained_away import DEFAULT_EPS
+from nas_cli.diagnostics.explained_away import DEFAULT_EPS, LOG_FLOAT32_TINY
 from nas_cli.diagnostics.locations import location_scalars, reported_numbers
 from nas_cli.diagnostics.metrics import build_metrics
 from nas_cli.diagnostics.metrics import finite as _finite
 from nas_cli.diagnostics.metrics import finite_list as _finite_list
 from nas_cli.infra.options import PositiveInt
-
-#: log of the smallest positive float32: stands in for log 0 in logged scalars
-LOG_FLOAT32_TINY = math.log(float(np.finfo(np.float32).smallest_subnormal))
 
 __all__ = ["DiagnosticsCallback", "write_json_atomic"]
 

@@ -33,6 +33,17 @@ __all__ = [
 ]
 
 DEFAULT_EPS = 1e-8  # Ding et al.: epsilon-explained-away with epsilon = 1e-8
+#: log of float32's smallest subnormal: what a log mass of -inf (a key whose float32 weights all underflowed to 0)
+#: is written as, in JSON and to loggers (neither takes -inf); a null then always means "does not apply"
+LOG_FLOAT32_TINY = math.log(float(np.finfo(np.float32).smallest_subnormal))
+
+
+def log_floor(x) -> float | None:
+    """A log quantity for JSON: -inf as :data:`LOG_FLOAT32_TINY`, NaN (nothing measured) as None."""
+    x = float(x)
+    return None if math.isnan(x) else LOG_FLOAT32_TINY if x == -math.inf else x
+
+
 #: log-margin below which a key counts as violating m_j >= 1/Sk (float32 weights round)
 DEFAULT_BOUND_TOL = 1e-5
 
@@ -129,10 +140,14 @@ class ExplainedAwayStats:
         return -math.log(self.sk_max) if self.sk_max > 0 else float("nan")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly (lists, floats; -inf written as None)."""
+        """JSON-friendly (lists, floats; a log mass or margin of -inf written as the float32 floor
+        :data:`LOG_FLOAT32_TINY`, so that null means only "not applicable")."""
         def clean(a):
             a = np.asarray(a, dtype=float)
             return [None if not np.isfinite(v) else float(v) for v in a.ravel()]
+
+        def logs(a):
+            return [log_floor(v) for v in np.asarray(a, dtype=float).ravel()]
 
         return {
             "eps": self.eps,
@@ -140,8 +155,8 @@ class ExplainedAwayStats:
             "counts": np.asarray(self.counts).astype(int).tolist(),
             "n_keys": int(self.n_keys),
             "fraction_explained_away": clean(self.fraction_explained_away),
-            "min_log_mass": clean(self.min_log_mass),
-            "min_margin": clean(self.min_margin),
+            "min_log_mass": logs(self.min_log_mass),
+            "min_margin": logs(self.min_margin),
             "fraction_below_bound": clean(self.fraction_below_bound),
             "entropy": clean(self.entropy),
             "n_queries": int(self.n_queries),

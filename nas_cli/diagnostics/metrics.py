@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from nas_cli.diagnostics.explained_away import DEFAULT_EPS, ExplainedAwayAccumulator
+from nas_cli.diagnostics.explained_away import DEFAULT_EPS, ExplainedAwayAccumulator, log_floor
 from nas_cli.diagnostics.jsd import JSDAccumulator, mean_pair_jsd
 
 #: why a location's JSD / explained-away read null (diagnostics files; nas-report reads it: nas_cli/report/compare.py)
@@ -283,7 +283,7 @@ class ExplainedAway(LayerMetric):
         margin = [float(np.min(s.min_margin)) for s in ea]
         return {"explained_away_frac": mean_or_none(frac), "explained_away_frac_per_layer": frac,
                 "entropy_mean": mean_or_none(ent), "entropy_per_layer": ent,
-                "min_margin": finite(min(margin)), "min_margin_per_layer": [finite(m) for m in margin],
+                "min_margin": log_floor(min(margin)), "min_margin_per_layer": [log_floor(m) for m in margin],
                 "neg_log_sk": finite(min(s.neg_log_sk for s in ea))}
 
     report_section = ("Explained away: log sum_i pi_ij per key",

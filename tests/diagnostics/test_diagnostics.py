@@ -341,3 +341,29 @@ def test_the_sink_rate_of_weights_without_a_bound_is_on_each_rows_shares_of_its_
     assert out[1.0]["sink_rate"] == 1.0 and "derived" not in out[1.0]
     assert out[math.inf]["sink_rate"] == 0.0 and "shares of its mass" in out[math.inf]["derived"]["sink_rate"]
     assert out[math.inf]["row_mass"] == pytest.approx(20.6)  # the row mass itself stays on the weights
+
+
+def test_a_key_with_no_mass_has_the_float32_floor_as_its_margin_and_null_means_not_applicable():
+    """A key no query attends to (its float32 weights all 0) has log mass -inf: written as log of float32's
+    smallest subnormal in JSON, so that null is left to one meaning, a diagnostic that does not apply."""
+    import json
+    import math
+
+    from nas_cli.attention.base import AttentionOutput
+    from nas_cli.diagnostics.collector import AttentionDiagnostics
+    from nas_cli.diagnostics.explained_away import LOG_FLOAT32_TINY
+    from nas_cli.diagnostics.locations import location_scalars
+
+    w = torch.zeros(1, 2, 3, 3)
+    w[..., 0] = 1.0  # every query on the first key: keys 1 and 2 get nothing
+    diag = AttentionDiagnostics()
+    diag.update({"encoder": [AttentionOutput(torch.zeros(1, 2, 3, 4), w)]}, {})
+    layers = diag.compute()["encoder"]
+    scalars = location_scalars(layers, diag.metrics)
+    assert scalars["min_margin"] == LOG_FLOAT32_TINY == math.log(float(np.finfo(np.float32).smallest_subnormal))
+    assert layers[0]["explained_away"].to_dict()["min_margin"] == [LOG_FLOAT32_TINY] * 2
+    json.dumps(scalars, allow_nan=False)  # JSON holds it
+    signed = AttentionDiagnostics()
+    signed.update({"encoder": [AttentionOutput(torch.zeros(1, 2, 3, 4), w - 0.5, nonnegative=False)]}, {})
+    scalars = location_scalars(signed.compute()["encoder"], signed.metrics)
+    assert scalars["min_margin"] is None and "min_margin" in scalars["not_applicable"]
