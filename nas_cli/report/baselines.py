@@ -60,7 +60,7 @@ def coordinates(group: Group) -> dict[str, str]:
     """The values that place a group in a grid: the run fields, its --group-by fields and, for the
     default grouping, every config key of its setup."""
     run = group.runs[0]
-    out = {"task": run.task, "scheme": run.scheme, "heads": run.heads,
+    out = {"task": run.task, "scheme": run.scheme, "heads": run.heads, "variant": _variant(group),
            **{f"placement.{k}": v for k, v in run.placement.items()}, **group.fields}
     if group.key and group.key[0] == "config":
         out.update(dict(group.key[2]))
@@ -74,8 +74,11 @@ def select_baselines(groups: Sequence[Group], text: str) -> Baselines:
     of_kind: dict[str, Group] = {}
     if len(found) > 1 and "variant" not in selector:  # the trained runs, not their nas-eval results
         trained = [g for g in found if _variant(g) is None]
-        of_kind = _evaluation_baselines(found, groups) if len(trained) == 1 else {}
-        found = trained or found
+        if len(trained) == 1:
+            of_kind = _evaluation_baselines(found, groups)
+            found = trained
+        # several trained baselines (one per cell of a grid): their nas-eval results stay baselines too, each
+        # group matched with the baseline of its cell and its kind (the variant is one of the coordinates)
     if not found:
         labels = "; ".join(g.label for g in groups)
         raise CompareError(f"--baseline {text}: no group matches; the groups are: {labels}")

@@ -133,6 +133,8 @@ class Run:
         if isinstance(p, dict):
             return {k: str(v) for k, v in p.items()}
         att = self._cfg("attention", {}) or {}
+        if not isinstance(att, dict):  # a config written by hand: attention=<scheme> as a plain name
+            att = {"name": str(att)}
         name = att.get("name", "?")
         out = {loc: str(att.get(loc, name)) for loc in LOCATIONS}
         return {k: (name if v.startswith("${") else v) for k, v in out.items()}

@@ -15,11 +15,11 @@ TASKS = {"piqa": 0.62, "boolq": 0.55}
 N_ITEMS = 200
 
 
-def _write_run(d, scheme, seed, rng, shift):
+def _write_run(d, scheme, seed, rng, shift, heads=4):
     (d / ".hydra").mkdir(parents=True)
-    (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"attention": scheme, "seed": seed,
-                                                              "task": {"name": "subword_lm"}}))
-    (d / "summary.json").write_text(json.dumps({"task": "subword_lm", "scheme": scheme, "heads": 4, "seed": seed,
+    (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"attention": scheme, "seed": seed, "model": {
+        "heads": heads}, "task": {"name": "subword_lm"}}))
+    (d / "summary.json").write_text(json.dumps({"task": "subword_lm", "scheme": scheme, "heads": heads, "seed": seed,
                                                 "test": {"test/ppl": 100.0 + seed}}))
     items, metrics, declared = {}, {}, {}
     for task, p in TASKS.items():
@@ -63,3 +63,23 @@ def test_zero_shot_verdicts_are_one_holm_family_with_mcnemar_per_seed(tmp_path):
     only_b, only_a = int(((b == 1) & (a == 0)).sum()), int(((b == 0) & (a == 1)).sum())
     assert detail["p"] == pytest.approx(stats.binomtest(only_b, only_a + only_b, 0.5).pvalue)
     assert detail["difference"] == pytest.approx(b.mean() - a.mean())
+
+
+def test_in_a_grid_each_zero_shot_row_is_compared_with_the_baselines_row_of_its_cell(tmp_path):
+    """A grid over heads: --baseline scheme=unas matches a baseline per number of heads; the zero-shot rows are
+    compared with the baseline's zero-shot row at the same heads, the trained rows with the trained baseline."""
+    rng = np.random.default_rng(1)
+    for scheme, shift in (("unas", 0.0), ("dnas", 0.05)):
+        for heads in (2, 4):
+            for seed in (1, 2):
+                _write_run(tmp_path / f"{scheme}-{heads}-{seed}", scheme, seed, rng, shift, heads=heads)
+    out = run_command([script("nas-report"), str(tmp_path), "--baseline", "scheme=unas", "--format", "json"],
+                      cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["comparison"]["rows"]
+    pairs = {(r["system"], r["baseline_group"]) for r in rows}
+    assert pairs == {("dnas h2", "unas h2"), ("dnas h4", "unas h4"),
+                     ("dnas h2 [eval:lm_eval]", "unas h2 [eval:lm_eval]"),
+                     ("dnas h4 [eval:lm_eval]", "unas h4 [eval:lm_eval]")}
+    assert {r["metric"] for r in rows if "eval" in r["system"]} == {"zeroshot/piqa/acc", "zeroshot/boolq/acc"}
+    assert {r["metric"] for r in rows if "eval" not in r["system"]} == {"ppl"}
