@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import sys
 import time
 
@@ -99,9 +100,12 @@ def zero_shot(model, task, names: list[str], data_dir: str | None = None, limit:
 
 @contextlib.contextmanager
 def _quiet():
-    """lm-eval's run without its progress bars, prints and info logs (nas-eval prints the scores), and without
+    """lm-eval's run without its progress bars, prints and info logs (nas-eval prints the scores), without
     its ``git describe`` of the working directory (git's complaint outside a repository would reach the
-    terminal; the record names lm-eval's version instead)."""
+    terminal; the record names lm-eval's version instead), and with its bootstrap standard errors (LAMBADA's
+    perplexity) computed in this process (``DISABLE_MULTIPROC``): its process pool of one task per CPU can start
+    a worker while the pool is being shut down, which then waits for ever on the pool's lock and, outliving
+    nas-run, keeps its output pipes open (a caller reading them never returns)."""
     import io
     from unittest import mock
 
@@ -111,7 +115,8 @@ def _quiet():
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
             mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", lambda: None), \
-            mock.patch.object(lm_eval.loggers.utils, "get_git_commit_hash", lambda: None):
+            mock.patch.object(lm_eval.loggers.utils, "get_git_commit_hash", lambda: None), \
+            mock.patch.dict(os.environ, {"DISABLE_MULTIPROC": "1"}):
         yield
 
 

@@ -29,16 +29,16 @@ def test_each_scheme_trains_a_language_model_with_its_sink_rate(scheme, tmp_path
     assert 0 <= diag["sink_rate"] <= 1 and diag["row_mass"] is not None
     declared = s["weights"]["decoder"]
     if scheme == "differential":  # negative weights: the distribution diagnostics do not apply, said why
-        assert declared == {"nonnegative": False, "rows_sum_to_one": False}
+        assert declared == {"nonnegative": False, "rows_sum_to_one": False, "weight_max": 1.0}
         assert diag["jsd_mean"] is None and "negative entries" in diag["not_applicable"]["jsd"]
         w = read_run(run)["summary"]
         assert "negative entries" in w["diag/decoder/jsd/not_applicable"]
     elif scheme in ("sigmoid", "softpick"):  # nonnegative rows of any mass: JSD of the row-normalized weights
-        assert declared == {"nonnegative": True, "rows_sum_to_one": False}
+        assert declared == {"nonnegative": True, "rows_sum_to_one": False, "weight_max": 1.0}
         assert diag["jsd_mean"] is not None and "row-normalized" in diag["derived"]["jsd"]
         assert "not_applicable" not in diag
     else:
-        assert declared == {"nonnegative": True, "rows_sum_to_one": True}
+        assert declared == {"nonnegative": True, "rows_sum_to_one": True, "weight_max": 1.0}
         assert diag["jsd_mean"] is not None and "derived" not in diag and "not_applicable" not in diag
         assert abs(diag["row_mass"] - 1) < 1e-4
 

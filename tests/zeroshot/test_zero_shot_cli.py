@@ -37,18 +37,26 @@ def _train(tmp_path, corpus, *extra):
 
 
 def _own_process(argv, cwd, timeout=420) -> subprocess.CompletedProcess:
-    """``argv`` in a process started from the installed script (not forked from the tests' server), Python's
-    fault handler on: a command still running at ``timeout`` is sent SIGABRT, which prints every thread's
-    stack, and the test fails showing them."""
+    """``argv`` in a session of its own started from the installed script (not forked from the tests' server),
+    Python's fault handler on: a command whose output is still open at ``timeout`` is sent SIGABRT, which prints
+    every thread's stack, then its whole process group is killed (a child left behind holds the pipes too), and
+    the test fails showing the stacks."""
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", "NO_COLOR": "1"}
     env.pop("WANDB_MODE", None)
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGABRT)
-        out, err = proc.communicate()
-        pytest.fail(f"{argv[0]} still running after {timeout} s; its threads:\n{err[-6000:]}")
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        pytest.fail(f"{argv[0]} (exit {proc.returncode}) still had its output open after {timeout} s:\n{err[-6000:]}")
+
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
