@@ -3,9 +3,11 @@ language model from a local folder; an hf:// path that cannot be read is one lin
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import numpy as np
-from helpers import nas_run
+from helpers import NAS_RUN, nas_run
 
 WORDS = "the model reads a long text about rivers cities and music in many places over years".split()
 
@@ -34,8 +36,12 @@ def test_the_preset_trains_on_sample_files_of_fineweb_edus_form(tmp_path):
 
 
 def test_an_unreadable_hub_path_is_one_line(tmp_path):
-    proc = nas_run("experiment=fineweb_edu_cpu", "task.path=hf://datasets/nas-run-tests/no-such-dataset/a.parquet",
-                   "debug=fast", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=120)
+    # the hub offline, as on a machine without network (there the hub library's retries take some 20 s more);
+    # the installed script in a process of its own: the hub library reads HF_HUB_OFFLINE when it is imported
+    proc = subprocess.run([NAS_RUN, "experiment=fineweb_edu_cpu",
+                           "task.path=hf://datasets/nas-run-tests/no-such-dataset/a.parquet", "debug=fast",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=120, capture_output=True,
+                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"})
     assert proc.returncode == 2, proc.stderr
     assert "cannot read it from the Hugging Face hub" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "run" / "checkpoints").exists()
