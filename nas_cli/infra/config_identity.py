@@ -21,9 +21,11 @@ IGNORED_KEYS = ("seed", "tune", "tune_seeds", "progress_bar", "progress_lines", 
                 "diagnostics", "run_test", "checkpoint", "threads", "lm_eval")
 #: keys added after runs were made, left out at their default so that those runs keep their id; set, they
 #: split a group (smaller training batches train another model; with a batch limit, smaller evaluation
-#: batches score other items; other test lengths give other test metrics; the head settings of
-#: nas_cli/model/heads.py another model)
+#: batches score other items; other test lengths give other test metrics; a token budget another length of
+#: training; the wsd schedule's decay share another schedule; the head settings of nas_cli/model/heads.py
+#: another model)
 ADDED_DEFAULTS = MappingProxyType({"train_batch_items": None, "eval_batch_items": None, "eval_lengths": None,
+                                   "train_tokens": None, "optim.decay_fraction": 0.2,
                                    "model.kv_heads": None, "model.qk_norm": False, "model.rope_scaling": None})
 
 

@@ -144,3 +144,15 @@ def test_a_completed_run_refusal_names_only_keys_that_are_no_option(tmp_path):
     assert "that run is complete (20 steps" in str(err.value) and "no option" not in str(err.value)
     with pytest.raises(UserError, match=r"trainer\.max_stepz=40 is no option: did you mean trainer\.max_steps=40\?"):
         check_resumable(tmp_path, ["trainer.max_stepz=40"])
+
+
+def test_runs_made_before_an_option_existed_group_with_runs_that_have_it_at_its_default():
+    """A study's seeds made before optim.decay_fraction and train_tokens existed and after (with them at their
+    defaults) are one setup: nas-report does not split them into two groups; set otherwise, the option splits."""
+    from nas_cli.infra.config_identity import config_id, identity
+
+    before = {"seed": 1, "optim": {"lr": 0.01}, "model": {"d_model": 64}}
+    after = {"seed": 2, "optim": {"lr": 0.01, "decay_fraction": 0.2}, "model": {"d_model": 64}, "train_tokens": None}
+    assert identity(before) == identity(after) and config_id(before) == config_id(after)
+    other = {**after, "optim": {"lr": 0.01, "decay_fraction": 0.5}}
+    assert config_id(other) != config_id(before)
