@@ -3,7 +3,7 @@ scheme's core (nas_cli/model/transformer.py's MultiHeadAttention), so every sche
 
 * ``model.kv_heads``: grouped-query attention (Ainslie et al. 2023; multi-query with 1, Shazeer 2019): the keys
   and values have ``kv_heads`` heads, each shared by ``heads / kv_heads`` query heads (repeated for the core);
-  the decoding cache keeps them unrepeated, which is what GQA is for (``kv_cache_bytes_per_token``).
+  the decoding cache keeps them unrepeated, which is what GQA is for (``nas_cli.model.memory.kv_cache_bytes_per_token``).
 * ``model.qk_norm``: RMSNorm of each query and key head over its features, with a learned scale per feature,
   before rotary positions (as OLMo 2 and Gemma 3 place it).
 * ``model.rope_scaling``: rotary positions for contexts longer than the trained one
@@ -102,36 +102,3 @@ def expand(x: torch.Tensor, heads: int) -> torch.Tensor:
     (query head h reads key/value head h // (heads / kv_heads))."""
     kv = x.size(1)
     return x if kv == heads else x.repeat_interleave(heads // kv, dim=1)
-
-
-def _self_attention(model):
-    """The causal self-attention modules of nas-run's model (a language model's layers, a decoder's), or None."""
-    from nas_cli.model.transformer import MultiHeadAttention
-
-    blocks = getattr(model, "layers", None) or getattr(model, "decoder", None)
-    if not isinstance(blocks, torch.nn.ModuleList) or not all(
-            isinstance(getattr(b, "self_attn", None), MultiHeadAttention) for b in blocks):
-        return None
-    return [b.self_attn for b in blocks]
-
-
-def kv_cache_bytes_per_token(model) -> int | None:
-    """Bytes the decoding cache grows by per generated token: every causal self-attention layer's keys and values
-    (its key/value heads x head size x 2) at the parameters' element size, a recurrent mixer's layer none (its
-    state does not grow: :func:`recurrent_state_bytes`); None for a model without nas-run's attention modules
-    (model=hf_*)."""
-    found = _self_attention(model)
-    if found is None:
-        return None
-    size = next(model.parameters()).element_size()
-    return int(sum(2 * m.kv_heads * m.d_head * size for m in found if not m.core.recurrent))
-
-
-def recurrent_state_bytes(model) -> int | None:
-    """Bytes of the recurrent mixers' states per sequence (every layer whose core is one, at the parameters'
-    element size): the same at every length; None where no layer has one."""
-    found = [m for m in (_self_attention(model) or []) if m.core.recurrent]
-    if not found:
-        return None
-    size = next(model.parameters()).element_size()
-    return int(sum(m.core.state_numbers(m.d_head) * size for m in found))

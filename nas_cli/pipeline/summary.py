@@ -15,7 +15,7 @@ from nas_cli.infra.version import code_version
 from nas_cli.pipeline.lengths import declared_at_lengths, lengths_record, requested
 from nas_cli.pipeline.lit import count_parameters
 from nas_cli.pipeline.trainer import environment
-from nas_cli.model.heads import kv_cache_bytes_per_token, recurrent_state_bytes
+from nas_cli.model.memory import kv_cache_bytes_per_token, recurrent_state_bytes
 from tasks.scores import declaration
 
 

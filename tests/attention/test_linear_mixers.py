@@ -95,7 +95,7 @@ def test_decoding_keeps_the_state_and_only_the_newest_key(tmp_path):
     from omegaconf import OmegaConf
 
     from nas_cli.model.choices import CONF_DIR
-    from nas_cli.model.heads import kv_cache_bytes_per_token, recurrent_state_bytes
+    from nas_cli.model.memory import kv_cache_bytes_per_token, recurrent_state_bytes
     from nas_cli.model.plan import make_core_factory
     from nas_cli.model.transformer import Seq2SeqTransformer
 

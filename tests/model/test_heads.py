@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from helpers import build_core, nas_run
 from test_model import SIZES, factory, positions_for
 
-from nas_cli.model.heads import HeadSettings, RopeScaling, kv_cache_bytes_per_token
+from nas_cli.model.heads import HeadSettings, RopeScaling
+from nas_cli.model.memory import kv_cache_bytes_per_token
 from nas_cli.model.transformer import DecoderOnlyLM, MultiHeadAttention, Seq2SeqTransformer
 
 YARN = {"type": "yarn", "factor": 4.0, "original_max_len": 16}

@@ -37,9 +37,9 @@ def _train(tmp_path, corpus, *extra):
 
 
 def _own_process(argv, cwd, timeout=420) -> subprocess.CompletedProcess:
-    """``argv`` in a session of its own started from the installed script (not forked from the tests' server),
+    """``argv`` in a process group of its own (``start_new_session``), started from the installed script (not forked from the tests' server),
     Python's fault handler on: a command whose output is still open at ``timeout`` is sent SIGABRT, which prints
-    every thread's stack, then its whole process group is killed (a child left behind holds the pipes too), and
+    every thread's stack, then its whole group is killed (a child left behind holds the pipes too), and
     the test fails showing the stacks."""
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", "NO_COLOR": "1"}
     env.pop("WANDB_MODE", None)
