@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nas_cli.bench.calibration import verdicts
+from calibration import verdicts
 from nas_cli.bench.markdown import run_and_write, simulation_parser
 from nas_cli.report import robust
 from nas_cli.report import stopping as seq

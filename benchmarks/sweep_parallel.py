@@ -32,8 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.markdown import write_markdown  # noqa: E402
-from benchmarks.timing import timed_run  # noqa: E402
+from nas_cli.bench.markdown import write_markdown  # noqa: E402
+from nas_cli.bench.timing import timed_run  # noqa: E402
 
 NAS_RUN = shutil.which("nas-run") or str(Path(sys.executable).parent / "nas-run")
 GRID = ("attention=unas,dnas,hnas", "model.heads=4,8", "seed=1,2,3")

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from nas_cli.bench.markdown import run_and_write, simulation_parser
-from nas_cli.bench.tuning_calibration import CASES, simulate
+from tuning_calibration import CASES, simulate
 from nas_cli.report import stopping as seq
 
 ROOT = Path(__file__).resolve().parent.parent

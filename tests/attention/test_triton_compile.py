@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_benchmark
 
 triton = pytest.importorskip("triton", reason="pip install triton (the [test] extra has it)")
 
@@ -65,7 +66,7 @@ def test_every_kernel_compiles_for_hopper_and_its_bf16_products_use_the_tensor_c
 
 def test_the_compiled_kernels_page_regenerates_from_its_committed_rows():
     """docs/triton_compile.md is the tool's table of docs/triton_compile.json (the run it names)."""
-    from nas_cli.bench.triton_compile import markdown
+    markdown = load_benchmark("triton_compile").markdown
 
     assert os.environ.get("TRITON_INTERPRET") == "1"  # importing the tool left the interpreter on
     rows = json.loads((ROOT / "docs" / "triton_compile.json").read_text())

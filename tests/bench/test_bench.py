@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+from helpers import load_benchmark
 
 from nas_cli.bench import attention as bench_attention
 from nas_cli.bench import train as bench_train
@@ -211,7 +212,8 @@ def test_train_bad_options_exit_2_with_one_line_error(bad, capsys):
 def test_threads_bench_reports_medians_ranges_and_ratios_paired_by_round():
     """benchmarks/threads.py --repeats: each row the median of its runs with their range; the wall ratio
     of the default policy to threads=1 beside two busy processes is paired within a round."""
-    from nas_cli.bench.threads import reading, table
+    threads = load_benchmark("threads")
+    reading, table = threads.reading, threads.table
 
     def row(setting, busy, rnd, wall, cpu):
         return {"model": "tiny", "threads_setting": setting, "busy": busy, "threads_used": 1, "parameters": 10,
@@ -231,7 +233,7 @@ def test_threads_bench_reports_medians_ranges_and_ratios_paired_by_round():
 def test_adaptive_greedy_bench_checks_the_tokens_and_writes_its_table(tmp_path):
     """benchmarks/adaptive_greedy.py: a row per share of tail words (rising with the head's favour), both
     timings, the table in its own section of the markdown; it leaves torch's thread count as it found it."""
-    from nas_cli.bench import adaptive_greedy
+    adaptive_greedy = load_benchmark("adaptive_greedy")
 
     out_json, out_md = tmp_path / "bench.json", tmp_path / "benchmarks.md"
     threads = torch.get_num_threads()

@@ -6,7 +6,9 @@ import json
 import pytest
 
 from datafiles import write_lm
-from nas_cli.bench import eval_speed
+from helpers import load_benchmark
+
+eval_speed = load_benchmark("eval_speed")
 
 
 def test_both_sides_score_the_same_windows_and_the_table_gives_the_ratios(tmp_path):

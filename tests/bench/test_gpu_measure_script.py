@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_measure.sh"
@@ -65,12 +66,12 @@ def _check(argv: list[str]) -> str:
     if name in ("python", "python3") and args[0] == "-c":
         return "python -c"
     if name == "python" and args[0] == "benchmarks/triton_check.py":
-        from nas_cli.bench.triton_check import parse_args
+        parse_args = load_benchmark("triton_check").parse_args
 
         parse_args(args[1:])
         return "triton_check"
     if name == "python" and args[0] == "benchmarks/hf_step.py":
-        from nas_cli.bench.hf_step import make_parser
+        make_parser = load_benchmark("hf_step").make_parser
 
         make_parser().parse_args(args[1:])
         return "hf_step"

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import compose_cfg, nas_run
+from helpers import compose_cfg, load_benchmark, nas_run
 from omegaconf import OmegaConf
 
-from nas_cli.bench.debug_fast import documented_path, local_presets
 from nas_cli.infra.config_identity import config_id
 from nas_cli.infra.distributed import EpochBatches
 from tasks.batching import TokenBatchSampler
+
+debug_fast = load_benchmark("debug_fast")
+documented_path, local_presets = debug_fast.documented_path, debug_fast.local_presets
 
 RUNNABLE, SKIPPED = local_presets()
 

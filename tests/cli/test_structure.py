@@ -58,3 +58,22 @@ def test_no_module_over_400_lines_and_no_function_over_60():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
                 long_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert not long_modules and not long_functions, (long_modules, long_functions)
+
+
+def test_the_package_never_imports_the_benchmark_scripts():
+    """benchmarks/ holds scripts run from a checkout; they import the package (nas_cli.bench and the rest), and
+    nothing installed imports them back: no package module names benchmarks, and pyproject.toml maps no package
+    onto that folder."""
+    found = []
+    for folder in ("nas_cli", "tasks", "hydra_plugins"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "benchmarks"]
+    assert found == []
+    assert '"benchmarks"' not in (ROOT / "pyproject.toml").read_text()
+    for path in (ROOT / "benchmarks").glob("*.py"):  # what a script takes from nas_cli.bench is in the package
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nas_cli.bench."):
+                assert (ROOT / "nas_cli" / "bench" / f"{node.module.split('.')[2]}.py").is_file(), (path, node.module)

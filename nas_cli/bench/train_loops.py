@@ -1,4 +1,4 @@
-"""The timed loops of ``nas-bench train`` (benchmarks/train.py): nas-run's own loop (NasLitModule in a
+"""The timed loops of ``nas-bench train`` (nas_cli/bench/train.py): nas-run's own loop (NasLitModule in a
 Lightning Trainer) and the plain PyTorch reference loop, over the same synthetic batches, each
 reading a clock after every optimizer step."""
 from __future__ import annotations

@@ -20,6 +20,7 @@ import json
 import statistics
 import warnings
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
@@ -34,8 +35,8 @@ REFERENCE = "reference"
 IMPL_SUFFIXES = ("naive", "efficient", "auto", "flex", "triton")
 #: issue #6's targets, as time per token: (scheme, compared with, at most). They are stated
 #: for CPU training at Transformer-base sizes with sequence lengths 64-128 (TARGET_SETTING).
-TRAIN_TARGETS = {"unas": (REFERENCE, 1.05), "dnas": ("unas", 1.15), "hnas": ("unas", 1.25)}
-TARGET_SETTING = {"device": "cpu", "model": "base", "lengths": (64, 128)}
+TRAIN_TARGETS = MappingProxyType({"unas": (REFERENCE, 1.05), "dnas": ("unas", 1.15), "hnas": ("unas", 1.25)})
+TARGET_SETTING = MappingProxyType({"device": "cpu", "model": "base", "lengths": (64, 128)})
 TRAIN_PRECISIONS = ("32-true", "bf16-mixed")
 
 
@@ -265,7 +266,7 @@ def _train_runs(args, cfgs, tgt_lens) -> tuple[list[dict], dict]:
         "device_name": machine_name(device), "threads": torch.get_num_threads() if device.type == "cpu" else None,
         "torch": torch.__version__, "lightning": pl.__version__, "seed": args.seed, "parameters": params,
         "targets": {n: {"vs": vs, "max_time_ratio": t} for n, (vs, t) in TRAIN_TARGETS.items()},
-        "target_setting": TARGET_SETTING,
+        "target_setting": dict(TARGET_SETTING),
     }
     return results, config
 

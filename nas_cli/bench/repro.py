@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Sequence
+from types import MappingProxyType
 
 import numpy as np
 
 from nas_cli.diagnostics import mode_collapse as mc
 
-CASES = {"unbalanced": (500, 50), "balanced": (225, 225)}  # Figs. 6/9 and Fig. 8
+CASES = MappingProxyType({"unbalanced": (500, 50), "balanced": (225, 225)})  # Figs. 6/9 and Fig. 8
 
 
 def run_mode_collapse(out: str | Path, seed: int = 0, steps: int = 4, radius: float = 0.1,

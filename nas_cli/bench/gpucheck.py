@@ -30,11 +30,12 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
 #: max relative error (see module docstring) allowed per compute precision
-TOLERANCES = {"float32": 1e-4, "bf16": 4e-2, "fp16": 5e-3}
+TOLERANCES = MappingProxyType({"float32": 1e-4, "bf16": 4e-2, "fp16": 5e-3})
 #: (form name, location, causal, padded)
 FORMS = (("encoder", "encoder", False, False), ("encoder+pad", "encoder", False, True),
          ("prefix", "decoder", True, False), ("prefix+pad", "decoder", True, True), ("cross+pad", "cross", False, True))
@@ -318,7 +319,7 @@ def main(args) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("gpu-check", help="every scheme vs a float64 reference in float32/bf16/fp16, then training "
-                                         "steps of each task family (see benchmarks/gpucheck.py)")
+                                         "steps of each task family (see nas_cli/bench/gpucheck.py)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--dtypes", help="comma-separated: float32, bf16, fp16 (default: all on CUDA, float32,bf16 on CPU)")
     p.add_argument("--schemes", help="comma-separated scheme names (default: every conf/attention/*.yaml)")
