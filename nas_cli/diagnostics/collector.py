@@ -83,18 +83,20 @@ class AttentionDiagnostics:
                     self.unnormalized.add(key)
                 if getattr(res, "weight_max", 1.0) > 1:
                     self.unbounded.add(key)
-                normalized = None
+                shares: dict[bool, torch.Tensor] = {}  # row shares, of the mass (False) or absolute mass (True)
                 for m in self.metrics:
                     if not m.wants(loc) or (m.distributions_only and key in self.signed):
                         continue
-                    given = w
-                    shares = (m.distributions_only and key in self.unnormalized) or (m.unit_scale and key in self.unbounded)
                     if m.distributions_only and key in self.unnormalized and not m.row_normalized_ok:
                         continue
-                    if shares:
-                        if normalized is None:
-                            normalized = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
-                        given = normalized
+                    given = w
+                    absolute = m.unit_scale and key in self.signed
+                    if absolute or (m.distributions_only and key in self.unnormalized) or \
+                            (m.unit_scale and key in self.unbounded):
+                        if absolute not in shares:
+                            mass = w.abs() if absolute else w
+                            shares[absolute] = mass / mass.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+                        given = shares[absolute]
                     m.update(loc, i, given, q_mask, k_mask)
 
     def compute(self) -> dict[str, list[dict[str, Any]]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from nas_cli.diagnostics.collector import AttentionDiagnostics
-from nas_cli.diagnostics.metrics import (ROW_NORMALIZED, ROW_SHARES, SIGNED_NOTE, UNNORMALIZED_NOTE, LayerMetric,
+from nas_cli.diagnostics.metrics import (ABS_SHARES, ROW_NORMALIZED, ROW_SHARES, SIGNED_NOTE, UNNORMALIZED_NOTE, LayerMetric,
                                          Reported)
 
 
@@ -31,8 +31,8 @@ def location_scalars(layers: list[dict[str, Any]], metrics: list[LayerMetric] | 
             out.update(m.location_scalars(layers))
             if m.distributions_only and unnormalized:
                 derived.update({r.name: ROW_NORMALIZED for r in m.reported})
-            elif m.unit_scale and unbounded:
-                derived.update({r.name: ROW_SHARES for r in m.reported})
+            elif m.unit_scale and (signed or unbounded):
+                derived.update({r.name: ABS_SHARES if signed else ROW_SHARES for r in m.reported})
     if not_applicable:
         out["not_applicable"] = not_applicable
     if derived:

@@ -57,6 +57,9 @@ UNNORMALIZED_NOTE = ("attention weights whose rows do not sum to 1 (e.g. attenti
 ROW_NORMALIZED = "row-normalized weights w_ij / sum_j' w_ij' (the scheme's rows do not sum to 1)"
 #: what a metric with ``unit_scale`` was computed on for weights without a bound of 1
 ROW_SHARES = "each row's shares of its mass w_ij / sum_j' w_ij' (the scheme's weights have no bound of 1)"
+#: ... and for weights with negative entries, on which a threshold on the weight itself has no common scale
+ABS_SHARES = ("each row's shares of its absolute mass |w_ij| / sum_j' |w_ij'| (the scheme's weights have negative "
+              "entries)")
 
 Key = tuple[str, int]
 
@@ -133,7 +136,9 @@ class LayerMetric:
     row_normalized_ok: bool = False
     #: reads a weight on an absolute scale (the sink rate's threshold): where a scheme declares weights without a
     #: bound of 1 (``weight_max`` > 1, ReLU attention without its scale) it is given each row's shares of its
-    #: mass, w_ij / sum_j' w_ij', and the location lists it under ``derived``
+    #: mass, w_ij / sum_j' w_ij'; where weights have negative entries (differential attention, a linear
+    #: kernel), each row's shares of its absolute mass, |w_ij| / sum_j' |w_ij'|; the location lists either
+    #: under ``derived``
     unit_scale: bool = False
     #: the locations it applies to (None: all)
     locations: tuple[str, ...] | None = None

@@ -33,8 +33,10 @@ class SinkRate(_PerHeadMean):
     """Attention sinks (Gu et al. 2024, "When Attention Sink Emerges in Language Models"): a head is a
     sink head when its mean weight on the first key, over the real queries, exceeds ``threshold``
     (their 0.3). Per layer the 0/1 of each head; per location the share of heads (``sink_rate``).
-    Defined for any weights (a signed weight on the first key is still that weight); for weights without a
-    bound of 1 (a scheme's ``weight_max`` > 1) on each row's shares of its mass, said under ``derived``."""
+    Defined for any weights: for weights without a bound of 1 (a scheme's ``weight_max`` > 1) on each row's
+    shares of its mass, and for weights with negative entries (differential attention, a linear kernel) on
+    each row's shares of its absolute mass, so that 0.3 means the first key's share of what the row
+    attends; either is said under ``derived``."""
 
     reported = (Reported("sink_rate", "sink rate", "pct"),)
     unit_scale = True  # 0.3 of a weight without a bound means nothing: then 0.3 of the row's mass

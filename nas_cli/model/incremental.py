@@ -1,18 +1,17 @@
 """Incremental decoding of nas-run's Transformer: one new position at a time, each attention layer's keys and
-values (and its core's running state) kept in a cache; equal to running the decoder on the whole prefix."""
+values (and its core's running state) kept in a cache; equal to running the decoder on the whole prefix.
+
+The functions take the model's layers as they are (an attention layer with its projections and core, a
+block with its sublayers and norms) and do not import the model: transformer.py imports them."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
+from torch import nn
 
 from nas_cli.model.heads import expand
 
-if TYPE_CHECKING:
-    from nas_cli.model.transformer import Block, MultiHeadAttention
 
-
-def attention_step(mha: "MultiHeadAttention", x_q, memory, k_mask, cache: dict):
+def attention_step(mha: nn.Module, x_q, memory, k_mask, cache: dict):
     """One decoding step of ``mha`` for the newest position x_q (B, 1, C).
 
     Self-attention (``memory`` None): the new key/value is appended to ``cache``.
@@ -41,7 +40,7 @@ def attention_step(mha: "MultiHeadAttention", x_q, memory, k_mask, cache: dict):
     return mha.dropout(mha.out_proj(out.transpose(1, 2).reshape(b, 1, mha.heads * mha.d_head)))
 
 
-def can_step_of(mha: "MultiHeadAttention") -> bool:
+def can_step_of(mha: nn.Module) -> bool:
     core = mha.core
     return core.supports_step and not mha.input_positions and not core.uses_prev
 
@@ -57,7 +56,7 @@ def reorder_cache(cache, index: torch.Tensor):
     return cache
 
 
-def block_step(block: "Block", x, memory, memory_mask, cache: dict):
+def block_step(block: nn.Module, x, memory, memory_mask, cache: dict):
     """Block.forward for the newest position only, using and updating ``cache``."""
     sublayers = [lambda h: attention_step(block.self_attn, h, None, None, cache.setdefault("self", {}))]
     if block.cross_attn is not None:

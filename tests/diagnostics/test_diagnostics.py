@@ -367,3 +367,26 @@ def test_a_key_with_no_mass_has_the_float32_floor_as_its_margin_and_null_means_n
     signed.update({"encoder": [AttentionOutput(torch.zeros(1, 2, 3, 4), w - 0.5, nonnegative=False)]}, {})
     scalars = location_scalars(signed.compute()["encoder"], signed.metrics)
     assert scalars["min_margin"] is None and "min_margin" in scalars["not_applicable"]
+
+
+def test_the_sink_rate_of_signed_weights_is_on_each_rows_shares_of_its_absolute_mass():
+    """Differential attention's rows: the first key holds 0.35 of a row whose other weights are -0.5 and 0.8 (mass
+    0.65, absolute mass 1.65). Its share of the absolute mass, 0.35 / 1.65 = 0.21, is under the threshold: no sink,
+    where the raw 0.35 would have been one; a first key with -0.9 of 1.2 absolute mass (0.75) is a sink. Written
+    out here against the plain formula, with the reason under ``derived``."""
+    from nas_cli.attention.base import AttentionOutput
+    from nas_cli.diagnostics.collector import AttentionDiagnostics
+    from nas_cli.diagnostics.locations import location_scalars
+    from nas_cli.diagnostics.sinks import RowMass, SinkRate
+
+    rows = torch.tensor([[[0.35, -0.5, 0.8]] * 3, [[-0.9, 0.2, 0.1]] * 3])  # two heads, 3 queries, 3 keys
+    w = rows.unsqueeze(0)  # (B, H, Sq, Sk)
+    diag = AttentionDiagnostics(metrics=[SinkRate(), RowMass()])
+    diag.update({"decoder": [AttentionOutput(torch.zeros(1, 2, 3, 4), w, rows_sum_to_one=False, nonnegative=False)]}, {})
+    layer = diag.compute()["decoder"][0]
+    expected = (w[..., 0].abs() / w.abs().sum(-1)).mean(-1)[0].double()  # per head, over the queries
+    assert layer["first_key_weight"] == pytest.approx(expected.tolist())
+    assert list(layer["sink_rate"]) == [0.0, 1.0]
+    out = location_scalars(diag.compute()["decoder"], diag.metrics)
+    assert out["sink_rate"] == 0.5 and "absolute mass" in out["derived"]["sink_rate"]
+    assert out["row_mass"] == pytest.approx((0.65 + (-0.6)) / 2)  # the row mass itself stays on the weights
