@@ -19,7 +19,10 @@ evaluation (sd 0.1, validation and test apart). Three cases, each with "differen
 Protocols (the verdict: a two-sided paired t-test at 5% on the test numbers, over the verdict seeds):
 
 * ``shared``: the rate the baseline chose (on the verdict seeds) for both schemes (the untuned anchor);
-* ``same``: each scheme at its own rate, chosen on the verdict seeds (``nas-report --tune``'s default);
+* ``plain``: each scheme at its own rate, chosen on the verdict seeds, the verdict on the chosen runs' numbers
+  as they are;
+* ``same``: the same choice, the verdict's difference moved toward zero by the two choices' estimated lift
+  (:mod:`nas_cli.report.selection`; ``nas-report --tune``'s default);
 * ``held-1`` / ``held-2`` / ``held-3``: each scheme's rate chosen on 1, 2 or 3 separate tuning seeds
   (``tune_seeds=``), the verdict on the others.
 
@@ -37,12 +40,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
 from nas_cli.bench.markdown import run_and_write, simulation_parser
+from nas_cli.report.selection import optimism
 
 ROOT = Path(__file__).resolve().parent.parent
 RATES = (1e-4, 3e-4, 1e-3, 3e-3)  # the grid's values (only their order matters)
@@ -50,7 +55,7 @@ SEED_SD, RUN_SD, EVAL_SD = 0.3, 0.3, 0.1
 CURVATURE = 0.25
 CURVATURES = (0.1, 0.25, 0.5)  # the sensitivity of the default protocol to how sharply the rate matters
 SEEDS = (2, 3, 5)
-PROTOCOLS = ("shared", "same", "held-1", "held-2", "held-3")
+PROTOCOLS = ("shared", "plain", "same", "held-1", "held-2", "held-3")
 CASES = {1: "identical schemes", 2: "best rates one grid step apart",
          3: "identical, one tuned over 8 configurations, the other over 4",
          4: "equal at their best rates, one flat in the rate, the other sharply peaked"}
@@ -89,6 +94,12 @@ def _choose(val: np.ndarray, seeds: slice) -> np.ndarray:
     return val[:, seeds].mean(axis=1).argmax(axis=1)
 
 
+def _toward_zero(mean: np.ndarray, lift: np.ndarray) -> np.ndarray:
+    """The difference less the lift where the lift points its way, never past zero."""
+    same_way = np.sign(mean) == np.sign(lift)
+    return np.where(same_way, np.sign(mean) * np.maximum(np.abs(mean) - np.abs(lift), 0.0), mean)
+
+
 def formula_rate(case: int, protocol: str, n: int, sweeps: int, rng, curvature: float = CURVATURE) -> float:
     """The share of simulated sweeps called different, by the formulas (vectorized)."""
     (val_a, test_a), (val_b, test_b), tuning = simulate(case, protocol, n, sweeps, rng, curvature)
@@ -98,7 +109,10 @@ def formula_rate(case: int, protocol: str, n: int, sweeps: int, rng, curvature: 
     rows = np.arange(sweeps)[:, None]
     cols = np.arange(tuning, tuning + n)[None, :]
     diff = test_b[rows, cols, pick_b[:, None]] - test_a[rows, cols, pick_a[:, None]]
-    t = diff.mean(axis=1) / (diff.std(axis=1, ddof=1) / math.sqrt(n))
+    mean = diff.mean(axis=1)
+    if protocol == "same":  # the winner's-curse correction of nas_cli.report.selection, vectorized
+        mean = _toward_zero(mean, optimism(val_b, test_b, True) - optimism(val_a, test_a, True))
+    t = mean / (diff.std(axis=1, ddof=1) / math.sqrt(n))
     p = 2 * stats.t.sf(np.abs(t), n - 1)
     return float((p < ALPHA).mean())
 
@@ -140,6 +154,8 @@ def nas_report_rate(case: int, protocol: str, n: int, sweeps: int, rng) -> float
                 g.key = ("config", None, tuple((k, v) for k, v in g.key[2] if k not in ("optim.lr", "extra")))
         else:
             groups = tune(groups, ["optim.lr", "extra"], seeds[:tuning]).groups
+            for g in groups if protocol == "plain" else ():
+                g.selection = None
         rows = compare_groups(groups, select_baselines(groups, "scheme=a"), ["test/bleu"], item_tests=False)
         called += rows[0].comparison.direction() != 0
     return called / sweeps
@@ -148,7 +164,7 @@ def nas_report_rate(case: int, protocol: str, n: int, sweeps: int, rng) -> float
 def directory_rate(case: int, protocol: str, n: int, sweeps: int, rng) -> float | None:
     """The share of simulated sweeps called different by the ``nas-report`` command reading run directories
     (``--baseline scheme=a --tune optim.lr[,extra] [--tuning-seeds ...] --format json``); None for the
-    shared protocol, which is no option of nas-report's."""
+    shared and plain protocols, which are no options of nas-report's."""
     import contextlib
     import io
     import tempfile
@@ -157,7 +173,7 @@ def directory_rate(case: int, protocol: str, n: int, sweeps: int, rng) -> float 
 
     from nas_cli.commands.nas_report import main as nas_report
 
-    if protocol == "shared":
+    if protocol in ("shared", "plain"):
         return None
     (val_a, test_a), (val_b, test_b), tuning = simulate(case, protocol, n, sweeps, rng)
     _, _, k_a, k_b = _setup(case)
@@ -225,8 +241,10 @@ def table(result: dict) -> str:
              "built in memory); for case 4 also, after it, the same through the `nas-report` command reading "
              f"{_directory_sweeps(result):,} simulated sweeps written as run directories. Case 4's sharp scheme "
              f"loses {result.get('sharp', SHARP):g} one grid step off its best rate, the flat one nothing. "
-             "Protocols: shared = the baseline's chosen rate for both; same = each scheme's rate "
-             "chosen on the verdict seeds (the default); held-k = chosen on k separate tuning seeds.", "",
+             "Protocols: shared = the baseline's chosen rate for both; plain = each scheme's rate "
+             "chosen on the verdict seeds, the chosen runs' numbers as they are; same = that choice with the "
+             "estimated lift of each choice taken off the difference, toward zero (the default); held-k = chosen "
+             "on k separate tuning seeds.", "",
              "| case | protocol | 2 seeds | 3 seeds | 5 seeds |", "|---|---|---:|---:|---:|"]
     for case, words in result["cases"].items():
         for protocol in PROTOCOLS:
@@ -254,7 +272,7 @@ def main() -> None:
                    help="case 4: simulated sweeps per cell written as run directories and read by the nas-report command")
     args = p.parse_args()
     print(table(run_and_write(args, lambda: run(args.sweeps, args.report_sweeps, directory_sweeps=args.directory_sweeps),
-                              table, "python benchmarks/tuning_calibration.py")))
+                              table, " ".join(["python benchmarks/tuning_calibration.py", *sys.argv[1:]]))))
 
 
 if __name__ == "__main__":

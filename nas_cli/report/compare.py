@@ -248,9 +248,14 @@ def _over_seeds(metric: str, baseline: Group, group: Group) -> stats.Comparison:
     pairs = _pairs(baseline, group)
     if len(pairs) >= stats.MIN_SEEDS or (pairs and (baseline.n < 2 or group.n < 2)):
         values = _values(metric, [r for pair in pairs for r in pair])
-        return stats.compare_seeds(metric, values[0::2], values[1::2], [s.seed for _, s in pairs])
-    return stats.compare_unpaired(metric, _values(metric, baseline.runs), _values(metric, group.runs),
-                                  group.seeds)
+        c = stats.compare_seeds(metric, values[0::2], values[1::2], [s.seed for _, s in pairs])
+    else:
+        c = stats.compare_unpaired(metric, _values(metric, baseline.runs), _values(metric, group.runs), group.seeds)
+    if baseline.selection is not None or group.selection is not None:  # chosen on these seeds: the winner's curse
+        from nas_cli.report.selection import correct
+
+        correct(c, baseline.selection, group.selection)
+    return c
 
 
 def _item_level(metric: str, pairs, items, cache, samples: int, trials: int) -> list[item_stats.ItemComparison]:

@@ -165,6 +165,7 @@ class Comparison:
     without_outlier: tuple | None = None  # (difference, p) of the paired t-test without that seed
     signflip_p: float | None = None  # paired, from 6 seeds: the exact sign-flip test's p
     equivalence: object | None = None  # --equivalence: the TOST verdict (nas_cli.report.equivalence)
+    selection_shift: float | None = None  # tuned on the verdict seeds: the lift taken off diff (report.selection)
 
     @property
     def n(self) -> int:

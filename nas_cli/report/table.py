@@ -71,6 +71,7 @@ class Group:
     fields: dict[str, Any] = field(default_factory=dict)  # --group-by fields other than task, scheme, heads
     tuned: dict[str, Any] = field(default_factory=dict)  # a tuned cell's chosen values (nas_cli.report.tuning)
     origin: Group | None = None  # a tuned cell: the group of its chosen values, on every seed
+    selection: Any = None  # a cell chosen on the verdict seeds: its tuning.Cell (nas_cli.report.selection)
 
     @property
     def n(self) -> int:

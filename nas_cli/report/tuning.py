@@ -7,7 +7,8 @@ are *candidates*; each cell chooses the candidate with the best mean **validatio
 *selection seeds*, and the verdicts compare the chosen candidates on the **test** metrics. A
 test-set number never takes part in the choice.
 
-Protocols (``tune_seeds``): ``same seeds`` (default: the verdict seeds also choose; calibrated in
+Protocols (``tune_seeds``): ``same seeds`` (default: the verdict seeds also choose, and the verdicts take
+each choice's estimated lift off, :mod:`nas_cli.report.selection`; calibrated in
 benchmarks/tuning_calibration.py, docs/tuning.json) or ``held-apart seeds`` (the listed seeds only
 choose; the verdicts use the other seeds).
 """
@@ -82,8 +83,10 @@ class Tuning:
                     "verdicts")
         else:
             over = "over the verdict seeds"
+        lift = "" if self.tuning_seeds else (", less each choice's estimated lift (a bootstrap of the choice over "
+                                              "the seeds), toward zero")
         return (f"tuned ({self.protocol}): each scheme at its own {keys}, chosen per cell by {by} {over}; "
-                "the verdicts compare the test metrics at the chosen values")
+                f"the verdicts compare the test metrics at the chosen values{lift}")
 
 
 def grid_order(v):
@@ -209,7 +212,8 @@ def _as_chosen(cell: Cell, key: tuple, tuning_seeds: list[int]) -> Group:
     g = cell.chosen.group
     runs = [r for r in g.runs if r.seed not in tuning_seeds] if tuning_seeds else list(g.runs)
     return Group(runs=runs, key=key, repeats=list(g.repeats), fields=dict(g.fields),
-                 tuned={k: v for k, v in cell.chosen.values.items()}, origin=g)
+                 tuned={k: v for k, v in cell.chosen.values.items()}, origin=g,
+                 selection=None if tuning_seeds else cell)
 
 
 def parse_seeds(text: str | None) -> list[int]:

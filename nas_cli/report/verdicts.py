@@ -77,7 +77,8 @@ def verdict_records(rows: Sequence[Row]) -> list[dict]:
                     "outlier_seed": c.outlier["seed"] if c.outlier else None,
                     "outlier_p": c.outlier["p"] if c.outlier else None,
                     "p_without_outlier": c.without_outlier[1] if c.without_outlier else None,
-                    "p_signflip": c.signflip_p, **_equivalence_record(c.equivalence)})
+                    "p_signflip": c.signflip_p, "selection_shift": c.selection_shift,
+                    **_equivalence_record(c.equivalence)})
     return out
 
 

@@ -37,7 +37,7 @@ def readme_sweep(tmp_path_factory):
     proc = nas_run(*argv[1:], *SMALL, "hydra.sweep.dir=outputs/sweeps/grid", cwd=root, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "setup plugin" not in proc.stdout + proc.stderr  # no alembic noise from Hydra's plugin scan
-    assert re.search(r"┃ heads ┃ seed ┃", proc.stdout), proc.stdout[-2000:]  # issue #47: the seeds told apart
+    assert re.search(r"┃ heads ┃ seed ┃", proc.stdout), proc.stdout[-2000:]  # the seeds told apart
     # the sweep's terminal: what runs, one line per finished job, the table, the folder and how to compare
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     assert len(lines) <= 45, "\n".join(lines)

@@ -279,7 +279,7 @@ def test_report_against_a_baseline_as_latex_markdown_csv_and_json(compare_sweep,
     assert "Across seeds (the verdict)" in page and "On this test set, per trained model" in page
     assert md.returncode == 0 and "| dnas h4 | ppl |" in md.stdout and "BLEU" not in md.stdout.split("**across")[0]
     assert "**on this test set, per trained model" in md.stdout
-    # CSV (issue #46): one tidy table that pandas reads, numbers in numeric columns, equal to the JSON's
+    # CSV: one tidy table that pandas reads, numbers in numeric columns, equal to the JSON's
     import pandas as pd
 
     csv_out = report(compare_sweep, "--baseline", "scheme=unas", "--format", "csv", "--metrics", "ppl",
@@ -591,7 +591,7 @@ def test_method_note_names_each_metrics_test_once():
 
 
 def test_a_corrupt_summary_is_named_not_called_unfinished(compare_sweep, tmp_path):
-    """Issue #34 (5): a summary.json that is not JSON is reported as corrupt, with its path."""
+    """A summary.json that is not JSON is reported as corrupt, with its path."""
     import shutil
 
     copy = tmp_path / "copy"
