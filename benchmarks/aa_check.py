@@ -1,4 +1,4 @@
-"""The verdicts on trained runs: an A/A check and a 3-seed sweep (issue #35).
+"""The verdicts on trained runs: an A/A check and a 3-seed sweep.
 
 * **A/A**: one configuration (the sort task, UNAS) trained at 6 seeds, seeds 1-3 in one sweep
   directory and seeds 4-6 in another, compared as two pseudo-schemes with

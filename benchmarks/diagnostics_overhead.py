@@ -1,4 +1,4 @@
-"""Overhead of the attention diagnostics callback on training time (issue #4).
+"""Overhead of the attention diagnostics callback on training time.
 
 Trains the default job (reverse, UNAS, tiny model) with ``diagnostics.enabled=false`` and
 ``=true`` (same seed, same data), alternating off/on ``--repeats`` times, each run in its own

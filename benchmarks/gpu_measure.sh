@@ -50,7 +50,7 @@ if [ -n "${MULTI30K:-}" ]; then
         task.path="$MULTI30K" seed=1,2,3 attention=unas,dnas hydra/launcher=joblib hydra.launcher.n_jobs=6 \
         progress_bar=false hydra.sweep.dir="$out/multi30k_gpu" &
 fi
-# 0b. the Triton kernels of both forms (issue #48): values, gradients and determinism in float32, bf16
+# 0b. the Triton kernels of both forms: values, gradients and determinism in float32, bf16
 #     (tensor cores) and fp16 against float64 and SDPA's own error; then their time against SDPA, both
 #     forms, d_head 64 and 128, S up to 16k; and the Llama-style training step through Hugging Face
 #     The kernels compile (and their tiles are tuned) at the first call of each case, one compilation

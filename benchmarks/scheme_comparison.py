@@ -1,4 +1,4 @@
-"""Attention schemes side by side on Multi30k de->en (issue #5's benchmark; not a test).
+"""Attention schemes side by side on Multi30k de->en (a benchmark, not a test).
 
     python benchmarks/scheme_comparison.py                       # the nine schemes below
     python benchmarks/scheme_comparison.py --schemes unas,dnas   # a subset (merged into the results)

@@ -11,7 +11,7 @@ Training tokens/s (batch x (src len + tgt len) per optimizer step) of
 Each repeat is a fresh run of warm-up + timed steps (clock read after every optimizer
 step, synchronized on CUDA); repeats go round-robin over the loops, so a change in machine
 load affects them alike; tokens/s is the median over repeats. Ratios are time per token:
-nas-run UNAS / reference, every other scheme / nas-run UNAS, with issue #6's targets.
+nas-run UNAS / reference, every other scheme / nas-run UNAS, with the CPU targets below.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ TRAIN_MD_SECTION = "## End-to-end training (nas-bench train)"
 TRAIN_DEFAULT_SCHEMES = ("unas", "dnas", "hnas")
 REFERENCE = "reference"
 IMPL_SUFFIXES = ("naive", "efficient", "auto", "flex", "triton")
-#: issue #6's targets, as time per token: (scheme, compared with, at most). They are stated
+#: the CPU targets, as time per token: (scheme, compared with, at most). They are stated
 #: for CPU training at Transformer-base sizes with sequence lengths 64-128 (TARGET_SETTING).
 TRAIN_TARGETS = MappingProxyType({"unas": (REFERENCE, 1.05), "dnas": ("unas", 1.15), "hnas": ("unas", 1.25)})
 TARGET_SETTING = MappingProxyType({"device": "cpu", "model": "base", "lengths": (64, 128)})
@@ -147,7 +147,7 @@ def train_markdown_section(config: dict, results: list[dict]) -> str:
         f"nas-run = NasLitModule in a Lightning Trainer (no logger, progress bar or checkpoints); reference = "
         f"a plain PyTorch loop over `torch.nn.Transformer` with the same sizes, batches (same DataLoader), "
         f"Adam, schedule, label-smoothed cross entropy and clipping. time ratio = time per token / that of the "
-        f"`vs` loop. Targets (issue #6; {TARGET_SETTING['device'].upper()}, model `{TARGET_SETTING['model']}`, "
+        f"`vs` loop. Targets ({TARGET_SETTING['device'].upper()}, model `{TARGET_SETTING['model']}`, "
         f"lengths {lo}-{hi}): {targets}; `n/a` where this run is not that setting. "
         f"Command: `{config['command']}`",
         "",

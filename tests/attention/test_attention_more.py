@@ -1,4 +1,4 @@
-"""Parity and formula tests for the schemes of issue #5: Tsai et al.'s kernel smoothers
+"""Parity and formula tests for the schemes: Tsai et al.'s kernel smoothers
 (nas_cli/attention/kernel.py), CODA and its ablations (coda.py), additive attention
 (additive.py), and one small multirun of every new scheme through the real CLI."""
 import json

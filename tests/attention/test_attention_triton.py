@@ -79,7 +79,7 @@ def test_values_and_gradients_equal_the_float64_reference(case):
 def test_prefix_tiles_past_the_diagonal_take_the_carry_as_reference_and_stay_exact(causal, monkeypatch):
     """A tile whose keys all come before its first query (every tile off the diagonal in causal attention,
     every query block after the first in cross-attention) needs no causal test and takes each key's carry
-    as its reference (issue #48: no reduction down the tile's rows). Where a real key has no real query
+    as its reference (no reduction down the tile's rows). Where a real key has no real query
     before the tile (queries padded on the left, the key mask apart), its carry is empty and the column
     takes the exact log-space path. Values and q/k/v gradients equal the float64 formula. (Taking the
     carry where the tile holds a key's first real row is exact too, by that same path, only slower; the
@@ -102,7 +102,7 @@ def test_prefix_tiles_past_the_diagonal_take_the_carry_as_reference_and_stay_exa
 
 @pytest.mark.parametrize("causal, low_row", [(True, False), (False, False), (False, True)])
 def test_prefix_kernels_stay_exact_where_a_tile_spreads_beyond_the_linear_fast_path(causal, low_row, monkeypatch):
-    """The prefix normalizer's fast path sums exp(s - ref) in linear space (issue #48: one exponential and one
+    """The prefix normalizer's fast path sums exp(s - ref) in linear space (one exponential and one
     logarithm per score instead of a log-add-exp scan); a pair whose prefix sum would leave that range (a
     later row's score ~1000 above the column's reference, past float64's exp) takes the log-space scan.
     ``low_row``: an earlier query outscores the later ones by 1700 or more on every key (cross-attention),
@@ -149,7 +149,7 @@ def test_prefix_kernels_stay_exact_where_a_tile_spreads_beyond_the_linear_fast_p
 
 @pytest.mark.parametrize("scheme, causal", [("dnas", True), ("hnas", False)])
 def test_prefix_kernels_in_chunks_of_queries_equal_the_float64_formula(scheme, causal, monkeypatch):
-    """Long sequences run in chunks of queries (issue #48: memory linear in the length): the carries of one
+    """Long sequences run in chunks of queries (memory linear in the length): the carries of one
     chunk at a time, each chunk starting from the column log-sum-exps of the rows before it, and the
     backward rebuilding each chunk's carries, from the last chunk to the first. With chunks of 32 rows (2
     blocks of 16; lengths that are not multiples of either, padding): values and q/k/v (and u)
@@ -241,7 +241,7 @@ def test_dnas_and_hnas_cores_dispatch_to_triton_with_the_same_values():
         tri.eval(), ref.eval()
         import nas_cli.attention.triton_prefix as tp
 
-        calls, name = [], f"prefix_{scheme}_triton"  # HNAS: both parts from the same passes (issue #48, 3)
+        calls, name = [], f"prefix_{scheme}_triton"  # HNAS: both parts from the same passes
         real = getattr(tp, name)
         setattr(tp, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
         try:
@@ -255,7 +255,7 @@ def test_dnas_and_hnas_cores_dispatch_to_triton_with_the_same_values():
             gu = torch.autograd.grad(out.sum(), tri.u_logit)[0]
             gw = torch.autograd.grad(want.sum(), ref.u_logit)[0]
             torch.testing.assert_close(gu, gw, rtol=1e-10, atol=1e-12)
-        # the encoder form (full column sums) runs its own kernels (issue #48), same values
+        # the encoder form (full column sums) runs its own kernels, same values
         enc = build_core(scheme, heads=4, causal=False, location="encoder", impl="triton").double().eval()
         enc_ref = build_core(scheme, heads=4, causal=False, location="encoder", impl="naive").double().eval()
         if scheme == "hnas":
@@ -264,7 +264,7 @@ def test_dnas_and_hnas_cores_dispatch_to_triton_with_the_same_values():
                 enc_ref.u_logit.copy_(enc.u_logit)
         import nas_cli.attention.triton_encoder as te
 
-        kernel = f"encoder_{scheme}_triton"  # HNAS: both parts from the same passes (issue #48, 3)
+        kernel = f"encoder_{scheme}_triton"  # HNAS: both parts from the same passes
         calls, real_enc = [], getattr(te, kernel)
         setattr(te, kernel, lambda *a, **kw: calls.append(1) or real_enc(*a, **kw))
         try:
@@ -315,7 +315,7 @@ def test_impl_triton_for_every_location_passes_the_checks_and_names_the_chunked_
     assert len(said) == 1 and "Sinkhorn-k at decoder, cross (prefix-normalized) uses the chunked" in said[0]
     assert notes("attention.encoder=sinkhorn", "attention.encoder.impl=triton") == ()  # kernels: no note
     assert capsys.readouterr().err == ""  # the check itself prints nothing
-    # no atomics in either form's backward (issue #48): trainer.deterministic=true takes them
+    # no atomics in either form's backward: trainer.deterministic=true takes them
     check_config(compose_cfg("attention=dnas", "attention.impl=triton", "trainer.deterministic=true",
                              "trainer.accelerator=cpu"))
     from nas_cli.attention.dnas import auto_picks_fused
@@ -327,7 +327,7 @@ def test_impl_triton_for_every_location_passes_the_checks_and_names_the_chunked_
         torch.use_deterministic_algorithms(False)
 
 
-# ---- the encoder form (issue #48) ----------------------------------------------------------------
+# ---- the encoder form ----------------------------------------------------------------
 def _encoder_reference(q, k, v, qm, km):
     core = build_core("dnas", heads=q.size(1), causal=False, location="encoder", impl="naive").double()
     return AttentionCore.forward(core, q, k, v, qm, km).out
@@ -370,7 +370,7 @@ def test_encoder_kernels_equal_the_float64_reference(case, monkeypatch):
     (1, 2, 32, 48, 8, 8, True, 16, 16),   # multiples of the blocks (EVEN), padded
 ])
 def test_hnas_encoder_kernels_equal_the_float64_formula(case):
-    """HNAS's encoder form from one pass (issue #48, 3): u O_DNAS + (1 - u) O_softmax per head, values
+    """HNAS's encoder form from one pass: u O_DNAS + (1 - u) O_softmax per head, values
     and the gradients of q, k, v and u, against Ding et al.'s formula written out in float64."""
     from nas_cli.attention.base import masked_row_softmax
     from nas_cli.attention.doubly import doubly_normalized_logits
@@ -401,7 +401,7 @@ def test_hnas_encoder_kernels_equal_the_float64_formula(case):
     (2, 2, 29, 45, 8, 8, False, 32, 16),   # cross-attention: prefix over the queries, all keys
 ])
 def test_hnas_prefix_kernels_equal_the_float64_formula(case):
-    """HNAS's prefix form from one pass (issue #48, 3): u O_DNAS + (1 - u) O_softmax per head with the
+    """HNAS's prefix form from one pass: u O_DNAS + (1 - u) O_softmax per head with the
     prefix column normalizer, softmax attention under the same mask (causal where DNAS is); values
     and the gradients of q, k, v and u against the formula written out in float64."""
     from nas_cli.attention.base import masked_row_softmax
@@ -433,7 +433,7 @@ def test_hnas_prefix_kernels_equal_the_float64_formula(case):
     (1, 2, 32, 48, 8, 8, 2, True, 16, 16),   # multiples of the blocks (EVEN), padded
 ])
 def test_sinkhorn_encoder_kernels_equal_the_float64_reference(case):
-    """Sinkhorn-k's encoder form as 2k fused passes (issue #48, 3): values and q/k/v gradients against the
+    """Sinkhorn-k's encoder form as 2k fused passes: values and q/k/v gradients against the
     naive Sinkhorn core (k materialized column-row normalizations, autograd's backward) in float64,
     and the core dispatches to them with impl=triton."""
     from nas_cli.attention.triton_encoder import encoder_dnas_triton
@@ -520,7 +520,7 @@ def test_encoder_backward_is_deterministic_and_low_precision_is_within_sdpas_own
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas"])
 def test_prefix_backward_is_deterministic_and_low_precision_is_within_sdpas_own_error(scheme):
-    """The prefix form's dQ has its own pass (issue #48): two backward passes give the same bits;
+    """The prefix form's dQ has its own pass: two backward passes give the same bits;
     bf16/fp16 (tensor-core products) within 2x the error causal SDPA makes in the same dtype, values and
     q/k/v gradients. HNAS: u = 0.3 and 0.8 per head, both parts from the same passes."""
     import torch.nn.functional as F
@@ -565,7 +565,7 @@ def test_prefix_backward_is_deterministic_and_low_precision_is_within_sdpas_own_
 
 def test_autotuned_tiles_give_the_same_values_and_can_be_fixed(monkeypatch):
     """On a GPU the encoder kernels' tiles are autotuned (Triton's autotuner over the candidates of
-    nas_cli/attention/triton_tiles.py, issue #48). Here the autotuner runs under the interpreter with a
+    nas_cli/attention/triton_tiles.py). Here the autotuner runs under the interpreter with a
     CPU timer in place of the GPU's: every kernel of DNAS and Sinkhorn-2 picks a candidate of its
     table, and the values and gradients equal the float64 reference; NAS_TRITON_TILES=fixed turns it off.
     Each compile-time case and length bucket has its own key."""
@@ -615,7 +615,7 @@ def test_autotuned_tiles_give_the_same_values_and_can_be_fixed(monkeypatch):
 
 def test_prefix_tiles_are_tuned_jointly_for_all_passes_and_can_be_set(monkeypatch):
     """The prefix form's four passes share one BQ (the carry's layout), so on a GPU its tiles are tuned
-    jointly (issue #48): each candidate runs the whole forward and backward once and the fastest is kept per
+    jointly: each candidate runs the whole forward and backward once and the fastest is kept per
     case. Here with a CPU timer under the interpreter: DNAS and HNAS keep a candidate of the table, one per
     case, and the values and gradients equal the float64 reference with those tiles;
     NAS_TRITON_PREFIX_TILES sets them, and a malformed value is refused in one line that names it."""

@@ -1,4 +1,4 @@
-"""The Triton kernels (issue #48) compile for an NVIDIA Hopper GPU (sm_90: H100/H200) on this CPU-only
+"""The Triton kernels compile for an NVIDIA Hopper GPU (sm_90: H100/H200) on this CPU-only
 machine, and their bf16 products run on the tensor cores.
 
 The interpreter tests (test_attention_triton.py) check the kernels' arithmetic, not that compiled Triton

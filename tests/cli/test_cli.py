@@ -74,7 +74,7 @@ def test_bad_input_gives_one_clear_line(tmp_path, args, needle):
     assert needle in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert not (tmp_path / "run" / "summary.json").exists()
-    if "nan" not in needle:  # refused before training (issue #34, 8): no run directory left behind
+    if "nan" not in needle:  # refused before training: no run directory left behind
         assert not (tmp_path / "run").exists()
     # ... and with the default run directory, no folder under outputs/ either
     if args == ["model.heads=5"]:
@@ -115,7 +115,7 @@ def test_bad_trainer_option_refused_before_anything_starts(tmp_path, args, needl
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert needle in lines[-1] and lines[-1].startswith("nas-run: error:")
     assert "Traceback" not in proc.stderr + proc.stdout
-    assert not run.exists()  # nothing made (issue #34, 8)
+    assert not run.exists()  # nothing made
 
 
 def test_validation_interval_longer_than_an_epoch_is_one_line_naming_the_fix(tmp_path):

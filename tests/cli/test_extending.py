@@ -59,7 +59,7 @@ def test_a_new_scheme_is_one_python_file_and_one_yaml(tmp_path):
     summary = _summary(tmp_path / "b")
     assert summary["placement"] == {"encoder": "unas", "decoder": "unas", "cross": "uniform"}
     assert summary["scheme"] == "enc-unas_dec-unas_cross-uniform"
-    # the guard-rails reach the user's folder (issue #29, 3): a typo in the user scheme's name or in one of its
+    # the guard-rails reach the user's folder: a typo in the user scheme's name or in one of its
     # options is one line and exit 2, before anything is made
     for typo, words in [("attention=unifrom", "did you mean uniform?"),
                         ("attention._targte_=x", "did you mean attention._target_?")]:
@@ -149,7 +149,7 @@ def test_learned_values_are_logged_on_their_own_schedule(tmp_path):
 
 
 def test_a_user_runs_the_contract_checks_on_their_own_scheme(tmp_path):
-    """Issue #29 (3): the guide's `nas-bench check-scheme` on the guide's scheme passes; a scheme
+    """The guide's `nas-bench check-scheme` on the guide's scheme passes; a scheme
     that ignores the mask (sees the future and the padding) fails, naming the checks."""
     (tmp_path / "my_attention.py").write_text(_block("`my_attention.py`", "python") + (
         "\n\nclass Leaky(Uniform):\n    qk_gradients = True\n\n"

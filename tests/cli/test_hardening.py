@@ -167,7 +167,7 @@ def test_resume_refuses_fewer_steps_than_done_and_records_its_overrides(tmp_path
     line = one_line_error(nas_run(f"resume={run}", "trainer.max_steps=12", cwd=tmp_path))
     assert "trainer.max_steps=12 is below the 20 steps this run has already trained" in line
     assert not (run / "summary.json").exists()
-    # issue #34 (7): a refusal writes nothing (no failed.json, no resumes.yaml entry)
+    # a refusal writes nothing (no failed.json, no resumes.yaml entry)
     assert files() == before
     ok = nas_run(f"resume={run}", "trainer.max_steps=40", "+logger.api_key=sk-SECRET-1", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-3000:]
@@ -227,7 +227,7 @@ def test_a_finished_run_trains_longer_in_the_same_wandb_run(tmp_path):
     ev = run_command([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--set", "model.heads=2"],
                         capture_output=True, text=True, cwd=tmp_path)
     assert ev.returncode == 2 and "was trained with another configuration" in ev.stderr and "Traceback" not in ev.stderr
-    # a typo in --set is named as a typo, not blamed on another configuration (issue #34, 8)
+    # a typo in --set is named as a typo, not blamed on another configuration
     typo = run_command([str(Path(NAS_RUN).with_name("nas-eval")), str(run), "--set", "model.head=4"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert typo.returncode == 2 and "--set model.head: this run's config has no such key; did you mean model.heads?" \
@@ -276,7 +276,7 @@ def test_a_run_that_fails_before_training_is_marked_failed(tmp_path):
                          text=True, cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "1 failed, 0 unfinished" in report.stdout and "failed:" in report.stdout
-    import pandas as pd  # every CSV nas-report writes reads as a table (issue #46)
+    import pandas as pd  # every CSV nas-report writes reads as a table
 
     (row,) = pd.read_csv(tmp_path / "tables" / "unfinished.csv").to_dict("records")
     assert row["status"].startswith("failed: ") and "is not valid UTF-8" in row["status"]
@@ -449,7 +449,7 @@ def test_secrets_in_nested_quoted_and_list_overrides_never_reach_files(tmp_path)
     assert "user:me" in (run / ".hydra" / "overrides.yaml").read_text()  # only the secret part is masked
 
 
-# ---- resumable sweeps (issue #20) -------------------------------------------------------------
+# ---- resumable sweeps -------------------------------------------------------------
 def test_a_killed_sweep_launched_again_skips_finished_jobs_and_resumes_the_rest(tmp_path):
     sweep = tmp_path / "sweep"
     args = ("-m", *FAST, "trainer.max_steps=20,40", "checkpoint.last_every_n_steps=10", f"hydra.sweep.dir={sweep}")
@@ -467,7 +467,7 @@ def test_a_killed_sweep_launched_again_skips_finished_jobs_and_resumes_the_rest(
     other = nas_run("-m", *FAST, "trainer.max_steps=20,30", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert "holds a sweep of other overrides" in one_line_error(other)
 
-    # the same overrides typed in another order are the same sweep (issue #34, 8), also without a key that
+    # the same overrides typed in another order are the same sweep, also without a key that
     # changes only what is shown (progress_bar=false: the README's study command against the committed sweep)
     reordered = ("checkpoint.last_every_n_steps=10", "trainer.max_steps=20,40",
                  *[a for a in FAST if a != "progress_bar=false"], f"hydra.sweep.dir={sweep}", "-m")
@@ -489,7 +489,7 @@ def test_a_killed_sweep_launched_again_skips_finished_jobs_and_resumes_the_rest(
 
 
 def test_max_steps_lifts_the_epoch_limit_and_resuming_trains_exactly_the_steps_asked(tmp_path):
-    """Issue #34 (1): 640 examples at batch 64 are 10 steps an epoch, so the default 8 epochs end at
+    """640 examples at batch 64 are 10 steps an epoch, so the default 8 epochs end at
     80 steps; trainer.max_steps=100 must train 100, and resuming with max_steps=130 exactly 30 more."""
     run = tmp_path / "run"
     common = ("progress_bar=false", "logger=csv", "model=tiny", "task.train_size=640", "task.val_size=64",
@@ -514,7 +514,7 @@ def test_an_unwritable_run_directory_is_one_line(tmp_path):
 
 
 def test_checkpoint_rotation_deletes_only_its_own_files(tmp_path):
-    """Issue #34 (8): keep_last removed every step*.ckpt in the directory, a user's own too."""
+    """Keep_last removed every step*.ckpt in the directory, a user's own too."""
     run = tmp_path / "run"
     first = nas_run(*FAST, "trainer.max_steps=20", "checkpoint.every_n_steps=5", "checkpoint.keep_last=2",
                     f"hydra.run.dir={run}", cwd=tmp_path)
@@ -530,7 +530,7 @@ def test_checkpoint_rotation_deletes_only_its_own_files(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncated", "unsafe"])
 def test_resuming_to_the_test_with_an_unreadable_best_checkpoint_tests_the_final_weights(tmp_path, damage):
-    """Issue #34 (4): killed when the final test starts, then best.ckpt damaged: the resume tests the
+    """Killed when the final test starts, then best.ckpt damaged: the resume tests the
     final weights with one warning line (no traceback), and summary.json says which weights."""
     run = tmp_path / "run"
     proc = run_with_fault("kill@test", *FAST, "trainer.max_steps=20", f"hydra.run.dir={run}", cwd=tmp_path)
@@ -569,20 +569,20 @@ def small_disk(tmp_path):
 
 
 def test_a_full_disk_is_one_line_and_exit_2(small_disk, tmp_path):
-    """Issue #34 (2): on a full disk the message was built, then writing failed.json raised again
+    """On a full disk the message was built, then writing failed.json raised again
     (74 lines of traceback, 374 with W&B, exit 1). Now one line, exit 2, the checkpoint intact."""
     run = small_disk / "run"
     proc = nas_run("debug=fast", "trainer.max_steps=40", f"hydra.run.dir={run}", cwd=tmp_path)
     line = one_line_error(proc)
     assert "No space left on device" in line and f"nas-run resume={run}" in line
-    # one line, and before it the run's size, which a run that got under way says on purpose (issue #62)
+    # one line, and before it the run's size, which a run that got under way says on purpose
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 2 and lines[0] == "model: 234,944 parameters"
     assert torch.load(run / "checkpoints" / "best.ckpt", weights_only=True, map_location="cpu")["state_dict"]
 
 
 def test_a_half_written_first_checkpoint_is_cleaned_up_on_resume(tmp_path):
-    """Issue #34 (8): killed during the first last.ckpt write, the temp file stayed forever (the
+    """Killed during the first last.ckpt write, the temp file stayed forever (the
     clean-up ran only when some checkpoint could be resumed)."""
     run = tmp_path / "run"
     proc = run_with_fault("kill@step:3", *FAST, "trainer.max_steps=20", "checkpoint.last_every_n_steps=0",
@@ -655,7 +655,7 @@ class _Marker:
 
 
 def test_a_legacy_format_unsafe_checkpoint_is_refused_not_called_truncated(tmp_path):
-    """Issue #34 (8): torch's legacy (non-zip) format cannot be memory-mapped; the safe loader's refusal
+    """Torch's legacy (non-zip) format cannot be memory-mapped; the safe loader's refusal
     was reported as 'truncated'. Now it is refused as unsafe, nothing runs, and a safe legacy file loads."""
     from nas_cli.infra.resume import unreadable_reason, load_safe
 
@@ -671,7 +671,7 @@ def test_a_legacy_format_unsafe_checkpoint_is_refused_not_called_truncated(tmp_p
 
 
 def test_a_busy_sweep_directory_is_refused_before_continuing_is_said(tmp_path):
-    """Issue #34 (8): launching a sweep into a directory whose sweep is still running printed
+    """Launching a sweep into a directory whose sweep is still running printed
     'continuing the sweep' and then the lock error."""
     from nas_cli.infra.rundir import LOCK_NAME, _me
 

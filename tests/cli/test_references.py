@@ -1,4 +1,4 @@
-"""No dangling references (issue #29, 7): every file path, ``nas_cli`` module and config choice that
+"""No dangling references: every file path, ``nas_cli`` module and config choice that
 the code's comments and docstrings, the configs and the docs name exists. (A PAPERS.md under docs/ was cited
 in seven source files but never existed; ``task=copy`` was named but was not a choice.)"""
 import re

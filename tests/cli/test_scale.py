@@ -1,4 +1,4 @@
-"""Scale-out and fault tolerance (issue #7): DDP on CPU, launchers and sweepers, resume after
+"""Scale-out and fault tolerance: DDP on CPU, launchers and sweepers, resume after
 SIGKILL/SIGTERM, determinism, safe checkpoint loading, secrets. Real Lightning, real Hydra
 plugins, real W&B (offline); no cluster: SLURM stops at the sbatch file submitit would submit."""
 import json
@@ -128,7 +128,7 @@ def test_slurm_launcher_submits_what_the_config_says(tmp_path, monkeypatch):
         cpu = compose("config", return_hydra_config=True, overrides=["hydra/launcher=slurm", "trainer=cpu"])
         default = compose("config", return_hydra_config=True, overrides=["hydra/launcher=slurm"])
         one_gpu = compose("config", return_hydra_config=True, overrides=["hydra/launcher=slurm", "trainer=gpu"])
-    # issue #28 (1): the default trainer (accelerator auto) asks SLURM for no GPU; trainer=gpu for its devices
+    # the default trainer (accelerator auto) asks SLURM for no GPU; trainer=gpu for its devices
     assert default.hydra.launcher.gpus_per_node is None and default.hydra.launcher.tasks_per_node == 1
     assert one_gpu.hydra.launcher.gpus_per_node == 1
     launcher_cfg = cfg.hydra.launcher
@@ -156,7 +156,7 @@ def test_slurm_launcher_submits_what_the_config_says(tmp_path, monkeypatch):
 
 
 def test_joblib_and_optuna_sweeps_and_no_overwrite(tmp_path):
-    # joblib: two jobs in parallel worker processes, one W&B run each in one group; -m anywhere (issue #28, 3).
+    # joblib: two jobs in parallel worker processes, one W&B run each in one group; -m anywhere.
     # With DataLoader workers inside joblib's processes: every job failed on a 16-core machine, where
     # task.num_workers=auto starts workers (this 2-core one starts none)
     proc = nas_run(*TINY, "trainer.max_steps=6", "run_test=false", "hydra/launcher=joblib", "-m",
@@ -293,7 +293,7 @@ def test_sigterm_saves_last_checkpoint_and_exits_with_a_resume_hint(tmp_path):
     res = nas_run(f"resume={run}", cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["steps"] == 240
-    # issue #46: the resumed run continues metrics.csv: every row logged before the checkpoint it resumed
+    # the resumed run continues metrics.csv: every row logged before the checkpoint it resumed
     # from is still there, unchanged, and no metric has a step twice
     after = pd.read_csv(run / "csv" / "metrics.csv")
     assert "Previous log files" not in res.stderr
@@ -488,7 +488,7 @@ def test_secrets_never_reach_files(tmp_path):
     env_key = {"WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567"}
     os.environ.update(env_key)
     try:
-        # issue #34 (3): plural and compound names, and a secret inside another key's string value
+        # plural and compound names, and a secret inside another key's string value
         proc = nas_run(*TINY, "trainer.max_steps=4", f"+logger.api_key={secret}", f"+hf_token={secret}",
                        f"+logger.keys=[{secret},x]", f"+logger.authkey={secret}", f'logger.group="api_key={secret}"',
                        f"hydra.run.dir={run}", cwd=tmp_path)
@@ -634,7 +634,7 @@ def test_sigkill_in_a_later_epoch_then_resume_gives_bit_identical_weights(tmp_pa
 @pytest.mark.skipif(__import__("slurm_cluster").available(accounting=True) is None,
                     reason="a real SLURM cluster runs the same check: tests/cli/test_slurm.py")
 def test_a_job_the_scheduler_ends_fails_alone_and_the_same_command_finishes_it(tmp_path):
-    """Issue #28 (2): hydra-submitit-launcher waits with job.results(), which raised submitit's
+    """Hydra-submitit-launcher waits with job.results(), which raised submitit's
     UncompletedJobError for a job killed from outside (scancel, node failure, OOM): the sweep died
     in a traceback with no table and no failed.json. Here a real submitit (local executor) job is
     SIGKILLed mid-training: the other job's result is summarized, the killed one is a failed row
@@ -675,7 +675,7 @@ def test_a_job_the_scheduler_ends_fails_alone_and_the_same_command_finishes_it(t
 
 
 def test_an_optuna_sweep_with_a_storage_continues_its_study(tmp_path):
-    # issue #28 (5): the storage conf/sweep/optuna.yaml suggests works (optuna 2 with SQLAlchemy < 2), and the
+    # the storage conf/sweep/optuna.yaml suggests works (optuna 2 with SQLAlchemy < 2), and the
     # same command again adds trials to the stored study, in new job directories (none reused or skipped)
     import sqlite3
 
@@ -697,7 +697,7 @@ def test_an_optuna_sweep_with_a_storage_continues_its_study(tmp_path):
 
 
 def test_joblib_gives_each_sweep_job_its_own_gpu():
-    # issue #28 (3): job i of a joblib sweep gets GPU i mod G as its Lightning device list; CPU trainers and machines
+    # job i of a joblib sweep gets GPU i mod G as its Lightning device list; CPU trainers and machines
     # without GPUs are left alone; a job asking for several devices is refused with one line
     from nas_cli.errors import UserError
     from nas_cli.infra.launchers import joblib_gpu

@@ -1,4 +1,4 @@
-"""``seed=auto`` (issue #32): a real sequential sweep of tiny models through the joblib launcher,
+"""``seed=auto``: a real sequential sweep of tiny models through the joblib launcher,
 killed between rounds and continued by the same command; failed jobs are retried and never
 counted; bad options get one line."""
 import json
@@ -66,7 +66,7 @@ def test_sequential_sweep_continues_after_a_kill_and_runs_no_seed_twice(tmp_path
                          env={**env, "COLUMNS": "200"})
     assert rep.returncode == 0, rep.stderr[-2000:]
     assert "Group-sequential paired t-test" in rep.stdout and "attention=dnas" in rep.stdout
-    # ... and as a tidy CSV (issue #46): one row per look, numbers in numeric columns
+    # ... and as a tidy CSV: one row per look, numbers in numeric columns
     import pandas as pd
 
     tables = tmp_path / "tables"

@@ -1,4 +1,4 @@
-"""``hydra/launcher=slurm`` against a real SLURM cluster (issue #28): Debian's Slurm, one node on
+"""``hydra/launcher=slurm`` against a real SLURM cluster: Debian's Slurm, one node on
 this machine, with accounting (slurmdbd + MariaDB), started for these tests in a temporary
 directory (tests/slurm_cluster.py). Skipped, with the reason, where SLURM is not installed or
 the tests do not run as root; ``.ci/run`` installs it."""
@@ -56,8 +56,8 @@ def _nas_run(cluster, *args, cwd, timeout=400, wait=True):
 
 
 def test_a_sequential_sweep_runs_as_job_arrays_on_a_cpu_partition(cluster, tmp_path):
-    # the default trainer (accelerator auto) asks SLURM for no GPU: the CPU node takes the jobs (issue #28, 1);
-    # -m after other options (3); seed=auto launches its round as one job array (issue #32)
+    # the default trainer (accelerator auto) asks SLURM for no GPU: the CPU node takes the jobs;
+    # -m after other options (3); seed=auto launches its round as one job array
     proc = _nas_run(cluster, *TINY, "attention=unas,dnas", "hydra/launcher=slurm", "-m", "seed=auto",
                     "hydra.sweeper.max_seeds=2", "hydra.sweeper.metric=ppl", "hydra.sweep.dir=sw", "run_test=true",
                     cwd=tmp_path)
@@ -99,7 +99,7 @@ def test_a_job_the_scheduler_ends_fails_alone_and_the_same_command_finishes_it(c
     assert "ended by the scheduler" in failed["reason"] and "CANCELLED" in failed["reason"]
     assert list((tmp_path / "sw").glob("0_*/summary.json"))  # the other job finished and is in the table
     logs = "".join(p.read_text() for p in (tmp_path / "sw" / ".submitit").rglob("*_log.err"))
-    assert "Connection lost" not in logs, logs[-3000:]  # W&B closed before the job ended (issue #28, 4)
+    assert "Connection lost" not in logs, logs[-3000:]  # W&B closed before the job ended
     assert "failed" in out
     again = _nas_run(cluster, *args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -113,7 +113,7 @@ def two_nodes():
 
 
 def test_ddp_over_two_slurm_nodes(two_nodes, tmp_path):
-    # issue #28: DDP across nodes, ranks and world size from SLURM (one task per node, gloo on the CPU). The test
+    # DDP across nodes, ranks and world size from SLURM (one task per node, gloo on the CPU). The test
     # cluster's node names do not resolve, so the job sets the main node's address (hydra.launcher.setup)
     # 96 test examples: two batches of 64 and 32, one per process, unequal sizes
     proc = _nas_run(two_nodes, "debug=fast", "progress_bar=false", "trainer.max_steps=4", "trainer=ddp",
@@ -179,7 +179,7 @@ def _step(ckpt: Path) -> int:
 
 
 def test_preemption_requeues_resume_bit_identically_and_close_wandb_cleanly(cluster, tmp_path):
-    # issue #28: SIGUSR2 (what SLURM sends before a time limit, --signal=USR2@120: last.ckpt, submitit requeues),
+    # SIGUSR2 (what SLURM sends before a time limit, --signal=USR2@120: last.ckpt, submitit requeues),
     # then `scontrol requeue` (SIGTERM: last.ckpt, SLURM requeues): each time the job resumes from last.ckpt in the
     # same W&B run, and the final weights equal an uninterrupted run's bit for bit (deterministic mode). No W&B
     # traceback in the job's log (4), and the records logged before the first stop are in the first run file.

@@ -74,7 +74,7 @@ def test_unas_equals_sdpa_llama_with_grouped_query_attention(pad):
 
 
 def test_unas_is_the_librarys_sdpa_function_unless_the_weights_are_asked_for(monkeypatch):
-    """Issue #48 (4): UNAS through a Hugging Face model runs the library's own SDPA function (its masks,
+    """UNAS through a Hugging Face model runs the library's own SDPA function (its masks,
     FlashAttention where it applies): nas-run's core serves only calls that want the weights."""
     from transformers import LlamaForCausalLM
     from transformers.integrations import sdpa_attention
@@ -245,7 +245,7 @@ def test_cached_generation_equals_uncached(scheme):
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas", "sinkhorn", "unas", "kernel_rbf", "additive"])
 def test_a_cached_forward_never_steps_query_by_query(scheme, monkeypatch):
-    """Issue #48 (4): a forward with use_cache=True (Hugging Face's default call, training included) ran
+    """A forward with use_cache=True (Hugging Face's default call, training included) ran
     core.step once per query in every layer. Now it calls step never, and the state a continuation needs
     comes from one vectorized pass (core.prefill_state), equal to the query-by-query state."""
     from transformers import LlamaForCausalLM

@@ -1,4 +1,4 @@
-"""Speed switches of issue #6: ``trainer.precision=bf16-mixed`` and ``compile=...`` give the
+"""Speed switches: ``trainer.precision=bf16-mixed`` and ``compile=...`` give the
 loss of the float32 eager run at the first step (same seed, dropout off), and a compile
 problem stops the run with one line naming ``compile``."""
 import csv

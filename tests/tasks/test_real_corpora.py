@@ -1,4 +1,4 @@
-"""Corpora as researchers have them (issue #18): Moses-tokenized text with HTML entities,
+"""Corpora as researchers have them: Moses-tokenized text with HTML entities,
 validation subsets, loader workers, vocabulary size, empty outputs, no network."""
 from __future__ import annotations
 
