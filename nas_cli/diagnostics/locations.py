@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from nas_cli.diagnostics.collector import AttentionDiagnostics
-from nas_cli.diagnostics.metrics import (ABS_SHARES, ROW_NORMALIZED, ROW_SHARES, SIGNED_NOTE, UNNORMALIZED_NOTE, LayerMetric,
-                                         Reported)
+from nas_cli.diagnostics.metrics import LayerMetric, Reported
+from nas_cli.diagnostics.notes import ABS_SHARES, ROW_NORMALIZED, ROW_SHARES, SIGNED_NOTE, UNNORMALIZED_NOTE
 
 
 def location_scalars(layers: list[dict[str, Any]], metrics: list[LayerMetric] | None = None) -> dict[str, Any]:

@@ -20,10 +20,10 @@ What a metric declares, in its class:
   nas_cli/attention/base.py, carried by each AttentionOutput) decides what it is given: weights
   with negative entries (a linear kernel, differential attention) are not given to it, its
   reported numbers read None there, and the location says why (``not_applicable``, by reported
-  name, and :data:`SIGNED_NOTE`); nonnegative weights whose rows do not sum to 1 (sigmoid,
+  name, and the words of :mod:`.notes`); nonnegative weights whose rows do not sum to 1 (sigmoid,
   softpick, stick-breaking without attend-to-self) are given row-normalized, w_ij / sum_j' w_ij',
   when the metric sets ``row_normalized_ok`` (the location then lists it under ``derived``), and
-  are not applicable otherwise (:data:`UNNORMALIZED_NOTE`).
+  are not applicable otherwise.
 
 What it does, per analysed validation: ``reset()`` empties ``self.acc`` (its state per
 (location, layer)); ``update(location, layer, weights, q_mask, k_mask)`` sees each batch's
@@ -45,21 +45,6 @@ import torch
 
 from nas_cli.diagnostics.explained_away import DEFAULT_EPS, ExplainedAwayAccumulator, log_floor
 from nas_cli.diagnostics.jsd import JSDAccumulator, mean_pair_jsd
-
-#: why a location's JSD / explained-away read null (diagnostics files; nas-report reads it: nas_cli/report/compare.py)
-SIGNED_NOTE = ("attention weights with negative entries (e.g. attention.kernel=linear): JSD and explained-away "
-               "assume probability distributions over keys and are undefined (null)")
-
-#: why a distribution metric without ``row_normalized_ok`` reads null for rows that do not sum to 1
-UNNORMALIZED_NOTE = ("attention weights whose rows do not sum to 1 (e.g. attention=sigmoid): this diagnostic "
-                     "assumes probability distributions over keys and is undefined (null)")
-#: what a distribution metric with ``row_normalized_ok`` was computed on for such rows
-ROW_NORMALIZED = "row-normalized weights w_ij / sum_j' w_ij' (the scheme's rows do not sum to 1)"
-#: what a metric with ``unit_scale`` was computed on for weights without a bound of 1
-ROW_SHARES = "each row's shares of its mass w_ij / sum_j' w_ij' (the scheme's weights have no bound of 1)"
-#: ... and for weights with negative entries, on which a threshold on the weight itself has no common scale
-ABS_SHARES = ("each row's shares of its absolute mass |w_ij| / sum_j' |w_ij'| (the scheme's weights have negative "
-              "entries)")
 
 Key = tuple[str, int]
 

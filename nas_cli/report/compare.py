@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from nas_cli.diagnostics.metrics import SIGNED_NOTE
+from nas_cli.diagnostics.notes import SIGNED_NOTE
 from nas_cli.infra.rundir import ITEMS_FILE
 from nas_cli.report import stats
 from nas_cli.report.baselines import (Baselines, CompareError, coordinates, parse_selector,  # noqa: F401
