@@ -1,14 +1,16 @@
 """Calibration of ``seed=auto`` with ``tune=[optim.lr]``, by simulation: how often the sequential sweep calls
 two schemes different when, each at its own best learning rate, they are equal.
 
-The model and the three cases are tuning_calibration.py's (a grid of 4 rates; seed, run and evaluation
+The model and the four cases are tuning_calibration.py's (a grid of 4 rates; seed, run and evaluation
 noise; 1. identical schemes, 2. best rates one grid step apart, 3. identical, one tuned over 8
-configurations and the other over 4). The verdict is the sweep's own: the group-sequential paired t-test
+configurations and the other over 4, 4. equal at their best rates, one flat in the rate and one sharply
+peaked). The verdict is the sweep's own: the group-sequential paired t-test
 (nas_cli/report/stopping.py, O'Brien-Fleming-type spending, alpha 0.05) at looks min_seeds..max_seeds,
 stopping at the first look that decides. Two ways to choose each scheme's rate:
 
 * ``every look`` (what ``seed=auto`` does): at each look, the rate with the best mean validation over that
-  look's seeds; the look compares the chosen rates' test numbers;
+  look's seeds; the look compares the chosen rates' test numbers, less the two choices' estimated lift
+  (nas_cli/report/selection.py) toward zero;
 * ``first look, kept``: chosen once at the first look, then kept (a contrast: the choice then no longer
   sees the seeds that decide, as with held-apart tuning seeds).
 
@@ -27,8 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from nas_cli.bench.markdown import run_and_write, simulation_parser
-from tuning_calibration import CASES, simulate
+from tuning_calibration import CASES, simulate, _toward_zero
 from nas_cli.report import stopping as seq
+from nas_cli.report.selection import optimism
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGNS = ((2, 5), (2, 10), (3, 10))  # (min_seeds, max_seeds): the default is (2, 10)
@@ -52,10 +55,18 @@ def formula_rate(case: int, design: tuple[int, int], choice: str, sweeps: int, r
         cols = np.arange(n)[None, :]
         d = test_b[rows, cols, picks[1][:, None]] - test_a[rows, cols, picks[0][:, None]]
         mean, se = d.mean(axis=1), d.std(axis=1, ddof=1) / math.sqrt(n)
+        if choice == "every look":
+            mean = _toward_zero(mean, _lifts(val_b, test_b, n) - _lifts(val_a, test_a, n))
         decided = (mean - c[k] * se > 0) | (mean + c[k] * se < 0)
         called |= open_ & decided
         open_ &= ~decided
     return float(called.mean())
+
+
+def _lifts(val, test, n: int, block: int = 500) -> np.ndarray:
+    """Each sweep's optimism of the choice on its first ``n`` seeds (in blocks of sweeps: memory)."""
+    return np.concatenate([optimism(val[i:i + block, :n], test[i:i + block, :n], True)
+                           for i in range(0, len(val), block)])
 
 
 def sweeper_rate(case: int, design: tuple[int, int], sweeps: int, rng) -> float:

@@ -22,6 +22,7 @@ below 5% where the plain choice already did.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -33,9 +34,17 @@ EXACT_MAX = 20000
 RESAMPLES = 4000
 
 
+@functools.lru_cache(maxsize=32)
 def resample_weights(n: int) -> tuple[np.ndarray, np.ndarray]:
     """(counts, weights): each resample of ``n`` seeds as how often it takes each seed, (M, n), and its
-    probability under drawing ``n`` seeds with replacement, (M,)."""
+    probability under drawing ``n`` seeds with replacement, (M,); read-only (made once per ``n``)."""
+    counts, weights = _resample_weights(n)
+    counts.setflags(write=False)
+    weights.setflags(write=False)
+    return counts, weights
+
+
+def _resample_weights(n: int) -> tuple[np.ndarray, np.ndarray]:
     if math.comb(2 * n - 1, n) <= EXACT_MAX:
         counts = np.array(list(_compositions(n, n)), dtype=np.float64)
         ways = np.array([math.factorial(n) / math.prod(math.factorial(int(x)) for x in row) for row in counts])

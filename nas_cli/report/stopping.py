@@ -156,6 +156,7 @@ class Look:
     high: float
     alpha: float  # this comparison's share of alpha at this look (Holm)
     decision: str
+    shift: float = 0.0  # tuned cells: the choices' estimated lift taken off ``mean`` (nas_cli.report.selection)
 
 
 @dataclass
@@ -180,12 +181,15 @@ class Comparison:
         return self.last.n if self.last else 0
 
 
-def _look(d: np.ndarray, c: float, alpha: float, delta: float | None, final: bool) -> Look:
-    """Decide one comparison at one look from its ``n`` paired differences ``d``."""
+def _look(d: np.ndarray, c: float, alpha: float, delta: float | None, final: bool, lift: float = 0.0) -> Look:
+    """Decide one comparison at one look from its ``n`` paired differences ``d``; ``lift``: the tuned choices'
+    estimated lift (system's less baseline's), taken off the mean toward zero where it points the mean's way."""
     from scipy.stats import t as student
 
     n = len(d)
     mean = float(d.mean())
+    shift = math.copysign(min(abs(lift), abs(mean)), mean) if lift and mean and (lift > 0) == (mean > 0) else 0.0
+    mean -= shift
     sd = float(d.std(ddof=1))
     se = sd / math.sqrt(n)
     if sd > 0:
@@ -206,7 +210,7 @@ def _look(d: np.ndarray, c: float, alpha: float, delta: float | None, final: boo
         decision = EQUIVALENT
     else:
         decision = UNDECIDED if final else CONTINUE
-    return Look(n, mean, sd, t, c, low, high, alpha, decision)
+    return Look(n, mean, sd, t, c, low, high, alpha, decision, shift)
 
 
 @dataclass(frozen=True)
@@ -215,8 +219,9 @@ class Chosen:
     of the tuned options, in grid order, its validation and its test numbers in seed order. At a look at
     n seeds the cell is the candidate with the best mean validation number over those n seeds (a tie: the
     first in grid order), re-chosen at every look on the verdict's own seeds, and its test numbers are the
-    ones compared; the test numbers never take part in the choice. The calibration of this protocol is
-    ``python benchmarks/tuning_calibration.py`` (docs/tuning.json, ``sequential``)."""
+    ones compared, less the choice's estimated lift (:func:`_lift`); the test numbers never take part in the
+    choice. The calibration of this protocol is ``python benchmarks/tuning_sequential_calibration.py``
+    (docs/tuning_sequential.json)."""
 
     validation: tuple[tuple[float, ...], ...]
     test: tuple[tuple[float, ...], ...]
@@ -234,6 +239,18 @@ class Chosen:
 
     def first(self, n: int) -> tuple[float, ...]:
         return tuple(self.test[self.pick(n)][:n])
+
+
+def _lift(values: "Sequence[float] | Chosen", n: int) -> float:
+    """A tuned cell's estimated lift from choosing on the first ``n`` seeds (Harrell's optimism of the choice,
+    :func:`nas_cli.report.selection.optimism`); 0 for plain values."""
+    if not isinstance(values, Chosen) or n < 2:
+        return 0.0
+    from nas_cli.report.selection import optimism
+
+    val = np.array([v[:n] for v in values.validation], dtype=np.float64).T
+    test = np.array([t[:n] for t in values.test], dtype=np.float64).T
+    return optimism(val, test, values.higher_is_better)
 
 
 def _first(values: "Sequence[float] | Chosen", n: int) -> Sequence[float]:
@@ -260,6 +277,7 @@ def decide(pairs: dict[str, tuple[str, "Sequence[float] | Chosen", "Sequence[flo
             break  # the next round has not run (for every open comparison) yet
         final = k == len(design_looks) - 1
         pending = reached
+        lifts = {name: _lift(pairs[name][2], n) - _lift(pairs[name][1], n) for name in reached}
         while pending:  # Holm: a rejection raises the others' share, and they are looked at again
             share = alpha / (m - rejected)
             c = boundaries(design_looks, share, spending)[k]
@@ -267,7 +285,7 @@ def decide(pairs: dict[str, tuple[str, "Sequence[float] | Chosen", "Sequence[flo
             for name in pending:
                 _, b, s = pairs[name]
                 d = np.asarray(_first(s, n), dtype=np.float64) - np.asarray(_first(b, n), dtype=np.float64)
-                look = _look(d, c, share, delta, final)
+                look = _look(d, c, share, delta, final, lifts[name])
                 comp = out[name]
                 if comp.looks and comp.looks[-1].n == n:
                     comp.looks[-1] = look

@@ -29,7 +29,9 @@ def method_text(o: Options, tuned: list[str] | None = None) -> str:
             + (f"; a comparison whose interval lies within +-{o.delta:g} ends 'no difference larger than delta'"
                if o.delta is not None else "")
             + (f"; tune=[{','.join(tuned)}]: at every look each configuration takes the value with the best mean "
-               "validation number over that look's seeds, and its test numbers are compared" if tuned else "") + ".")
+               "validation number over that look's seeds, and its test numbers are compared, less the two "
+               "choices' estimated lift (a bootstrap of the choice over the look's seeds) toward zero" if tuned else "")
+            + ".")
 
 
 def table_rows(rec: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

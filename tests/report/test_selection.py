@@ -107,3 +107,28 @@ def test_the_shift_never_crosses_zero(tmp_path):
     assert _brute(v, t, True) > d.mean() > 0
     assert row["difference"] == pytest.approx(0.0, abs=1e-12) and row["p"] == pytest.approx(1.0)
     assert row["selection_shift"] == pytest.approx(d.mean()) and row["direction"] == 0
+
+
+def test_seed_auto_takes_each_looks_lift_off_toward_zero():
+    """seed=auto with tune=[...] re-chooses at every look (nas_cli/report/stopping.py's Chosen): each look's mean
+    difference is the chosen runs' less the two choices' lift on that look's seeds, written out here."""
+    from nas_cli.report import stopping
+
+    def chosen(scheme, test):
+        lrs = (0.001, 0.002)
+        return stopping.Chosen(tuple(tuple(VAL[(scheme, lr)]) for lr in lrs), tuple(tuple(test[(scheme, lr)]) for lr in lrs),
+                               True)
+
+    state = stopping.decide({"dnas": ("unas", chosen("unas", TEST), chosen("dnas", TEST))}, (2, 3), 0.05)
+    for look in state["dnas"].looks:
+        n = look.n
+        d = np.array(TEST[("dnas", 0.001)][:n]) - np.array(TEST[("unas", 0.001)][:n])
+
+        def arrays(scheme):
+            return ([[VAL[(scheme, lr)][i] for lr in (0.001, 0.002)] for i in range(n)],
+                    [[TEST[(scheme, lr)][i] for lr in (0.001, 0.002)] for i in range(n)])
+
+        lift = _brute(*arrays("dnas"), True) - _brute(*arrays("unas"), True)
+        shift = min(lift, d.mean()) if lift > 0 and d.mean() > 0 else 0.0
+        assert look.shift == pytest.approx(shift, abs=1e-12)
+        assert look.mean == pytest.approx(d.mean() - shift)

@@ -33,8 +33,9 @@ def test_each_look_compares_the_candidates_the_validation_means_choose_there():
             pick_b = int(np.argmax(np.mean(np.array(base.validation)[:, :n], axis=1)))
             pick_s = int(np.argmax(np.mean(np.array(system.validation)[:, :n], axis=1)))
             d = np.array(system.test[pick_s][:n]) - np.array(base.test[pick_b][:n])
-            assert look.mean == pytest.approx(d.mean())
-            assert look.t == pytest.approx(sps.ttest_1samp(d, 0.0).statistic)
+            assert look.mean + look.shift == pytest.approx(d.mean())  # less the choices' lift (test_selection.py)
+            assert abs(look.mean) <= abs(d.mean()) and look.shift * d.mean() >= 0  # toward zero, never past it
+            assert look.t == pytest.approx(look.mean / (d.std(ddof=1) / np.sqrt(n)))
 
 
 def test_a_lower_is_better_validation_chooses_its_smallest_mean_and_ties_take_the_first():
