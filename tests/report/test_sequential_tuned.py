@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats as sps
 
 from nas_cli.report import stopping as seq
 from nas_cli.sweeps.design import Options, cells, grid, job_number, pair_up, parse_baseline
