@@ -25,6 +25,8 @@ HEADS_SWEEPS = ("multi30k", "multi30k_heads")
 TUNED_SWEEPS = ("multi30k", "multi30k_tuned")
 ADDITIVE_SWEEPS = ("multi30k_additive",)
 LM_SWEEPS = ("wikitext2",)
+#: the fourth round: subword language models on Wikipedia, zero-shot at the end (benchmarks/study_queue_subword.sh)
+SUBWORD_SWEEPS = ("subword_lm_rope", "subword_lm_none")
 #: UNAS vs causal DNAS with model=hf_llama (benchmarks/study_queue_hf.sh)
 LM_HF_SWEEPS = ("wikitext2_hf_llama",)
 NAMES = {"unas": "UNAS", "dnas": "DNAS", "hnas": "HNAS", "coda": "CODA", "coda_cs": "CODA-CS",

@@ -48,7 +48,7 @@ from study_baselines import LENGTHS, MQAR, baselines_section  # noqa: E402
 from study_claims import CLAIM_ROWS, claims_section  # noqa: E402,F401
 from study_tuned import tuned_section  # noqa: E402
 from study_zoology import ZOOLOGY, zoology_section  # noqa: E402
-from study_common import (ADDITIVE, ADDITIVE_SWEEPS, LM_HF_SWEEPS, CSV_NAME, FIG1_CUT, HEADS, HEADS_SWEEPS, LM_METRICS, TUNED_SWEEPS,
+from study_common import (ADDITIVE, ADDITIVE_SWEEPS, LM_HF_SWEEPS, SUBWORD_SWEEPS, CSV_NAME, FIG1_CUT, HEADS, HEADS_SWEEPS, LM_METRICS, TUNED_SWEEPS,
                           LM_SWEEPS, MT_METRICS, MT_SWEEPS, NAMES, RESULTS, ROOT, STUDY, ci_text, study_groups, p_text,
                           study_roots, below_cut, heads_trend, sweep_progress)  # noqa: E402
 
@@ -281,6 +281,7 @@ def generate(study: Path, out: Path, figures: Path | None, csv_path: Path | None
                                                       "bleu,step_variation:cross"]),
                                (at(LM_SWEEPS), [*unas, LM_METRICS]),
                                (at(LM_HF_SWEEPS), [*unas, LM_METRICS]),
+                               (at(SUBWORD_SWEEPS), ["--baseline", "scheme=unas"]),  # every test and zero-shot metric
                                *[(at(names), ["--baseline", "scheme=unas,model.positions=rope", "--metrics",
                                               "query_acc"]) for names in MQAR.values()],
                                (at(LENGTHS), ["--baseline", "scheme=unas,model.positions=rope", "--metrics",
@@ -302,7 +303,7 @@ def generate(study: Path, out: Path, figures: Path | None, csv_path: Path | None
     if csv_path is not None:
         csv_path.parent.mkdir(parents=True, exist_ok=True)
         csv_path.write_text(runs_csv(at(sorted({*MT_SWEEPS, *TUNED_SWEEPS, *HEADS_SWEEPS, *ADDITIVE_SWEEPS, *LM_SWEEPS, *LM_HF_SWEEPS,
-                                                 *LENGTHS, *(n for names in MQAR.values() for n in names),
+                                                 *LENGTHS, *SUBWORD_SWEEPS, *(n for names in MQAR.values() for n in names),
                                                  *ZOOLOGY.values()}))))
     return 0
 

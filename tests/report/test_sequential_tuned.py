@@ -1,7 +1,7 @@
 """``seed=auto`` with ``tune=[optim.lr]``: at every look each cell takes the candidate with the best mean
 validation number over that look's seeds, and the group-sequential test compares the chosen candidates'
 test numbers (nas_cli/report/stopping.py ``Chosen``, nas_cli/sweeps/sequential.py). Checked against a
-direct computation (numpy's argmax of the validation means, scipy's paired t statistic), on run
+direct computation (numpy's argmax of the validation means, the paired t of the difference less the lift), on run
 directories laid out as the sweeper lays them out, and with test numbers that never move the choice."""
 import json
 from pathlib import Path
