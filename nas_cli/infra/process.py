@@ -14,18 +14,13 @@ find without being handed anything is here:
   runs), is asked by its job's process (:mod:`nas_cli.infra.ray_train`); training stops at the
   next step as on that signal;
 * ``held``: the run and sweep directories whose lock this process holds
-  (:mod:`nas_cli.infra.rundir`), released at exit;
-* ``checked``: a single run's pre-run check, handed on so that each check runs once per job: from
-  ``nas-run resume=``'s check of the saved config (:mod:`nas_cli.pipeline.launch.command_line`) to Hydra's
-  callback that checks before Hydra writes anything (:class:`nas_cli.pipeline.launch.callbacks.RunGuard`), and
-  from there to the job (:mod:`nas_cli.pipeline.job`): Hydra hands a task function its config and
-  nothing else.
+  (:mod:`nas_cli.infra.rundir`), released at exit.
+
+Nothing a run computes passes through here: each job checks its own config (:mod:`nas_cli.pipeline.job`).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 
 class ProcessState:
@@ -38,18 +33,6 @@ class ProcessState:
         self.training_stop: int | None = None
         self.asked_stop: int | None = None
         self.held: set[Path] = set()
-        self.checked: tuple[str, Any, bool] | None = None
-
-    def keep_checked(self, cfg, checked: Any, trainer: bool = False) -> None:
-        """The pre-run check of ``cfg`` (``trainer``: Lightning's check of its trainer too), for the next
-        step of the same job."""
-        self.checked = (_config_text(cfg), checked, trainer)
-
-    def checked_for(self, cfg) -> tuple[Any, bool] | None:
-        """The kept check and whether the trainer was checked, if it was of this config (handed over
-        once); else None."""
-        kept, self.checked = self.checked, None
-        return (kept[1], kept[2]) if kept is not None and kept[0] == _config_text(cfg) else None
 
     @property
     def stop_pending(self) -> bool:
@@ -60,10 +43,3 @@ class ProcessState:
 #: this process's state (the module docstring says who writes what)
 PROCESS = ProcessState()
 
-
-def _config_text(cfg) -> str:
-    """A composed config without Hydra's own node, as text to compare (interpolations unresolved)."""
-    from omegaconf import OmegaConf
-
-    data = OmegaConf.to_container(cfg, resolve=False)
-    return json.dumps({k: v for k, v in data.items() if k != "hydra"}, sort_keys=True, default=str)

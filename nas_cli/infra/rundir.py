@@ -28,6 +28,9 @@ from nas_cli.infra.process import PROCESS
 
 #: set by ``nas-run resume=<dir>``: that directory may hold a finished run (to be trained longer)
 CONTINUE_ENV = "NAS_RUN_CONTINUE"
+#: a single run's saved-config folder (``.hydra``), which the job writes once its checks pass: nas-run asks Hydra to
+#: write none before the job (``hydra.output_subdir=null``), so that a refused value leaves nothing behind
+SAVE_CONFIG_ENV = "NAS_RUN_SAVE_CONFIG"
 LOCK_NAME = ".nas-run.lock"
 FAILED_NAME = "failed.json"
 #: a run's per-item test outputs (hypotheses, references, per-item NLL): written by nas_cli/pipeline/run.py, read by the report

@@ -1,10 +1,11 @@
 """One job of ``nas-run``: a single run, or one job of a sweep (Hydra's task function).
 
-It prepares the job's directory (refusals that depend on the launcher, saved configs redacted,
-the directory locked), trains unless a continued sweep finished the job before, and prints its
-result. What a failure leaves behind: a refusal leaves the directory as it was; a bad value in a
-single run leaves no directory; a failed sweep job is recorded in ``failed.json`` and the sweep
-goes on (its value NaN); a stop says how to continue.
+It prepares the job's directory (refusals that depend on the launcher, a sweep job's saved configs
+redacted, the directory locked), checks the job's values (a single run's ``.hydra/`` is written once
+they pass), trains unless a continued sweep finished the job before, and prints its result. What a
+failure leaves behind: a refusal leaves the directory as it was; a bad value in a single run leaves
+no directory it made, and one it did not make as it was; a failed sweep job is recorded in
+``failed.json`` and the sweep goes on (its value NaN); a stop says how to continue.
 """
 from __future__ import annotations
 
@@ -26,8 +27,7 @@ from nas_cli.errors import Refused, Stopped, UserError, fail, print_table, quiet
 from nas_cli.infra import ray_train
 from nas_cli.infra.redaction import redact
 from nas_cli.infra.atomic import atomic_write_text
-from nas_cli.infra.process import PROCESS
-from nas_cli.infra.rundir import acquire, clear_failed, continuing, mark_failed, release, remove_empty_parents
+from nas_cli.infra.rundir import SAVE_CONFIG_ENV, acquire, clear_failed, continuing, mark_failed, release, remove_empty_parents
 from nas_cli.model.locations import name_from_choices
 from nas_cli.pipeline.launch.callbacks import job_line, summary_table
 from nas_cli.infra.launchers import spawns_processes
@@ -127,7 +127,7 @@ def _prepare_job(cfg: DictConfig, hc, run_dir: Path, multirun: bool, optuna: boo
     if multirun:
         restore_sweep_record(Path(hc.sweep.dir))  # a continued sweep keeps its first launch's record
     try:
-        acquire(run_dir)  # a single run took it before Hydra wrote anything (RunGuard); a sweep job here
+        acquire(run_dir)  # a single run took it before Hydra made the directory (RunGuard); a sweep job here
     except UserError as err:  # another process owns it: write nothing there
         fail(str(err))
     return group
@@ -154,7 +154,7 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
     logged = log.stat().st_size if log.is_file() else None
     checking = True  # a refusal of a value: a single run leaves no directory behind
     try:
-        checked = _checked(cfg, hc, run_dir)
+        checked = _checked(cfg, hc, run_dir, multirun)
         checking = False
         size = (checked.parameters, checked.exact) if checked.parameters is not None else None
         job_type = "sweep" if multirun else "train"
@@ -163,19 +163,18 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
         else:
             summary = train(cfg, checked.plan, run_dir, group, job_type=job_type, size=size, task=checked.task)
     except Refused as err:  # nothing ran: put back what this attempt touched, write nothing
-        for path, data in kept.items():
-            if data is None:
-                path.unlink(missing_ok=True)
-            else:
-                path.write_bytes(data)
-        _cut_log(log, logged)
+        _put_back(kept, log, logged)
         release(run_dir)
         return _job_error(run_dir, "refused", str(err), multirun)
     except UserError as err:
-        if checking and not multirun and _only_this_invocation(run_dir):  # a bad value: leave nothing behind
-            release(run_dir)
-            _remove_empty_run(run_dir)
-            fail(str(err))
+        if checking and not multirun:  # a bad value: leave nothing behind, and a directory as it was
+            if _only_this_invocation(run_dir):
+                release(run_dir)
+                _remove_empty_run(run_dir)
+            else:
+                _put_back(kept, log, logged)
+                release(run_dir)
+            fail(str(err), log=False)
         return _job_error(run_dir, "failed", str(err), multirun, record=True)
     except Stopped as stop:
         release(run_dir)
@@ -194,39 +193,76 @@ def _train_job(cfg: DictConfig, hc, run_dir: Path, group: str, multirun: bool):
     return summary
 
 
-def _checked(cfg: DictConfig, hc, run_dir: Path):
-    """The job's checks, once each: its values (a single run's were checked before Hydra wrote anything,
-    by RunGuard; a sweep job's own values, model.heads=four,8, are only known here) and Lightning's own
-    refusals (precision, accelerator, unknown options), before any data. A resumed run refused here is
-    left as it was; one that passes records its overrides."""
+def _checked(cfg: DictConfig, hc, run_dir: Path, multirun: bool):
+    """The job's checks, once each: its values (check_config: the plan, the model's size, the task ready to
+    set up) and Lightning's own refusals (precision, accelerator, unknown options), before any data. A resumed
+    run refused here is left as it was; one that passes records its overrides. A single run's saved configs
+    are written once they pass (:func:`_save_configs`); its notes are said, a sweep job's recorded (the sweep
+    said them once)."""
     from nas_cli.pipeline.checks.config import check_config  # heavy imports after Hydra has parsed the command line
     from nas_cli.pipeline.trainer import check_trainer
 
     try:
-        kept = PROCESS.checked_for(cfg)
-        checked = kept[0] if kept else check_config(cfg)
-        if not (kept and kept[1]):
-            check_trainer(cfg)
+        checked = check_config(cfg)
+        check_trainer(cfg)
     except UserError as err:
         if continuing(run_dir):  # a resumed run refused before it ran: left as it was, untouched
             raise Refused(str(err)) from None
         raise
+    _save_configs(cfg, run_dir)
     if continuing(run_dir):
         record_resume(run_dir, list(hc.overrides.task))
     clear_failed(run_dir)
-    for note in checked.notes:  # said on the terminal by the check before Hydra started
+    for note in checked.notes:
+        if not multirun:
+            say(f"nas-run: note: {note}", log=False)
         record(f"note: {note}")
     return checked
 
 
+def _save_configs(cfg: DictConfig, run_dir: Path) -> None:
+    """A single run's ``.hydra/`` (config.yaml, hydra.yaml, overrides.yaml, as Hydra writes them, secrets
+    masked), written by the job once its checks pass: nas-run asked Hydra to write none
+    (:func:`nas_cli.pipeline.launch.command_line.saved_by_the_job`)."""
+    import copy
+
+    from pytorch_lightning.utilities import rank_zero_only
+
+    from nas_cli.infra.redaction import redact_files
+
+    subdir = os.environ.get(SAVE_CONFIG_ENV)
+    hydra_cfg = copy.deepcopy(HydraConfig.instance().cfg)
+    if not subdir or hydra_cfg.hydra.output_subdir is not None or continuing(run_dir) or rank_zero_only.rank != 0:
+        return
+    OmegaConf.set_readonly(hydra_cfg, False)  # Hydra's copy is read-only at every level
+    with read_write(hydra_cfg.hydra):
+        hydra_cfg.hydra.output_subdir = subdir  # where they are, as Hydra would have recorded it
+        hydra_cfg.hydra.overrides.hydra = [o for o in hydra_cfg.hydra.overrides.hydra if o != "hydra.output_subdir=null"]
+    saved = run_dir / subdir
+    for name, node in (("config.yaml", cfg), ("hydra.yaml", hydra_cfg), ("overrides.yaml", hydra_cfg.hydra.overrides.task)):
+        atomic_write_text(saved / name, OmegaConf.to_yaml(node))
+    redact_files(saved / "config.yaml", saved / "hydra.yaml", saved / "overrides.yaml")
+
+
+def _put_back(kept: dict, log: Path, logged: int | None) -> None:
+    """The files a refused attempt touched, as they were; its log lines cut off again."""
+    for path, data in kept.items():
+        if data is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_bytes(data)
+    _cut_log(log, logged)
+
+
 def _cut_log(log: Path, size: int | None) -> None:
-    """The job's log back to ``size`` bytes (None: it did not exist), as a refused resume found it."""
+    """The job's log back to ``size`` bytes, as a refused attempt found it; None or 0: removed (Hydra opens the
+    log before the job starts, so an empty one is this attempt's)."""
     import logging
 
     for handler in logging.getLogger().handlers:  # flush what Hydra's file handler still holds
         handler.flush()
     try:
-        if size is None:
+        if not size:
             log.unlink(missing_ok=True)
         elif log.stat().st_size != size:
             os.truncate(log, size)

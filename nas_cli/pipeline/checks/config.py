@@ -1,7 +1,8 @@
 """Option values checked before anything is made: one line naming the key and the fix.
 
-:func:`check_config` runs on the composed config before Hydra creates the run directory
-(``RunGuard.on_run_start``) and again in each sweep job. It catches what would otherwise fail
+:func:`check_config` runs in each job on its composed config (:mod:`nas_cli.pipeline.job`: a single run's
+saved configs are written once it passes), on a sweep's first job's config before the sweep starts
+(``RunGuard.on_multirun_start``), and on a resumed run's saved config before Hydra starts. It catches what would otherwise fail
 deep inside a run, or worse, run silently wrong: a number given as text (``model.heads=four``,
 ``seed=abc``), a learning rate <= 0, a batch size or token budget of 0 (each against the type and
 range its option declares: nas_cli/pipeline/sections.py says where), and a model too large

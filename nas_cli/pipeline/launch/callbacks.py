@@ -14,7 +14,6 @@ from rich.table import Table
 
 from nas_cli.errors import UserError, fail, print_table, say
 from nas_cli.infra.launchers import ENDED_FILE, install, install_optuna
-from nas_cli.infra.process import PROCESS
 from nas_cli.infra.rundir import acquire, continuing, read_failed, release
 from nas_cli.sweeps.design import tuned_options
 from nas_cli.model.locations import name_from_choices
@@ -135,21 +134,16 @@ def _ended_before_start(root: Path) -> list[tuple[Path, dict]]:
 
 
 class RunGuard(Callback):
-    """Hydra callback, before Hydra writes anything: check the composed options (one line per
-    problem), never start in a directory that holds a finished run or sweep, and own the
-    directory (a lock: a second process in the same directory is refused)."""
+    """Hydra callback, before Hydra makes the run's directory: own it (a lock: a second process in the same
+    directory is refused), never in a directory that holds a finished run; and for a sweep, the checks that
+    concern the sweep as a whole. A single run's own values are checked by its job
+    (:func:`nas_cli.pipeline.job.run_job`), before anything is saved there."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        from nas_cli.pipeline.checks.config import check_config  # torch and the schemes: once Hydra has parsed
-
-        name_from_choices(config, config.hydra.runtime.choices)  # the config Hydra saves and the job runs
+        name_from_choices(config, config.hydra.runtime.choices)  # the config the job runs and saves
         run_dir = Path(str(config.hydra.run.dir))
         started_run(run_dir)
         try:
-            kept = PROCESS.checked_for(config)  # nas-run resume= checked the saved config before Hydra
-            checked = kept[0] if kept else check_config(config)
-            PROCESS.keep_checked(config, checked, trainer=bool(kept and kept[1]))  # for the job: checked once
-            _say_notes(checked)
             if (run_dir / "summary.json").is_file() and not continuing(run_dir):
                 raise UserError(f"{run_dir} already holds a finished run (summary.json); nothing was overwritten: "
                                 "choose another hydra.run.dir, or train it longer with nas-run resume=<dir> "

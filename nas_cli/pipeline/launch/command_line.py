@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from nas_cli.errors import UserError
-from nas_cli.infra.rundir import CONTINUE_ENV
+from nas_cli.infra.rundir import CONTINUE_ENV, SAVE_CONFIG_ENV
 from nas_cli.model.choices import CONF_DIR
 from nas_cli.model.plan import location_alias
 from nas_cli.pipeline.launch.overrides import check_overrides, check_resume_overrides
@@ -30,7 +30,19 @@ def hydra_argv(argv: list[str]) -> list[str]:
     argv = [f"+{a}" if a in added else a for a in argv]  # trainer.<Lightning argument> no preset sets
     check_sweep_values(argv)
     check_output_dirs(argv)
-    return resume_argv(argv)
+    return saved_by_the_job(resume_argv(argv))
+
+
+def saved_by_the_job(argv: list[str]) -> list[str]:
+    """A single run's ``.hydra/`` is written by the job once its checks pass (:mod:`nas_cli.pipeline.job`), not by
+    Hydra before the job starts: a refused value leaves nothing behind, and a directory that held a run keeps its
+    saved config. A sweep's jobs, ``resume=`` (which writes none) and a ``hydra.output_subdir`` given on the
+    command line are left to Hydra."""
+    if any(a in ("-m", "--multirun") or a in _ONLY_SHOW for a in argv) or \
+            any(a.lstrip("+~").startswith("hydra.output_subdir=") for a in argv):
+        return argv
+    os.environ[SAVE_CONFIG_ENV] = ".hydra"
+    return [*argv, "hydra.output_subdir=null"]
 
 
 #: Hydra's flags that take a value (``--info`` takes one optionally: one of _INFO)
@@ -168,32 +180,8 @@ def resume_argv(argv: list[str]) -> list[str]:
     check_resumable(run_dir, rest)
     added = check_resume_overrides(run_dir, rest, CONF_DIR)  # group choices and typos: one line, before Hydra
     rest = [f"+{a}" if a in added else a for a in rest]  # trainer.<Lightning argument> the saved config lacks
-    check_resumed_values(run_dir, rest)  # values, as a new run's are checked: before the run is touched
     os.environ[CONTINUE_ENV] = str(run_dir)
     quoted = str(run_dir).replace("\\", "\\\\").replace("'", "\\'")
     return ["--config-path", str(run_dir / ".hydra"), "--config-name", "config", *rest,
             f"hydra.run.dir='{quoted}'", "hydra.output_subdir=null"]
 
-
-def check_resumed_values(run_dir: Path, overrides: list[str]) -> None:
-    """The run's saved config with ``overrides``, checked as a new run's composed config is (a value out
-    of range, heads that do not divide the width, a trainer Lightning refuses): one line before Hydra
-    starts, so that a refused resume does not even take the run's lock. Overrides that OmegaConf's
-    dot-list cannot read are left to the job, which checks again."""
-    from omegaconf import OmegaConf
-
-    from nas_cli.infra.process import PROCESS
-    from nas_cli.pipeline.checks.config import check_config
-    from nas_cli.pipeline.launch.resolvers import register_resolvers
-    from nas_cli.pipeline.trainer import check_trainer
-
-    register_resolvers()
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
-    plain = [o.lstrip("+") for o in overrides if "=" in o and not o.startswith(("hydra.", "hydra/", "~", "-"))]
-    try:
-        cfg.merge_with(OmegaConf.from_dotlist(plain))
-    except Exception:  # noqa: BLE001 - Hydra's grammar, not OmegaConf's: the job's own check answers
-        return
-    checked = check_config(cfg)
-    check_trainer(cfg)
-    PROCESS.keep_checked(cfg, checked, trainer=True)  # the run's checks, made once: here
