@@ -14,7 +14,7 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from nas_cli.model.plan import location_alias
-from nas_cli.attention.contract import qkv as contract_qkv
+from nas_cli.model.contract import qkv as contract_qkv
 from nas_cli.model.choices import CONF_DIR
 from nas_cli.model.plan import make_core_factory
 

@@ -149,7 +149,7 @@ def check_scheme_main(args) -> int:
     from omegaconf.errors import OmegaConfBaseException
 
     from nas_cli.attention import SchemeError
-    from nas_cli.attention.contract import check_scheme
+    from nas_cli.model.contract import check_scheme
 
     if not args.yaml.is_file():
         print(f"nas-bench check-scheme: {args.yaml}: no such file; give the scheme's YAML "

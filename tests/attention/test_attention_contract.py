@@ -1,10 +1,10 @@
 """Contract tests every scheme in conf/attention/ gets for free: the checks of
-nas_cli/attention/contract.py (the same ones ``nas-bench check-scheme`` runs on a user's scheme),
+nas_cli/model/contract.py (the same ones ``nas-bench check-scheme`` runs on a user's scheme),
 each on every packaged scheme, filtered by the scheme's declared flags."""
 import pytest
 from omegaconf import OmegaConf
 
-from nas_cli.attention import contract
+from nas_cli.model import contract
 from nas_cli.model.choices import CONF_DIR
 
 
