@@ -104,12 +104,15 @@ def train(cfg: DictConfig, plan: AttentionPlan, run_dir: Path, group: str, job_t
 @contextlib.contextmanager
 def _stops(progress: "Progress", run_dir: Path):
     """What a job's failures mean for its run directory: a bad value found while a continued run starts
-    up changed nothing of it (:class:`Refused`: left as it was); a stop signal outside training ends
-    the job with one line naming the phase and how to continue (:class:`Stopped`)."""
+    up changed nothing of it (:class:`Refused`: left as it was); a stop signal, in training, testing or
+    outside them, ends the job with one line naming the phase and how to continue (:class:`Stopped`):
+    the one place a signal becomes that line."""
     try:
         yield
     except Refused:
         raise
+    except SIGTERMException as stop:  # Lightning's, in fit or test: the step, and whether last.ckpt was saved
+        raise _stopped(stop, progress.trainer, run_dir, progress.phase) from None
     except UserError as err:
         if progress.phase == "startup" and continuing(run_dir):  # nothing of the run changed: leave it as it was
             raise Refused(str(err)) from None
@@ -292,8 +295,8 @@ def _fit(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, compiled
     progress.phase, progress.trainer = "training", trainer
     try:
         trainer.fit(module, datamodule=data, ckpt_path=str(job.resume[0]) if job.resume else None, weights_only=True)
-    except SIGTERMException as stop:
-        raise _stopped(stop, trainer, job.run_dir, "training") from None
+    except SIGTERMException:
+        raise  # a stop: the job's one conversion (_stops)
     except Exception as err:
         refusal = data_dependent_refusal(err, cfg)
         if refusal:
@@ -328,20 +331,14 @@ def _choose_tested(cfg: DictConfig, job: _Job, trainer: pl.Trainer, ckpt: RunChe
 def _test(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, data, best: str | None,
           progress: Progress) -> dict:
     progress.phase = "testing"
-    try:
-        return trainer.test(module, datamodule=data, ckpt_path=best, verbose=False,
-                            weights_only=True)[0] if cfg.run_test else {}
-    except SIGTERMException as stop:
-        raise _stopped(stop, trainer, job.run_dir, "testing") from None
+    return trainer.test(module, datamodule=data, ckpt_path=best, verbose=False,
+                        weights_only=True)[0] if cfg.run_test else {}
 
 
 def _test_lengths(cfg: DictConfig, job: _Job, trainer: pl.Trainer, module, task, best: str | None) -> dict:
     """The test at each of ``eval_lengths`` (nas_cli/pipeline/lengths.py), after the trained length's."""
     lengths = requested(cfg) if cfg.run_test else []
-    try:
-        return test_at_lengths(trainer, module, task, lengths, best)
-    except SIGTERMException as stop:
-        raise _stopped(stop, trainer, job.run_dir, "testing") from None
+    return test_at_lengths(trainer, module, task, lengths, best)
 
 
 def _stopped(stop: SIGTERMException, trainer: pl.Trainer, run_dir: Path, phase: str) -> Stopped:
