@@ -39,7 +39,9 @@ seqcal = load_benchmark("tuning_sequential_calibration")
 def test_seed_auto_rechoosing_at_every_look_holds_five_percent(case):
     # benchmarks/tuning_sequential_calibration.py: seed=auto with tune=[...] at the default design (2..10 seeds)
     rng = np.random.default_rng(10 + case)
-    assert seqcal.formula_rate(case, (2, 10), "every look", 8000, rng) <= _limit(8000)
+    # at the size a test affords (each look's lift is a bootstrap over up to 10 seeds); the committed calibration
+    # (docs/tuning_sequential.json, 20,000 sweeps a cell) is held to 5% below
+    assert seqcal.formula_rate(case, (2, 10), "every look", 2000, rng) <= _limit(2000)
     assert seqcal.sweeper_rate(case, (2, 10), 1500, rng) <= _limit(1500)
 
 
