@@ -1,5 +1,5 @@
 """The docs state the present: what the code does and what was measured, with each measurement's machine,
-command and date; never how the project came to be (which session, which issue, what changed). A phrase of
+command and date; never how the project came to be (who worked on what, which issue asked, what changed). A phrase of
 that kind in README.md or docs/ is named here with its file and line."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 #: phrases that tell history rather than the present (a library's own issue may be cited: "the library's issue")
-HISTORY = re.compile(r"\b(no longer|used to be|previously|formerly|renovation|this session|last session|"
-                     r"earlier session|until now|was added|were added|has been (?:added|fixed|moved|changed))\b|"
+HISTORY = re.compile(r"\b(no longer|used to be|previously|formerly|renovation|"
+                     r"until now|was added|were added|has been (?:added|fixed|moved|changed))\b|"
                      r"(?<!library's )\bissue #\d+", re.IGNORECASE)
 
 
