@@ -14,7 +14,8 @@ Every location for ``placement: sdpa`` (the gate of query i comes from position 
 ``placement: value`` gates the values at their own positions, which in cross-attention are the
 source's, not the layer input's: it is defined for self-attention only (encoder and decoder).
 Softmax runs as PyTorch's fused SDPA (UNAS's path); :meth:`step` with ``placement: value``
-carries the gated values so far.
+carries the gated values so far (the last ``window`` of them with a sliding window). UNAS's ``softcap``,
+``window`` and ``sink`` (nas_cli/attention/mods.py) apply to the softmax inside.
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ class GatedAttention(UNAS):
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
                  location: str = "?", layer: int = 0, name: str | None = None, placement: str = "sdpa",
-                 granularity: str = "elementwise"):
-        super().__init__(heads, causal, dropout, prefix_queries, location, layer, name)
+                 granularity: str = "elementwise", **score_options):
+        super().__init__(heads, causal, dropout, prefix_queries, location, layer, name, **score_options)
         check_choice("placement", placement, PLACEMENTS)
         check_choice("granularity", granularity, GRANULARITIES)
         if placement == "value" and location == "cross":
@@ -62,7 +63,7 @@ class GatedAttention(UNAS):
         gate = torch.sigmoid(x).to(v.dtype)
         if self.placement == "value":  # state: the values so far, each gated at its own position
             gated = v[..., -1:, :] * gate
-            state = gated if state is None else torch.cat([state, gated], -2)
+            state = gated if state is None else torch.cat([state, gated], -2)[..., -k.size(-2):, :]
             out, _ = super().step(q, k, state, k_mask, None, alibi=alibi)
             return out, state
         out, _ = super().step(q, k, v, k_mask, None, alibi=alibi)

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from nas_cli.attention.base import AttentionCore, AttentionOutput, check_option, full_precision, score_bias
+from nas_cli.attention.mods import ScoreOptions
 
 #: the default ``block_size``: queries per block when weights are not asked for. Measured (one CPU
 #: thread, forward + backward, causal, B=1, H=8, d_head=64, S=1024, sigmoid): 107 ms at 64, 93 ms at
@@ -53,8 +54,9 @@ def block_allowed(q_mask, k_mask, causal: bool, a: int, b: int, kend: int, devic
     return allowed
 
 
-class RowwiseCore(AttentionCore):
-    """Base of the schemes of this module: subclasses implement :meth:`block_weights`."""
+class RowwiseCore(ScoreOptions, AttentionCore):
+    """Base of the schemes of this module: subclasses implement :meth:`block_weights`. ``softcap`` and ``window``
+    (nas_cli/attention/mods.py) act on each block's scores and allowed pairs before the formula."""
 
     supports_step = True
     carries_state = False
@@ -63,11 +65,13 @@ class RowwiseCore(AttentionCore):
     wide_scores = False
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
-                 location: str = "?", layer: int = 0, name: str | None = None, block_size: int = BLOCK):
+                 location: str = "?", layer: int = 0, name: str | None = None, block_size: int = BLOCK,
+                 softcap: float | None = None, window: int | None = None):
         super().__init__(heads, causal, dropout, prefix_queries, location, layer, name)
         check_option("block_size", block_size, isinstance(block_size, int) and block_size >= 1,
                      "be a positive number of queries")
         self.block_size = int(block_size)
+        self.score_options(softcap, window)
 
     def block_weights(self, s: torch.Tensor, allowed: torch.Tensor, a: int, carry):
         """Scores ``s`` (B, H, c, Sk') of query rows a..a+c-1 (float32 or wider; a fresh tensor the
@@ -82,7 +86,8 @@ class RowwiseCore(AttentionCore):
 
     def _block(self, a: int, q_mask, k_mask, q, k, v, carry, alibi=None):
         kend = k.size(-2)
-        allowed = block_allowed(q_mask, k_mask, self.causal, a, a + q.size(-2), kend, q.device)
+        allowed = self.windowed(block_allowed(q_mask, k_mask, self.causal, a, a + q.size(-2), kend, q.device),
+                                a, q.size(-2), kend, q.device)
         half = q.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled(q.device.type)
         if self.wide_scores and half:
             wide = torch.promote_types(q.dtype, torch.float32)
@@ -90,6 +95,7 @@ class RowwiseCore(AttentionCore):
                 s = torch.matmul(q.to(wide) * (1 / math.sqrt(q.size(-1))), k.to(wide).transpose(-1, -2))
         else:  # scaled on q: one pass over (c x D), not over (c x Sk)
             s = full_precision(torch.matmul(q * (1 / math.sqrt(q.size(-1))), k.transpose(-1, -2)))
+        s = self.capped(s)
         if alibi is not None:  # ALiBi (model.positions=alibi): rows a.., keys 0..kend-1
             s = s + score_bias(alibi, q.size(-2), kend, q.device, first=a)
         w, carry = self.block_weights(s, allowed, a, carry)
@@ -134,4 +140,4 @@ class RowwiseCore(AttentionCore):
         return carry
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, block_size={self.block_size}"
+        return f"{super().extra_repr()}, block_size={self.block_size}{self.score_repr()}"

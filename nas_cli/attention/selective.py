@@ -27,6 +27,8 @@ class SelectiveAttention(RowwiseCore):
     carries_state = True
     #: its selection is computed from a head's scores: ALiBi's bias would change what is selected
     takes_alibi = False
+    #: its votes are summed over every earlier key and carried: a window would cut them (softcap it takes)
+    takes_window = False
 
     def initial_carry(self, q, sk):
         return q.new_zeros(q.size(0), 1, 1, sk, dtype=torch.float32 if q.dtype in (torch.float16, torch.bfloat16)

@@ -34,8 +34,8 @@ class SigmoidAttention(RowwiseCore):
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
                  location: str = "?", layer: int = 0, name: str | None = None, block_size: int = BLOCK,
-                 bias: float | None = None, bias_n: int | None = None):
-        super().__init__(heads, causal, dropout, prefix_queries, location, layer, name, block_size)
+                 bias: float | None = None, bias_n: int | None = None, **score_options):
+        super().__init__(heads, causal, dropout, prefix_queries, location, layer, name, block_size, **score_options)
         check_option("bias", bias, bias is None or isinstance(bias, (int, float)),
                      "be null (-log n, n the keys a query sees) or a number")
         check_option("bias_n", bias_n, bias_n is None or (isinstance(bias_n, int) and bias_n >= 1),

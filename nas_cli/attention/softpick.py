@@ -30,8 +30,8 @@ class Softpick(RowwiseCore):
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
                  location: str = "?", layer: int = 0, name: str | None = None, block_size: int = BLOCK,
-                 eps: float = 1e-6):
-        super().__init__(heads, causal, dropout, prefix_queries, location, layer, name, block_size)
+                 eps: float = 1e-6, **score_options):
+        super().__init__(heads, causal, dropout, prefix_queries, location, layer, name, block_size, **score_options)
         check_option("eps", eps, isinstance(eps, (int, float)) and eps > 0, "be a positive number")
         self.eps = float(eps)
 

@@ -39,8 +39,8 @@ class StickBreaking(RowwiseCore):
 
     def __init__(self, heads: int, causal: bool = False, dropout: float = 0.0, prefix_queries: bool = False,
                  location: str = "?", layer: int = 0, name: str | None = None, block_size: int = BLOCK,
-                 attend_to_self: bool = True):
-        super().__init__(heads, causal, dropout, prefix_queries, location, layer, name, block_size)
+                 attend_to_self: bool = True, **score_options):
+        super().__init__(heads, causal, dropout, prefix_queries, location, layer, name, block_size, **score_options)
         check_option("attend_to_self", attend_to_self, isinstance(attend_to_self, bool), "be true or false")
         self.attend_to_self = attend_to_self
         self.rows_sum_to_one = attend_to_self

@@ -30,6 +30,9 @@ def attention_step(mha: nn.Module, x_q, memory, k_mask, cache: dict):
         else:
             cache["k"] = k_new if "k" not in cache else torch.cat([cache["k"], k_new], dim=2)
             cache["v"] = v_new if "v" not in cache else torch.cat([cache["v"], v_new], dim=2)
+            window = getattr(mha.core, "window", None)
+            if window is not None:  # a sliding window: the keys that left it are never read again
+                cache["k"], cache["v"] = cache["k"][:, :, -window:], cache["v"][:, :, -window:]
     elif "k" not in cache:
         cache["k"], cache["v"] = mha.keys(memory), mha.values(memory)
     extra = {"alibi": mha.alibi} if mha.alibi is not None else {}

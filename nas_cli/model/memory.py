@@ -29,6 +29,19 @@ def kv_cache_bytes_per_token(model) -> int | None:
     return int(sum(2 * m.kv_heads * m.d_head * size for m in found if not m.core.recurrent))
 
 
+def windowed_cache_bytes(model) -> dict[str, int] | None:
+    """With sliding-window layers (attention.window): ``{"per_token_beyond_windows": the growth per token once
+    every window is full (the other layers' keys and values), "windows": the bytes the full windows hold}``;
+    None without a windowed layer (the cache then grows by :func:`kv_cache_bytes_per_token` at every length)."""
+    cached = [m for m in _self_attention(model) or [] if not m.core.recurrent]
+    if all(getattr(m.core, "window", None) is None for m in cached):
+        return None
+    size = next(model.parameters()).element_size()
+    per_token = {m: 2 * m.kv_heads * m.d_head * size for m in cached}
+    return {"per_token_beyond_windows": int(sum(b for m, b in per_token.items() if m.core.window is None)),
+            "windows": int(sum(b * m.core.window for m, b in per_token.items() if m.core.window is not None))}
+
+
 def recurrent_state_bytes(model) -> int | None:
     """Bytes of the recurrent mixers' states per sequence (every layer whose core is one, at the parameters'
     element size): the same at every length; None where no layer has one."""

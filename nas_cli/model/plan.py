@@ -31,10 +31,19 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from nas_cli.attention import AttentionCore, SchemeError
+from nas_cli.model.layer_plan import Layered, describe, layered
 from nas_cli.model.locations import LOCATIONS, PLAIN, hydra_choices, job_locations, name_from_choices
 
 #: keys of a composed ``attention`` node that are not constructor options
-_NOT_OPTIONS = frozenset({"name", *LOCATIONS})
+_NOT_OPTIONS = frozenset({"name", "per_layer", *LOCATIONS})
+#: the score settings of today's models (nas_cli/attention/mods.py): null is their absence, so a scheme's YAML
+#: that offers them and leaves them null builds, names and hashes as one without them, and a user's class put
+#: in that YAML's place (attention._target_=...) is not handed them
+_NULL_IS_ABSENT = frozenset({"softcap", "window", "sink"})
+
+
+def _options(node: dict) -> dict[str, Any]:
+    return {k: v for k, v in node.items() if k not in _NOT_OPTIONS and not (k in _NULL_IS_ABSENT and v is None)}
 _SHORT = MappingProxyType({"encoder": "enc", "decoder": "dec", "cross": "cross"})
 
 
@@ -44,10 +53,32 @@ class Placed:
 
     scheme: str
     options: dict[str, Any]
+    #: a per-layer pattern (``attention.per_layer``, nas_cli/model/layer_plan.py), or None: every layer the same
+    layers: Layered | None = None
 
     @property
     def core_class(self) -> type[AttentionCore]:
         return get_class(str(self.options["_target_"]))
+
+    def at(self, layer: int) -> "Placed":
+        """The scheme and options of one layer."""
+        return self if self.layers is None else Placed(*self.layers.at(layer))
+
+    def each(self) -> list["Placed"]:
+        """Every distinct entry of the location (the location itself without a per-layer pattern)."""
+        return [self] if self.layers is None else [Placed(*e) for e in self.layers.entries]
+
+    @property
+    def label(self) -> str:
+        """What run names, tags and nas-report call it: the scheme (``unas``), with its window (``unas@w64``), or
+        its per-layer pattern (``unas@w64*5+unas``)."""
+        return describe(self.scheme, self.options) if self.layers is None else self.layers.label
+
+    def identity(self) -> dict[str, Any]:
+        own = {"scheme": self.scheme, **self.options}
+        if self.layers is not None:
+            own["per_layer"] = [{"scheme": s, **o} for s, o in self.layers.entries]
+        return own
 
 
 class AttentionPlan:
@@ -59,12 +90,16 @@ class AttentionPlan:
         self.placed = placed
         #: locations the config names itself (``attention.cross=dnas``), not by the global choice
         self.explicit = explicit
-        #: {location: scheme name}
+        #: {location: scheme name} (a per-layer pattern's: the location's own scheme)
         self.names: dict[str, str] = {loc: p.scheme for loc, p in placed.items()}
+        #: {location: label}: the scheme, its window, or its per-layer pattern (:attr:`Placed.label`)
+        self.labels: dict[str, str] = {loc: p.label for loc, p in placed.items()}
+        #: every scheme some layer runs (what a Hugging Face model registers)
+        self.schemes: tuple[str, ...] = tuple(sorted({e.scheme for p in placed.values() for e in p.each()}))
         #: 'dnas' when one scheme runs everywhere, else 'enc-hnas_dec-unas_cross-unas'
-        self.tag: str = tag_from_names(self.names)
+        self.tag: str = tag_from_names(self.labels)
         #: one W&B tag per location: 'encoder:dnas', ...
-        self.wandb_tags: list[str] = [f"{loc}:{name}" for loc, name in self.names.items()]
+        self.wandb_tags: list[str] = [f"{loc}:{name}" for loc, name in self.labels.items()]
 
     @classmethod
     def from_config(cls, attn_cfg: DictConfig | dict) -> "AttentionPlan":
@@ -74,7 +109,9 @@ class AttentionPlan:
         (and ``name``: see :func:`name_from_choices`) composed by Hydra."""
         placed, own, explicit = _placements(attn_cfg)
         for loc, p in placed.items():
-            _check_declared(p, "attention" if p.options is own else f"attention.{loc}")
+            where = "attention" if loc not in explicit else f"attention.{loc}"
+            for i, entry in enumerate(p.each()):
+                _check_declared(entry, where if p.layers is None else f"{where}.per_layer[{i}]")
         return cls(placed, explicit)
 
     @classmethod
@@ -99,14 +136,14 @@ class AttentionPlan:
     def identity(self) -> dict[str, dict[str, Any]]:
         """``{location: {"scheme": name, **options}}``: what ``config_id`` hashes in place of the
         composed ``attention`` node (see :func:`canonical_config`)."""
-        return {loc: {"scheme": p.scheme, **p.options} for loc, p in self.placed.items()}
+        return {loc: p.identity() for loc, p in self.placed.items()}
 
     # --- building the cores -----------------------------------------------------------
     def core(self, location: str, layer: int, causal: bool, heads: int, dropout: float = 0.0) -> AttentionCore:
         """The core of one layer. ``causal`` is the key mask of self-attention; decoder self-
         and cross-attention are built with ``prefix_queries=True``, so no scheme can aggregate
         over future target queries (Ding et al.'s column step, Sinkhorn iterations)."""
-        placed = self.placed[location]
+        placed = self.placed[location].at(layer)
         try:
             return instantiate(placed.options, heads=heads, causal=causal, dropout=dropout, name=placed.scheme,
                                prefix_queries=causal or location in ("decoder", "cross"), location=location,
@@ -132,10 +169,10 @@ class AttentionPlan:
         flags that follow a scheme's options (``attention.positions``) are the ones the
         model will see."""
         positions = str(model_cfg.get("positions", "sinusoidal"))
-        for loc in self.placed:
+        for loc, layer in ((loc, i) for loc, p in self.placed.items() for i in range(len(p.each()))):
             causal = loc == "decoder"
             try:
-                core = self.core(loc, 0, causal, int(model_cfg.heads))
+                core = self.core(loc, layer, causal, int(model_cfg.heads))
             except SchemeError:
                 raise
             except Exception as err:  # noqa: BLE001 - a bad option value: name the location
@@ -177,23 +214,31 @@ def _placements(attn_cfg: DictConfig | dict) -> tuple[dict[str, Placed], dict[st
     if "_target_" not in data:
         raise SchemeError("the attention config has no _target_; choose a scheme with attention=<name>")
     name = str(data.get("name") or data["_target_"].rsplit(".", 1)[-1].lower())
-    own = {k: v for k, v in data.items() if k not in _NOT_OPTIONS}
+    own = _options(data)
+    layers = _layered(data.get("per_layer"), name, own, "attention")
     placed = {}
     explicit = frozenset(loc for loc in LOCATIONS if data.get(loc) is not None)
     for loc in LOCATIONS:
         value = data.get(loc)
         if value is None or value == name:
-            placed[loc] = Placed(name, own)
+            placed[loc] = Placed(name, own, layers)
         elif isinstance(value, dict):
             if "_target_" not in value:
                 raise SchemeError(f"attention.{loc} has options but no scheme: choose one with "
                                   f"attention.{loc}=<scheme> before setting attention.{loc}.<option>")
-            placed[loc] = Placed(str(value.get("name", loc)), {k: v for k, v in value.items()
-                                                              if k not in _NOT_OPTIONS})
+            scheme, options = str(value.get("name", loc)), _options(value)
+            placed[loc] = Placed(scheme, options, _layered(value.get("per_layer"), scheme, options, f"attention.{loc}"))
         else:  # Hydra composes a location's scheme as its node; a bare name is not one
             raise SchemeError(f"attention.{loc}: expected a scheme's node (attention.{loc}=<scheme> on the command "
                               f"line composes it), got the value {value!r}")
     return placed, own, explicit
+
+
+def _layered(value, scheme: str, options: dict[str, Any], where: str) -> Layered | None:
+    try:
+        return layered(value, scheme, options, where, _options)
+    except ValueError as err:
+        raise SchemeError(str(err)) from None
 
 
 def _model_words(cfg: DictConfig | dict, used: tuple[str, ...]) -> str:
@@ -217,8 +262,7 @@ def canonical_config(config: dict) -> dict:
         placed = _placements(config["attention"])[0]
     except SchemeError:
         return config
-    return {**config, "attention": {loc: {"scheme": placed[loc].scheme, **placed[loc].options}
-                                    for loc in LOCATIONS if loc in job_locations(config)}}
+    return {**config, "attention": {loc: placed[loc].identity() for loc in LOCATIONS if loc in job_locations(config)}}
 
 
 #: constructor parameters nas-run sets itself for every core: never options of a scheme's YAML
@@ -281,7 +325,7 @@ def tag_resolver(attn_node, task_target, model_node) -> str:
         placed = _placements(attn_node)[0]
     except SchemeError:  # the pre-run check says what is wrong, in one line; the name only needs a tag
         return "invalid"
-    return tag_from_names({loc: p.scheme for loc, p in placed.items() if loc in used})
+    return tag_from_names({loc: p.label for loc, p in placed.items() if loc in used})
 
 
 _ALIAS = re.compile(r"^(attention)\.(encoder|decoder|cross)=(.*)$")

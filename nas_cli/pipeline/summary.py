@@ -15,7 +15,7 @@ from nas_cli.infra.version import code_version
 from nas_cli.pipeline.lengths import declared_at_lengths, lengths_record, requested
 from nas_cli.pipeline.lit import count_parameters
 from nas_cli.pipeline.trainer import environment
-from nas_cli.model.memory import kv_cache_bytes_per_token, recurrent_state_bytes
+from nas_cli.model.memory import kv_cache_bytes_per_token, recurrent_state_bytes, windowed_cache_bytes
 from tasks.scores import declaration
 
 
@@ -33,6 +33,8 @@ def run_summary(cfg: DictConfig, job, trainer: pl.Trainer, ckpt, module, task, t
         "parameters": count_parameters(module.model),
         # the decoding cache per generated token: keys and values of every causal self-attention layer
         "kv_cache_bytes_per_token": kv_cache_bytes_per_token(module.model),
+        # with sliding windows: the growth once every window is full, and what the full windows hold
+        "kv_cache_windowed": windowed_cache_bytes(module.model),
         # the recurrent mixers' states per sequence (linear attention, DeltaNet): the same at every length
         "recurrent_state_bytes": recurrent_state_bytes(module.model),
         "seed": int(cfg.seed),
