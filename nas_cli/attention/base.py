@@ -289,9 +289,10 @@ class AttentionCore(nn.Module):
         raise NotImplementedError
 
     def prefill_state(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_mask: torch.Tensor | None,
-                      k_mask: torch.Tensor | None) -> Any:
+                      k_mask: torch.Tensor | None, x: torch.Tensor | None = None) -> Any:
         """The state :meth:`step` carries after a causal prefill: queries q (B, H, T, D), the i-th
-        against keys [0, i] of k, v (B, H, T, D); a padded query (``q_mask`` False) adds nothing.
+        against keys [0, i] of k, v (B, H, T, D); a padded query (``q_mask`` False) adds nothing;
+        ``x`` (B, H, T, n): the input projection of a core that asks for one (:meth:`input_features`).
         None when the scheme carries nothing (:attr:`carries_state`). The default runs :meth:`step`
         once per query (right for any scheme); a scheme overrides it with one vectorized pass."""
         if not self.carries_state:
@@ -301,7 +302,8 @@ class AttentionCore(nn.Module):
             km = None if k_mask is None else k_mask[:, :i + 1]
             if q_mask is not None:
                 km = q_mask[:, i:i + 1].expand(-1, i + 1) if km is None else km & q_mask[:, i:i + 1]
-            _, state = self.step(q[..., i:i + 1, :], k[..., :i + 1, :], v[..., :i + 1, :], km, state)
+            own = {} if x is None else {"x": x[..., i:i + 1, :]}
+            _, state = self.step(q[..., i:i + 1, :], k[..., :i + 1, :], v[..., :i + 1, :], km, state, **own)
         return state
 
     def extra_repr(self) -> str:

@@ -20,8 +20,8 @@ How a call is served:
   with ``add_cross_attention``) is nas-run's cross form (queries generated left to right).
 * **Masks.** The mask function gives the library's boolean mask (True = attend) at every call.
   It is read back as nas-run's masks (real keys, real queries, causal) and checked: a mask that
-  is not padding (left or right) plus causal (a sliding window, packed sequences) is refused in
-  one line. Padded queries give zeros; in self-attention they never enter a column normalizer.
+  is not padding (left or right) plus causal, within the layer's sliding window where it has one
+  (chunks, packed sequences), is refused in one line. Padded queries give zeros; in self-attention they never enter a column normalizer.
 * **Grouped-query attention.** Keys and values are repeated to the query heads
   (``module.num_key_value_groups``), as the library's SDPA path does.
 * **Scaling.** nas-run's cores divide scores by sqrt(head_dim); a layer whose ``scaling`` differs
@@ -39,13 +39,18 @@ How a call is served:
   nothing (softmax, kernels, additive) keeps nothing. Beam search's reordering of the
   cache is followed (the state's batch rows are matched to the cached keys). A scheme without a
   one-query step (CODA, CODA-CS, RealFormer) refuses cached generation in one line.
+* **Sliding windows and soft-capping** (Mistral, Gemma 2): the layer's ``sliding_window`` and
+  ``softcap`` become the core's ``window`` and ``softcap`` (nas_cli/attention/mods.py) for the schemes
+  that take them; any other scheme refuses them in one line.
+* **The layer input** (gated and forgetting attention's gates): :func:`attach` gives the layer the
+  projection nas-run's own model builds, a submodule saved with the model (nas_cli/hf/inputs.py).
 * **Cascades.** CODA and RealFormer read the previous layer's attention at the same location:
   :func:`attach` links each layer's core to the one below, and the library's layer order within
   a forward hands it on.
 * **Refused, in one line naming the scheme:** schemes that need the model's own cooperation
   (symmetric kernels tie W_q = W_k, positional variants place positions themselves), T5-style
-  ``position_bias``, ``softcap``, and a scheme with parameters or a cascade on a model that
-  :func:`attach` has not prepared.
+  ``position_bias``, a window or cap for a scheme that takes none, and a scheme with parameters, an
+  input projection or a cascade on a model that :func:`attach` has not prepared.
 
 :mod:`nas_cli.hf.models` makes library families nas-run models (``model=hf_llama``, ``hf_gpt2``,
 ``hf_bert``); docs/huggingface.md has the example, the families that work and the ones that cannot.

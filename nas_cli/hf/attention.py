@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from nas_cli.attention.base import AttentionCore, SchemeError
+from nas_cli.hf import inputs
 from nas_cli.model.choices import available, scheme_config
 from nas_cli.model.plan import make_core_factory
 
@@ -23,9 +24,6 @@ def refuse_reason(core: AttentionCore) -> str | None:
         return "ties keys to the query projection (W_q = W_k), which the model's own projections do not"
     if core.input_positions or core.requires_no_input_positions:
         return "places positions itself, on top of the model's own position scheme"
-    if core.input_features(8):
-        return ("needs a projection of the layer's input (a gate) besides q, k and v, which the library's "
-                "attention interface does not pass; use nas-run's own models (model=tiny, small, ...)")
     return None
 
 
@@ -70,6 +68,7 @@ def attach(model: torch.nn.Module, name: str | None = None, factory=None) -> tor
             like = next(module.parameters(), None)  # the layer's device, dtype and mode (attach after
             core = core if like is None else core.to(device=like.device, dtype=like.dtype)  # .double(), .eval())
             module.nas_core = core.train(module.training)
+            inputs.attach(module, core, heads)  # gated and forgetting attention: the projection of the input
     if not any("nas_core" in getattr(m, "_modules", {}) for m in model.modules()):
         raise HFAttentionError(f"attach: {type(model).__name__} has no attention layer nas-run recognizes (a family "
                                "not converted to the library's attention interface?)")
@@ -103,9 +102,11 @@ def _core(name: str, module, query: torch.Tensor) -> AttentionCore:
     core = module._modules.get("nas_core")
     if core is None:
         core = build_core(name, module, int(query.shape[1]))
-        if any(True for _ in core.parameters()):
-            raise HFAttentionError(f"attention '{name}' learns parameters: call nas_cli.hf.attach(model) after "
-                                   "from_config, before making an optimizer or loading weights")
+        needs = ("learns parameters" if any(True for _ in core.parameters()) else
+                 "needs a projection of the layer's input" if core.input_features(8) else None)
+        if needs:
+            raise HFAttentionError(f"attention '{name}' {needs}: call nas_cli.hf.attach(model) after from_config, "
+                                   "before making an optimizer or loading weights")
         if core.uses_prev:
             raise HFAttentionError(f"attention '{name}' reads the previous layer's attention: call "
                                    "nas_cli.hf.attach(model) after from_config, so each layer knows the one below")
@@ -131,9 +132,11 @@ def _as_bool(mask: torch.Tensor | None) -> torch.Tensor | None:
     return mask > torch.finfo(mask.dtype).min / 2  # an additive float mask: 0 = attend
 
 
-def read_masks(name: str, mask: torch.Tensor | None, sq: int, sk: int, causal: bool, cross: bool):
+def read_masks(name: str, mask: torch.Tensor | None, sq: int, sk: int, causal: bool, cross: bool,
+               window: int | None = None):
     """(q_mask (B, Sq) | None, k_mask (B, Sk) | None) from the library's (B, 1|H, Sq, Sk) mask,
-    after checking that the mask is padding plus (if causal) j <= past + i and nothing else."""
+    after checking that the mask is padding plus (if causal) j <= past + i, within ``window`` keys
+    (i - j < window, the layer's sliding window) where one is given, and nothing else."""
     mask = _as_bool(mask)
     if mask is None:
         return None, None
@@ -148,6 +151,8 @@ def read_masks(name: str, mask: torch.Tensor | None, sq: int, sk: int, causal: b
     if causal:
         pos = torch.arange(sk, device=mask.device)
         expected = expected & (pos[None, :] <= pos[sk - sq:, None])[None]
+        if window is not None:
+            expected = expected & (pos[sk - sq:, None] - pos[None, :] < window)[None]
     rows = q_mask if q_mask is not None else mask.any(dim=-1)
     if not bool((mask == expected)[rows].all()):
         raise HFAttentionError(f"attention '{name}': the model's mask is not padding{' + causal' if causal else ''} "
@@ -169,9 +174,8 @@ def attention(name: str, module, query, key, value, attention_mask, dropout: flo
     if kwargs.get("position_bias") is not None:
         raise HFAttentionError(f"attention '{name}': T5-style position_bias (added to the scores) is not "
                                "supported; nas-run schemes take query-key scores only")
-    if kwargs.get("softcap") is not None:
-        raise HFAttentionError(f"attention '{name}': score soft-capping (softcap) is not supported")
     core = _core(name, module, query)
+    window = _score_settings(name, core, kwargs.get("softcap"), kwargs.get("sliding_window"))
     core.dropout = float(dropout)
     location, causal = _form(module)
     if is_causal is not None and location != "cross" and bool(is_causal) != causal:
@@ -184,20 +188,40 @@ def attention(name: str, module, query, key, value, attention_mask, dropout: flo
     if scaling is not None and not math.isclose(scaling * math.sqrt(d), 1.0, rel_tol=1e-6):
         query = query * (scaling * math.sqrt(d))
     sq, sk = query.shape[-2], key.shape[-2]
-    q_mask, k_mask = read_masks(name, attention_mask, sq, sk, causal, location == "cross")
+    q_mask, k_mask = read_masks(name, attention_mask, sq, sk, causal, location == "cross", window)
     # some families (GPT-2) do not pass output_attentions on to the function: nas-run's model
     # wrappers (nas_cli/hf/models.py) then ask the cores directly
     want = bool(kwargs.get("output_attentions") or core.__dict__.get("_hf_weights"))
+    extra = inputs.input_projection(module, query.shape[1])
     if causal and sk > sq:
-        out, weights = _continue(name, core, module, query, key, value, k_mask, keys_seen, want)
+        out, weights = _continue(name, core, module, query, key, value, k_mask, keys_seen, want, extra)
     else:
-        res = core(query, key, value, q_mask=q_mask, k_mask=k_mask, need_weights=want, **_below(core))
+        res = core(query, key, value, q_mask=q_mask, k_mask=k_mask, need_weights=want, **_below(core), **extra)
         if core.__dict__.get("_hf_keep"):  # the layer above reads it in this same forward
             core.__dict__["_hf_output"] = res
         out, weights = res.out, res.weights
         if causal and kwargs.get("use_cache"):
-            _remember(name, core, module, query, key, value, q_mask, k_mask, keys_seen)
+            _remember(name, core, module, query, key, value, q_mask, k_mask, keys_seen, extra)
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _score_settings(name: str, core: AttentionCore, softcap, window) -> int | None:
+    """The layer's soft-capping and sliding window (Gemma 2's, Mistral's), given to a core that takes them
+    (nas_cli/attention/mods.py), refused in one line by one that does not; returns the window."""
+    for key, value, option in (("softcap", softcap, "softcap"), ("sliding_window", window, "window")):
+        if value is None:  # the core keeps its own (attention.softcap / attention.window of the plan)
+            continue
+        takes = hasattr(core, option) and (option != "window" or getattr(core, "takes_window", False))
+        if not takes:
+            raise HFAttentionError(f"attention '{name}': this layer has {key}={value}, which '{name}' does not take; "
+                                   f"schemes that do: {', '.join(schemes_taking(option))}")
+        setattr(core, option, float(value) if option == "softcap" else int(value))
+    return None if window is None else int(window)
+
+
+def schemes_taking(option: str) -> list[str]:
+    return [n for n in available("attention") if option in scheme_config(n)
+            and (option != "window" or n != "selective")]
 
 
 def _below(core: AttentionCore) -> dict[str, Any]:
@@ -217,14 +241,15 @@ def _fingerprint(keys: torch.Tensor) -> torch.Tensor:
     return keys.detach().double().sum(dim=(1, 3))
 
 
-def _steps(core: AttentionCore, query, key, value, k_mask, state, start: int):
+def _steps(core: AttentionCore, query, key, value, k_mask, state, start: int, extra: dict):
     """New queries one at a time through core.step, the i-th against keys [0, start + i] (a cached
-    continuation: one query per generated token)."""
+    continuation: one query per generated token); ``extra``: the input projection ``x`` of the new positions."""
     outs = []
     for i in range(query.shape[-2]):
         end = start + i + 1
         km = None if k_mask is None else k_mask[:, :end]
-        o, state = core.step(query[..., i:i + 1, :], key[..., :end, :], value[..., :end, :], km, state)
+        own = {k: t[..., i:i + 1, :] for k, t in extra.items()}
+        o, state = core.step(query[..., i:i + 1, :], key[..., :end, :], value[..., :end, :], km, state, **own)
         outs.append(o)
     return torch.cat(outs, dim=-2), state
 
@@ -235,24 +260,25 @@ class _Prefill:
     (``core.prefill_state``) only if a cached continuation comes; a training forward, which
     Hugging Face models call with ``use_cache=True`` too, computes nothing."""
 
-    def __init__(self, query, key, value, q_mask, k_mask):
+    def __init__(self, query, key, value, q_mask, k_mask, extra: dict):
         self.tensors = (query.detach(), key.detach(), value.detach(), q_mask, k_mask)
+        self.extra = {k: t.detach() for k, t in extra.items()}
 
     def state(self, core: AttentionCore):
         with torch.no_grad():
-            return core.prefill_state(*self.tensors)
+            return core.prefill_state(*self.tensors, **self.extra)
 
 
-def _remember(name, core, module, query, key, value, q_mask, k_mask, keys_seen) -> None:
+def _remember(name, core, module, query, key, value, q_mask, k_mask, keys_seen, extra: dict) -> None:
     """After a cached prefill: what the next query needs (nothing for a scheme that carries nothing)."""
     if not core.supports_step:
         module._nas_cache = None
         return
-    pending = _Prefill(query, key, value, q_mask, k_mask) if core.carries_state else None
+    pending = _Prefill(query, key, value, q_mask, k_mask, extra) if core.carries_state else None
     module._nas_cache = (key.shape[-2], pending, _fingerprint(keys_seen))
 
 
-def _continue(name, core, module, query, key, value, k_mask, keys_seen, want: bool):
+def _continue(name, core, module, query, key, value, k_mask, keys_seen, want: bool, extra: dict):
     if want:
         raise HFAttentionError(f"attention '{name}': output_attentions with a KV cache is not supported; "
                                "pass use_cache=False")
@@ -261,12 +287,14 @@ def _continue(name, core, module, query, key, value, k_mask, keys_seen, want: bo
                                "use_cache=False")
     past = key.shape[-2] - query.shape[-2]
     state = _cached_state(name, core, module, past, keys_seen[..., :past, :])
-    out, state = _steps(core, query, key, value, k_mask, state, past)
+    out, state = _steps(core, query, key, value, k_mask, state, past, extra)
     module._nas_cache = (key.shape[-2], state, _fingerprint(keys_seen))
     return out, None
 
 
 def _cached_state(name, core, module, past: int, past_keys: torch.Tensor):
+    if not core.carries_state:  # every step is the query against the cached keys (a sliding cache's too)
+        return None
     cached = getattr(module, "_nas_cache", None)
     if cached is None or cached[0] != past:
         raise HFAttentionError(f"attention '{name}': a cached continuation of {past} keys this layer did not "
@@ -319,7 +347,7 @@ def unas_mask_function(*args, **kwargs):
 def unas_attention(module, query, key, value, attention_mask, **kwargs: Any):
     """UNAS inside a Hugging Face model: the library's own SDPA function, unless the weights are
     asked for (``output_attentions``, nas-run's diagnostics), which nas-run's core gives."""
-    if kwargs.get("output_attentions") or _wants_weights(module):
+    if kwargs.get("output_attentions") or _wants_weights(module) or kwargs.get("softcap") is not None:
         return attention(SDPA_SCHEME, module, query, key, value, attention_mask, **kwargs)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

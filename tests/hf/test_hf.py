@@ -50,7 +50,7 @@ def build(cls, cfg, impl: str, like: torch.nn.Module | None = None):
         nh.attach(model)
     if like is not None:
         missing, unexpected = model.load_state_dict(like.state_dict(), strict=False)
-        assert not unexpected and all(".nas_core." in k for k in missing)
+        assert not unexpected and all(".nas_core." in k or ".nas_x_proj." in k for k in missing)
     return model.double().eval()
 
 
@@ -197,7 +197,7 @@ def test_encoder_dnas_ignores_padding():
 # ---------------------------------------------------------------- causality through the whole model
 
 @pytest.mark.parametrize("scheme", ["dnas", "hnas", "sinkhorn", "kernel_rbf", "sigmoid", "softpick", "stickbreaking",
-                                    "selective", "differential"])
+                                    "selective", "differential", "gated", "forgetting"])
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_future_tokens_never_change_earlier_logits(scheme, family):
     from transformers import GPT2LMHeadModel, LlamaForCausalLM
@@ -217,7 +217,7 @@ def test_future_tokens_never_change_earlier_logits(scheme, family):
 # ---------------------------------------------------------------- cached generation is exact
 
 @pytest.mark.parametrize("scheme", ["unas", "dnas", "hnas", "sinkhorn", "kernel_rbf", "additive", "sigmoid",
-                                    "stickbreaking", "selective", "differential"])
+                                    "stickbreaking", "selective", "differential", "gated", "forgetting"])
 def test_cached_generation_equals_uncached(scheme):
     from transformers import LlamaForCausalLM
 
@@ -237,6 +237,8 @@ def test_cached_generation_equals_uncached(scheme):
         assert len(state[1]) == (3 if scheme == "sinkhorn" else 1) and state[1][0].shape == (2, 4, 1, 14)
     elif scheme == "selective":  # head 0's running votes F for the next query, (B, 1, 1, keys so far)
         assert state[1].shape == (2, 1, 1, 14)
+    elif scheme == "forgetting":  # the running sum of log forget gates of every key so far, per head
+        assert state[1].shape == (2, 4, 14)
     elif scheme != "unas":  # softmax over a kernel, additive scores: nothing carried from query to query
         assert state[1] is None
     beams = dict(attention_mask=am, max_new_tokens=5, num_beams=3, do_sample=False, pad_token_id=0)
@@ -322,12 +324,64 @@ def test_refusals_are_one_line_naming_scheme_and_form():
     # a module with no attention layer of a converted family
     with pytest.raises(nh.HFAttentionError, match=r"^attach: Linear has no attention layer nas-run recognizes"):
         nh.attach(torch.nn.Linear(2, 2), "dnas")
-    # a sliding-window mask is not padding + causal
+    # a sliding window, for a scheme that takes none
     cfg = MistralConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                         num_attention_heads=4, num_key_value_heads=2, sliding_window=2)
     model = MistralForCausalLM._from_config(cfg, attn_implementation="dnas")
-    with pytest.raises(nh.HFAttentionError, match=r"attention 'dnas': the model's mask is not padding \+ causal"):
+    with pytest.raises(nh.HFAttentionError, match=r"^attention 'dnas': this layer has sliding_window=2, which 'dnas' "
+                                                  r"does not take; schemes that do: gated, sigmoid, softpick"):
         model(ids)
+
+
+@pytest.mark.parametrize("scheme", ["gated", "forgetting"])
+def test_the_input_projection_is_the_models_own_trained_and_saved(scheme, tmp_path):
+    """attach() gives gated and forgetting attention the projection of the layer input nas-run's own model builds: in
+    the parameters (training moves it), in save_pretrained's files, and loaded back into an attached model."""
+    from transformers import LlamaForCausalLM
+
+    model = nh.attach(LlamaForCausalLM._from_config(llama_config(), attn_implementation=scheme))
+    proj = model.model.layers[0].self_attn.nas_x_proj
+    assert proj.out_features == 4 * (8 if scheme == "gated" else 1)  # heads x (d_head per head, or one gate)
+    before = proj.weight.detach().clone()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    model(ids, labels=ids).loss.backward()
+    opt.step()
+    assert not torch.equal(proj.weight, before)
+    model.save_pretrained(tmp_path)
+    fresh = nh.attach(LlamaForCausalLM._from_config(llama_config(), attn_implementation=scheme))
+    from safetensors.torch import load_file
+
+    fresh.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=False)
+    torch.testing.assert_close(fresh.model.layers[0].self_attn.nas_x_proj.weight, proj.weight)
+    torch.testing.assert_close(fresh.eval()(ids).logits, model.eval()(ids).logits)
+
+
+def gemma2(impl: str, like=None):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    cfg = Gemma2Config(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=3,
+                       attn_logit_softcapping=5.0, pad_token_id=0)
+    return build(Gemma2ForCausalLM, cfg, impl, like)
+
+
+@pytest.mark.parametrize("scheme", ["unas", "sigmoid"])
+def test_gemma2s_soft_capping_and_sliding_windows_reach_the_scheme(scheme):
+    """Gemma 2 alternates sliding-window and global layers and soft-caps every layer's scores: a scheme that takes
+    both (nas_cli/attention/mods.py) gets the layer's own values. UNAS equals the library's eager Gemma 2 (its softmax
+    in float32); sigmoid attention's cached generation equals its uncached one, left padding included."""
+    ref = gemma2("eager")
+    model = gemma2(scheme, like=ref)
+    cores = [layer.self_attn.nas_core for layer in model.model.layers]
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    logits = model(ids).logits
+    assert [c.window for c in cores] == [3, None] and all(c.softcap == 5.0 for c in cores)
+    if scheme == "unas":
+        torch.testing.assert_close(logits, ref(ids).logits, rtol=1e-6, atol=1e-6)
+    ids, am = LEFT
+    kw = dict(attention_mask=am, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(ids, use_cache=True, **kw), model.generate(ids, use_cache=False, **kw))
 
 
 def test_attach_gives_parameters_before_the_optimizer():

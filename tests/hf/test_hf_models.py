@@ -41,6 +41,20 @@ def test_nas_run_trains_hf_llama_with_diagnostics_in_wandb_and_resumes(tmp_path)
     assert again["steps"] == 30 and again["resumed_from"]
 
 
+@pytest.mark.parametrize("scheme", ["gated", "forgetting"])
+def test_hf_llama_trains_gated_and_forgetting_attention_with_their_input_projection(tmp_path, scheme):
+    """The gate's projection of the layer input is the model's: trained, saved in the checkpoint, and the run
+    tested from it."""
+    run = tmp_path / "run"
+    proc = nas_run("model=hf_llama", f"attention={scheme}", *SMALL, "trainer.max_steps=10", "logger=csv",
+                   "diagnostics.plots=never", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["scheme"] == scheme and summary["test"]["test/ppl"] > 1
+    state = torch.load(run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    assert sum(k.endswith("self_attn.nas_x_proj.weight") for k in state) == 2  # one per layer
+
+
 def test_hf_gpt2_trains_with_dnas_and_the_adaptive_softmax(tmp_path):
     """model=hf_gpt2 with nas-run's adaptive softmax in place of the library's output layer (the
     WikiText-2 preset's, here on copy_lm's 20 symbols)."""
@@ -78,8 +92,6 @@ def test_adaptive_softmax_over_the_librarys_hidden_states(family):
 
 @pytest.mark.parametrize("args,words", [
     (["attention=pe_lookup"], "attention=pe_lookup cannot run inside model=hf_llama: it places positions itself"),
-    (["attention=gated"], "attention=gated cannot run inside model=hf_llama: it needs a projection of the layer's input"),
-    (["attention=forgetting"], "attention=forgetting cannot run inside model=hf_llama: it needs a projection"),
     (["attention=differential", "model.heads=3"], "model.heads=3 must be even"),
     (["task=sort"], "model=hf_llama is a decoder-only language model: use it with a language-model task"),
     (["model=hf_bert"], "model=hf_bert is an encoder-decoder: use it with a translation task"),
