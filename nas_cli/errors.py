@@ -3,7 +3,9 @@ stderr and a non-zero exit (:func:`fail`)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from typing import Callable, NoReturn
 
 
 class UserError(Exception):
@@ -117,14 +119,47 @@ class NotPrintedYet:
         return True
 
 
-def fail(message: str, code: int = 2, kind: str = "error", color: str = "red", program: str = "nas-run",
-         log: bool = True):
-    """``<program>: <kind>: <message>`` on one line, then exit with ``code`` (``log``: see :func:`say`).
-    ``message`` is plain text, shown as written (``pip install "nas-run[ray]"``, not rich markup)."""
-    from rich.markup import escape
+class Exit(SystemExit):
+    """An outcome that ends the command (a refusal, a failure, a stop): its one line ``<program>: <kind>:
+    <message>`` and its exit status. Raised where it is decided (:func:`fail`); said, once, by :func:`exits`,
+    the wrapper of every command's ``main`` and of the Hydra job, the one place that ends a process. A
+    ``SystemExit``, so that whatever runs a job (Hydra's launchers, a joblib worker, a SLURM job) lets it
+    through as it lets ``sys.exit`` through."""
 
-    say(f"[bold {color}]{program}: {kind}:[/] {escape(message)}", log=log)
-    sys.exit(code)
+    def __init__(self, message: str, code: int = 2, kind: str = "error", color: str = "red",
+                 program: str = "nas-run", log: bool = True):
+        super().__init__(code)
+        self.message, self.kind, self.color, self.program, self.log = message, kind, color, program, log
+
+    def __reduce__(self):  # a worker process hands it back whole
+        return Exit, (self.message, self.code, self.kind, self.color, self.program, self.log)
+
+    def say(self) -> None:
+        from rich.markup import escape
+
+        say(f"[bold {self.color}]{self.program}: {self.kind}:[/] {escape(self.message)}", log=self.log)
+
+
+def fail(message: str, code: int = 2, kind: str = "error", color: str = "red", program: str = "nas-run",
+         log: bool = True) -> NoReturn:
+    """Raise the :class:`Exit` of ``<program>: <kind>: <message>`` with status ``code`` (``log``: see :func:`say`).
+    ``message`` is plain text, shown as written (``pip install "nas-run[ray]"``, not rich markup)."""
+    raise Exit(message, code, kind, color, program, log)
+
+
+def exits(entry: Callable) -> Callable:
+    """``entry`` (a command's ``main``, the Hydra job) with its :class:`Exit` said on its line and turned into the
+    process's exit status: the one place an outcome is printed and a process ends."""
+
+    @functools.wraps(entry)
+    def wrapper(*args, **kwargs):
+        try:
+            return entry(*args, **kwargs)
+        except Exit as outcome:
+            outcome.say()
+            raise SystemExit(outcome.code) from None
+
+    return wrapper
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -16,9 +16,12 @@ nas_cli/attention/recurrent.py's.
   beta_t k_t v_t^T with the decay a_t = exp(-exp(A_h) softplus(w . x_t + dt_h)) (Mamba-2's parameterization;
   A_h = log U(1, 16), dt_h the inverse softplus of a log-uniform draw in [0.001, 0.1] at initialization).
 
+* ``mamba2`` (Dao and Gu, ICML 2024): the SSD recurrence, a decay per head and the write scaled by its step dt,
+  with C, B, x the core's q, k, v and a skip D x_t (:class:`Mamba2`).
+
 Each state is d x d numbers per head (``state_numbers``), the same at every length: summary.json's
 ``recurrent_state_bytes``. Not here: short convolutions, output gates and norms of the layers around the
-mixers in their papers' blocks, and Mamba-2.
+mixers in their papers' blocks.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nas_cli.attention.base import AttentionCore
-from nas_cli.attention.recurrent import RecurrentMixer
+from nas_cli.attention.recurrent import RecurrentMixer, implicit_weights
 
 
 def _padded_out(q_mask, *tensors):
@@ -138,3 +141,68 @@ class GLA(RecurrentMixer, AttentionCore):
         g = F.logsigmoid(logits) / self.tau  # log a_t = log sigma(.) / tau
         k, v, g = _padded_out(q_mask, k, v, g)
         return q / math.sqrt(q.size(-1)), k, v, g, None
+
+
+class Mamba2(RecurrentMixer, AttentionCore):
+    """Mamba-2's state-space duality layer (SSD; Dao and Gu, ICML 2024, "Transformers are SSMs"), per head h:
+
+        h_t = exp(dt_t A_h) h_{t-1} + dt_t B_t x_t^T,    y_t = C_t^T h_t + D_h x_t,    dt_t = softplus(w . u_t + b_h)
+
+    with C, B and x the core's q, k and v (a B and C per head, Mamba-2's ngroups = heads; the state d x d per
+    head), A_h = -exp(A_log) with A in [1, 16] at initialization, dt's bias the inverse softplus of a log-uniform
+    draw in [0.001, 0.1], and D_h = 1 (the paper's reference code's initialization). The recurrence is linear
+    attention's with a decay per head and the write scaled by dt (nas_cli/attention/recurrent.py); the D skip is
+    added to the output. Not here: the short convolution, the gate z and the norm of Mamba-2's block, and a state
+    size other than the head's."""
+
+    name = "mamba2"
+
+    def __init__(self, heads: int, chunk: int = 64, **kw):
+        super().__init__(heads, **kw)
+        self.chunk = int(chunk)
+
+    def input_features(self, d_head: int) -> int:
+        return 1  # dt's projection
+
+    def set_width(self, d_model: int) -> None:
+        g = torch.Generator().manual_seed(2024 + self.layer)
+        self.a_log = nn.Parameter(torch.empty(self.heads).uniform_(1, 16, generator=g).log())
+        dt = torch.exp(torch.empty(self.heads).uniform_(math.log(1e-3), math.log(0.1), generator=g))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+        self.d_skip = nn.Parameter(torch.ones(self.heads))
+
+    def features(self, q, k, v, q_mask, x):
+        if x is None:
+            raise ValueError("mamba2 needs the projection of its input x (the model's x_proj)")
+        dt = F.softplus(x[..., 0].to(q.dtype) + self.dt_bias[None, :, None].to(q.dtype))  # (B, H, T)
+        g = -self.a_log.exp()[None, :, None].to(q.dtype) * dt
+        k, v, g = _padded_out(q_mask, k * dt[..., None], v, g)
+        return q, k, v, g, None
+
+    def _skip(self, v):
+        return self.d_skip[None, :, None, None].to(v.dtype) * v
+
+    def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False, x=None):
+        res = super().forward(q, k, v, q_mask, k_mask, need_weights, x)
+        skip = self._skip(v)
+        if q_mask is None:
+            res.out = res.out + skip
+            return res
+        real = q_mask[:, None, :, None].to(v.dtype)
+        res.out = res.out + skip * real
+        if res.weights is not None:  # a padded position neither reads nor is read, its skip included
+            res.weights = res.weights * real * q_mask[:, None, None, :].to(res.weights.dtype)
+        return res
+
+    def implicit(self, q, k, g, beta):
+        """The SSD matrix C_i . (dt_j B_j) prod exp(dt A) over (j, i], with D_h on its diagonal: weights @ v is
+        the output."""
+        w = implicit_weights(q, k, g, beta)
+        return w + torch.diag_embed(self.d_skip.to(w.dtype)[None, :, None].expand(w.shape[:-1]))
+
+    def step(self, q, k, v, k_mask, state, x=None):
+        out, state = super().step(q, k, v, k_mask, state, x)
+        return out + self._skip(v[..., -1:, :]), state
+
+    def learned(self) -> dict[str, torch.Tensor]:
+        return {"decay_rate": self.a_log.exp(), "skip": self.d_skip}

@@ -1,6 +1,6 @@
 """Settings of the scores that today's models put around their attention, for the schemes that turn each
 query's scores into its weights row by row (UNAS and gated attention; sigmoid, softpick, stick-breaking and
-selective attention): each is an option of those schemes' YAMLs, so ``attention.softcap=30`` reaches every
+selective attention; flex, whose mods come on top): each is an option of those schemes' YAMLs, so ``attention.softcap=30`` reaches every
 location that runs one, and ``attention.decoder.window=64`` one location.
 
 * ``softcap``: logit soft-capping (Gemma 2, Gemma Team 2024): s_ij -> c tanh(s_ij / c) with c the option, on

@@ -57,9 +57,14 @@ class UNAS(ScoreOptions, AttentionCore):
         scores = self.capped(full_precision(scaled_scores(q, k)))
         if alibi is not None:
             scores = scores + score_bias(alibi, sq, sk, q.device, first=first)
+        scores, allowed = self.modded(scores, allowed, first)
         weights = self.sunk_softmax(scores, allowed)
         dropped = nn.functional.dropout(weights, self.dropout, self.training)
         return AttentionOutput(torch.matmul(dropped.to(v.dtype), v), weights if need_weights else None, self.aux())
+
+    def modded(self, scores: torch.Tensor, allowed: torch.Tensor | None, first: int):
+        """Scores and allowed pairs changed by the scheme's own mods (``attention=flex``'s); here unchanged."""
+        return scores, allowed
 
     def _mask(self, k_mask, first: int, sq: int, sk: int, device):
         """SDPA's (attn_mask, is_causal) for these queries and keys, the window folded into the boolean mask."""

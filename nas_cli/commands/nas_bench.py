@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 
-from nas_cli.errors import OneLineParser
+from nas_cli.errors import OneLineParser, exits
 from nas_cli.bench.attention import DEFAULT_SCHEMES, DTYPES, attention_main
 from nas_cli.bench.train import TRAIN_DEFAULT_SCHEMES, TRAIN_PRECISIONS, train_main
 
@@ -125,6 +125,7 @@ def _add_check_scheme(sub) -> None:
     cs.set_defaults(subparser=cs)
 
 
+@exits
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = make_parser()

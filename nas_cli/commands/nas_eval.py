@@ -15,12 +15,11 @@ sacreBLEU signature) to ``<run dir>/eval/<name>.json`` and the hypotheses to
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 
 from rich.table import Table
 
-from nas_cli.errors import OneLineParser, SignalStop, UserError, fail, print_table, quiet_libraries
+from nas_cli.errors import OneLineParser, SignalStop, UserError, exits, fail, print_table, quiet_libraries
 from nas_cli.pipeline.evaluation import evaluate
 
 
@@ -55,6 +54,7 @@ def _parser() -> OneLineParser:
     return ap
 
 
+@exits
 def main(argv=None) -> None:
     args = _parser().parse_args(argv)
     quiet_libraries()
@@ -66,9 +66,8 @@ def main(argv=None) -> None:
     except UserError as err:
         fail(str(err), program="nas-eval")
     except SignalStop as stop:
-        print(f"nas-eval: stopped: {signal.Signals(stop.signum).name} during the evaluation of {args.run_dir} "
-              f"({args.split} split); nothing written to its eval/", file=sys.stderr)
-        sys.exit(128 + stop.signum)
+        fail(f"{signal.Signals(stop.signum).name} during the evaluation of {args.run_dir} ({args.split} split); "
+             "nothing written to its eval/", 128 + stop.signum, kind="stopped", color="yellow", program="nas-eval")
     _print(args, result)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import sys
 from typing import Sequence
 
-from nas_cli.errors import OneLineParser
+from nas_cli.errors import OneLineParser, exits
 
 __all__ = ["main"]
 
@@ -108,6 +108,7 @@ class _Report:
     notes: list
 
 
+@exits
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from nas_cli.errors import UserError

@@ -23,10 +23,11 @@ import sys
 from typing import Sequence
 
 
-from nas_cli.errors import OneLineParser
+from nas_cli.errors import OneLineParser, exits
 from nas_cli.bench.repro import run_explained_away, run_mode_collapse
 from nas_cli.diagnostics import mode_collapse as mc
 
+@exits
 def main(argv: Sequence[str] | None = None) -> int:
     parser = OneLineParser(prog="nas-repro", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)

@@ -13,7 +13,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from nas_cli.errors import UserError, fail, quiet_libraries
+from nas_cli.errors import UserError, exits, fail, quiet_libraries
 from nas_cli.model.choices import CONF_PACKAGE
 from nas_cli.pipeline.launch.command_line import hydra_argv
 from nas_cli.pipeline.job import run_job
@@ -27,6 +27,7 @@ SRUN_HINT = "ignore:The `srun` command is available on your system"
 
 
 @hydra.main(version_base="1.3", config_path=CONF_PACKAGE, config_name="config")
+@exits  # a job in a worker process (joblib, SLURM, Ray) says its own outcome there
 def _hydra_entry(cfg: DictConfig):
     return run_job(cfg)
 
@@ -74,6 +75,7 @@ def version_line() -> str:
     return f"nas-run {describe({'version': code['version']})}{where}\n{libs}"
 
 
+@exits
 def main() -> None:
     if "--version" in sys.argv[1:]:
         print(version_line())

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nas_cli.errors import UserError
+from nas_cli.errors import Refused, UserError
 
 from nas_cli.infra.atomic import atomic_write_json, process_alive
 from nas_cli.infra.process import PROCESS
@@ -41,6 +41,12 @@ def continuing(run_dir: Path) -> bool:
     """Was this process started by ``nas-run resume=<run_dir>``?"""
     target = os.environ.get(CONTINUE_ENV)
     return bool(target) and Path(target).resolve() == Path(run_dir).resolve()
+
+
+def as_refusal(err: UserError, run_dir: Path) -> UserError:
+    """A bad value found before a continued run changed anything: :class:`Refused` (the run is left as it was);
+    any other run's bad value as it is."""
+    return Refused(str(err)) if continuing(run_dir) and not isinstance(err, Refused) else err
 
 
 def _me() -> dict[str, Any]:

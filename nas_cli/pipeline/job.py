@@ -27,7 +27,8 @@ from nas_cli.errors import Refused, Stopped, UserError, fail, print_table, quiet
 from nas_cli.infra import ray_train
 from nas_cli.infra.redaction import redact
 from nas_cli.infra.atomic import atomic_write_text
-from nas_cli.infra.rundir import SAVE_CONFIG_ENV, acquire, clear_failed, continuing, mark_failed, release, remove_empty_parents
+from nas_cli.infra.rundir import (SAVE_CONFIG_ENV, acquire, as_refusal, clear_failed, continuing, mark_failed, release,
+                                  remove_empty_parents)
 from nas_cli.model.locations import name_from_choices
 from nas_cli.pipeline.launch.callbacks import job_line, summary_table
 from nas_cli.infra.launchers import spawns_processes
@@ -205,10 +206,8 @@ def _checked(cfg: DictConfig, hc, run_dir: Path, multirun: bool):
     try:
         checked = check_config(cfg)
         check_trainer(cfg)
-    except UserError as err:
-        if continuing(run_dir):  # a resumed run refused before it ran: left as it was, untouched
-            raise Refused(str(err)) from None
-        raise
+    except UserError as err:  # a resumed run refused before it ran is left as it was, untouched
+        raise as_refusal(err, run_dir) from None
     _save_configs(cfg, run_dir)
     if continuing(run_dir):
         record_resume(run_dir, list(hc.overrides.task))

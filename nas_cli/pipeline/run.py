@@ -45,7 +45,7 @@ from nas_cli.infra.resume import RunCheckpoint, config_fingerprint, keep_summary
 from nas_cli.infra.redaction import redacted_argv
 from nas_cli.infra.version import code_version, describe
 from nas_cli.infra.atomic import atomic_write_json, atomic_write_text
-from nas_cli.infra.rundir import ITEMS_FILE, continuing
+from nas_cli.infra.rundir import ITEMS_FILE, as_refusal, continuing
 from nas_cli.infra.distributed import StepSeed, shard_and_resume
 from nas_cli.infra.validate_at_end import ValidateAtEnd
 
@@ -114,8 +114,8 @@ def _stops(progress: "Progress", run_dir: Path):
     except SIGTERMException as stop:  # Lightning's, in fit or test: the step, and whether last.ckpt was saved
         raise _stopped(stop, progress.trainer, run_dir, progress.phase) from None
     except UserError as err:
-        if progress.phase == "startup" and continuing(run_dir):  # nothing of the run changed: leave it as it was
-            raise Refused(str(err)) from None
+        if progress.phase == "startup":  # nothing of the run changed yet
+            raise as_refusal(err, run_dir) from None
         raise
     except SignalStop as stop:
         at = f" at step {progress.trainer.global_step}" if progress.trainer is not None else ""

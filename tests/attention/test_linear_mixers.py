@@ -91,6 +91,27 @@ def test_gla_is_yang_et_als_recurrence():
                                    rtol=0, atol=1e-12)
 
 
+def test_mamba2_is_the_ssd_recurrence():
+    """Dao and Gu 2024, per head in the paper's notation (C, B, x = q, k, v; N = P = d): h_t = exp(dt_t A) h_{t-1}
+    + dt_t B_t x_t^T, y_t = C_t^T h_t + D x_t, dt_t = softplus(w . u_t + b), A = -exp(A_log); and the implicit
+    matrix times the values is the output."""
+    core = _core("mamba2")
+    with torch.no_grad():
+        core.d_skip.copy_(torch.linspace(0.5, 2.0, H))
+    q, k, v, _, _ = _inputs(4)
+    x = torch.randn(B, H, T, core.input_features(D), dtype=torch.float64)
+    res = core(q, k, v, x=x, need_weights=True)
+    dt = F.softplus(x[..., 0] + core.dt_bias[None, :, None])
+    a = -core.a_log.exp()[None, :]  # (1, H)
+    h = torch.zeros(B, H, D, D, dtype=torch.float64)
+    for t in range(T):
+        h = torch.exp(dt[:, :, t] * a)[..., None, None] * h \
+            + dt[:, :, t][..., None, None] * k[:, :, t][..., :, None] * v[:, :, t][..., None, :]
+        y = torch.einsum("bhnp,bhn->bhp", h, q[:, :, t]) + core.d_skip[None, :, None] * v[:, :, t]
+        torch.testing.assert_close(res.out[:, :, t], y, rtol=0, atol=1e-12)
+    torch.testing.assert_close(res.weights @ v, res.out, rtol=0, atol=1e-12)
+
+
 def test_decoding_keeps_the_state_and_only_the_newest_key(tmp_path):
     from omegaconf import OmegaConf
 

@@ -34,7 +34,7 @@ CASES = [
     ([R, "model=huge"], 2, "model=huge"),
     ([R, "model.positions=bogus"], 2, "model.positions=bogus is not valid"),
     # --- nas-run: score settings and per-layer plans ---
-    ([R, "attention=dnas", "attention.softcap=30"], 2, "dnas has no option 'softcap'; it is an option of gated"),
+    ([R, "attention=dnas", "attention.softcap=30"], 2, "dnas has no option 'softcap'; it is an option of flex, gated"),
     ([R, "attention.window=8"], 2, "attention.cross.window=8: cross-attention's keys are the source's positions"),
     ([R, "task=copy_lm", "attention.sink=one"], 2, "attention.sink must be null (no sink), zero or learned"),
     ([R, "task=copy_lm", "attention.per_layer=[{{windw:3}}]"], 2, "attention.per_layer[0].windw=3: unas has no option"),

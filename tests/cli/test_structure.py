@@ -77,3 +77,56 @@ def test_the_package_never_imports_the_benchmark_scripts():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nas_cli.bench."):
                 assert (ROOT / "nas_cli" / "bench" / f"{node.module.split('.')[2]}.py").is_file(), (path, node.module)
+
+
+def _module_guard(tree: ast.Module) -> set[int]:
+    """Line numbers inside ``if __name__ == "__main__":`` blocks (a module run with ``python -m``)."""
+    lines: set[int] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            lines.update(range(node.lineno, node.end_lineno + 1))
+    return lines
+
+
+def test_only_the_one_wrapper_ends_a_process():
+    """An outcome (refused, failed, stopped) is raised where it is decided (``fail`` raises ``Exit``) and said and
+    turned into the exit status in one place, ``nas_cli.errors.exits``, which wraps every command's ``main`` and the
+    Hydra job: no ``sys.exit`` or ``raise SystemExit`` elsewhere in the package (a module's ``__main__`` guard aside)."""
+    import tomllib
+
+    from nas_cli.errors import exits
+
+    ends = []
+    for path in (ROOT / "nas_cli").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        guard = _module_guard(tree)
+        for node in ast.walk(tree):
+            text = ast.unparse(node) if isinstance(node, (ast.Call, ast.Raise)) else ""
+            if (text.startswith("sys.exit(") or text.startswith("raise SystemExit(")) and node.lineno not in guard:
+                ends.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text}")
+    assert ends == ["nas_cli/errors.py:%d: raise SystemExit(outcome.code) from None" % _line_of(exits, "raise SystemExit")]
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for name, target in scripts.items():
+        module, _, attr = target.partition(":")
+        entry = getattr(importlib.import_module(module), attr)
+        assert entry.__code__ is exits(lambda: None).__code__, f"{name}'s main is not wrapped by exits"
+    from nas_cli.commands import nas_run
+
+    assert nas_run._hydra_entry.__wrapped__.__code__ is exits(lambda: None).__code__  # the job, in any worker
+
+
+def _line_of(function, words: str) -> int:
+    import inspect
+
+    lines, first = inspect.getsourcelines(function)
+    return first + next(i for i, line in enumerate(lines) if words in line)
+
+
+def test_each_outcome_is_converted_in_one_place():
+    """A continued run's bad value becomes a refusal in one function (``as_refusal``), a stop signal its line in one
+    context manager (``nas_cli.pipeline.run._stops``)."""
+    sources = {p: p.read_text() for p in (ROOT / "nas_cli").rglob("*.py")}
+    refusals = [p.name for p, text in sources.items() if "Refused(str(err))" in text]
+    assert refusals == ["rundir.py"]
+    signals = [p.name for p, text in sources.items() if "except SIGTERMException" in text]
+    assert signals == ["run.py"]

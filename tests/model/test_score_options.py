@@ -30,9 +30,9 @@ def _qkv(b=2, h=4, t=9, d=8, seed=0):
 
 
 def test_the_options_are_offered_where_they_apply():
-    assert _taking("softcap") == ["gated", "selective", "sigmoid", "softpick", "stickbreaking", "unas"]
+    assert _taking("softcap") == ["flex", "gated", "selective", "sigmoid", "softpick", "stickbreaking", "unas"]
     assert _taking("window") == ["gated", "sigmoid", "softpick", "stickbreaking", "unas"]
-    assert _taking("sink") == ["gated", "unas"]
+    assert _taking("sink") == ["flex", "gated", "unas"]
 
 
 class _Module(torch.nn.Module):  # what HF's eager functions read of their attention module
