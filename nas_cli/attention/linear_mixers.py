@@ -53,7 +53,7 @@ class LinearAttention(RecurrentMixer, AttentionCore):
         self.chunk = int(chunk)
 
     def state_numbers(self, d_head: int) -> int:  # S and the normalizer z
-        return self.heads * d_head * (d_head + 1)
+        return self.heads * d_head * (d_head + 1) + self._conv_numbers()
 
     def features(self, q, k, v, q_mask, x):
         phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1
@@ -61,7 +61,7 @@ class LinearAttention(RecurrentMixer, AttentionCore):
         phi_k, v1 = _padded_out(q_mask, phi_k, v1)
         return phi_q, phi_k, v1, None, None
 
-    def finish(self, out, q, k, g, beta):
+    def finish(self, out, q, k, v, g, beta):
         return out[..., :-1] / out[..., -1:].clamp_min(torch.finfo(out.dtype).tiny)
 
     def implicit(self, q, k, g, beta):
@@ -81,7 +81,9 @@ class DeltaNet(RecurrentMixer, AttentionCore):
 
     def _qk(self, q, k):
         d = q.size(-1)
-        return F.normalize(F.silu(q), dim=-1) / math.sqrt(d), F.normalize(F.silu(k), dim=-1)
+        if self.short_conv is None:  # with the convolution, its SiLU is the one SiLU (flash-linear-attention's layer)
+            q, k = F.silu(q), F.silu(k)
+        return F.normalize(q, dim=-1) / math.sqrt(d), F.normalize(k, dim=-1)
 
     def features(self, q, k, v, q_mask, x):
         if x is None:
@@ -99,6 +101,7 @@ class GatedDeltaNet(DeltaNet):
         return 2  # beta, and the decay's step
 
     def set_width(self, d_model: int) -> None:
+        super().set_width(d_model)
         g = torch.Generator().manual_seed(1234 + self.layer)
         self.a_log = nn.Parameter(torch.empty(self.heads).uniform_(1, 16, generator=g).log())
         dt = torch.exp(torch.empty(self.heads).uniform_(math.log(1e-3), math.log(0.1), generator=g))
@@ -128,6 +131,7 @@ class GLA(RecurrentMixer, AttentionCore):
         return self.rank
 
     def set_width(self, d_model: int) -> None:
+        super().set_width(d_model)
         d = d_model // self.heads
         g = torch.Generator().manual_seed(4321 + self.layer)
         self.gate_up = nn.Parameter(torch.randn(self.heads, self.rank, d, generator=g) / math.sqrt(self.rank))
@@ -165,6 +169,7 @@ class Mamba2(RecurrentMixer, AttentionCore):
         return 1  # dt's projection
 
     def set_width(self, d_model: int) -> None:
+        super().set_width(d_model)
         g = torch.Generator().manual_seed(2024 + self.layer)
         self.a_log = nn.Parameter(torch.empty(self.heads).uniform_(1, 16, generator=g).log())
         dt = torch.exp(torch.empty(self.heads).uniform_(math.log(1e-3), math.log(0.1), generator=g))
@@ -179,19 +184,14 @@ class Mamba2(RecurrentMixer, AttentionCore):
         k, v, g = _padded_out(q_mask, k * dt[..., None], v, g)
         return q, k, v, g, None
 
-    def _skip(self, v):
-        return self.d_skip[None, :, None, None].to(v.dtype) * v
+    def finish(self, out, q, k, v, g, beta):  # the skip D x_t (x as the mixer reads it: convolved, 0 when padded)
+        return out + self.d_skip[None, :, None, None].to(v.dtype) * v
 
     def forward(self, q, k, v, q_mask=None, k_mask=None, need_weights=False, x=None):
         res = super().forward(q, k, v, q_mask, k_mask, need_weights, x)
-        skip = self._skip(v)
-        if q_mask is None:
-            res.out = res.out + skip
-            return res
-        real = q_mask[:, None, :, None].to(v.dtype)
-        res.out = res.out + skip * real
-        if res.weights is not None:  # a padded position neither reads nor is read, its skip included
-            res.weights = res.weights * real * q_mask[:, None, None, :].to(res.weights.dtype)
+        if res.weights is not None and q_mask is not None:  # a padded position neither reads nor is read
+            real = q_mask.to(res.weights.dtype)
+            res.weights = res.weights * real[:, None, :, None] * real[:, None, None, :]
         return res
 
     def implicit(self, q, k, g, beta):
@@ -199,10 +199,6 @@ class Mamba2(RecurrentMixer, AttentionCore):
         the output."""
         w = implicit_weights(q, k, g, beta)
         return w + torch.diag_embed(self.d_skip.to(w.dtype)[None, :, None].expand(w.shape[:-1]))
-
-    def step(self, q, k, v, k_mask, state, x=None):
-        out, state = super().step(q, k, v, k_mask, state, x)
-        return out + self._skip(v[..., -1:, :]), state
 
     def learned(self) -> dict[str, torch.Tensor]:
         return {"decay_rate": self.a_log.exp(), "skip": self.d_skip}

@@ -150,15 +150,34 @@ class RecurrentMixer:
     #: positions per chunk of the sequence forward (attention.chunk)
     chunk: int = 64
 
+    def __init__(self, heads: int, conv: int | None = None, **kw):
+        super().__init__(heads, **kw)
+        if conv is not None and (not isinstance(conv, int) or isinstance(conv, bool) or conv < 2):
+            raise ValueError(f"attention.conv must be null (none) or a kernel of at least 2 positions (got {conv!r})")
+        #: the short convolution's kernel (attention.conv, nas_cli/attention/short_conv.py), or None
+        self.conv = conv
+        self.short_conv = None
+
+    def set_width(self, d_model: int) -> None:
+        if self.conv:
+            from nas_cli.attention.short_conv import ShortConv
+
+            self.short_conv = ShortConv(self.heads, d_model // self.heads, self.conv)
+        super().set_width(d_model)
+
     def features(self, q, k, v, q_mask, x):
         raise NotImplementedError
 
     def state_numbers(self, d_head: int) -> int:
-        """Numbers in one layer's state per sequence: heads x d_k x d_v."""
-        return self.heads * d_head * d_head
+        """Numbers in one layer's state per sequence: heads x d_k x d_v (and the convolution's last inputs)."""
+        return self.heads * d_head * d_head + self._conv_numbers()
 
-    def finish(self, out, q, k, g, beta):
-        """The outputs from the state's reads (linear attention divides by its normalizer here)."""
+    def _conv_numbers(self) -> int:
+        return 0 if self.short_conv is None else self.short_conv.numbers()
+
+    def finish(self, out, q, k, v, g, beta):
+        """The outputs from the state's reads (linear attention divides by its normalizer here; Mamba-2 adds
+        its skip of the values)."""
         return out
 
     def _mixed(self, q, k, v, q_mask, x):
@@ -170,9 +189,11 @@ class RecurrentMixer:
         from nas_cli.attention.base import AttentionOutput
 
         dtype = v.dtype
+        if self.short_conv is not None:
+            q, k, v = self.short_conv.sequence([q, k, v], q_mask)
         qf, kf, vf, g, beta = self._mixed(q, k, v, q_mask, x)
         out, _ = chunked(qf, kf, vf, g, beta, chunk=self.chunk)
-        out = self.finish(out, qf, kf, g, beta)
+        out = self.finish(out, qf, kf, vf, g, beta)
         weights = self.implicit(qf, kf, g, beta) if need_weights else None
         if q_mask is not None:
             out = out * q_mask[:, None, :, None].to(out.dtype)
@@ -182,7 +203,13 @@ class RecurrentMixer:
         return implicit_weights(q, k, g, beta)
 
     def step(self, q, k, v, k_mask, state, x=None):
-        """The newest position's output from the state; ``k``, ``v`` may hold every key so far (the last is new)."""
-        qf, kf, vf, g, beta = self._mixed(q, k[..., -1:, :], v[..., -1:, :], None, x)
+        """The newest position's output from the state; ``k``, ``v`` may hold every key so far (the last is new).
+        With a short convolution the state is (the mixer's, the convolution's last inputs)."""
+        q1, k1, v1 = q, k[..., -1:, :], v[..., -1:, :]
+        if self.short_conv is not None:
+            state, kept = state if state is not None else (None, None)
+            (q1, k1, v1), kept = self.short_conv.step([q1, k1, v1], kept)
+        qf, kf, vf, g, beta = self._mixed(q1, k1, v1, None, x)
         out, state = recurrence(qf, kf, vf, g, beta, state)
-        return self.finish(out, qf, kf, g, beta).to(v.dtype), state
+        out = self.finish(out, qf, kf, vf, g, beta).to(v.dtype)
+        return out, (state if self.short_conv is None else (state, kept))

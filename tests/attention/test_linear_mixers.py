@@ -151,3 +151,80 @@ def test_a_run_reports_the_state_and_a_mixer_elsewhere_is_one_line(tmp_path):
     bad = nas_run("task=reverse", "attention=deltanet", "debug=fast", f"hydra.run.dir={tmp_path / 'bad'}", cwd=tmp_path)
     assert bad.returncode == 2 and "defined for causal self-attention only" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_the_short_convolution_is_the_causal_formula_and_steps_alike():
+    """y_t = silu(sum_i w_i x_{t-K+1+i}) per channel, zeros before the start; a left-padded sequence is convolved as
+    it is alone; one position at a time with the last K - 1 inputs kept gives the same."""
+    from nas_cli.attention.short_conv import ShortConv
+
+    conv = ShortConv(H, D, 4).double()
+    q, k, v, _, _ = _inputs(5)
+    got = conv.sequence([q, k, v])
+    for s, (x, y) in enumerate(zip((q, k, v), got)):
+        w = conv.weight[s].view(H, D, 4)
+        padded = F.pad(x, (0, 0, 3, 0))
+        ref = sum(w[None, :, None, :, i] * padded[:, :, i:i + T] for i in range(4))
+        torch.testing.assert_close(y, F.silu(ref), rtol=0, atol=1e-12)
+    kept = None
+    for t in range(T):
+        step, kept = conv.step([x[:, :, t:t + 1] for x in (q, k, v)], kept)
+        for y, s in zip(got, step):
+            torch.testing.assert_close(s, y[:, :, t:t + 1], rtol=0, atol=1e-12)
+    mask = torch.ones(B, T + 2, dtype=torch.bool)
+    mask[:, :2] = False
+    lead = [F.pad(x, (0, 0, 2, 0), value=7.0) for x in (q, k, v)]  # padding holds anything
+    for y, z in zip(got, conv.sequence(lead, mask)):
+        torch.testing.assert_close(z[:, :, 2:], y, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["linear_attention", "deltanet", "gated_deltanet", "gla", "mamba2"])
+def test_every_mixer_with_a_convolution_is_causal_and_decodes_as_its_forward(name):
+    from omegaconf import OmegaConf
+
+    from nas_cli.model.choices import CONF_DIR
+    from nas_cli.model.memory import recurrent_state_bytes
+    from nas_cli.model.plan import make_core_factory
+    from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer
+
+    plan = OmegaConf.load(CONF_DIR / "attention" / "unas.yaml")
+    plan.decoder = OmegaConf.load(CONF_DIR / "attention" / f"{name}.yaml")
+    plan.decoder.conv = 4
+    sizes = dict(d_model=32, heads=4, ffn=64, dropout=0.0, max_len=64)
+    torch.manual_seed(0)
+    lm = DecoderOnlyLM(20, make_core_factory(plan, 4), decoder_layers=2, **sizes).eval()
+    ids = torch.randint(3, 20, (2, 10))
+    changed = ids.clone()
+    changed[:, 6:] = torch.randint(3, 20, (2, 4))
+    torch.testing.assert_close(lm(changed)[0][:, :6], lm(ids)[0][:, :6], rtol=0, atol=1e-5)
+    without = OmegaConf.load(CONF_DIR / "attention" / f"{name}.yaml")
+    plain = DecoderOnlyLM(20, make_core_factory(without, 4), decoder_layers=2, **sizes)
+    assert recurrent_state_bytes(lm) == recurrent_state_bytes(plain) + 2 * 3 * 4 * 8 * 3 * 4  # layers, q k v, ...
+    torch.manual_seed(1)
+    m = Seq2SeqTransformer(25, 25, make_core_factory(plan, 4), encoder_layers=1, decoder_layers=2, **sizes).eval()
+    memory, memory_mask, _ = m.encode(torch.randint(3, 25, (3, 6)))
+    cache, prefix = {}, torch.ones(3, 1, dtype=torch.long)
+    for _ in range(6):
+        step = m.decode_step(prefix[:, -1:], memory, memory_mask, cache)
+        full, _ = m.decode(prefix, memory, memory_mask)
+        torch.testing.assert_close(step, full[:, -1], rtol=1e-5, atol=1e-5)
+        prefix = torch.cat([prefix, torch.randint(3, 25, (3, 1))], 1)
+
+
+def test_the_pages_commands_run_as_written(tmp_path):
+    """docs/attention.md's mixer commands, as written there, each to a summary with its state's size."""
+    import json
+    import shlex
+
+    from datafiles import ROOT
+    from helpers import nas_run
+
+    page = (ROOT / "docs" / "attention.md").read_text()
+    block = page.split("### Recurrent token mixers")[1].split("```bash")[1].split("```")[0]
+    commands = [shlex.split(line) for line in block.strip().splitlines()]
+    assert len(commands) == 2
+    for i, argv in enumerate(commands):
+        proc = nas_run(*argv[1:], "diagnostics.plots=never", f"hydra.run.dir={tmp_path / str(i)}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        summary = json.loads((tmp_path / str(i) / "summary.json").read_text())
+        assert summary["recurrent_state_bytes"] > 0 and summary["kv_cache_bytes_per_token"] == 0
