@@ -20,8 +20,9 @@ nas_cli/attention/recurrent.py's.
   with C, B, x the core's q, k, v and a skip D x_t (:class:`Mamba2`).
 
 Each state is d x d numbers per head (``state_numbers``), the same at every length: summary.json's
-``recurrent_state_bytes``. Not here: short convolutions, output gates and norms of the layers around the
-mixers in their papers' blocks.
+``recurrent_state_bytes``. The layers around them in their papers' blocks: ``attention.conv`` (a short
+convolution of q, k and v, nas_cli/attention/short_conv.py) and ``attention.gate`` (the output gate and norm,
+:class:`~nas_cli.attention.recurrent.RecurrentMixer`).
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ class DeltaNet(RecurrentMixer, AttentionCore):
         super().__init__(heads, **kw)
         self.chunk = int(chunk)
 
-    def input_features(self, d_head: int) -> int:
+    def mixer_features(self, d_head: int) -> int:
         return 1  # beta
 
     def _qk(self, q, k):
@@ -97,7 +98,7 @@ class DeltaNet(RecurrentMixer, AttentionCore):
 class GatedDeltaNet(DeltaNet):
     name = "gated_deltanet"
 
-    def input_features(self, d_head: int) -> int:
+    def mixer_features(self, d_head: int) -> int:
         return 2  # beta, and the decay's step
 
     def set_width(self, d_model: int) -> None:
@@ -127,7 +128,7 @@ class GLA(RecurrentMixer, AttentionCore):
         super().__init__(heads, **kw)
         self.chunk = int(chunk)
 
-    def input_features(self, d_head: int) -> int:
+    def mixer_features(self, d_head: int) -> int:
         return self.rank
 
     def set_width(self, d_model: int) -> None:
@@ -160,12 +161,14 @@ class Mamba2(RecurrentMixer, AttentionCore):
     size other than the head's."""
 
     name = "mamba2"
+    #: Mamba-2 gates before its norm: norm(y * silu(z)) (norm_before_gate=False in its reference code)
+    norm_after_gate = True
 
     def __init__(self, heads: int, chunk: int = 64, **kw):
         super().__init__(heads, **kw)
         self.chunk = int(chunk)
 
-    def input_features(self, d_head: int) -> int:
+    def mixer_features(self, d_head: int) -> int:
         return 1  # dt's projection
 
     def set_width(self, d_model: int) -> None:

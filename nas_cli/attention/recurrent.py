@@ -150,20 +150,56 @@ class RecurrentMixer:
     #: positions per chunk of the sequence forward (attention.chunk)
     chunk: int = 64
 
-    def __init__(self, heads: int, conv: int | None = None, **kw):
+    #: the output gate's order: norm(o) * silu(g) (False: DeltaNet's and GLA's layers), or norm(o * silu(g)) (Mamba-2)
+    norm_after_gate = False
+
+    def __init__(self, heads: int, conv: int | None = None, gate: bool = False, **kw):
         super().__init__(heads, **kw)
         if conv is not None and (not isinstance(conv, int) or isinstance(conv, bool) or conv < 2):
             raise ValueError(f"attention.conv must be null (none) or a kernel of at least 2 positions (got {conv!r})")
+        if not isinstance(gate, bool):
+            raise ValueError(f"attention.gate must be true or false (got {gate!r})")
         #: the short convolution's kernel (attention.conv, nas_cli/attention/short_conv.py), or None
         self.conv = conv
         self.short_conv = None
+        #: the output gate and norm of the papers' layers (attention.gate): silu of a projection of the input
+        self.gate = gate
+        self.gate_norm = None
 
     def set_width(self, d_model: int) -> None:
+        d = d_model // self.heads
         if self.conv:
             from nas_cli.attention.short_conv import ShortConv
 
-            self.short_conv = ShortConv(self.heads, d_model // self.heads, self.conv)
+            self.short_conv = ShortConv(self.heads, d, self.conv)
+        if self.gate:
+            self.gate_norm = torch.nn.RMSNorm(d, eps=1e-5)
         super().set_width(d_model)
+
+    def mixer_features(self, d_head: int) -> int:
+        """Features per head of the input projection the mixer's rule reads (a write strength, a decay)."""
+        return 0
+
+    def input_features(self, d_head: int) -> int:
+        return self.mixer_features(d_head) + (d_head if self.gate else 0)
+
+    def _split(self, x):
+        """(the rule's part of the input projection, the gate's) of ``x``."""
+        if not self.gate or x is None:
+            return x, None
+        n = x.size(-1) - self.gate_norm.normalized_shape[0]
+        return (x[..., :n] if n else None), x[..., n:]
+
+    def _gated(self, out, gate):
+        if gate is None:
+            return out
+        g = torch.nn.functional.silu(gate.to(out.dtype))
+        weight, eps = self.gate_norm.weight.to(out.dtype), self.gate_norm.eps
+
+        def norm(t):
+            return torch.nn.functional.rms_norm(t, weight.shape, weight, eps)
+
+        return norm(out * g) if self.norm_after_gate else norm(out) * g
 
     def features(self, q, k, v, q_mask, x):
         raise NotImplementedError
@@ -189,11 +225,12 @@ class RecurrentMixer:
         from nas_cli.attention.base import AttentionOutput
 
         dtype = v.dtype
+        x, gate = self._split(x)
         if self.short_conv is not None:
             q, k, v = self.short_conv.sequence([q, k, v], q_mask)
         qf, kf, vf, g, beta = self._mixed(q, k, v, q_mask, x)
         out, _ = chunked(qf, kf, vf, g, beta, chunk=self.chunk)
-        out = self.finish(out, qf, kf, vf, g, beta)
+        out = self._gated(self.finish(out, qf, kf, vf, g, beta), gate)
         weights = self.implicit(qf, kf, g, beta) if need_weights else None
         if q_mask is not None:
             out = out * q_mask[:, None, :, None].to(out.dtype)
@@ -206,10 +243,11 @@ class RecurrentMixer:
         """The newest position's output from the state; ``k``, ``v`` may hold every key so far (the last is new).
         With a short convolution the state is (the mixer's, the convolution's last inputs)."""
         q1, k1, v1 = q, k[..., -1:, :], v[..., -1:, :]
+        x, gate = self._split(x)
         if self.short_conv is not None:
             state, kept = state if state is not None else (None, None)
             (q1, k1, v1), kept = self.short_conv.step([q1, k1, v1], kept)
         qf, kf, vf, g, beta = self._mixed(q1, k1, v1, None, x)
         out, state = recurrence(qf, kf, vf, g, beta, state)
-        out = self.finish(out, qf, kf, vf, g, beta).to(v.dtype)
+        out = self._gated(self.finish(out, qf, kf, vf, g, beta), gate).to(v.dtype)
         return out, (state if self.short_conv is None else (state, kept))

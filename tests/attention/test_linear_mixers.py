@@ -179,7 +179,7 @@ def test_the_short_convolution_is_the_causal_formula_and_steps_alike():
 
 
 @pytest.mark.parametrize("name", ["linear_attention", "deltanet", "gated_deltanet", "gla", "mamba2"])
-def test_every_mixer_with_a_convolution_is_causal_and_decodes_as_its_forward(name):
+def test_every_mixer_with_a_convolution_and_a_gate_is_causal_and_decodes_as_its_forward(name):
     from omegaconf import OmegaConf
 
     from nas_cli.model.choices import CONF_DIR
@@ -190,6 +190,7 @@ def test_every_mixer_with_a_convolution_is_causal_and_decodes_as_its_forward(nam
     plan = OmegaConf.load(CONF_DIR / "attention" / "unas.yaml")
     plan.decoder = OmegaConf.load(CONF_DIR / "attention" / f"{name}.yaml")
     plan.decoder.conv = 4
+    plan.decoder.gate = True
     sizes = dict(d_model=32, heads=4, ffn=64, dropout=0.0, max_len=64)
     torch.manual_seed(0)
     lm = DecoderOnlyLM(20, make_core_factory(plan, 4), decoder_layers=2, **sizes).eval()
@@ -228,3 +229,27 @@ def test_the_pages_commands_run_as_written(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         summary = json.loads((tmp_path / str(i) / "summary.json").read_text())
         assert summary["recurrent_state_bytes"] > 0 and summary["kv_cache_bytes_per_token"] == 0
+
+
+@pytest.mark.parametrize("name", ["deltanet", "mamba2"])
+def test_the_output_gate_is_the_layers_norm_and_silu(name):
+    """flash-linear-attention's DeltaNet layer: RMSNorm(o) * silu(g); Mamba-2's: RMSNorm(y * silu(z)); g and z the
+    last d_head features of the input projection, after the rule's own."""
+    gated = build_core(name, heads=H, causal=True, location="decoder", gate=True).double()
+    gated.set_width(H * D)
+    gated.double()
+    plain = build_core(name, heads=H, causal=True, location="decoder").double()
+    plain.set_width(H * D)
+    plain.load_state_dict({k: v for k, v in gated.state_dict().items() if "gate_norm" not in k})
+    plain.double()
+    with torch.no_grad():
+        gated.gate_norm.weight.uniform_(0.5, 1.5)
+    q, k, v, _, _ = _inputs(6)
+    own = plain.input_features(D)
+    assert gated.input_features(D) == own + D
+    x = torch.randn(B, H, T, own + D, dtype=torch.float64)
+    o = plain(q, k, v, x=x[..., :own]).out
+    g = F.silu(x[..., own:])
+    rms = lambda t: t / t.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt() * gated.gate_norm.weight  # noqa: E731
+    ref = rms(o * g) if name == "mamba2" else rms(o) * g
+    torch.testing.assert_close(gated(q, k, v, x=x).out, ref, rtol=0, atol=1e-12)
