@@ -144,3 +144,19 @@ def holm_adjusted(p) -> "np.ndarray":
         running = max(running, min(1.0, (len(p) - rank) * p[i]))
         adj[i] = running
     return adj
+
+
+def assert_steps_equal_recomputing(model, batch: int = 3, steps: int = 6, vocab: int = 25) -> dict:
+    """Incremental decoding of an encoder-decoder ``model`` (nas-run's or a Hugging Face pair) equals running its
+    decoder on the whole prefix, at every one of ``steps`` positions of random source and target tokens. Returns
+    the decoding cache, for what a test asks of it."""
+    import torch
+
+    memory, memory_mask, _ = model.encode(torch.randint(3, vocab, (batch, 6)))
+    cache, prefix = {}, torch.ones(batch, 1, dtype=torch.long)
+    for _ in range(steps):
+        step = model.decode_step(prefix[:, -1:], memory, memory_mask, cache)
+        full, _ = model.decode(prefix, memory, memory_mask)
+        torch.testing.assert_close(step, full[:, -1], rtol=1e-5, atol=1e-5)
+        prefix = torch.cat([prefix, torch.randint(3, vocab, (batch, 1))], 1)
+    return cache

@@ -44,6 +44,15 @@ def _padded_out(q_mask, *tensors):
     return tuple(None if t is None else t * (keep[..., None] if t.dim() == 4 else keep).to(t.dtype) for t in tensors)
 
 
+def mamba_decay(heads: int, seed: int) -> tuple[nn.Parameter, nn.Parameter]:
+    """Mamba-2's decay parameters per head, as its reference code initializes them: A_log with A = exp(A_log)
+    uniform in [1, 16], and dt's bias, the inverse softplus of a log-uniform draw in [0.001, 0.1]."""
+    g = torch.Generator().manual_seed(seed)
+    a_log = torch.empty(heads).uniform_(1, 16, generator=g).log()
+    dt = torch.exp(torch.empty(heads).uniform_(math.log(1e-3), math.log(0.1), generator=g))
+    return nn.Parameter(a_log), nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+
+
 class LinearAttention(RecurrentMixer, AttentionCore):
     name = "linear_attention"
     rows_sum_to_one = True
@@ -103,10 +112,7 @@ class GatedDeltaNet(DeltaNet):
 
     def set_width(self, d_model: int) -> None:
         super().set_width(d_model)
-        g = torch.Generator().manual_seed(1234 + self.layer)
-        self.a_log = nn.Parameter(torch.empty(self.heads).uniform_(1, 16, generator=g).log())
-        dt = torch.exp(torch.empty(self.heads).uniform_(math.log(1e-3), math.log(0.1), generator=g))
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+        self.a_log, self.dt_bias = mamba_decay(self.heads, 1234 + self.layer)
 
     def features(self, q, k, v, q_mask, x):
         q, k, v, _, beta = super().features(q, k, v, q_mask, x)
@@ -173,10 +179,7 @@ class Mamba2(RecurrentMixer, AttentionCore):
 
     def set_width(self, d_model: int) -> None:
         super().set_width(d_model)
-        g = torch.Generator().manual_seed(2024 + self.layer)
-        self.a_log = nn.Parameter(torch.empty(self.heads).uniform_(1, 16, generator=g).log())
-        dt = torch.exp(torch.empty(self.heads).uniform_(math.log(1e-3), math.log(0.1), generator=g))
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+        self.a_log, self.dt_bias = mamba_decay(self.heads, 2024 + self.layer)
         self.d_skip = nn.Parameter(torch.ones(self.heads))
 
     def features(self, q, k, v, q_mask, x):

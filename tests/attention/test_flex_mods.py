@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from helpers import build_core
+from helpers import assert_steps_equal_recomputing, build_core
 from omegaconf import OmegaConf
 
 from nas_cli.attention.flex_mods import flex_forward
@@ -79,13 +79,7 @@ def test_decoding_steps_give_the_newest_query_its_position():
     torch.manual_seed(0)
     m = Seq2SeqTransformer(25, 25, make_core_factory(cfg, 4), encoder_layers=1, decoder_layers=2, d_model=32, heads=4,
                            ffn=64, dropout=0.0, max_len=64).eval()
-    memory, memory_mask, _ = m.encode(torch.randint(3, 25, (3, 6)))
-    cache, prefix = {}, torch.ones(3, 1, dtype=torch.long)
-    for _ in range(6):
-        step = m.decode_step(prefix[:, -1:], memory, memory_mask, cache)
-        full, _ = m.decode(prefix, memory, memory_mask)
-        torch.testing.assert_close(step, full[:, -1], rtol=1e-5, atol=1e-5)
-        prefix = torch.cat([prefix, torch.randint(3, 25, (3, 1))], 1)
+    assert_steps_equal_recomputing(m)
 
 
 @pytest.mark.parametrize("options, words", [

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import build_core, nas_run
+from helpers import assert_steps_equal_recomputing, build_core, nas_run
 
 from nas_cli.attention.recurrent import chunked, implicit_weights, recurrence
 
@@ -125,13 +125,7 @@ def test_decoding_keeps_the_state_and_only_the_newest_key(tmp_path):
     torch.manual_seed(0)
     m = Seq2SeqTransformer(25, 25, make_core_factory(plan, 4), encoder_layers=1, decoder_layers=2, d_model=32,
                            heads=4, ffn=64, dropout=0.0, max_len=64).eval()
-    memory, memory_mask, _ = m.encode(torch.randint(3, 25, (2, 5)))
-    cache, prefix = {}, torch.ones(2, 1, dtype=torch.long)
-    for _ in range(6):
-        step = m.decode_step(prefix[:, -1:], memory, memory_mask, cache)
-        full, _ = m.decode(prefix, memory, memory_mask)
-        torch.testing.assert_close(step, full[:, -1], rtol=1e-5, atol=1e-5)
-        prefix = torch.cat([prefix, torch.randint(3, 25, (2, 1))], 1)
+    cache = assert_steps_equal_recomputing(m, batch=2)
     layer = cache["layers"][0]["self"]
     assert layer["k"].size(2) == 1 and layer["state"].shape == (2, 4, 8, 8)
     assert kv_cache_bytes_per_token(m) == 0 and recurrent_state_bytes(m) == 2 * 4 * 8 * 8 * 4
@@ -203,13 +197,7 @@ def test_every_mixer_with_a_convolution_and_a_gate_is_causal_and_decodes_as_its_
     assert recurrent_state_bytes(lm) == recurrent_state_bytes(plain) + 2 * 3 * 4 * 8 * 3 * 4  # layers, q k v, ...
     torch.manual_seed(1)
     m = Seq2SeqTransformer(25, 25, make_core_factory(plan, 4), encoder_layers=1, decoder_layers=2, **sizes).eval()
-    memory, memory_mask, _ = m.encode(torch.randint(3, 25, (3, 6)))
-    cache, prefix = {}, torch.ones(3, 1, dtype=torch.long)
-    for _ in range(6):
-        step = m.decode_step(prefix[:, -1:], memory, memory_mask, cache)
-        full, _ = m.decode(prefix, memory, memory_mask)
-        torch.testing.assert_close(step, full[:, -1], rtol=1e-5, atol=1e-5)
-        prefix = torch.cat([prefix, torch.randint(3, 25, (3, 1))], 1)
+    assert_steps_equal_recomputing(m)
 
 
 def test_the_pages_commands_run_as_written(tmp_path):

@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from helpers import build_core
+from helpers import assert_steps_equal_recomputing, build_core
 from omegaconf import OmegaConf
 from test_model import SIZES
 
@@ -143,13 +143,7 @@ def test_windowed_decoding_equals_recomputing_with_the_window_in_the_cache(schem
     m = Seq2SeqTransformer(25, 25, _plan(scheme, window=3, softcap=5.0, **extra), encoder_layers=1, decoder_layers=2,
                            **{**SIZES, "positions": "rope"}).eval()
     assert m.can_step
-    memory, memory_mask, _ = m.encode(torch.randint(3, 25, (3, 6)))
-    cache, prefix = {}, torch.ones(3, 1, dtype=torch.long)
-    for _ in range(7):
-        step_logits = m.decode_step(prefix[:, -1:], memory, memory_mask, cache)
-        full, _ = m.decode(prefix, memory, memory_mask)
-        torch.testing.assert_close(step_logits, full[:, -1], rtol=1e-5, atol=1e-5)
-        prefix = torch.cat([prefix, torch.randint(3, 25, (3, 1))], 1)
+    cache = assert_steps_equal_recomputing(m, steps=7)
     assert cache["layers"][0]["self"]["k"].shape[2] == 3  # the cache holds the window, not the 7 keys
 
 
