@@ -41,10 +41,9 @@ def test_nas_run_trains_hf_llama_with_diagnostics_in_wandb_and_resumes(tmp_path)
     assert again["steps"] == 30 and again["resumed_from"]
 
 
-@pytest.mark.parametrize("scheme", ["gated", "forgetting"])
-def test_hf_llama_trains_gated_and_forgetting_attention_with_their_input_projection(tmp_path, scheme):
+def test_hf_llama_trains_gated_attention_with_its_input_projection(tmp_path, scheme="gated"):
     """The gate's projection of the layer input is the model's: trained, saved in the checkpoint, and the run
-    tested from it."""
+    tested from it (forgetting attention's, the same projection, in tests/hf/test_hf.py)."""
     run = tmp_path / "run"
     proc = nas_run("model=hf_llama", f"attention={scheme}", *SMALL, "trainer.max_steps=10", "logger=csv",
                    "diagnostics.plots=never", f"hydra.run.dir={run}", cwd=tmp_path)

@@ -41,8 +41,8 @@ def test_seed_auto_rechoosing_at_every_look_holds_five_percent(case):
     rng = np.random.default_rng(10 + case)
     # at the size a test affords (each look's lift is a bootstrap over up to 10 seeds); the committed calibration
     # (docs/tuning_sequential.json, 20,000 sweeps a cell) is held to 5% below
-    assert seqcal.formula_rate(case, (2, 10), "every look", 2000, rng) <= _limit(2000)
-    assert seqcal.sweeper_rate(case, (2, 10), 1500, rng) <= _limit(1500)
+    assert seqcal.formula_rate(case, (2, 10), "every look", 1000, rng) <= _limit(1000)
+    assert seqcal.sweeper_rate(case, (2, 10), 800, rng) <= _limit(800)
 
 
 def test_a_choice_kept_from_the_first_look_is_not_calibrated():
