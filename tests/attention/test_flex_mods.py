@@ -94,6 +94,7 @@ def test_a_mod_that_cannot_be_had_is_one_line(options, words):
         build_core("flex", **options)
 
 
+@pytest.mark.slow  # the page's example, run as written
 def test_the_pages_command_runs_as_written_and_a_bad_path_is_one_line(tmp_path):
     """docs/attention.md's example: its module (the commented lines) written to the folder, its command run there."""
     import shlex

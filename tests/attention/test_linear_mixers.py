@@ -200,6 +200,7 @@ def test_every_mixer_with_a_convolution_and_a_gate_is_causal_and_decodes_as_its_
     assert_steps_equal_recomputing(m)
 
 
+@pytest.mark.slow  # the page's example, run as written
 def test_the_pages_commands_run_as_written(tmp_path):
     """docs/attention.md's mixer commands, as written there, each to a summary with its state's size."""
     import json

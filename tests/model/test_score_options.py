@@ -183,6 +183,7 @@ def _page_commands(heading: str) -> list[list[str]]:
     return [shlex.split(line) for line in block.strip().splitlines() if not line.startswith("#")]
 
 
+@pytest.mark.slow  # the page's examples, run as written
 @pytest.mark.parametrize("heading, labels", [
     ("### Soft-capping, sliding windows and sinks", ["unas@w8"]),
     ("### Per-layer plans", ["unas@w8*5+unas", "deltanet*3+unas"]),
