@@ -221,16 +221,22 @@ def build_hf_model(model_cfg: DictConfig, cores, task) -> nn.Module:
     import transformers
 
     from nas_cli.hf import HFAttentionError, attach, register
+    from nas_cli.hf.attention import SDPA_SCHEME
 
     wrong = wrong_task(model_cfg, task.kind == "lm")
     if wrong:
         raise UserError(wrong)
-    names = sorted(set(cores.names.values()))
+    names = sorted(set(cores.names.values()) | set(cores.plan.schemes))  # every layer's (a per-layer plan)
     register(names)  # a user's scheme (hydra.searchpath) too; the layers run the cores attach() gives them
+    # the library calls one function in every layer, and that function runs the layer's own core; only a model of
+    # UNAS alone takes the library's SDPA path (with its masks, skipped where is_causal says the same): any other
+    # scheme in any layer needs the full mask in every call
+    impl = next((n for n in names if n != SDPA_SCHEME), SDPA_SCHEME)
+
     def made(auto, config) -> nn.Module:
-        model = auto.from_config(config, attn_implementation=names[0])
+        model = auto.from_config(config, attn_implementation=impl)
         try:
-            return attach(model, names[0], cores)
+            return attach(model, impl, cores)
         except HFAttentionError as err:
             raise UserError(str(err)) from None
 

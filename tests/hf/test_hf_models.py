@@ -229,3 +229,25 @@ def test_hf_pair_beam_search_scores_are_its_tokens_log_probabilities():
     for row in range(2):
         n = int((tokens[row] != 0).sum())
         assert float(scores[row]) == pytest.approx(float(logp[row, :n].sum()), abs=1e-4)
+
+
+def test_a_per_layer_plan_runs_each_layers_scheme_inside_the_library_model():
+    """attention.per_layer in model=hf_llama: every layer runs its own core (a sigmoid layer is not the library's SDPA),
+    with the full padding mask in every call (left padding changes no real position's logits)."""
+    from nas_cli.model.plan import AttentionPlan
+    from nas_cli.pipeline.lit import build_model
+
+    cfg = compose_cfg("model=hf_llama", "attention.per_layer=[null,{scheme:sigmoid}]",
+                      *[a for a in SMALL if a.startswith(("model.", "task="))])
+    task = type("T", (), {"kind": "lm", "src_vocab_size": 20, "pad_id": 0})()
+    torch.manual_seed(0)
+    model = build_model(cfg.model, AttentionPlan.from_config(cfg.attention).model_cores(cfg.model), task).double().eval()
+    layers = model.hf.model.layers
+    assert [layer.self_attn.nas_core.name for layer in layers] == ["unas", "sigmoid"]
+    assert model.hf.config._attn_implementation == "sigmoid"
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    padded = torch.tensor([[0, 0, 3, 4, 5, 6, 7, 8]])
+    torch.testing.assert_close(model(padded)[0][:, 2:], model(ids)[0])
+    sigmoid_out = model(ids)[0]
+    layers[1].self_attn.nas_core = layers[0].self_attn.nas_core  # the same weights, softmax in both layers
+    assert not torch.allclose(model(ids)[0], sigmoid_out)
