@@ -36,14 +36,15 @@ from nas_cli.model.locations import LOCATIONS, PLAIN, hydra_choices, job_locatio
 
 #: keys of a composed ``attention`` node that are not constructor options
 _NOT_OPTIONS = frozenset({"name", "per_layer", *LOCATIONS})
-#: the score settings of today's models (nas_cli/attention/mods.py): null is their absence, so a scheme's YAML
-#: that offers them and leaves them null builds, names and hashes as one without them, and a user's class put
-#: in that YAML's place (attention._target_=...) is not handed them
-_NULL_IS_ABSENT = frozenset({"softcap", "window", "sink"})
+#: the settings of today's models around a scheme (nas_cli/attention/mods.py; the recurrent mixers' convolution and
+#: gate) at the value that means "none": a scheme's YAML that offers them and leaves them so builds, names and
+#: hashes as one without them, and a user's class put in that YAML's place (attention._target_=...) is not handed them
+_ABSENT = MappingProxyType({"softcap": None, "window": None, "sink": None, "conv": None, "gate": False})
 
 
 def _options(node: dict) -> dict[str, Any]:
-    return {k: v for k, v in node.items() if k not in _NOT_OPTIONS and not (k in _NULL_IS_ABSENT and v is None)}
+    return {k: v for k, v in node.items()
+            if k not in _NOT_OPTIONS and not (k in _ABSENT and v is _ABSENT[k])}
 _SHORT = MappingProxyType({"encoder": "enc", "decoder": "dec", "cross": "cross"})
 
 

@@ -224,3 +224,17 @@ def test_a_per_layer_plan_builds_each_layer_and_names_it(tmp_path):
     assert cores[2].bias == pytest.approx(-math.log(16))
     assert plan.tag == "unas@w4+unas+sigmoid" and plan.schemes == ("sigmoid", "unas")
     assert plan.identity()["decoder"]["per_layer"][2]["scheme"] == "sigmoid"
+
+
+def test_settings_left_at_none_leave_the_identity_as_without_them():
+    """A scheme's YAML offers the settings of today's models at the value that means none: the plan builds, names
+    and hashes as one without them (runs made before a YAML offered them keep their config ids)."""
+    from nas_cli.model.plan import AttentionPlan
+
+    for scheme in ("unas", "deltanet", "flex"):
+        cfg = OmegaConf.load(CONF_DIR / "attention" / f"{scheme}.yaml")
+        offered = {"softcap", "window", "sink", "conv", "gate", "per_layer"} & set(cfg)
+        assert offered and not offered & set(AttentionPlan.from_config(cfg).identity()["decoder"])
+    cfg = OmegaConf.load(CONF_DIR / "attention" / "deltanet.yaml")
+    cfg.conv, cfg.gate = 4, True
+    assert {"conv": 4, "gate": True}.items() <= AttentionPlan.from_config(cfg).identity()["decoder"].items()
