@@ -26,7 +26,8 @@ IGNORED_KEYS = ("seed", "tune", "tune_seeds", "progress_bar", "progress_lines", 
 #: another model)
 ADDED_DEFAULTS = MappingProxyType({"train_batch_items": None, "eval_batch_items": None, "eval_lengths": None,
                                    "train_tokens": None, "optim.decay_fraction": 0.2,
-                                   "model.kv_heads": None, "model.qk_norm": False, "model.rope_scaling": None})
+                                   "model.kv_heads": None, "model.qk_norm": False, "model.rope_scaling": None,
+                                   "model.mla": None})
 
 
 def added_at_default(key: str, value) -> bool:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nas_cli.model.latent import LatentSpec
+
 #: the values of model.rope_scaling.type
 ROPE_SCALINGS = ("linear", "ntk", "yarn")
 
@@ -79,10 +81,11 @@ class HeadSettings:
     kv_heads: int | None = None
     qk_norm: bool = False
     rope_scaling: RopeScaling | None = None
+    latent: LatentSpec | None = None
 
     @classmethod
     def from_options(cls, heads: int, kv_heads=None, qk_norm=False, rope_scaling=None,
-                     positions: str = "") -> "HeadSettings":
+                     positions: str = "", mla=None, d_head: int = 0) -> "HeadSettings":
         if kv_heads is not None and (not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads):
             raise ValueError(f"model.kv_heads={kv_heads} must divide model.heads={heads} (each key/value head "
                              f"serves heads / kv_heads query heads): choose from "
@@ -91,10 +94,26 @@ class HeadSettings:
         if scaling is not None and positions != "rope":
             raise ValueError(f"model.rope_scaling scales rotary positions: it needs model.positions=rope (got "
                              f"'{positions}')")
-        return cls(None if kv_heads in (None, heads) else int(kv_heads), bool(qk_norm), scaling)
+        latent = LatentSpec.from_option(mla, d_head, positions)
+        if latent is not None:
+            _check_latent(kv_heads, heads, qk_norm, scaling)
+        return cls(None if kv_heads in (None, heads) else int(kv_heads), bool(qk_norm), scaling, latent)
 
     def kv_count(self, heads: int) -> int:
         return self.kv_heads or heads
+
+
+def _check_latent(kv_heads, heads: int, qk_norm, scaling: RopeScaling | None) -> None:
+    """The settings that multi-head latent attention replaces or cannot take."""
+    if kv_heads not in (None, heads):
+        raise ValueError(f"model.kv_heads={kv_heads} with model.mla: latent attention already shrinks the cache (one "
+                         "latent per position instead of key/value heads); choose one of the two")
+    if qk_norm:
+        raise ValueError("model.qk_norm=true with model.mla: latent attention normalizes its latents (RMSNorm of "
+                         "c_KV and c_Q) instead of each head's queries and keys; choose one of the two")
+    if scaling is not None and scaling.kind == "yarn":
+        raise ValueError("model.rope_scaling.type=yarn with model.mla: YaRN's temperature scales whole scores, while "
+                         "MLA rotates only a decoupled part of each head; use type linear or ntk")
 
 
 def expand(x: torch.Tensor, heads: int) -> torch.Tensor:

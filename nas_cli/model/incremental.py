@@ -8,8 +8,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nas_cli.model.heads import expand
-
 
 def attention_step(mha: nn.Module, x_q, memory, k_mask, cache: dict):
     """One decoding step of ``mha`` for the newest position x_q (B, 1, C).
@@ -19,26 +17,25 @@ def attention_step(mha: nn.Module, x_q, memory, k_mask, cache: dict):
     The core's running state (e.g. DNAS column normalizers) lives in cache["state"]."""
     q = mha.queries(x_q)
     if memory is None:
-        k_new, v_new = mha.keys(x_q), mha.values(x_q)
         seen = int(cache.get("n", 0))  # positions before this one
-        if mha.rotary:  # the newest position: as many as the positions before it
-            pos = torch.tensor([seen], device=q.device)
-            q, k_new = mha.rotate(q, pos), mha.rotate(k_new, pos)
+        pos = torch.tensor([seen], device=q.device) if mha.rotary else None  # as many as the positions before it
+        q, new = mha.rotate_queries(q, pos), mha.kv_entries(x_q, pos)
         cache["n"] = seen + 1
-        if mha.core.recurrent:  # a recurrent mixer: its state holds the past, the cache only the newest key
-            cache["k"], cache["v"] = k_new, v_new
-        else:
-            cache["k"] = k_new if "k" not in cache else torch.cat([cache["k"], k_new], dim=2)
-            cache["v"] = v_new if "v" not in cache else torch.cat([cache["v"], v_new], dim=2)
-            window = getattr(mha.core, "window", None)
-            if window is not None:  # a sliding window: the keys that left it are never read again
-                cache["k"], cache["v"] = cache["k"][:, :, -window:], cache["v"][:, :, -window:]
+        window = getattr(mha.core, "window", None)
+        for name, entry in new.items():  # keys and values, or MLA's latent and rotary key (B, heads or 1, 1, D)
+            if mha.core.recurrent:  # a recurrent mixer: its state holds the past, the cache only the newest key
+                cache[name] = entry
+                continue
+            cache[name] = entry if name not in cache else torch.cat([cache[name], entry], dim=2)
+            if window is not None:  # a sliding window: the positions that left it are never read again
+                cache[name] = cache[name][:, :, -window:]
     elif "k" not in cache:
-        cache["k"], cache["v"] = mha.keys(memory), mha.values(memory)
+        cache.update(mha.kv_entries(memory))
     extra = {"alibi": mha.alibi} if mha.alibi is not None else {}
-    # the cache holds the key/value heads unrepeated (model.kv_heads): each step repeats them for the core
-    out, cache["state"] = mha.core.step(q, expand(cache["k"], mha.heads), expand(cache["v"], mha.heads), k_mask,
-                                        cache.get("state"), **mha.input_projection(x_q), **extra)
+    # the cache holds the key/value heads unrepeated (model.kv_heads) or MLA's latents: each step rebuilds every
+    # head's keys and values for the core
+    k, v = mha.keys_values({name: cache[name] for name in mha.cache_names})
+    out, cache["state"] = mha.core.step(q, k, v, k_mask, cache.get("state"), **mha.input_projection(x_q), **extra)
     b = out.size(0)
     return mha.dropout(mha.out_proj(out.transpose(1, 2).reshape(b, 1, mha.heads * mha.d_head)))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from nas_cli.model.transformer import MultiHeadAttention
+from nas_cli.model.multihead import MultiHeadAttention
 
 
 def _self_attention(model):
@@ -19,14 +19,14 @@ def _self_attention(model):
 
 def kv_cache_bytes_per_token(model) -> int | None:
     """Bytes the decoding cache grows by per generated token: every causal self-attention layer's keys and values
-    (its key/value heads x head size x 2) at the parameters' element size, a recurrent mixer's layer none (its
+    (its key/value heads x head size x 2, or MLA's latent and rotary key) at the parameters' element size, a recurrent mixer's layer none (its
     state does not grow: :func:`recurrent_state_bytes`); None for a model without nas-run's attention modules
     (model=hf_*)."""
     found = _self_attention(model)
     if found is None:
         return None
     size = next(model.parameters()).element_size()
-    return int(sum(2 * m.kv_heads * m.d_head * size for m in found if not m.core.recurrent))
+    return int(sum(m.cached_per_token() * size for m in found if not m.core.recurrent))
 
 
 def windowed_cache_bytes(model) -> dict[str, int] | None:
@@ -37,7 +37,7 @@ def windowed_cache_bytes(model) -> dict[str, int] | None:
     if all(getattr(m.core, "window", None) is None for m in cached):
         return None
     size = next(model.parameters()).element_size()
-    per_token = {m: 2 * m.kv_heads * m.d_head * size for m in cached}
+    per_token = {m: m.cached_per_token() * size for m in cached}
     return {"per_token_beyond_windows": int(sum(b for m, b in per_token.items() if m.core.window is None)),
             "windows": int(sum(b * m.core.window for m, b in per_token.items() if m.core.window is not None))}
 

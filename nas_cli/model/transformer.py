@@ -7,6 +7,7 @@ Locations: ``encoder`` (encoder self), ``decoder`` (decoder self, causal), ``cro
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -14,109 +15,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from nas_cli.attention import AttentionCore
-from nas_cli.attention.positions import alibi_slopes, rotate, sinusoids
 from nas_cli.model.embedding import Embedder
-from nas_cli.model.heads import HeadSettings, expand
+from nas_cli.model.heads import HeadSettings
+from nas_cli.model.multihead import MultiHeadAttention
 from nas_cli.model.incremental import block_step, can_step_of, reorder_cache  # noqa: F401 (reorder_cache: a public name here)
 from nas_cli.model.readout import READOUTS
 from nas_cli.infra.options import Count, Fraction, PositiveInt
 
 CoreFactory = Callable[[str, int, bool], AttentionCore]
-
-
-class MultiHeadAttention(nn.Module):
-    """Projections + head split around an attention core.
-
-    Reads the core's declared contract (nas_cli/attention/base.py): ``tie_qk`` (no ``k_proj``
-    is created, so the saved parameters are real), ``input_positions`` (sinusoids t of the
-    query/key positions, 0..T-1 per sequence, added before the q/k or the value projection:
-    v = (f + t) W_v, Tsai et al. Eq. 7), ``uses_prev``, and calls ``set_width(d_model)`` once.
-    """
-
-    def __init__(self, d_model: int, heads: int, core: AttentionCore, dropout: float = 0.0, positions: str = "",
-                 settings: HeadSettings = HeadSettings()):
-        super().__init__()
-        self.heads, self.d_head = heads, d_model // heads
-        #: the positions of self-attention (queries and keys at 0..T-1): rotary q and k (model.positions=rope),
-        #: or ALiBi's per-head slopes handed to the core, which adds their bias to its scores (alibi)
-        self.rotary = positions == "rope"
-        self.rope_scaling = settings.rope_scaling if self.rotary else None
-        self.register_buffer("alibi", alibi_slopes(heads) if positions == "alibi" else None, persistent=False)
-        self.d_model = d_model
-        self.tie_qk = bool(core.tie_qk)
-        #: grouped-query attention (model.kv_heads, nas_cli/model/heads.py): fewer key/value heads
-        self.kv_heads = settings.kv_count(heads)
-        if self.tie_qk and self.kv_heads != heads:
-            raise ValueError(f"model.kv_heads={self.kv_heads}: scheme '{core.name}' ties its keys to its queries (one "
-                             "projection), so it has as many key heads as query heads; leave model.kv_heads out")
-        kv_width = self.kv_heads * self.d_head
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = None if self.tie_qk else nn.Linear(d_model, kv_width)
-        self.v_proj = nn.Linear(d_model, kv_width)
-        self.out_proj = nn.Linear(d_model, d_model)
-        #: QK-norm (model.qk_norm): RMSNorm of each query and key head, a learned scale per feature
-        self.q_norm = nn.RMSNorm(self.d_head) if settings.qk_norm else None
-        self.k_norm = (self.q_norm if self.tie_qk else nn.RMSNorm(self.d_head)) if settings.qk_norm else None
-        self.input_positions = frozenset(core.input_positions)
-        n = core.input_features(self.d_head)  # gated / forgetting attention: a projection of the input
-        self.x_proj = nn.Linear(d_model, heads * n) if n else None
-        core.set_width(d_model)
-        self.core = core
-        self.dropout = nn.Dropout(dropout)
-
-    def _split(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:  # (B, T, H * D) -> (B, H, T, D)
-        b, t, c = x.shape
-        heads = heads or self.heads
-        return x.view(b, t, heads, c // heads).transpose(1, 2)
-
-    def queries(self, x: torch.Tensor) -> torch.Tensor:
-        q = self._split(self.q_proj(x))
-        return q if self.q_norm is None else self.q_norm(q)
-
-    def keys(self, x: torch.Tensor) -> torch.Tensor:  # (B, kv_heads, T, D): before expand()
-        k = self._split((self.q_proj if self.tie_qk else self.k_proj)(x), self.kv_heads)
-        return k if self.k_norm is None else self.k_norm(k)
-
-    def values(self, x: torch.Tensor) -> torch.Tensor:  # (B, kv_heads, T, D): before expand()
-        return self._split(self.v_proj(x), self.kv_heads)
-
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return rotate(x, positions, scaling=self.rope_scaling)
-
-    def input_projection(self, x_q) -> dict:
-        """``{"x": (B, H, Tq, n)}``, the projection of the query-side input a core asks for
-        (:meth:`~nas_cli.attention.base.AttentionCore.input_features`), or {} when it asks for none."""
-        return {} if self.x_proj is None else {"x": self._split(self.x_proj(x_q))}
-
-    def project(self, x_q, x_kv):
-        """(B, Tq, C), (B, Tk, C) -> q (B, H, Tq, D), k, v (B, kv_heads, Tk, D) (:func:`expand` makes them H),
-        honouring the core's ``tie_qk`` and ``input_positions`` hooks and QK-norm."""
-        xq_in, xk_in, xv_in = x_q, x_kv, x_kv
-        if self.input_positions:
-            t_kv = sinusoids(torch.arange(x_kv.size(1), device=x_kv.device), self.d_model).to(x_kv.dtype)
-            if "qk" in self.input_positions:
-                t_q = sinusoids(torch.arange(x_q.size(1), device=x_q.device), self.d_model).to(x_q.dtype)
-                xq_in, xk_in = x_q + t_q, x_kv + t_kv
-            if "v" in self.input_positions:
-                xv_in = x_kv + t_kv
-        return self.queries(xq_in), self.keys(xk_in), self.values(xv_in)
-
-    def forward(self, x_q, x_kv, q_mask=None, k_mask=None, need_weights=False, prev=None):
-        """``prev``: the previous layer's AttentionOutput at the same location, handed to
-        cores that declare ``uses_prev = True`` (cascades such as CODA / RealFormer)."""
-        q, k, v = self.project(x_q, x_kv)
-        if self.rotary:  # self-attention: queries and keys are the same positions 0..T-1
-            pos = torch.arange(q.size(-2), device=q.device)
-            q, k = self.rotate(q, pos), self.rotate(k, pos)
-        k, v = expand(k, self.heads), expand(v, self.heads)
-        extra = {"prev": prev} if self.core.uses_prev else {}
-        extra.update(self.input_projection(x_q))
-        if self.alibi is not None:
-            extra["alibi"] = self.alibi
-        res = self.core(q, k, v, q_mask=q_mask, k_mask=k_mask, need_weights=need_weights, **extra).declared_by(self.core)
-        b, _, t, _ = res.out.shape
-        out = res.out.transpose(1, 2).reshape(b, t, self.heads * self.d_head)  # (B, T, C)
-        return self.dropout(self.out_proj(out)), res
 
 
 class FeedForward(nn.Sequential):
@@ -136,7 +42,8 @@ class Block(nn.Module):
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, heads, self_core, dropout, positions=positions, settings=settings)
-        self.cross_attn = MultiHeadAttention(d_model, heads, cross_core, dropout, settings=settings) \
+        plain = replace(settings, latent=None)  # latent attention is self-attention's
+        self.cross_attn = MultiHeadAttention(d_model, heads, cross_core, dropout, settings=plain) \
             if cross_core is not None else None
         self.ffn = FeedForward(d_model, ffn, dropout) if ffn else None
         self.norms = nn.ModuleList(nn.LayerNorm(d_model)
@@ -184,10 +91,10 @@ class Seq2SeqTransformer(nn.Module):
                  ffn: Count = 2048, dropout: Fraction = 0.1, norm_first: bool = False,
                  positions="sinusoidal", max_len: PositiveInt = 1024, share_embeddings: bool = False, pad_id=0,
                  embed_dropout: Fraction | None = None, kv_heads: int | None = None, qk_norm: bool = False,
-                 rope_scaling: dict | None = None):
+                 rope_scaling: dict | None = None, mla=None):
         super().__init__()
         check_heads(d_model, heads)
-        settings = HeadSettings.from_options(heads, kv_heads, qk_norm, rope_scaling, positions)
+        settings = HeadSettings.from_options(heads, kv_heads, qk_norm, rope_scaling, positions, mla, d_model // heads)
         embed_dropout = dropout if embed_dropout is None else embed_dropout
         if positions == "alibi":
             raise ValueError("model.positions=alibi is defined for a causal language model's self-attention (Press et "
@@ -288,10 +195,10 @@ class DecoderOnlyLM(nn.Module):
                  norm_first: bool = True, positions="sinusoidal", max_len: PositiveInt = 1024, pad_id=0,
                  adaptive_softmax: dict | None = None, readout: str | None = None,
                  embed_dropout: Fraction | None = None, kv_heads: int | None = None, qk_norm: bool = False,
-                 rope_scaling: dict | None = None, **_):
+                 rope_scaling: dict | None = None, mla=None, **_):
         super().__init__()
         check_heads(d_model, heads)
-        settings = HeadSettings.from_options(heads, kv_heads, qk_norm, rope_scaling, positions)
+        settings = HeadSettings.from_options(heads, kv_heads, qk_norm, rope_scaling, positions, mla, d_model // heads)
         self.pad_id = pad_id
         # the embeddings' dropout: model.dropout unless model.embed_dropout says otherwise (Zoology: 0.1 there only)
         self.embed = Embedder(vocab, d_model, positions, max_len, dropout if embed_dropout is None else embed_dropout,

@@ -47,12 +47,13 @@ def build_model(model_cfg: DictConfig, cores: Cores, task) -> torch.nn.Module:
         from nas_cli.hf.models import build_hf_model
 
         return build_hf_model(model_cfg, cores, task)
-    scaling = model_cfg.get("rope_scaling")
+    scaling, mla = model_cfg.get("rope_scaling"), model_cfg.get("mla")
     common = dict(d_model=model_cfg.d_model, heads=model_cfg.heads, ffn=model_cfg.ffn, dropout=model_cfg.dropout,
                   norm_first=model_cfg.norm_first, positions=model_cfg.positions, max_len=model_cfg.max_len,
                   pad_id=task.pad_id, embed_dropout=model_cfg.get("embed_dropout"), kv_heads=model_cfg.get("kv_heads"),
                   qk_norm=bool(model_cfg.get("qk_norm", False)),
-                  rope_scaling=OmegaConf.to_container(scaling, resolve=True) if isinstance(scaling, DictConfig) else scaling)
+                  rope_scaling=OmegaConf.to_container(scaling, resolve=True) if isinstance(scaling, DictConfig) else scaling,
+                  mla=OmegaConf.to_container(mla, resolve=True) if isinstance(mla, DictConfig) else mla)
     if task.kind == "lm":
         adaptive = model_cfg.get("adaptive_softmax")
         adaptive = OmegaConf.to_container(adaptive, resolve=True) if isinstance(adaptive, DictConfig) else adaptive
