@@ -16,6 +16,8 @@ attention papers at a size this machine runs, with bits per byte and the loss by
   the documents into one stream cut into windows of ``task.tokens_per_sample`` (a window may span
   documents, as nanoGPT and Megatron pack them), ``task.pack=false`` cuts each document on its own (no
   window crosses a document, so no attention does; a document's last window is shorter, padded).
+  ``task.document_mask=true`` keeps the packed windows but runs each document in them as its own sequence
+  (positions from 0, no attention or recurrent state across documents: nas_cli/model/documents.py).
   Evaluation scores every token of a split once (``task.context_window`` tokens of context before each
   window's scored ones; 0 by default, so that every position of a window is scored and the loss by position
   covers the whole window).
@@ -155,7 +157,7 @@ class SubwordLMTask(LanguageModelTask):
 
     def __init__(self, name: str = "subword_lm", path=None, text_field: str = "text", text_docs: str = "file",
                  tokenizer: str | None = None, vocab_size: PositiveInt = 8192, valid_docs: float = 0.01,
-                 test_docs: float = 0.01, split_seed: int = 1234, pack: bool = True,
+                 test_docs: float = 0.01, split_seed: int = 1234, pack: bool = True, document_mask: bool = False,
                  tokens_per_sample: PositiveInt = 256, context_window: int = 0, batch_size: PositiveInt = 16,
                  eval_batch_size: PositiveInt | None = None, cache_dir: str | None = None, num_workers="auto",
                  seed: int = 1):
@@ -170,6 +172,8 @@ class SubwordLMTask(LanguageModelTask):
         self.text_field, self.text_docs, self.tokenizer_file = text_field, text_docs, tokenizer
         self.vocab_size, self.valid_docs, self.test_docs = int(vocab_size), float(valid_docs), float(test_docs)
         self.split_seed, self.pack = int(split_seed), bool(pack)
+        #: document masking (nas_cli/model/documents.py): packed windows run one document per sequence
+        self.document_end = EOS if document_mask else None
         self.bytes: dict[str, np.ndarray] = {}
         self.bounds: dict[str, np.ndarray] = {}
         self.offset = 0  # added to a loaded tokenizer's ids (past PAD, BOS, EOS)

@@ -250,7 +250,8 @@ class DiagnosticsCallback(pl.Callback):
             if "ids" in batch:  # decoder-only LM: causal self-attention only
                 ids = batch["ids"]
                 _, attn = model(ids, need_weights=True, hidden=True)  # the weights: no vocabulary rows
-                mask = ids != pad
+                rows = model.attention_rows(ids) if hasattr(model, "attention_rows") else ids  # documents' rows
+                mask = rows != pad
                 masks = {"decoder": (mask, mask)}
                 self._samples += ids.size(0)
             else:

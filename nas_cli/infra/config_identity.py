@@ -23,11 +23,11 @@ IGNORED_KEYS = ("seed", "tune", "tune_seeds", "progress_bar", "progress_lines", 
 #: split a group (smaller training batches train another model; with a batch limit, smaller evaluation
 #: batches score other items; other test lengths give other test metrics; a token budget another length of
 #: training; the wsd schedule's decay share another schedule; the head settings of nas_cli/model/heads.py
-#: another model)
+#: and document masking another model)
 ADDED_DEFAULTS = MappingProxyType({"train_batch_items": None, "eval_batch_items": None, "eval_lengths": None,
                                    "train_tokens": None, "optim.decay_fraction": 0.2,
                                    "model.kv_heads": None, "model.qk_norm": False, "model.rope_scaling": None,
-                                   "model.mla": None})
+                                   "model.mla": None, "task.document_mask": False})
 
 
 def added_at_default(key: str, value) -> bool:

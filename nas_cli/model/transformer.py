@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from nas_cli.attention import AttentionCore
+from nas_cli.model.documents import split_documents
 from nas_cli.model.embedding import Embedder
 from nas_cli.model.heads import HeadSettings
 from nas_cli.model.multihead import MultiHeadAttention
@@ -195,11 +196,13 @@ class DecoderOnlyLM(nn.Module):
                  norm_first: bool = True, positions="sinusoidal", max_len: PositiveInt = 1024, pad_id=0,
                  adaptive_softmax: dict | None = None, readout: str | None = None,
                  embed_dropout: Fraction | None = None, kv_heads: int | None = None, qk_norm: bool = False,
-                 rope_scaling: dict | None = None, mla=None, **_):
+                 rope_scaling: dict | None = None, mla=None, document_end: int | None = None, **_):
         super().__init__()
         check_heads(d_model, heads)
         settings = HeadSettings.from_options(heads, kv_heads, qk_norm, rope_scaling, positions, mla, d_model // heads)
         self.pad_id = pad_id
+        #: document masking (task.document_mask, nas_cli/model/documents.py): the end-of-document token, or None
+        self.document_end = document_end
         # the embeddings' dropout: model.dropout unless model.embed_dropout says otherwise (Zoology: 0.1 there only)
         self.embed = Embedder(vocab, d_model, positions, max_len, dropout if embed_dropout is None else embed_dropout,
                               pad_id)
@@ -217,15 +220,22 @@ class DecoderOnlyLM(nn.Module):
             self.generator = nn.Linear(d_model, vocab, bias=False)
             self.generator.weight = self.embed.tokens.weight
 
+    def attention_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The sequences the attention layers run on: the windows, or with document masking one per document."""
+        return ids if self.document_end is None else split_documents(ids, self.document_end, self.pad_id).rows
+
     def features(self, ids, need_weights=False):
-        """Final hidden states (B, T, d_model) and the attention weights found."""
-        mask = ids != self.pad_id
-        x = self.embed(ids)
+        """Final hidden states (B, T, d_model) and the attention weights found (per row of
+        :meth:`attention_rows`)."""
+        docs = None if self.document_end is None else split_documents(ids, self.document_end, self.pad_id)
+        rows = ids if docs is None else docs.rows
+        mask = rows != self.pad_id
+        x = self.embed(rows)
         per_layer, found = [], None
         for layer in self.layers:
             x, found = layer(x, mask, need_weights=need_weights, prev=found)
             per_layer.append(found)
-        x = self.norm(x)
+        x = self.norm(x if docs is None else docs.back(x))
         return (x if self.readout is None else self.readout(x)), _collect(per_layer, {"self": "decoder"})
 
     def forward(self, ids, need_weights=False, hidden=False):

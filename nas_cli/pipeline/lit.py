@@ -46,6 +46,9 @@ def build_model(model_cfg: DictConfig, cores: Cores, task) -> torch.nn.Module:
     if model_cfg.get("family"):  # a Hugging Face family (model=hf_llama, ...)
         from nas_cli.hf.models import build_hf_model
 
+        if getattr(task, "document_end", None) is not None:
+            raise ValueError("task.document_mask=true runs each packed document as its own sequence in nas-run's own "
+                             "model: use model=tiny, small or base, or task.pack=false (no window crosses a document)")
         return build_hf_model(model_cfg, cores, task)
     scaling, mla = model_cfg.get("rope_scaling"), model_cfg.get("mla")
     common = dict(d_model=model_cfg.d_model, heads=model_cfg.heads, ffn=model_cfg.ffn, dropout=model_cfg.dropout,
@@ -58,7 +61,8 @@ def build_model(model_cfg: DictConfig, cores: Cores, task) -> torch.nn.Module:
         adaptive = model_cfg.get("adaptive_softmax")
         adaptive = OmegaConf.to_container(adaptive, resolve=True) if isinstance(adaptive, DictConfig) else adaptive
         return DecoderOnlyLM(task.src_vocab_size, cores, decoder_layers=model_cfg.decoder_layers,
-                             adaptive_softmax=adaptive, readout=readout, **common)
+                             adaptive_softmax=adaptive, readout=readout,
+                             document_end=getattr(task, "document_end", None), **common)
     if model_cfg.get("adaptive_softmax"):
         raise ValueError("model.adaptive_softmax is for language-model tasks (word-level vocabularies); "
                          "set model.adaptive_softmax=null for translation")
