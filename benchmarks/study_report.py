@@ -183,7 +183,9 @@ def _training_time(s: dict) -> str:
 
 
 def durations(roots: list[str]) -> list[str]:
-    runs = sorted((r for r in find_runs(roots) if r.finished), key=lambda r: (r.seed or 0, r.scheme, r.heads or 0))
+    # a run scored again by nas-eval (eval/<name>.json) is found beside its training: one row per run
+    runs = sorted((r for r in find_runs(roots) if r.finished and r.variant is None),
+                  key=lambda r: (r.seed or 0, r.scheme, r.heads or 0))
     out = ["**training time of each run** (wall clock of `trainer.fit`, `fit_seconds`: two jobs shared the 2-core "
            "CPU and time a job was paused counts; a resumed run whose summary holds one launch (`fit_seconds_by_launch`) "
            "records only its part after the resume; not the preset's speed, which is measured in *Setup*)", "",
