@@ -63,7 +63,7 @@ def _margins(fig, left: float, right: float, bottom: float, top: float, rows: in
 
 def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: Sequence[tuple[str, bool | None]],
                     data: dict[str, dict[str, list[tuple[int, float, float]]]], title: str, xlabel: str = "heads",
-                    bounds: tuple[float, float] | None = None) -> bytes:
+                    bounds: tuple[float, float] | None = None, exact_ticks: bool = True) -> bytes:
     """CODA Fig. 3 style: one panel per metric, x = heads (log2 axis), one line per series; with
     ``xlabel`` another power-of-2 axis (the evaluated length, ``eval_lengths``).
 
@@ -72,7 +72,8 @@ def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: S
     ``bounds``: the range the metric can take (an accuracy's 0 to 100): the axis stays inside it and
     a bar past it is cut at the edge. A panel of positive means that span a factor of 10 or more (a
     perplexity that blows up past the training length) gets a log axis, titled so, on which a bar
-    reaching 0 or below is cut at the axis's bottom.
+    reaching 0 or below is cut at the axis's bottom. ``exact_ticks=False``: x on a log10 axis with its own ticks
+    (a size in bytes, which the points do not share).
     """
     plt = _pyplot()
     plotted = max(4.2 * len(panels), 5.0)
@@ -87,10 +88,13 @@ def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: S
                             color=COLOURS[k % len(COLOURS)], label=s, **_line_style(k))
         points = [p for pts in data.get(name, {}).values() for p in pts]
         log = _wants_log_axis(points)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(heads)
-        ax.set_xticklabels([str(h) for h in heads])
-        ax.minorticks_off()
+        if exact_ticks:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(heads)
+            ax.set_xticklabels([str(h) for h in heads])
+            ax.minorticks_off()
+        else:
+            ax.set_xscale("log", base=10)
         ax.set_xlabel(xlabel)
         notes = ([] if higher is None else [f"{'higher' if higher else 'lower'} is better"]) + (["log axis"] if log else [])
         ax.set_title(f"{name} ({'; '.join(notes)})" if notes else name, fontsize=9)

@@ -135,6 +135,59 @@ def metric_vs_length(groups: Sequence[Group], task: str) -> bytes | None:
                                    xlabel="length (tokens)")
 
 
+def state_bytes(run: Run) -> float | None:
+    """What decoding holds at the end of the task's sequence, in bytes: the recurrent mixers' states plus the
+    attention layers' cache at the trained length (sliding windows counted full), the x of Zoology's figure of
+    recall against state size. A summary without ``kv_cache_bytes_per_token`` (written before nas-run recorded
+    it, when every layer was attention with a key and value per head) counts 2 x d_model x layers float32
+    numbers per token. None where the length or the model's size is missing."""
+    s, config = run.summary or {}, run.flat_config
+    length = (s.get("lengths") or {}).get("trained") or config.get("task.seq_len") or config.get("task.tokens_per_sample")
+    kv = s.get("kv_cache_bytes_per_token")
+    if kv is None and "recurrent_state_bytes" not in s and isinstance(config.get("model.d_model"), int) \
+            and isinstance(config.get("model.decoder_layers"), int):
+        kv = 2 * config["model.d_model"] * config["model.decoder_layers"] * 4
+    if kv is None or not isinstance(length, (int, float)) or length <= 0:
+        return None
+    windowed = s.get("kv_cache_windowed")
+    cache = windowed["windows"] + windowed["per_token_beyond_windows"] * length if windowed else kv * length
+    return float((s.get("recurrent_state_bytes") or 0) + cache)
+
+
+def metric_vs_state(groups: Sequence[Group], task: str) -> bytes | None:
+    """Zoology's figure (Arora et al. 2024, Fig. 2 right): the accuracy (every test metric where the task has
+    no accuracy) against the bytes decoding holds (:func:`state_bytes`, log axis), one point per scheme and
+    width, one line per scheme, mean +- 95% CI over seeds."""
+    gs = [g for g in groups if g.common(lambda r: r.task) == task]
+    xs = {g.label: g.common(state_bytes) for g in gs}
+    gs = [g for g in gs if "," not in xs[g.label] and xs[g.label] != "-"]
+    if len({xs[g.label] for g in gs}) < 2:
+        return None
+    from tasks.scores import present
+
+    shown = present({k for g in gs for r in g.runs for k in ((r.summary or {}).get("test") or {}) if "@" not in k})
+    metrics = [m for m in shown if any(g.stat(m.key) for g in gs)]
+    metrics = [m for m in metrics if m.key.endswith("acc") and m.key != "test/token_acc"] or metrics
+    data: dict[str, dict[str, list]] = {}
+
+    def line(g: Group) -> str:  # the scheme and what tells its rows apart, except the width the x follows
+        extra = " ".join(f"{k}={v}" for k, v in g.distinct.items() if k not in ("model.d_model", "d_model"))
+        return g.common(lambda r: r.scheme) + (f" {extra}" if extra else "")
+
+    for m in metrics:
+        for g in gs:
+            st = g.stat(m.key)
+            if st:
+                data.setdefault(m.title, {}).setdefault(line(g), []).append((float(xs[g.label]), st[0], st[1]))
+    if not data:
+        return None
+    shares = all(m.fmt == "pct" for m in metrics)  # accuracies: the axis stays within 0 and 1
+    return figures.metric_vs_heads(sorted({line(g) for g in gs}), [(m.title, m.higher_is_better) for m in metrics],
+                                   data, f"{task}: metric vs state size (error bars: 95% CI over seeds, Student t)",
+                                   xlabel="state at the trained length (bytes)", exact_ticks=False,
+                                   bounds=(0.0, 1.0) if shares else None)
+
+
 def _layer_entries(run: Run, loc: str) -> list[dict]:
     return (((run.latest or {}).get("locations") or {}).get(loc) or {}).get("layers") or []
 
@@ -275,6 +328,12 @@ def _figure_sections(groups: Sequence[Group]) -> list[str]:
             for png in [metric_vs_length(groups, task)] if png]
     if figs:
         parts += ["<h2>Metric vs evaluated length</h2>", f'<div class="figs">{"".join(figs)}</div>']
+    figs = [_img(png, f"{task} metric vs state size") for task in sorted({g.common(lambda r: r.task) for g in groups})
+            for png in [metric_vs_state(groups, task)] if png]
+    if figs:
+        parts += ["<h2>Metric vs state size</h2>", '<p class="note">x: the bytes decoding holds at the trained '
+                  "length: recurrent states, plus the attention layers' keys and values for every position "
+                  "(Zoology's figure of recall against state size).</p>", f'<div class="figs">{"".join(figs)}</div>']
     rows = {loc: figure_rows(groups, loc) for loc in LOCATIONS}
     for cls in metric_classes(groups):  # each diagnostic's own section (JSD heat maps, Fig. 1 histograms, ...)
         drawn = [(caption, png) for loc in LOCATIONS for caption, png in cls.report_figures(rows[loc], loc)]
