@@ -249,3 +249,24 @@ def test_adaptive_greedy_bench_checks_the_tokens_and_writes_its_table(tmp_path):
     md = out_md.read_text()
     assert "## The adaptive softmax's greedy words (benchmarks/adaptive_greedy.py)" in md
     assert len([line for line in md.splitlines() if line.startswith("| ") and line.endswith("x |")]) == 3
+
+
+def test_mixers_bench_times_each_mixer_and_its_step_against_unas(tmp_path):
+    """benchmarks/mixers_speed.py at tiny sizes: a row per scheme and length, both timings and their ratios to
+    UNAS's (UNAS's own 1), the table in its own section; it leaves torch's thread count as it found it."""
+    mixers_speed = load_benchmark("mixers_speed")
+
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "benchmarks.md"
+    threads = torch.get_num_threads()
+    try:
+        assert mixers_speed.main(["--lengths", "16,32", "--heads", "2", "--d-head", "8", "--repeats", "1",
+                                  "--out-json", str(out_json), "--out-md", str(out_md)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = json.loads(out_json.read_text())["results"]
+    assert [(r["length"], r["scheme"]) for r in rows] == [(n, s) for n in (16, 32)
+                                                          for s in ("unas", *mixers_speed.MIXERS)]
+    assert all(r["status"] == "ok" and r["time_ms"] > 0 and r["step_ms"] > 0 for r in rows)
+    assert all(r["time_ratio"] == 1.0 and r["step_ratio"] == 1.0 for r in rows if r["scheme"] == "unas")
+    md = out_md.read_text()
+    assert mixers_speed.MD_SECTION in md and md.count("| 32 | ") == 6
