@@ -16,7 +16,8 @@ from study_common import ci_text, diff_text, study_roots, under_way
 
 HEADING = "## Today's baselines: MQAR and length generalization (generated)"
 #: MQAR's cells (task.seq_len, its sweeps) and the length sweeps, under benchmarks/study/
-MQAR = {64: ("mqar64_rope", "mqar64_unas", "mqar64_none"), 128: ("mqar128_rope", "mqar128_unas", "mqar128_none")}
+MQAR = {64: ("mqar64_rope", "mqar64_unas", "mqar64_none", "mqar64_mixers"),
+        128: ("mqar128_rope", "mqar128_unas", "mqar128_none", "mqar128_mixers")}
 LENGTHS = ("wikitext2_lengths_rope", "wikitext2_lengths_unas", "wikitext2_lengths_none")
 TESTED = (256, 512, 1024, 2048)
 #: WikiText-2's training length (experiment=wikitext2_lengths), the window its diagnostics see
@@ -25,6 +26,9 @@ TRAIN_LENGTH = TESTED[0]
 CONFIGS = (("unas", "rope"), ("unas", "sinusoidal"), ("unas", "alibi"), ("unas", "none"), ("dnas", "rope"),
            ("hnas", "rope"), ("sigmoid", "rope"), ("softpick", "rope"), ("gated", "rope"), ("differential", "rope"),
            ("selective", "rope"), ("forgetting", "none"), ("stickbreaking", "none"))
+#: the MQAR rows' linear-attention and state-space mixers (benchmarks/study_queue_mixers.sh: a short convolution
+#: of 4, no positions)
+MIXER_CONFIGS = tuple((m, "none") for m in ("linear_attention", "gla", "deltanet", "gated_deltanet", "mamba2"))
 #: the lengths figure draws a second panel without the schemes whose mean perplexity passes this
 #: many times the lowest
 BLOWN_UP = 3.0
@@ -71,7 +75,7 @@ def mqar_table(study: Path) -> list[str]:
     groups = {s: _groups(study, names) for s, names in MQAR.items()}
     head = "| scheme (positions) | " + " | ".join(f"seq {s}, d_model {d}" for s, d in cells) + " |"
     lines = [head, "|---|" + "---|" * len(cells)]
-    for scheme, positions in CONFIGS:
+    for scheme, positions in CONFIGS + MIXER_CONFIGS:
         row = [_mqar_cell(groups[s].get((scheme, positions, d, s))) for s, d in cells]
         lines.append(f"| {scheme} ({positions}) | " + " | ".join(row) + " |")
     return lines
@@ -301,7 +305,7 @@ def mqar_figure(study: Path) -> bytes | None:
     data: dict = {}
     for s, names in MQAR.items():
         groups = _groups(study, names)
-        for scheme, positions in CONFIGS:
+        for scheme, positions in CONFIGS + MIXER_CONFIGS:
             for d in (64, 128):
                 g = groups.get((scheme, positions, d, s))
                 st = g.stat("test/query_acc") if g is not None else None
@@ -310,15 +314,41 @@ def mqar_figure(study: Path) -> bytes | None:
                         (d, 100 * st[0], 100 * st[1]))
     if not data:
         return None
-    return figs.metric_vs_heads([_label(*c) for c in CONFIGS], [(t, True) for t in data], data,
+    return figs.metric_vs_heads([_label(*c) for c in CONFIGS + MIXER_CONFIGS], [(t, True) for t in data], data,
                                 "MQAR: mean ± 95% CI over seeds (Student t), cut at 0 and 100%", xlabel="d_model",
                                 bounds=(0.0, 100.0))
+
+
+def mqar_state_figure(study: Path) -> bytes | None:
+    """Zoology's figure of recall against state size: MQAR test query accuracy against the bytes decoding holds at
+    the sequence's end (nas-report's ``state_bytes``: a mixer's state, attention's keys and values of every
+    position), one panel per sequence length, a point per width, a line per scheme."""
+    from nas_cli.diagnostics import figures as figs
+    from nas_cli.report.html import state_bytes
+
+    data: dict = {}
+    for s, names in MQAR.items():
+        groups = _groups(study, names)
+        for scheme, positions in CONFIGS + MIXER_CONFIGS:
+            for d in (64, 128):
+                g = groups.get((scheme, positions, d, s))
+                st = g.stat("test/query_acc") if g is not None else None
+                x = state_bytes(g.runs[0]) if g is not None else None
+                if st and x:
+                    data.setdefault(f"seq {s}: query accuracy (%)", {}).setdefault(_label(scheme, positions), []).append(
+                        (x, 100 * st[0], 100 * st[1]))
+    if not data:
+        return None
+    return figs.metric_vs_heads([_label(*c) for c in CONFIGS + MIXER_CONFIGS], [(t, True) for t in data], data,
+                                "MQAR against state size: mean ± 95% CI over seeds (Student t), cut at 0 and 100%",
+                                xlabel="state at the sequence's end (bytes)", bounds=(0.0, 100.0), exact_ticks=False)
 
 
 def _figures(study: Path, figures: Path | None) -> list[str]:
     """The section's figure links (where a figure has data), and the PNGs written into ``figures``."""
     links = []
     for name, draw, alt in (("mqar.png", mqar_figure, "MQAR query accuracy against d_model"),
+                            ("mqar_state.png", mqar_state_figure, "MQAR query accuracy against state size"),
                             ("lengths.png", lengths_figure, "WikiText-2 test perplexity against the tested length")):
         png = draw(study)
         if png is None:
@@ -332,7 +362,8 @@ def _figures(study: Path, figures: Path | None) -> list[str]:
 def baselines_section(study: Path, figures: Path | None = None) -> str:
     lines = [HEADING, "",
              "Written by `python benchmarks/study_report.py` from the runs of `benchmarks/study_queue_lengths.sh` "
-             "finished so far (mean ± 95% CI over seeds, each run's own numbers in [study/runs.csv](study/runs.csv); "
+             "(and, for the MQAR rows of the linear-attention and state-space mixers, `benchmarks/study_queue_mixers.sh`: "
+             "a short convolution of 4, no positions) finished so far (mean ± 95% CI over seeds, each run's own numbers in [study/runs.csv](study/runs.csv); "
              "verdicts: nas-report's paired t-test over seeds, Holm over the schemes of a claim, marked p(Holm); a claim about one scheme: its own paired test, marked p). The budget: MQAR `experiment=mqar_cpu` (1,500 steps, vocabulary 512, 2 layers, 2 "
              "heads) at two cells of Zoology's Figure 2 grid and two widths; WikiText-2 `experiment=wikitext2_lengths` "
              "(800 steps of 16 x 256 tokens, d_model 128, 2 layers, 4 heads; tested on the first 24 batches of the test "

@@ -70,7 +70,7 @@ def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: S
     ``panels``: [(metric title, higher is better; None for a number with no better direction)]; ``data[metric title][series]`` =
     [(heads, mean, std)] (std drawn as error bars). ``series`` fixes the line order/colours.
     ``bounds``: the range the metric can take (an accuracy's 0 to 100): the axis stays inside it and
-    a bar past it is cut at the edge. A panel of positive means that span a factor of 10 or more (a
+    a bar past it is cut at the edge (and the axis stays linear). A panel of positive means that span a factor of 10 or more (a
     perplexity that blows up past the training length) gets a log axis, titled so, on which a bar
     reaching 0 or below is cut at the axis's bottom. ``exact_ticks=False``: x on a log10 axis with its own ticks
     (a size in bytes, which the points do not share).
@@ -87,14 +87,18 @@ def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: S
                 ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], capsize=3,
                             color=COLOURS[k % len(COLOURS)], label=s, **_line_style(k))
         points = [p for pts in data.get(name, {}).values() for p in pts]
-        log = _wants_log_axis(points)
+        log = bounds is None and _wants_log_axis(points)  # a bounded metric (an accuracy) keeps a linear axis
         if exact_ticks:
             ax.set_xscale("log", base=2)
             ax.set_xticks(heads)
             ax.set_xticklabels([str(h) for h in heads])
             ax.minorticks_off()
-        else:
+        else:  # sizes in bytes on a log axis, a tick at each panel's own points
+            shown = sorted({p[0] for pts in data.get(name, {}).values() for p in pts})
             ax.set_xscale("log", base=10)
+            ax.set_xticks(shown)
+            ax.set_xticklabels([_bytes(x) for x in shown], fontsize=7, rotation=30)
+            ax.minorticks_off()
         ax.set_xlabel(xlabel)
         notes = ([] if higher is None else [f"{'higher' if higher else 'lower'} is better"]) + (["log axis"] if log else [])
         ax.set_title(f"{name} ({'; '.join(notes)})" if notes else name, fontsize=9)
@@ -109,6 +113,13 @@ def metric_vs_heads(series: dict[str, list[tuple[int, float, float]]], panels: S
     if handles:  # one legend for all panels, outside the axes
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(split, 0.5), fontsize=7, frameon=False)
     return _png(fig)
+
+
+def _bytes(x: float) -> str:
+    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
+        if x >= size:
+            return f"{x / size:.3g} {unit}"
+    return f"{x:.0f} B"
 
 
 def _line_style(k: int) -> dict:

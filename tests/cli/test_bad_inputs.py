@@ -118,6 +118,9 @@ CASES = [
     ([R, "hydra.run.dir=''"], 2, "hydra.run.dir='': an empty directory"),
     ([R, "-m", "seed=1,1"], 2, "seed=1,1 lists 1 twice"),
     ([R, "-m", "attention=unas,dnas,unas"], 2, "lists unas twice"),
+    ([R, "-m", "attention=deltanet,dnas", "attention.conv=4"], 2,
+     "attention.conv=4: dnas (swept in attention=deltanet,dnas) has no option 'conv'; sweep the schemes that offer it "
+     "(deltanet)"),
     ([R, "-m", "seed=auto"], 2, "seed=auto"),
     ([R, "seed=auto"], 2, "seed=auto runs seeds in rounds"),
     ([R, "resume={missing}"], 2, "{missing}"),

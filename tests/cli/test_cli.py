@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from nas_cli.infra.wandb_offline import read_run
 
@@ -58,6 +59,22 @@ def test_multirun_one_wandb_run_per_job_in_one_group(tmp_path):
     assert {r["group"] for r in runs} == {"sweep"}
     assert {r["job_type"] for r in runs} == {"sweep"}
     assert "nas-run sweep" in proc.stdout  # the comparison table after the sweep
+
+
+def test_a_sweep_over_schemes_takes_their_own_option(tmp_path):
+    """``-m attention=deltanet,mamba2 attention.conv=4``: an option the default scheme (unas) lacks, beside a sweep
+    over schemes that offer it, reaches every job (Hydra composes the sweep's own config with the default)."""
+    import json
+
+    sweep = tmp_path / "sweep"
+    proc = nas_run("-m", "task=mqar", "debug=fast", "trainer.max_steps=4", "run_test=false", "diagnostics.plots=never",
+                   "attention=deltanet,mamba2", "attention.conv=4", "model.positions=none",
+                   f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = sorted(p for p in sweep.iterdir() if (p / "summary.json").is_file())
+    assert [OmegaConf.load(p / ".hydra" / "config.yaml").attention.conv for p in jobs] == [4, 4]
+    for p in jobs:  # the state holds the convolution's last inputs beside the mixer's (2 layers, 4 heads of 16)
+        assert json.loads((p / "summary.json").read_text())["recurrent_state_bytes"] > 2 * 4 * 16 * 16 * 4
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -154,7 +154,7 @@ class RunGuard(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from nas_cli.pipeline.checks.config import check_config
-        from nas_cli.pipeline.launch.sweep_checks import check_launcher, check_tune
+        from nas_cli.pipeline.launch.sweep_checks import check_launcher, check_tune, first_job
         from nas_cli.pipeline.launch.sweep_launcher import parallel_default
 
         name_from_choices(config, config.hydra.runtime.choices)  # for the check's words; each job names its own
@@ -165,7 +165,9 @@ class RunGuard(Callback):
         try:
             check_launcher(config)
             check_tune(config)
-            checked = check_config(_with_a_seed(config))
+            first = first_job(config)  # the sweep's default values of what it sweeps may not be any job's
+            name_from_choices(first, first.hydra.runtime.choices)
+            checked = check_config(_with_a_seed(first))
             _say_notes(checked)
             parallel_default(config, checked.parameters)  # on the CPU: the jobs several at a time
             if any(root.glob("*/summary.json")) or any(root.glob("*/checkpoints")):

@@ -3,7 +3,7 @@
 Each step is a rewrite a user would otherwise have to know about, or a check that gives one line
 where Hydra would print a traceback: ``-m`` anywhere on the line, ``attention.decoder=`` as an
 alias, a continued sweep's overrides in its saved order, ``seed=auto`` as the sequential sweeper,
-typos with the closest name, output directories that cannot be made, and ``resume=<run dir>``.
+typos with the closest name, a swept scheme's options, output directories that cannot be made, and ``resume=<run dir>``.
 :func:`hydra_argv` applies them in that order.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from nas_cli.errors import UserError
 from nas_cli.infra.rundir import CONTINUE_ENV, SAVE_CONFIG_ENV
 from nas_cli.model.choices import CONF_DIR
 from nas_cli.model.plan import location_alias
-from nas_cli.pipeline.launch.overrides import check_overrides, check_resume_overrides
+from nas_cli.pipeline.launch.overrides import check_overrides, check_resume_overrides, swept_scheme_options
 from nas_cli.sweeps.continuation import saved_sweep_order
 
 
@@ -28,6 +28,7 @@ def hydra_argv(argv: list[str]) -> list[str]:
     argv = sequential_argv(argv)
     added = check_overrides(argv, CONF_DIR)  # typos: one line with the closest name, before Hydra
     argv = [f"+{a}" if a in added else a for a in argv]  # trainer.<Lightning argument> no preset sets
+    argv = swept_scheme_options(argv, CONF_DIR)  # a swept scheme's option: checked for each, composable
     check_sweep_values(argv)
     check_output_dirs(argv)
     return saved_by_the_job(resume_argv(argv))

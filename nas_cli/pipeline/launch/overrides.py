@@ -258,3 +258,46 @@ def user_config_dirs(searchpath: list[str]) -> list[Path]:
                 if path.is_dir():
                     out.append(path)
     return out
+
+
+def swept_scheme_options(argv: list[str], conf_dir: Path) -> list[str]:
+    """``-m attention=deltanet,mamba2 attention.conv=4``: an option beside a sweep over the schemes that offer it.
+    Hydra composes a sweep's own config without its sweep overrides, so with the default scheme, which may lack
+    the option (Hydra's message of several lines). Each swept scheme must offer it: one line names one that does
+    not. It is then passed as ``++attention.<option>=`` (set where the scheme has it, added where not), so the
+    sweep's own config composes, and each job's config has it as typed."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    if "-m" not in argv:
+        return argv
+    parser = OverridesParser.create()
+    parsed = {}
+    for arg in argv:
+        if not arg.startswith("-") and "=" in arg and not arg.lstrip("+~").startswith("hydra"):
+            try:
+                parsed[arg] = parser.parse_override(arg)
+            except Exception:  # noqa: BLE001 - Hydra says what is wrong with it
+                continue
+    schemes = next(([str(v) for v in o.sweep_string_iterator()] for o in parsed.values()
+                    if o.key_or_group == "attention" and not o.package and o.is_sweep_override()), None)
+    if not schemes:
+        return argv
+    out = []
+    for arg in argv:
+        o = parsed.get(arg)
+        key = o.key_or_group if o is not None else ""
+        if o is None or o.package or o.is_add() or o.is_delete() or not key.startswith("attention.") \
+                or key.count(".") != 1:
+            out.append(arg)
+            continue
+        option = key.split(".")[1]
+        files = {s: conf_dir / "attention" / f"{s}.yaml" for s in schemes}
+        lacking = [s for s, f in files.items() if f.is_file() and option not in OmegaConf.load(f)]
+        if lacking:
+            offering = [s for s in schemes if s not in lacking]
+            raise UserError(f"{arg}: {lacking[0]} (swept in attention={','.join(schemes)}) has no option '{option}'; "
+                            f"sweep the schemes that offer it{' (' + ', '.join(offering) + ')' if offering else ''}, "
+                            "or run the others in a sweep of their own")
+        out.append(f"++{arg}")
+    return out

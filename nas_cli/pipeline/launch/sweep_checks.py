@@ -142,3 +142,25 @@ def check_tune(cfg: DictConfig) -> None:
 def _shown(value) -> str:
     return "[" + ",".join(map(str, value)) + "]" if isinstance(value, (list, tuple)) or hasattr(value, "__iter__") \
         and not isinstance(value, str) else str(value)
+
+
+def first_job(config: DictConfig) -> DictConfig:
+    """The config of the sweep's first job, each sweep override at its first value: what the sweep's own check
+    checks. Hydra composes the sweep's config without its sweep overrides, so that config holds the defaults of
+    what is swept (``attention=unas`` where the sweep says ``attention=deltanet,mamba2``), which need not take
+    the options given beside them. A sweep without sweep overrides, or one whose values Hydra's parser does not
+    list (an Optuna interval), is checked as composed."""
+    from hydra import compose
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    overrides = [str(o) for o in config.hydra.overrides.task]
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        if not any(o.is_sweep_override() for o in parsed):
+            return config
+        first = [f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" if o.is_sweep_override() else text
+                 for o, text in zip(parsed, overrides)]
+    except (HydraException, ValueError, StopIteration):
+        return config
+    return compose(config_name=str(config.hydra.job.config_name), overrides=first, return_hydra_config=True)
