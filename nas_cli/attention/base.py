@@ -239,6 +239,11 @@ class AttentionCore(nn.Module):
         (B, H, Sq, n) output to :meth:`forward` and :meth:`step` as ``x=``. Default 0: none, no ``x``."""
         return 0
 
+    def qk_width(self, d_head: int) -> int:
+        """Features per head of the queries and keys the model projects for this scheme (the values keep
+        ``d_head``). Default ``d_head``; Mamba-2's B and C with a state size of their own (``attention.state``)."""
+        return d_head
+
     def weights_from_logits(self, logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
         """(B, H, Sq, Sk) scores -> (B, H, Sq, Sk) weights; rows of real queries sum to 1."""
         raise NotImplementedError

@@ -163,16 +163,25 @@ class Mamba2(RecurrentMixer, AttentionCore):
     head), A_h = -exp(A_log) with A in [1, 16] at initialization, dt's bias the inverse softplus of a log-uniform
     draw in [0.001, 0.1], and D_h = 1 (the paper's reference code's initialization). The recurrence is linear
     attention's with a decay per head and the write scaled by dt (nas_cli/attention/recurrent.py); the D skip is
-    added to the output. Not here: the short convolution, the gate z and the norm of Mamba-2's block, and a state
-    size other than the head's."""
+    added to the output. ``attention.state=N`` gives B and C N features per head (Mamba-2's d_state; the state
+    N x d per head), null the head size; the short convolution (``attention.conv``) and the gate and norm
+    (``attention.gate``) are the block's."""
 
     name = "mamba2"
     #: Mamba-2 gates before its norm: norm(y * silu(z)) (norm_before_gate=False in its reference code)
     norm_after_gate = True
 
-    def __init__(self, heads: int, chunk: int = 64, **kw):
+    def __init__(self, heads: int, chunk: int = 64, state: int | None = None, **kw):
         super().__init__(heads, **kw)
         self.chunk = int(chunk)
+        if state is not None and (not isinstance(state, int) or isinstance(state, bool) or state < 1):
+            raise ValueError(f"attention.state must be null (the head size) or the state size N of B and C per "
+                             f"head, a positive whole number (got {state!r})")
+        #: N, the features of B and C per head (Mamba-2's d_state), or None: the head size
+        self.state = state
+
+    def qk_width(self, d_head: int) -> int:
+        return d_head if self.state is None else self.state
 
     def mixer_features(self, d_head: int) -> int:
         return 1  # dt's projection

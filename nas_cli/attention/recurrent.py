@@ -171,7 +171,7 @@ class RecurrentMixer:
         if self.conv:
             from nas_cli.attention.short_conv import ShortConv
 
-            self.short_conv = ShortConv(self.heads, d, self.conv)
+            self.short_conv = ShortConv(self.heads, d, self.conv, widths=[self.qk_width(d)] * 2 + [d])
         if self.gate:
             self.gate_norm = torch.nn.RMSNorm(d, eps=1e-5)
         super().set_width(d_model)
@@ -206,7 +206,7 @@ class RecurrentMixer:
 
     def state_numbers(self, d_head: int) -> int:
         """Numbers in one layer's state per sequence: heads x d_k x d_v (and the convolution's last inputs)."""
-        return self.heads * d_head * d_head + self._conv_numbers()
+        return self.heads * self.qk_width(d_head) * d_head + self._conv_numbers()
 
     def _conv_numbers(self) -> int:
         return 0 if self.short_conv is None else self.short_conv.numbers()

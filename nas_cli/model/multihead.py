@@ -40,15 +40,19 @@ class MultiHeadAttention(nn.Module):
                              "projection), so it has as many key heads as query heads; leave model.kv_heads out")
         #: multi-head latent attention (model.mla, nas_cli/model/latent.py): keys and values from a cached latent
         self.latent = None if settings.latent is None else self._latent(core, settings.latent)
-        kv_width = self.kv_heads * self.d_head
+        #: the queries' and keys' features per head: the head size, or the scheme's own (Mamba-2's state size)
+        self.d_qk = int(core.qk_width(self.d_head))
+        if self.latent is not None and self.d_qk != self.d_head:
+            raise ValueError(f"model.mla: scheme '{core.name}' asks for queries and keys of {self.d_qk} features per "
+                             f"head, latent attention builds them at the head size {self.d_head}; leave one out")
         plain = self.latent is None
-        self.q_proj = nn.Linear(d_model, d_model) if plain else None
-        self.k_proj = nn.Linear(d_model, kv_width) if plain and not self.tie_qk else None
-        self.v_proj = nn.Linear(d_model, kv_width) if plain else None
+        self.q_proj = nn.Linear(d_model, heads * self.d_qk) if plain else None
+        self.k_proj = nn.Linear(d_model, self.kv_heads * self.d_qk) if plain and not self.tie_qk else None
+        self.v_proj = nn.Linear(d_model, self.kv_heads * self.d_head) if plain else None
         self.out_proj = nn.Linear(d_model, d_model)
         #: QK-norm (model.qk_norm): RMSNorm of each query and key head, a learned scale per feature
-        self.q_norm = nn.RMSNorm(self.d_head) if settings.qk_norm else None
-        self.k_norm = (self.q_norm if self.tie_qk else nn.RMSNorm(self.d_head)) if settings.qk_norm else None
+        self.q_norm = nn.RMSNorm(self.d_qk) if settings.qk_norm else None
+        self.k_norm = (self.q_norm if self.tie_qk else nn.RMSNorm(self.d_qk)) if settings.qk_norm else None
         n = core.input_features(self.d_head)  # gated / forgetting attention: a projection of the input
         self.x_proj = nn.Linear(d_model, heads * n) if n else None
         core.set_width(d_model)
@@ -70,7 +74,7 @@ class MultiHeadAttention(nn.Module):
 
     def cached_per_token(self) -> int:
         """Numbers this layer's decoding cache grows by per token."""
-        return 2 * self.kv_heads * self.d_head if self.latent is None else self.latent.spec.cached_per_token()
+        return self.kv_heads * (self.d_qk + self.d_head) if self.latent is None else self.latent.spec.cached_per_token()
 
     def _split(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:  # (B, T, H * D) -> (B, H, T, D)
         b, t, c = x.shape

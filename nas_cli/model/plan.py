@@ -39,7 +39,8 @@ _NOT_OPTIONS = frozenset({"name", "per_layer", *LOCATIONS})
 #: the settings of today's models around a scheme (nas_cli/attention/mods.py; the recurrent mixers' convolution and
 #: gate) at the value that means "none": a scheme's YAML that offers them and leaves them so builds, names and
 #: hashes as one without them, and a user's class put in that YAML's place (attention._target_=...) is not handed them
-_ABSENT = MappingProxyType({"softcap": None, "window": None, "sink": None, "conv": None, "gate": False})
+_ABSENT = MappingProxyType({"softcap": None, "window": None, "sink": None, "conv": None, "gate": False,
+                           "state": None})
 
 
 def _options(node: dict) -> dict[str, Any]:

@@ -38,8 +38,8 @@ def test_the_chunked_form_equals_the_recurrence_in_float64(gated, delta, chunk):
     torch.testing.assert_close(implicit_weights(q, k, g, beta) @ v, zero, rtol=0, atol=1e-12)
 
 
-def _core(name):
-    core = build_core(name, heads=H, causal=True, location="decoder").double()
+def _core(name, **options):
+    core = build_core(name, heads=H, causal=True, location="decoder", **options).double()
     core.set_width(H * D)
     return core.double()
 
@@ -110,6 +110,45 @@ def test_mamba2_is_the_ssd_recurrence():
         y = torch.einsum("bhnp,bhn->bhp", h, q[:, :, t]) + core.d_skip[None, :, None] * v[:, :, t]
         torch.testing.assert_close(res.out[:, :, t], y, rtol=0, atol=1e-12)
     torch.testing.assert_close(res.weights @ v, res.out, rtol=0, atol=1e-12)
+
+
+def test_mamba2_with_a_state_size_of_its_own_is_the_ssd_recurrence_and_decodes_alike():
+    """attention.state=N: B and C of N features per head (Mamba-2's d_state), x of the head's d = P; the state N x P
+    per head. The recurrence written out with N != P, the model's projections and convolution at those sizes, its
+    summary's state bytes, and decoding equal to recomputing the prefix."""
+    from omegaconf import OmegaConf
+
+    from nas_cli.model.choices import CONF_DIR
+    from nas_cli.model.memory import recurrent_state_bytes
+    from nas_cli.model.plan import make_core_factory
+    from nas_cli.model.transformer import DecoderOnlyLM, Seq2SeqTransformer
+
+    n = 10
+    core = _core("mamba2", state=n)
+    assert core.qk_width(D) == n
+    q, k = (torch.randn(B, H, T, n, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(B, H, T, D, dtype=torch.float64)
+    x = torch.randn(B, H, T, core.input_features(D), dtype=torch.float64)
+    out = core(q, k, v, x=x).out
+    dt = F.softplus(x[..., 0] + core.dt_bias[None, :, None])
+    h = torch.zeros(B, H, n, D, dtype=torch.float64)
+    for t in range(T):
+        h = torch.exp(-dt[:, :, t] * core.a_log.exp()[None, :])[..., None, None] * h \
+            + dt[:, :, t][..., None, None] * k[:, :, t][..., :, None] * v[:, :, t][..., None, :]
+        y = torch.einsum("bhnp,bhn->bhp", h, q[:, :, t]) + core.d_skip[None, :, None] * v[:, :, t]
+        torch.testing.assert_close(out[:, :, t], y, rtol=0, atol=1e-12)
+    plan = OmegaConf.load(CONF_DIR / "attention" / "unas.yaml")
+    plan.decoder = OmegaConf.load(CONF_DIR / "attention" / "mamba2.yaml")
+    plan.decoder.state, plan.decoder.conv = n, 4
+    sizes = dict(d_model=32, heads=4, ffn=64, dropout=0.0, max_len=64)
+    lm = DecoderOnlyLM(20, make_core_factory(plan, 4), decoder_layers=2, **sizes)
+    layer = lm.layers[0].self_attn
+    assert layer.q_proj.out_features == layer.k_proj.out_features == 4 * n and layer.v_proj.out_features == 32
+    # per layer: heads x N x P, and the convolution's last 3 inputs of B, C (N each) and x (P)
+    assert recurrent_state_bytes(lm) == 2 * (4 * n * 8 + 4 * (n + n + 8) * 3) * 4
+    torch.manual_seed(2)
+    m = Seq2SeqTransformer(25, 25, make_core_factory(plan, 4), encoder_layers=1, decoder_layers=2, **sizes).eval()
+    assert_steps_equal_recomputing(m)
 
 
 def test_decoding_keeps_the_state_and_only_the_newest_key(tmp_path):

@@ -106,6 +106,9 @@ CASES = [
     # the option's type is its constructor's annotation: 2.5 iterations was int(2.5) = 2, silently
     ([R, "attention=sinkhorn", "attention.iterations=2.5"], 2, "sinkhorn's option 'iterations' takes an integer"),
     ([R, "attention=hnas", "attention.u_init=abc"], 2, "hnas's option 'u_init' takes a number"),
+    ([R, "task=mqar", "attention=mamba2", "attention.state=0"], 2, "attention.state must be null (the head size)"),
+    ([R, "task=mqar", "attention=mamba2", "attention.state=8", "model.positions=none", "model.mla=true"], 2,
+     "model.mla: scheme 'mamba2' asks for queries and keys of 8 features per head"),
     # --- nas-run: logger, diagnostics, checkpoints ---
     ([R, "logger.mode=sometimes"], 2, "logger.mode must be offline, online or disabled"),
     ([R, "logger.mode=online"], 2, "logger.mode=online needs a W&B login"),

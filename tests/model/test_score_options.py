@@ -231,9 +231,9 @@ def test_settings_left_at_none_leave_the_identity_as_without_them():
     and hashes as one without them (runs made before a YAML offered them keep their config ids)."""
     from nas_cli.model.plan import AttentionPlan
 
-    for scheme in ("unas", "deltanet", "flex"):
+    for scheme in ("unas", "deltanet", "flex", "mamba2"):
         cfg = OmegaConf.load(CONF_DIR / "attention" / f"{scheme}.yaml")
-        offered = {"softcap", "window", "sink", "conv", "gate", "per_layer"} & set(cfg)
+        offered = {"softcap", "window", "sink", "conv", "gate", "state", "per_layer"} & set(cfg)
         assert offered and not offered & set(AttentionPlan.from_config(cfg).identity()["decoder"])
     cfg = OmegaConf.load(CONF_DIR / "attention" / "deltanet.yaml")
     cfg.conv, cfg.gate = 4, True

@@ -29,7 +29,10 @@ def model_parameters(cfg: DictConfig, plan, task) -> tuple[int, bool] | None:
     meta device (shapes only, nothing allocated: the same code as the run's, so every family and
     every scheme's own parameters count, tied weights once). Not exact when the vocabulary comes
     from the data (``task.vocab_size`` stands in for it, else only the rest is counted); None when
-    the model cannot be built here (the run then reports why where it builds it)."""
+    the model cannot be built here (the run then reports why where it builds it). A value the model's own
+    constructors refuse (a ValueError naming the option: model.kv_heads with a scheme whose keys are its queries,
+    model.mla with one that projects its own sizes) is refused here, before the run's directory holds anything,
+    when the vocabulary is known (a stand-in one could make a value wrong that is right for the real one)."""
     if plan is None or task is None or "model" not in cfg:
         return None
     import torch
@@ -43,9 +46,15 @@ def model_parameters(cfg: DictConfig, plan, task) -> tuple[int, bool] | None:
         vocab = cfg.task.get("vocab_size")
         known = isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0
         task, exact = _VocabularyToCome(task, int(vocab) if known else 1), False
+    from nas_cli.errors import UserError
+
     try:
         with torch.device("meta"):
             module = NasLitModule(cfg.model, plan.model_cores(cfg.model), cfg.optim, task)
+    except ValueError as err:  # an option the model refuses: one line, before anything is written
+        if not exact:  # built with a stand-in vocabulary: the run builds the real one and says what is wrong
+            return None
+        raise UserError(str(err).splitlines()[0]) from None
     except Exception:  # noqa: BLE001 - reported, with its context, where the run builds the model
         return None
     return count_parameters(module.model), exact
