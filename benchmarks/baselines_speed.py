@@ -13,15 +13,13 @@ written as the gap, not hidden.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from nas_cli.bench.attention import add_ratios, machine_name, run_case
+from nas_cli.bench.cpu_cases import cpu_case, cpu_case_options
 from nas_cli.bench.markdown import num, write_markdown
 
 MD_SECTION = "## Today's baselines against UNAS (benchmarks/baselines_speed.py)"
@@ -31,19 +29,8 @@ TARGETS = {"sigmoid": 1.3, "gated": 1.3, "softpick": 1.3, "differential": 2.0, "
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1024])
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--d-head", type=int, default=64)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out-json", type=Path, default=Path("docs/bench_baselines.json"))
-    p.add_argument("--out-md", type=Path, default=Path("docs/benchmarks.md"))
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    case = SimpleNamespace(heads=args.heads, d_head=args.d_head, batch=args.batch, dtype="float32", device="cpu",
-                           repeats=args.repeats, warmup=1, max_seconds=120.0, threads=args.threads)
+    args = cpu_case_options(__doc__.splitlines()[0], [256, 1024], "docs/bench_baselines.json").parse_args(argv)
+    case = cpu_case(args)
     results = []
     for length in args.lengths:
         for scheme in ["unas", *TARGETS]:

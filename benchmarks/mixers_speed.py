@@ -11,16 +11,14 @@ state, not the prefix, is what the step reads). UNAS (fused SDPA) is measured in
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
-from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from nas_cli.bench.attention import add_ratios, build_core, machine_name, run_case
+from nas_cli.bench.cpu_cases import cpu_case, cpu_case_options
 from nas_cli.bench.markdown import num, write_markdown
 
 MD_SECTION = "## Linear-attention and state-space mixers against UNAS (benchmarks/mixers_speed.py)"
@@ -50,19 +48,8 @@ def step_ms(scheme: str, length: int, case) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1024, 4096])
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--d-head", type=int, default=64)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out-json", type=Path, default=Path("docs/bench_mixers.json"))
-    p.add_argument("--out-md", type=Path, default=Path("docs/benchmarks.md"))
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    case = SimpleNamespace(heads=args.heads, d_head=args.d_head, batch=args.batch, dtype="float32", device="cpu",
-                           repeats=args.repeats, warmup=1, max_seconds=120.0, threads=args.threads)
+    args = cpu_case_options(__doc__.splitlines()[0], [256, 1024, 4096], "docs/bench_mixers.json").parse_args(argv)
+    case = cpu_case(args)
     results = []
     for length in args.lengths:
         for scheme in ["unas", *MIXERS]:

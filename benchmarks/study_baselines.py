@@ -298,10 +298,9 @@ def lengths_figure(study: Path) -> bytes | None:
                                 xlabel="tested length (tokens)")
 
 
-def mqar_figure(study: Path) -> bytes | None:
-    """MQAR test query accuracy against d_model, one panel per sequence length, one line per scheme."""
-    from nas_cli.diagnostics import figures as figs
-
+def _mqar_points(study: Path, x_of) -> dict:
+    """{panel: {line: [(x, mean %, CI half-width %)]}} of the MQAR cells' test query accuracy, one panel per
+    sequence length, a line per scheme, x = ``x_of(group, d_model)`` (None leaves the point out)."""
     data: dict = {}
     for s, names in MQAR.items():
         groups = _groups(study, names)
@@ -309,9 +308,18 @@ def mqar_figure(study: Path) -> bytes | None:
             for d in (64, 128):
                 g = groups.get((scheme, positions, d, s))
                 st = g.stat("test/query_acc") if g is not None else None
-                if st:
+                x = x_of(g, d) if g is not None else None
+                if st and x:
                     data.setdefault(f"seq {s}: query accuracy (%)", {}).setdefault(_label(scheme, positions), []).append(
-                        (d, 100 * st[0], 100 * st[1]))
+                        (x, 100 * st[0], 100 * st[1]))
+    return data
+
+
+def mqar_figure(study: Path) -> bytes | None:
+    """MQAR test query accuracy against d_model, one panel per sequence length, one line per scheme."""
+    from nas_cli.diagnostics import figures as figs
+
+    data = _mqar_points(study, lambda g, d: d)
     if not data:
         return None
     return figs.metric_vs_heads([_label(*c) for c in CONFIGS + MIXER_CONFIGS], [(t, True) for t in data], data,
@@ -326,17 +334,7 @@ def mqar_state_figure(study: Path) -> bytes | None:
     from nas_cli.diagnostics import figures as figs
     from nas_cli.report.html import state_bytes
 
-    data: dict = {}
-    for s, names in MQAR.items():
-        groups = _groups(study, names)
-        for scheme, positions in CONFIGS + MIXER_CONFIGS:
-            for d in (64, 128):
-                g = groups.get((scheme, positions, d, s))
-                st = g.stat("test/query_acc") if g is not None else None
-                x = state_bytes(g.runs[0]) if g is not None else None
-                if st and x:
-                    data.setdefault(f"seq {s}: query accuracy (%)", {}).setdefault(_label(scheme, positions), []).append(
-                        (x, 100 * st[0], 100 * st[1]))
+    data = _mqar_points(study, lambda g, d: state_bytes(g.runs[0]))
     if not data:
         return None
     return figs.metric_vs_heads([_label(*c) for c in CONFIGS + MIXER_CONFIGS], [(t, True) for t in data], data,

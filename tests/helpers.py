@@ -160,3 +160,13 @@ def assert_steps_equal_recomputing(model, batch: int = 3, steps: int = 6, vocab:
         torch.testing.assert_close(step, full[:, -1], rtol=1e-5, atol=1e-5)
         prefix = torch.cat([prefix, torch.randint(3, vocab, (batch, 1))], 1)
     return cache
+
+
+def section_commands(page: str, heading: str) -> list[list[str]]:
+    """The commands of the first ``bash`` block after ``heading`` in docs/<page>, one argv per line, as a user
+    would type them (the docs' own words, run as written by the tests that call this)."""
+    import shlex
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text()
+    block = text.split(heading)[1].split("```bash")[1].split("```")[0]
+    return [shlex.split(line) for line in block.strip().splitlines()]

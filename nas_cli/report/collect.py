@@ -212,9 +212,9 @@ class Run:
         base, _, loc = name.partition(":")
         locs = self.diag_locations()
         chosen = [locs.get(loc, {})] if loc else list(locs.values())
-        for kind, field in (("not applicable", "not_applicable"), ("derived", "derived")):
+        for kind, where in (("not applicable", "not_applicable"), ("derived", "derived")):
             for scalars in chosen:
-                why = (scalars.get(field) or {}).get(base)
+                why = (scalars.get(where) or {}).get(base)
                 if why:
                     return kind, str(why)
         return None

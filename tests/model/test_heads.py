@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import build_core, nas_run
+from helpers import build_core, nas_run, section_commands
 from test_model import SIZES, factory, positions_for
 
 from nas_cli.model.heads import HeadSettings, RopeScaling
@@ -132,6 +132,18 @@ def test_kv_cache_bytes_per_token_count_the_key_value_heads():
      "model.rope_scaling.type=dynamic: choose one of linear, ntk, yarn"),
     (["attention=kernel_exp", "attention.symmetric=true", "model.positions=sinusoidal", "model.kv_heads=2"],
      "ties its keys to its queries"),
+    # multi-head latent attention (model.mla)
+    (["model.mla=true", "model.kv_heads=2"], "model.kv_heads=2 with model.mla"),
+    (["model.mla=true", "model.qk_norm=true"], "model.qk_norm=true with model.mla"),
+    (["model.mla={rope_dim:4}"], "model.mla.rope_dim=4: the decoupled rotary features need model.positions=rope"),
+    (["model.positions=rope", "model.mla={rope_dim:3}"], "model.mla.rope_dim=3: with rotary positions"),
+    (["model.mla={kv_rnak:8}"], "model.mla.kv_rnak: not an option of multi-head latent attention"),
+    (["model.positions=rope", "model.mla=true", "model.rope_scaling={type:yarn,factor:4,original_max_len:64}"],
+     "model.rope_scaling.type=yarn with model.mla"),
+    (["attention=kernel_exp", "attention.symmetric=true", "model.positions=sinusoidal", "model.mla=true"],
+     "model.mla: scheme 'kernel_exp' ties its keys to its queries"),
+    (["attention=kernel_exp", "attention.positions=direct_sum_layer", "model.positions=none", "model.mla=true"],
+     "model.mla: scheme 'kernel_exp' adds positions to the inputs of its key and value projections"),
 ])
 def test_bad_head_settings_are_one_line_before_training(tmp_path, args, words):
     proc = nas_run("task=copy_lm", "debug=fast", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
@@ -142,13 +154,8 @@ def test_bad_head_settings_are_one_line_before_training(tmp_path, args, words):
 def test_the_pages_commands_run_as_written(tmp_path):
     """docs/attention.md's two commands (head settings), as written there, each to a summary."""
     import json
-    import shlex
 
-    from datafiles import ROOT
-
-    page = (ROOT / "docs" / "attention.md").read_text()
-    block = page.split("### Head settings of today's models")[1].split("```bash")[1].split("```")[0]
-    commands = [shlex.split(line) for line in block.strip().splitlines()]
+    commands = section_commands("attention.md", "### Head settings of today's models")
     assert len(commands) == 2
     for i, argv in enumerate(commands):
         assert argv[0] == "nas-run"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers import build_core, nas_run
+from helpers import build_core, nas_run, section_commands
 from test_model import SIZES, factory, positions_for
 
 from nas_cli.model.heads import HeadSettings
@@ -140,34 +140,9 @@ def test_defaults_follow_deepseek_v2s_ratios():
     assert LatentSpec.from_option(None, 16, "rope") is None
 
 
-@pytest.mark.parametrize("args, words", [
-    (["model.mla=true", "model.kv_heads=2"], "model.kv_heads=2 with model.mla"),
-    (["model.mla=true", "model.qk_norm=true"], "model.qk_norm=true with model.mla"),
-    (["model.mla={rope_dim:4}"], "model.mla.rope_dim=4: the decoupled rotary features need model.positions=rope"),
-    (["model.positions=rope", "model.mla={rope_dim:3}"], "model.mla.rope_dim=3: with rotary positions"),
-    (["model.mla={kv_rnak:8}"], "model.mla.kv_rnak: not an option of multi-head latent attention"),
-    (["model.positions=rope", "model.mla=true", "model.rope_scaling={type:yarn,factor:4,original_max_len:64}"],
-     "model.rope_scaling.type=yarn with model.mla"),
-    (["attention=kernel_exp", "attention.symmetric=true", "model.positions=sinusoidal", "model.mla=true"],
-     "model.mla: scheme 'kernel_exp' ties its keys to its queries"),
-    (["attention=kernel_exp", "attention.positions=direct_sum_layer", "model.positions=none", "model.mla=true"],
-     "model.mla: scheme 'kernel_exp' adds positions to the inputs of its key and value projections"),
-])
-def test_bad_latent_settings_are_one_line_before_training(tmp_path, args, words):
-    proc = nas_run("task=copy_lm", "debug=fast", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
-    assert proc.returncode == 2 and words in proc.stderr, proc.stderr[-2000:]
-    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()  # nothing left behind
-
-
 def test_the_pages_command_runs_as_written(tmp_path):
     """docs/attention.md's command for latent attention, as written there, to a summary with the latent cache."""
-    import shlex
-
-    from datafiles import ROOT
-
-    page = (ROOT / "docs" / "attention.md").read_text()
-    block = page.split("### Multi-head latent attention")[1].split("```bash")[1].split("```")[0]
-    (argv,) = [shlex.split(line) for line in block.strip().splitlines()]
+    (argv,) = section_commands("attention.md", "### Multi-head latent attention")
     proc = nas_run(*argv[1:], f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -3,7 +3,6 @@ references (scipy, sacreBLEU's own PairedTest, a hand-computed Holm example), an
 comparison end to end: a real sweep, then ``nas-report --baseline ... --format latex --pivot``."""
 import io
 import csv
-import io
 import json
 import sys
 import math
