@@ -162,6 +162,20 @@ def assert_steps_equal_recomputing(model, batch: int = 3, steps: int = 6, vocab:
     return cache
 
 
+def assert_lm_causal(lm, vocab: int = 20, at: int = 5) -> None:
+    """A language model's outputs before position ``at`` do not change when the tokens from ``at`` on do, and
+    those after do (the model reads its input)."""
+    import torch
+
+    ids = torch.randint(3, vocab, (2, 2 * at))
+    changed = ids.clone()
+    changed[:, at:] = torch.randint(3, vocab, (2, at))
+    a, _ = lm(ids)
+    b, _ = lm(changed)
+    torch.testing.assert_close(a[:, :at], b[:, :at], rtol=0, atol=1e-5)
+    assert not torch.allclose(a[:, at:], b[:, at:])
+
+
 def section_commands(page: str, heading: str) -> list[list[str]]:
     """The commands of the first ``bash`` block after ``heading`` in docs/<page>, one argv per line, as a user
     would type them (the docs' own words, run as written by the tests that call this)."""

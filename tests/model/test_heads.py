@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import build_core, nas_run, section_commands
+from helpers import assert_lm_causal, assert_steps_equal_recomputing, build_core, nas_run, section_commands
 from test_model import SIZES, factory, positions_for
 
 from nas_cli.model.heads import HeadSettings, RopeScaling
@@ -31,14 +31,7 @@ def _settings(scheme):
 def test_lm_is_causal_with_every_setting(scheme):
     torch.manual_seed(0)
     options = _settings(scheme)
-    lm = DecoderOnlyLM(20, factory(scheme), decoder_layers=2, **{**SIZES, **options}).eval()
-    ids = torch.randint(3, 20, (2, 10))
-    changed = ids.clone()
-    changed[:, 5:] = torch.randint(3, 20, (2, 5))
-    a, _ = lm(ids)
-    b, _ = lm(changed)
-    torch.testing.assert_close(a[:, :5], b[:, :5], rtol=0, atol=1e-5)
-    assert not torch.allclose(a[:, 5:], b[:, 5:])
+    assert_lm_causal(DecoderOnlyLM(20, factory(scheme), decoder_layers=2, **{**SIZES, **options}).eval())
 
 
 def test_incremental_decoding_with_every_setting_equals_recomputing(scheme):
@@ -49,13 +42,7 @@ def test_incremental_decoding_with_every_setting_equals_recomputing(scheme):
     assert torch.equal(m.greedy_decode(src, 1, 2, max_len=8), m.greedy_decode(src, 1, 2, max_len=8, incremental=False))
     if not m.can_step:
         return
-    memory, memory_mask, _ = m.encode(src)
-    cache, prefix = {}, torch.ones(3, 1, dtype=torch.long)
-    for _ in range(5):
-        step_logits = m.decode_step(prefix[:, -1:], memory, memory_mask, cache)
-        full, _ = m.decode(prefix, memory, memory_mask)
-        torch.testing.assert_close(step_logits, full[:, -1], rtol=1e-5, atol=1e-5)
-        prefix = torch.cat([prefix, torch.randint(3, 25, (3, 1))], 1)
+    cache = assert_steps_equal_recomputing(m)
     kv = options["kv_heads"] or 4
     assert cache["layers"][0]["self"]["k"].shape[1] == kv  # the cache holds the key/value heads unrepeated
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers import build_core, nas_run, section_commands
+from helpers import assert_lm_causal, assert_steps_equal_recomputing, build_core, nas_run, section_commands
 from test_model import SIZES, factory, positions_for
 
 from nas_cli.model.heads import HeadSettings
@@ -74,14 +74,7 @@ def test_lm_with_latent_attention_is_causal_with_every_scheme(scheme):
     if _refused(scheme):
         pytest.skip(f"{scheme}: refused with model.mla (one projection for queries and keys, or input positions)")
     torch.manual_seed(0)
-    lm = DecoderOnlyLM(20, factory(scheme), decoder_layers=2, **{**SIZES, **_lm_options(scheme)}).eval()
-    ids = torch.randint(3, 20, (2, 10))
-    changed = ids.clone()
-    changed[:, 5:] = torch.randint(3, 20, (2, 5))
-    a, _ = lm(ids)
-    b, _ = lm(changed)
-    torch.testing.assert_close(a[:, :5], b[:, :5], rtol=0, atol=1e-5)
-    assert not torch.allclose(a[:, 5:], b[:, 5:])
+    assert_lm_causal(DecoderOnlyLM(20, factory(scheme), decoder_layers=2, **{**SIZES, **_lm_options(scheme)}).eval())
 
 
 def test_latent_cache_decoding_equals_recomputing_with_every_scheme(scheme):
@@ -98,13 +91,7 @@ def test_latent_cache_decoding_equals_recomputing_with_every_scheme(scheme):
     assert torch.equal(decoded, m.greedy_decode(src, 1, 99, max_len=8, incremental=False)) and decoded.shape[1] == 8
     if not m.can_step:
         return
-    memory, memory_mask, _ = m.encode(src)
-    cache, prefix = {}, torch.ones(3, 1, dtype=torch.long)
-    for _ in range(5):
-        step_logits = m.decode_step(prefix[:, -1:], memory, memory_mask, cache)
-        full, _ = m.decode(prefix, memory, memory_mask)
-        torch.testing.assert_close(step_logits, full[:, -1], rtol=1e-5, atol=1e-5)
-        prefix = torch.cat([prefix, torch.randint(3, 25, (3, 1))], 1)
+    cache = assert_steps_equal_recomputing(m, steps=5)
     self_cache = cache["layers"][0]["self"]
     recurrent = m.decoder[0].self_attn.core.recurrent  # its state holds the past: the cache only the newest
     assert "k" not in self_cache and self_cache["c"].shape[1:3] == (1, 1 if recurrent else 5)  # no heads
