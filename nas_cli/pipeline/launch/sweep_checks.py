@@ -145,22 +145,26 @@ def _shown(value) -> str:
 
 
 def first_job(config: DictConfig) -> DictConfig:
-    """The config of the sweep's first job, each sweep override at its first value: what the sweep's own check
-    checks. Hydra composes the sweep's config without its sweep overrides, so that config holds the defaults of
-    what is swept (``attention=unas`` where the sweep says ``attention=deltanet,mamba2``), which need not take
-    the options given beside them. A sweep without sweep overrides, or one whose values Hydra's parser does not
-    list (an Optuna interval), is checked as composed."""
+    """The config the sweep's own check checks: the sweep's, with each swept config group (``attention=a,b``) at
+    its first choice. Hydra composes a sweep's config without its sweep overrides, so with the defaults of what is
+    swept (``attention=unas`` where the sweep says ``attention=deltanet,mamba2``), which need not take the
+    options given beside them. Swept values (``model.heads=3,4``) stay at their defaults: a bad one fails its own
+    job, and the sweep's other jobs run. A sweep that sweeps no group is checked as composed."""
     from hydra import compose
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     overrides = [str(o) for o in config.hydra.overrides.task]
+    groups = set(config.hydra.runtime.choices)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
-        if not any(o.is_sweep_override() for o in parsed):
+        if not any(o.is_sweep_override() and o.key_or_group in groups for o in parsed):
             return config
-        first = [f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" if o.is_sweep_override() else text
-                 for o, text in zip(parsed, overrides)]
+        first = [f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}" if o.is_sweep_override()
+                 and o.key_or_group in groups else text for o, text in zip(parsed, overrides)
+                 if not (o.is_sweep_override() and o.key_or_group not in groups)]
     except (HydraException, ValueError, StopIteration):
         return config
-    return compose(config_name=str(config.hydra.job.config_name), overrides=first, return_hydra_config=True)
+    hydra_overrides = [str(o) for o in config.hydra.overrides.hydra]  # its search path, launcher, directories
+    return compose(config_name=str(config.hydra.job.config_name), overrides=[*hydra_overrides, *first],
+                   return_hydra_config=True)
