@@ -61,6 +61,7 @@ def test_multirun_one_wandb_run_per_job_in_one_group(tmp_path):
     assert "nas-run sweep" in proc.stdout  # the comparison table after the sweep
 
 
+@pytest.mark.slow  # a sweep of trained runs
 def test_a_sweep_over_schemes_takes_their_own_option(tmp_path):
     """``-m attention=deltanet,mamba2 attention.conv=4``: an option the default scheme (unas) lacks, beside a sweep
     over schemes that offer it, reaches every job (Hydra composes the sweep's own config with the default)."""

@@ -119,18 +119,10 @@ def test_kv_cache_bytes_per_token_count_the_key_value_heads():
      "model.rope_scaling.type=dynamic: choose one of linear, ntk, yarn"),
     (["attention=kernel_exp", "attention.symmetric=true", "model.positions=sinusoidal", "model.kv_heads=2"],
      "ties its keys to its queries"),
-    # multi-head latent attention (model.mla)
+    # multi-head latent attention (model.mla): the other refusals are checked where they are made (test_latent.py)
     (["model.mla=true", "model.kv_heads=2"], "model.kv_heads=2 with model.mla"),
-    (["model.mla=true", "model.qk_norm=true"], "model.qk_norm=true with model.mla"),
-    (["model.mla={rope_dim:4}"], "model.mla.rope_dim=4: the decoupled rotary features need model.positions=rope"),
-    (["model.positions=rope", "model.mla={rope_dim:3}"], "model.mla.rope_dim=3: with rotary positions"),
-    (["model.mla={kv_rnak:8}"], "model.mla.kv_rnak: not an option of multi-head latent attention"),
-    (["model.positions=rope", "model.mla=true", "model.rope_scaling={type:yarn,factor:4,original_max_len:64}"],
-     "model.rope_scaling.type=yarn with model.mla"),
     (["attention=kernel_exp", "attention.symmetric=true", "model.positions=sinusoidal", "model.mla=true"],
      "model.mla: scheme 'kernel_exp' ties its keys to its queries"),
-    (["attention=kernel_exp", "attention.positions=direct_sum_layer", "model.positions=none", "model.mla=true"],
-     "model.mla: scheme 'kernel_exp' adds positions to the inputs of its key and value projections"),
 ])
 def test_bad_head_settings_are_one_line_before_training(tmp_path, args, words):
     proc = nas_run("task=copy_lm", "debug=fast", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)

@@ -4,6 +4,7 @@ decoding equal to recomputing the prefix with the cache holding the latents (not
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -127,6 +128,28 @@ def test_defaults_follow_deepseek_v2s_ratios():
     assert LatentSpec.from_option(None, 16, "rope") is None
 
 
+@pytest.mark.parametrize("options, words", [
+    (dict(mla=True, qk_norm=True), "model.qk_norm=true with model.mla"),
+    (dict(mla={"rope_dim": 4}), "model.mla.rope_dim=4: the decoupled rotary features need model.positions=rope"),
+    (dict(mla={"rope_dim": 3}, positions="rope"), "model.mla.rope_dim=3: with rotary positions"),
+    (dict(mla={"kv_rnak": 8}), "model.mla.kv_rnak: not an option of multi-head latent attention"),
+    (dict(mla=True, positions="rope", rope_scaling={"type": "yarn", "factor": 4.0, "original_max_len": 64}),
+     "model.rope_scaling.type=yarn with model.mla"),
+])
+def test_bad_latent_settings_name_the_option(options, words):
+    """Each refusal's words (the command line's one-line path is tests/model/test_heads.py's)."""
+    with pytest.raises(ValueError, match=re.escape(words)):
+        HeadSettings.from_options(4, options.get("kv_heads"), options.get("qk_norm", False), options.get("rope_scaling"),
+                                  options.get("positions", "sinusoidal"), options["mla"], 8)
+
+
+def test_a_scheme_with_input_positions_is_refused_with_latent_attention():
+    core = build_core("kernel_exp", positions="direct_sum_layer")
+    with pytest.raises(ValueError, match="adds positions to the inputs of its key and value projections"):
+        MultiHeadAttention(32, 4, core, settings=HeadSettings(latent=LatentSpec(12, None, 0)))
+
+
+@pytest.mark.slow  # the page's example, run as written
 def test_the_pages_command_runs_as_written(tmp_path):
     """docs/attention.md's command for latent attention, as written there, to a summary with the latent cache."""
     (argv,) = section_commands("attention.md", "### Multi-head latent attention")

@@ -13,6 +13,7 @@ from nas_cli.report.collect import find_runs
 from nas_cli.report.html import state_bytes
 
 
+@pytest.mark.slow  # trained runs
 @pytest.mark.parametrize("args", [
     ["attention=unas"],
     ["attention=gated_deltanet"],
@@ -33,6 +34,7 @@ def test_state_bytes_add_the_recurrent_states_to_the_cache_at_the_trained_length
         assert kv > 0 and recurrent > 0  # a hybrid: one layer of each
 
 
+@pytest.mark.slow  # the report over 24 of the study's trained runs, with its figures
 def test_the_html_page_draws_recall_against_state_over_the_mqar_study(tmp_path):
     sweeps = [str(ROOT / "benchmarks" / "study" / name) for name in ("mqar64_rope", "mqar128_rope")]
     page = tmp_path / "report.html"
